@@ -1,0 +1,48 @@
+"""`specdec` command line: one module per subcommand, each exposing ``register(subparsers)``.
+
+Subcommand modules import heavy dependencies (torch, transformers) inside their handlers, so
+``specdec --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Order shown in --help. Adding a subcommand: a module here with `register(subparsers)`.
+COMMANDS = ["generate", "demo", "bench", "verify", "train", "distill"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specdec",
+        description="Exact speculative decoding for Hugging Face causal language models.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"specdec.cli.{name}")
+        except ModuleNotFoundError as exc:  # a subcommand still being built
+            if exc.name != f"specdec.cli.{name}":
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from specdec.errors import SpecdecError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except SpecdecError as exc:
+        print(f"specdec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

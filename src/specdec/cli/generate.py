@@ -1,0 +1,84 @@
+"""`specdec generate`: stream a continuation of a prompt, then one stats line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_decoding_args(parser: argparse.ArgumentParser) -> None:
+    """Sampling and speculation options shared by generate, demo, verify and bench."""
+    parser.add_argument("--gamma", default="4",
+                        help="draft tokens per round: an integer >= 1, or 'auto' to adapt it (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    parser.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (default off)")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1] (default off)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed; same seed + inputs = same output")
+
+
+def parse_gamma(value: str) -> int | str:
+    return value if value == "auto" else int(value) if value.lstrip("-").isdigit() else value
+
+
+def register(subparsers) -> None:
+    from specdec.drafters import DRAFTER_KINDS
+
+    parser = subparsers.add_parser(
+        "generate",
+        help="continue a prompt with speculative (or plain) decoding",
+        description="Continue PROMPT with the target model, drafting with --drafter; the output is "
+        "distributed exactly as the target's own (token-identical at temperature 0). Streams the text, then "
+        "prints α (acceptance rate), τ (tokens per target pass), tokens/s and target forwards.",
+    )
+    parser.add_argument("--target", help="target model: local path or hub id (default: the shipped pair)")
+    parser.add_argument("--draft", help="draft model path or hub id (same tokenizer as the target)")
+    parser.add_argument("--drafter", choices=DRAFTER_KINDS, default=None,
+                        help="how to draft: 'draft' = the --draft model (default when --draft is given); "
+                        "no --draft and no --drafter = plain decoding")
+    parser.add_argument("--prompt", required=True, help="the text to continue")
+    add_decoding_args(parser)
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--dtype", default=None,
+                        help="model dtype: float32, bfloat16, float16, float64, auto (default float32 on CPU)")
+    parser.set_defaults(func=run)
+
+
+def load_models(args):
+    """(target, draft or None, tokenizer) from --target/--draft, or the default pair."""
+    import specdec
+    from specdec.loading import load, load_model
+
+    if args.target is None:
+        target, draft, tokenizer = specdec.load_default(device=args.device)
+        if args.draft is not None:
+            draft = load_model(args.draft, args.device, args.dtype)
+        return target, draft, tokenizer
+    target, tokenizer = load(args.target, args.device, args.dtype)
+    draft = load_model(args.draft, args.device, args.dtype) if args.draft else None
+    return target, draft, tokenizer
+
+
+def run(args) -> int:
+    from specdec.decoding import SpeculativeDecoder
+    from specdec.drafters import make_drafter
+    from specdec.text import detokenize, encode_prompt
+
+    target, draft, tokenizer = load_models(args)
+    kind = args.drafter or ("draft" if args.draft or (args.target is None and draft is not None) else None)
+    drafter = make_drafter(kind, target=target, draft=draft) if kind else None
+    decoder = SpeculativeDecoder(
+        target, drafter, gamma=parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+    )
+    for piece in detokenize(tokenizer, decoder.stream(encode_prompt(tokenizer, args.prompt))):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    s = decoder.stats
+    method = f"{kind} (γ={args.gamma})" if kind else "plain"
+    print(
+        f"\n[{method}] α={s.acceptance_rate:.3f} τ={s.mean_accepted_tokens:.2f} "
+        f"{s.tokens_per_s:.1f} tokens/s, {s.new_tokens} tokens, {s.target_forwards} target forwards",
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,283 @@
+"""The decode loop: ``drafter.propose`` → ``target.score`` → ``verify`` → ``commit`` → emit.
+
+Invariants between rounds (n = committed tokens, prompt included):
+- the target's cache holds context[:n-1]; the last committed token is fed in the next round together with
+  the draft tokens, so one target pass scores γ drafts and yields the distribution after each of them;
+- the drafter's state covers at most context[:n-1] (it catches up itself when it proposes).
+Plain decoding is the same loop with nothing drafted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec.drafters.base import Drafter, Proposal
+from specdec.errors import ConfigError, IncompatibleModelsError, PromptError
+from specdec.models.causal_lm import CachedCausalLM, context_length
+from specdec.sampling import SamplingConfig
+from specdec.stats import DecodeStats
+from specdec.verify import Verdict, verify_greedy, verify_sampled
+
+DEFAULT_GAMMA = 4
+
+#: verify_fn(draft_tokens [γ], draft_probs [γ, V] | None, target_logits [γ+1, V], sampling, generator)
+VerifyFn = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, SamplingConfig, "torch.Generator | None"], Verdict]
+
+
+def verify_round(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Greedy: accept the prefix matching the target's argmax. Sampling: the rejection rule on warped probs."""
+    if sampling.greedy:
+        return verify_greedy(draft_tokens, target_logits)
+    target_probs = sampling.warp(target_logits)  # [γ+1, V]
+    return verify_sampled(draft_tokens, draft_probs, target_probs, generator)
+
+
+@dataclass
+class GenerationOutput:
+    tokens: list[int]  # the new tokens only, up to and including an EOS
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+class FixedGamma:
+    """Draft the same γ every round. (Adaptive policies implement the same two methods.)"""
+
+    def __init__(self, gamma: int):
+        self.gamma = gamma
+
+    def choose(self, stats: DecodeStats) -> int:
+        return self.gamma
+
+    def update(self, stats: DecodeStats) -> None:
+        pass
+
+
+def _check_gamma(gamma: object) -> int:
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ConfigError(f"gamma (draft tokens per round) must be an integer >= 1, got {gamma!r}")
+    return gamma
+
+
+def _gamma_policy(gamma: object):
+    if hasattr(gamma, "choose") and hasattr(gamma, "update"):
+        return gamma
+    if gamma == "auto":
+        from specdec.adaptive import AdaptiveGamma  # noqa: PLC0415 (optional policy, loaded on demand)
+
+        return AdaptiveGamma()
+    return FixedGamma(_check_gamma(gamma))
+
+
+def _eos_ids(target: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+    if eos_token_id is None:
+        config = getattr(target, "generation_config", None)
+        eos_token_id = getattr(config, "eos_token_id", None)
+        if eos_token_id is None:
+            return frozenset()
+    if isinstance(eos_token_id, int):
+        return frozenset([eos_token_id])
+    return frozenset(int(t) for t in eos_token_id)
+
+
+def _prompt_tensor(prompt_ids: Sequence[int] | torch.Tensor, vocab: int) -> torch.Tensor:
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
+            prompt_ids = prompt_ids[0]
+        if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point:
+            raise PromptError(
+                f"prompt_ids must be a 1-D integer tensor or a list of ints, got a tensor of shape "
+                f"{tuple(prompt_ids.shape)} and dtype {prompt_ids.dtype}; pass tokenizer(text).input_ids"
+            )
+        ids = prompt_ids.detach().to("cpu", torch.long)
+    elif isinstance(prompt_ids, str):
+        raise PromptError("prompt_ids must be token ids, not a string: use specdec.generate_text for text")
+    else:
+        ids = torch.tensor(list(prompt_ids), dtype=torch.long)
+    if ids.numel() == 0:
+        raise PromptError("the prompt is empty: pass at least one token id (e.g. the BOS token)")
+    bad = (ids < 0) | (ids >= vocab)
+    if bool(bad.any()):
+        first = int(ids[bad][0])
+        raise PromptError(
+            f"prompt token id {first} is outside the target's vocabulary [0, {vocab}); "
+            "tokenize with the target's own tokenizer"
+        )
+    return ids
+
+
+class SpeculativeDecoder:
+    """One request's decode loop. Use `stream()` to iterate final tokens; `stats` fills as it runs."""
+
+    def __init__(
+        self,
+        target: PreTrainedModel | CachedCausalLM,
+        drafter: Drafter | None = None,
+        *,
+        gamma: int | str | object = DEFAULT_GAMMA,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        seed: int | None = None,
+        verify_fn: VerifyFn = verify_round,
+    ):
+        self.target = target if isinstance(target, CachedCausalLM) else CachedCausalLM(target)
+        self.drafter = drafter
+        self.sampling = SamplingConfig(temperature, top_k, top_p)
+        self.gamma_policy = _gamma_policy(gamma)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        self.max_new_tokens = max_new_tokens
+        if drafter is not None:
+            if not isinstance(drafter, Drafter):
+                raise ConfigError(
+                    f"drafter must be a specdec Drafter (e.g. specdec.DraftModel(model)), got "
+                    f"{type(drafter).__name__}"
+                )
+            if drafter.vocab_size is not None and drafter.vocab_size != self.target.vocab_size:
+                raise IncompatibleModelsError(
+                    f"the drafter's vocabulary has {drafter.vocab_size} tokens but the target's has "
+                    f"{self.target.vocab_size}; speculative decoding needs the same tokenizer: pick a draft "
+                    "model from the target's family, or a model-free drafter (specdec.PromptLookup)"
+                )
+        self.eos = _eos_ids(self.target.model, eos_token_id)
+        self.generator = torch.Generator(device=self.target.device)
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(int(seed))
+        self.verify_fn = verify_fn
+        self.stats = DecodeStats()
+
+    def _check_fits(self, prompt_len: int) -> None:
+        limit = context_length(self.target.model)
+        if limit is not None and prompt_len + self.max_new_tokens > limit:
+            raise PromptError(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({self.max_new_tokens}) = "
+                f"{prompt_len + self.max_new_tokens} exceeds the target's context of {limit} tokens; "
+                "shorten the prompt or lower max_new_tokens"
+            )
+
+    def stream(self, prompt_ids: Sequence[int] | torch.Tensor) -> Iterator[int]:
+        """Yield each new token as soon as it is final."""
+        prompt = _prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
+        self._check_fits(prompt.shape[0])
+        device = self.target.device
+        stats = self.stats = DecodeStats()
+        start = time.perf_counter()
+
+        # context[:n] is committed; room for the prompt, every new token and one round's drafts.
+        context = torch.empty(prompt.shape[0] + self.max_new_tokens + 1, dtype=torch.long, device=device)
+        n = prompt.shape[0]
+        context[:n] = prompt
+        self.target.reset()
+        self.target.prefill(context[: n - 1])
+        if self.drafter is not None:
+            t = time.perf_counter()
+            self.drafter.reset(context[:n])
+            stats.draft_s += time.perf_counter() - t
+        stats.prefill_s = time.perf_counter() - start
+
+        produced = 0
+        while produced < self.max_new_tokens:
+            # 1. drafter.propose: at most γ tokens, and never more than fit under max_new_tokens.
+            remaining = self.max_new_tokens - produced
+            gamma = min(self.gamma_policy.choose(stats), remaining - 1) if self.drafter else 0
+            t = time.perf_counter()
+            proposal = (
+                self.drafter.propose(context[:n], gamma, self.sampling, self.generator)
+                if gamma > 0
+                else Proposal(context.new_empty(0))
+            )
+            stats.draft_s += time.perf_counter() - t
+            drafted = proposal.tokens[:gamma]  # [γ']
+            gamma = drafted.shape[0]
+
+            # 2. target.score: the last committed token and the drafts in one pass.
+            t = time.perf_counter()
+            target_logits = self.target.forward(torch.cat([context[n - 1 : n], drafted]))  # [γ'+1, V]
+            stats.target_s += time.perf_counter() - t
+
+            # 3. verify: accepted prefix, then a recovered or bonus token.
+            draft_probs = proposal.draft_probs[:gamma] if proposal.draft_probs is not None else None
+            verdict = self.verify_fn(drafted, draft_probs, target_logits, self.sampling, self.generator)
+            k = verdict.num_accepted
+
+            # 4. commit: roll the target back to context + accepted drafts; append the next token.
+            self.target.crop(n + k)
+            context[n : n + k] = drafted[:k]
+            context[n + k] = verdict.next_token
+            new_tokens = context[n : n + k + 1].tolist()
+            n += k + 1
+            stats.record_round(gamma, k, verdict.outcome)
+            if self.drafter is not None:
+                t = time.perf_counter()
+                self.drafter.commit(context[:n], k)
+                stats.draft_s += time.perf_counter() - t
+            self.gamma_policy.update(stats)
+
+            # 5. emit, stopping at the first EOS.
+            for token in new_tokens:
+                produced += 1
+                stats.new_tokens = produced
+                stats.target_forwards = self.target.forwards
+                stats.wall_s = time.perf_counter() - start
+                yield token
+                if token in self.eos:
+                    return
+        stats.wall_s = time.perf_counter() - start
+
+
+def stream(
+    target: PreTrainedModel,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    drafter: Drafter | None = None,
+    gamma: int | str = DEFAULT_GAMMA,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    seed: int | None = None,
+) -> Iterator[int]:
+    """Yield new token ids as soon as they are final (same arguments as `generate`)."""
+    decoder = SpeculativeDecoder(
+        target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed,
+    )
+    yield from decoder.stream(prompt_ids)
+
+
+def generate(
+    target: PreTrainedModel,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    drafter: Drafter | None = None,
+    gamma: int | str = DEFAULT_GAMMA,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    seed: int | None = None,
+) -> GenerationOutput:
+    """Continue `prompt_ids` with `target`, speculatively when a drafter is given; exact either way.
+
+    Returns the new tokens (up to and including an EOS) and the decoding statistics.
+    """
+    decoder = SpeculativeDecoder(
+        target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed,
+    )
+    tokens = list(decoder.stream(prompt_ids))
+    return GenerationOutput(tokens=tokens, stats=decoder.stats)

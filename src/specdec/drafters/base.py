@@ -1,0 +1,64 @@
+"""The drafter interface: everything that proposes tokens for the target to verify.
+
+A round of the decode loop is ``drafter.propose`` → ``target.score`` → ``verify`` → ``commit``. A drafter
+sees the committed context (prompt + generated tokens, a 1-D LongTensor view, never copied), proposes up to
+γ tokens, and is told afterwards how many were accepted so it can roll its own state back or learn.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from specdec.sampling import SamplingConfig
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Draft tokens [γ'] (γ' <= γ, may be 0) and, for sampling drafters, their warped probabilities [γ', V].
+
+    `draft_probs=None` means the proposal is deterministic (a point mass on each token), as for n-gram
+    lookup or an argmax drafter; verification then uses q(x) = 1.
+    """
+
+    tokens: torch.Tensor  # [γ'] long
+    draft_probs: torch.Tensor | None = None  # [γ', V] float, rows sum to 1
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+class Drafter(ABC):
+    """Proposes tokens; owns whatever state (a KV cache, an n-gram index) it needs between rounds."""
+
+    #: Width of `draft_probs` rows (must equal the target's); None for drafters without a vocabulary.
+    vocab_size: int | None = None
+
+    def reset(self, prompt_ids: torch.Tensor) -> None:
+        """Start a new request whose prompt is prompt_ids [n]. Default: nothing to reset."""
+
+    @abstractmethod
+    def propose(
+        self,
+        context: torch.Tensor,
+        gamma: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+    ) -> Proposal:
+        """Propose at most `gamma` tokens continuing context [n].
+
+        At temperature 0 propose the most likely tokens (a point mass); at T > 0 either sample from
+        `sampling.warp(...)` of your distribution and return it as `draft_probs`, or propose
+        deterministically with `draft_probs=None`. Both keep decoding exact.
+        """
+
+    def commit(self, context: torch.Tensor, num_accepted: int) -> None:
+        """The round is over: context [n'] is the new committed context, whose last token is the
+        recovered or bonus token and whose `num_accepted` tokens before it are accepted drafts.
+        Anything cached beyond context[:n'-1] is stale. Default: nothing to update."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__

@@ -1,0 +1,56 @@
+"""Loading models and tokenizers from a local path or a Hugging Face hub id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specdec.errors import ModelLoadError
+
+_DTYPES = {"auto": "auto", "float32": torch.float32, "float64": torch.float64,
+           "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype | str:
+    """None: float32 on CPU (16-bit matmuls are slow there), the checkpoint's own dtype elsewhere."""
+    if dtype is None:
+        return torch.float32 if str(device).startswith("cpu") else "auto"
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(_DTYPES)}") from None
+
+
+def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None):
+    """AutoModelForCausalLM.from_pretrained(path), in eval mode on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype, device))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"cannot load a causal LM from {str(path)!r}: it is not a local directory with a config.json "
+            f"and weights, nor a reachable hub id ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+            "check the path, or download the model first when offline"
+        ) from exc
+    return model.to(device).eval()
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"cannot load a tokenizer from {str(path)!r} ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+            "point at a directory with tokenizer files, or pass token ids instead of text"
+        ) from exc
+
+
+def load(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None):
+    """(model, tokenizer) from a local path or hub id: AutoModelForCausalLM + AutoTokenizer."""
+    return load_model(path, device, dtype), load_tokenizer(path)

@@ -1,0 +1,5 @@
+"""Model adapters: a Hugging Face causal LM plus the KV cache it owns, with rollback."""
+
+from specdec.models.causal_lm import CachedCausalLM, context_length, vocab_size
+
+__all__ = ["CachedCausalLM", "context_length", "vocab_size"]

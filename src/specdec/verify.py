@@ -1,0 +1,90 @@
+"""The accept / reject arithmetic of speculative sampling, on plain tensors.
+
+Given γ draft tokens, the drafter's warped probabilities `draft_probs` (q) and the target's warped
+probabilities `target_probs` (p) at the γ+1 positions the target scored:
+
+- draft token x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)) (strict u < ratio, u ~ U[0,1)
+  in float64);
+- at the first rejection i, the recovered token is drawn from max(0, p_i - q_i), normalised;
+- if all γ are accepted, a bonus token is drawn from p_γ.
+
+A drafter that proposes deterministically (argmax, n-gram lookup) passes ``draft_probs=None``: its q is a
+point mass, so the ratio is p_i(x_i) and the residual is p_i with x_i removed.
+Greedy decoding (temperature 0) accepts exactly the prefix that matches the target's argmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.sampling import sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one target pass decided: `num_accepted` draft tokens kept, then `next_token`."""
+
+    num_accepted: int
+    next_token: int
+    # "recovered" when next_token corrects a rejected draft token, "bonus" when every draft was accepted.
+    outcome: str
+
+
+def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
+    """draft_tokens [γ], target_logits [γ+1, V] -> accept the prefix that equals the target's argmax."""
+    gamma = draft_tokens.shape[0]
+    target_argmax = target_logits.argmax(dim=-1)  # [γ+1]
+    matches = draft_tokens == target_argmax[:gamma]  # [γ]
+    k = int(matches.cumprod(dim=0).sum()) if gamma else 0
+    return Verdict(k, int(target_argmax[k]), "bonus" if k == gamma else "recovered")
+
+
+def acceptance_ratio(
+    draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor
+) -> torch.Tensor:
+    """p_i(x_i) / q_i(x_i) for each draft position, in float64: [γ]."""
+    positions = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
+    p = target_probs[positions, draft_tokens].double()  # [γ]
+    if draft_probs is None:  # point mass: q(x) = 1
+        return p
+    q = draft_probs[positions, draft_tokens].double()  # [γ]
+    return p / q.clamp_min(torch.finfo(torch.float64).tiny)
+
+
+def residual_distribution(
+    target_row: torch.Tensor, draft_row: torch.Tensor | None, draft_token: int
+) -> torch.Tensor:
+    """max(0, p - q) normalised: [V]. Falls back to p if the residual has no mass (p == q up to rounding)."""
+    if draft_row is None:
+        residual = target_row.clone()
+        residual[draft_token] = 0.0
+    else:
+        residual = (target_row - draft_row).clamp_min(0.0)
+    total = residual.sum()
+    if not total > 0:
+        return target_row
+    return residual / total
+
+
+def verify_sampled(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """draft_tokens [γ], draft_probs [γ, V] or None (point mass), target_probs [γ+1, V] -> Verdict."""
+    gamma = draft_tokens.shape[0]
+    if gamma:
+        ratio = acceptance_ratio(draft_tokens, draft_probs, target_probs)  # [γ]
+        u = torch.rand(gamma, dtype=torch.float64, device=ratio.device, generator=generator)  # [γ]
+        accepted = u < ratio  # [γ]
+        k = int(accepted.cumprod(dim=0).sum())
+    else:
+        k = 0
+    if k < gamma:
+        draft_row = None if draft_probs is None else draft_probs[k]
+        residual = residual_distribution(target_probs[k], draft_row, int(draft_tokens[k]))  # [V]
+        return Verdict(k, int(sample(residual[None], generator)), "recovered")
+    return Verdict(k, int(sample(target_probs[gamma][None], generator)), "bonus")
