@@ -4,8 +4,9 @@
     out.tokens, out.stats.acceptance_rate, out.stats.mean_accepted_tokens
 """
 
+from specdec.adaptive import AdaptiveGamma
 from specdec.decoding import DEFAULT_GAMMA, GenerationOutput, SpeculativeDecoder, generate, stream
-from specdec.drafters import Drafter, DraftModel, Proposal
+from specdec.drafters import Bigram, Drafter, DraftModel, LayerSkip, PromptLookup, Proposal
 from specdec.errors import (
     ConfigError,
     IncompatibleModelsError,
@@ -31,6 +32,7 @@ def load_default(*args, **kwargs):
 
 
 __all__ = [
+    "AdaptiveGamma", "Bigram", "LayerSkip", "PromptLookup",
     "DEFAULT_GAMMA", "ConfigError", "DecodeStats", "DraftModel", "Drafter", "GenerationOutput",
     "IncompatibleModelsError", "ModelLoadError", "NumericalError", "PromptError", "Proposal",
     "SamplingConfig", "SpecdecError", "SpeculativeDecoder", "TextOutput", "UnsupportedModelError",

@@ -159,6 +159,9 @@ class SpeculativeDecoder:
             self.generator.manual_seed(int(seed))
         self.verify_fn = verify_fn
         self.stats = DecodeStats()
+        # Where the token just yielded came from: "accepted" (a verified draft token), "recovered" (the
+        # correction after a rejection), "bonus" (after full acceptance) or "target" (nothing was drafted).
+        self.last_token_source = ""
 
     def _check_fits(self, prompt_len: int) -> None:
         limit = context_length(self.target.model)
@@ -228,7 +231,9 @@ class SpeculativeDecoder:
             self.gamma_policy.update(stats)
 
             # 5. emit, stopping at the first EOS.
-            for token in new_tokens:
+            last_source = verdict.outcome if gamma else "target"
+            for i, token in enumerate(new_tokens):
+                self.last_token_source = "accepted" if i < k else last_source
                 produced += 1
                 stats.new_tokens = produced
                 stats.target_forwards = self.target.forwards

@@ -35,7 +35,17 @@ def register(subparsers) -> None:
     parser.add_argument("--draft", help="draft model path or hub id (same tokenizer as the target)")
     parser.add_argument("--drafter", choices=DRAFTER_KINDS, default=None,
                         help="how to draft: 'draft' = the --draft model (default when --draft is given); "
-                        "no --draft and no --drafter = plain decoding")
+                        "'prompt-lookup' = n-gram matches in the prompt and output; 'bigram' = a bigram table "
+                        "(--bigram, or built from the target); 'layer-skip' = the target's first "
+                        "--draft-layers layers; no --draft and no --drafter = plain decoding")
+    parser.add_argument("--ngram-max", type=int, default=None,
+                        help="prompt-lookup: longest n-gram matched (default 3)")
+    parser.add_argument("--ngram-min", type=int, default=None,
+                        help="prompt-lookup: shortest n-gram matched (default 1)")
+    parser.add_argument("--draft-layers", type=int, default=None, metavar="K",
+                        help="layer-skip: draft with the target's first K decoder layers (default half)")
+    parser.add_argument("--bigram", default=None, metavar="PATH",
+                        help="bigram: a table saved with specdec.Bigram.save (default: built from the target)")
     parser.add_argument("--prompt", required=True, help="the text to continue")
     add_decoding_args(parser)
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -66,7 +76,13 @@ def run(args) -> int:
 
     target, draft, tokenizer = load_models(args)
     kind = args.drafter or ("draft" if args.draft or (args.target is None and draft is not None) else None)
-    drafter = make_drafter(kind, target=target, draft=draft) if kind else None
+    options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
+               "bigram_path": args.bigram}
+    if kind is None and any(v is not None for v in options.values()):
+        from specdec.errors import ConfigError
+
+        raise ConfigError("drafter options (--ngram-max, --ngram-min, --draft-layers, --bigram) need --drafter")
+    drafter = make_drafter(kind, target=target, draft=draft, **options) if kind else None
     decoder = SpeculativeDecoder(
         target, drafter, gamma=parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,

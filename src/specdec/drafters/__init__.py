@@ -3,20 +3,59 @@
 from __future__ import annotations
 
 from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.bigram import Bigram
 from specdec.drafters.draft_model import DraftModel
+from specdec.drafters.layer_skip import LayerSkip
+from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.errors import ConfigError
 
 #: Names accepted by `make_drafter` and the CLI's --drafter.
-DRAFTER_KINDS = ("draft",)
+DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip")
+
+#: Options each kind accepts (make_drafter keyword -> CLI flag, for error messages).
+_OPTIONS = {
+    "draft": {},
+    "prompt-lookup": {"ngram_max": "--ngram-max", "ngram_min": "--ngram-min"},
+    "bigram": {"bigram_path": "--bigram"},
+    "layer-skip": {"draft_layers": "--draft-layers"},
+}
 
 
 def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
-    """Build a drafter by name: "draft" (a separate draft model)."""
+    """Build a drafter by name.
+
+    "draft": the separate `draft` model. "prompt-lookup": n-gram lookup (ngram_max=3, ngram_min=1).
+    "bigram": a bigram table loaded from bigram_path (a file saved by Bigram.save), or else built from the
+    target's own one-token predictions (Bigram.from_model). "layer-skip": the target's first draft_layers
+    decoder layers (default half of them). Options given as None are ignored; an option that does not apply
+    to `kind` is an error.
+    """
+    if kind not in _OPTIONS:
+        raise ConfigError(f"unknown drafter {kind!r}; choose one of: {', '.join(DRAFTER_KINDS)}")
+    options = {k: v for k, v in options.items() if v is not None}
+    for key in options:
+        if key not in _OPTIONS[kind]:
+            owners = [f"--drafter {k}" for k, opts in _OPTIONS.items() if key in opts]
+            flag = next((opts[key] for opts in _OPTIONS.values() if key in opts), key)
+            where = f"; it applies to {' / '.join(owners)}" if owners else ""
+            raise ConfigError(f"option {flag} does not apply to --drafter {kind}{where}")
     if kind == "draft":
         if draft is None:
             raise ConfigError("--drafter draft needs a draft model: pass --draft PATH (or draft=model)")
         return DraftModel(draft)
-    raise ConfigError(f"unknown drafter {kind!r}; choose one of: {', '.join(DRAFTER_KINDS)}")
+    if kind == "prompt-lookup":
+        return PromptLookup(max_ngram=options.get("ngram_max", 3), min_ngram=options.get("ngram_min", 1))
+    if kind == "bigram":
+        if "bigram_path" in options:
+            return Bigram.load(options["bigram_path"])
+        if target is None:
+            raise ConfigError("--drafter bigram needs the target (to build the table) or --bigram PATH")
+        return Bigram.from_model(target)
+    if target is None:
+        raise ConfigError("--drafter layer-skip needs the target model (target=model)")
+    return LayerSkip(target, num_layers=options.get("draft_layers"))
 
 
-__all__ = ["DRAFTER_KINDS", "Drafter", "DraftModel", "Proposal", "make_drafter"]
+__all__ = [
+    "DRAFTER_KINDS", "Bigram", "DraftModel", "Drafter", "LayerSkip", "PromptLookup", "Proposal", "make_drafter",
+]

@@ -1,0 +1,267 @@
+"""Benchmark output: markdown tables, `results.json` (everything, raw timings included) and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+PLOTS = {
+    "speedup": "speedup_vs_gamma.png",
+    "tau": "tau_measured_vs_predicted.png",
+    "acceptance": "acceptance_by_position.png",
+}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info(device: str = "cpu") -> dict[str, Any]:
+    import torch
+    import transformers
+
+    import specdec
+
+    info: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "specdec": specdec.__version__,
+        "device": device,
+    }
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    try:
+        root = Path(__file__).resolve().parents[3]
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=5)
+        if commit.returncode == 0:
+            info["git_commit"] = commit.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+def command_line() -> str:
+    import shlex
+
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).name in ("specdec", "__main__.py"):
+        argv[0] = "specdec"
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+# --------------------------------------------------------------------------------------------- tables
+
+
+def _fmt(value: Any, digits: int = 2, suffix: str = "") -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "**NO**"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{suffix}"
+    return f"{value}{suffix}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if i else ":---" for i in range(len(header))) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def results_table(results: dict[str, Any]) -> str:
+    greedy = results["settings"]["temperature"] == 0.0
+    header = ["method", "γ", "tok/s (median)", "vs hf-plain", "vs plain", "τ", "α", "α/token", "c",
+              "target fwd", "time: target / draft / other"]
+    if greedy:
+        header.append("= hf-plain")
+    rows = []
+    for s in results["configs"]:
+        wall = s["wall_s"] or 1.0
+        split = f"{100 * (s['target_s'] + s['prefill_s']) / wall:.0f}% / {100 * s['draft_s'] / wall:.0f}% / " \
+                f"{100 * s['other_s'] / wall:.0f}%"
+        row = [s["method"], _fmt(s["gamma"]) if s["gamma"] else "–", _fmt(s["tokens_per_s"], 1),
+               _fmt(s.get("speedup_vs_hf_plain"), 2, "x"), _fmt(s.get("speedup_vs_plain"), 2, "x"),
+               _fmt(s["tau"]), _fmt(s["alpha"]), _fmt(s["alpha_token"]), _fmt(s["cost_ratio"], 3),
+               str(s["target_forwards"]), split]
+        if greedy:
+            row.append(_fmt(s["identical_to_hf_plain"]))
+        rows.append(row)
+    return _table(header, rows)
+
+
+def theory_table(theory: dict[str, Any]) -> str:
+    rows = [[r["method"], str(r["gamma"]), _fmt(r["alpha_token"]), _fmt(r["cost_ratio"], 3),
+             _fmt(r["tau_measured"]), _fmt(r["tau_predicted"]), _fmt(r["speedup_measured"], 2, "x"),
+             _fmt(r["speedup_predicted"], 2, "x"), _fmt(r["verify_cost_ratio"]),
+             _fmt(r["speedup_predicted_with_verify_cost"], 2, "x")] for r in theory["configs"]]
+    header = ["method", "γ", "α/token", "c", "τ measured", "τ predicted", f"speedup vs {theory['baseline']}",
+              "predicted τ/(γc+1)", "verify pass cost", "predicted τ/(γc+v)"]
+    text = _table(header, rows) if rows else "(no fixed-γ drafting method was run)"
+    method_rows = [[m, ",".join(map(str, v["gammas"])), _fmt(v["alpha_token"]), _fmt(v["cost_ratio"], 3),
+                    _fmt(v["gamma_recommended"]), _fmt(v["gamma_best_measured"])]
+                   for m, v in theory["methods"].items()]
+    if method_rows:
+        text += "\n\n" + _table(["method", "γ swept", "α/token (pooled)", "c (pooled)", "γ by formula",
+                                 "fastest γ measured"], method_rows)
+    return text
+
+
+def markdown(results: dict[str, Any]) -> str:
+    st = results["settings"]
+    machine = results.get("machine", {})
+    sampling = "greedy" if st["temperature"] == 0.0 else (
+        f"T={st['temperature']}" + (f", top-k={st['top_k']}" if st["top_k"] else "")
+        + (f", top-p={st['top_p']}" if st["top_p"] else ""))
+    head = (f"**{results.get('workload', 'prompts')}** workload, {len(results['prompts'])} prompts × "
+            f"{st['repeats']} repeats (+{st['warmup']} warm-up), {st['max_new_tokens']} new tokens, {sampling}, "
+            f"on {machine.get('cpu', '?')} ({machine.get('device', '?')}, torch {machine.get('torch', '?')}, "
+            f"transformers {machine.get('transformers', '?')})")
+    parts = [head, "", results_table(results), "", "Theory (Leviathan et al.): α/token and c measured, "
+             "τ = (1−α^(γ+1))/(1−α), speedup = τ/(γc+1); v = a verification pass's time over a plain pass's.",
+             "", theory_table(results["theory"])]
+    heur = results.get("hf_assisted_heuristic_settings")
+    if heur:
+        parts += ["", "hf-assisted-heuristic ran with HF's own assistant settings: "
+                  + ", ".join(f"{k}={v}" for k, v in heur.items())]
+    notes = [s["label"] for s in results["configs"] if s["identical_to_hf_plain"] is False]
+    if notes:
+        parts += ["", f"**Output differs from hf-plain for: {', '.join(notes)}** (greedy; see results.json)"]
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------------------------- plots
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_speedup(results: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    configs = results["configs"]
+    key, ref = ("speedup_vs_hf_plain", "hf-plain") if any(s.get("speedup_vs_hf_plain") for s in configs) \
+        else ("speedup_vs_plain", "plain")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    gammas = sorted({s["gamma"] for s in configs if s["gamma"]}) or [1]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, method in enumerate(dict.fromkeys(s["method"] for s in configs)):
+        rows = [s for s in configs if s["method"] == method and s.get(key)]
+        color = colors[index % len(colors)]
+        if not rows:
+            continue
+        if rows[0]["gamma"] is None:
+            ax.axhline(rows[0][key], linestyle="--", linewidth=1.2, color=color, label=f"{method} (no fixed γ)")
+        else:
+            rows.sort(key=lambda s: s["gamma"])
+            ax.plot([s["gamma"] for s in rows], [s[key] for s in rows], marker="o", color=color, label=method)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(gammas)
+    ax.set_xlabel("γ (draft tokens per round)")
+    ax.set_ylabel(f"speedup vs {ref} (median tokens/s)")
+    ax.set_title("Speedup vs γ")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_tau(results: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    rows = results["theory"]["configs"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["gamma"])
+        line, = ax.plot([r["gamma"] for r in mine], [r["tau_measured"] for r in mine], marker="o",
+                        label=f"{method} measured")
+        ax.plot([r["gamma"] for r in mine], [r["tau_predicted"] for r in mine], linestyle="--", marker="x",
+                color=line.get_color(), label=f"{method} predicted")
+    if not rows:
+        ax.text(0.5, 0.5, "no fixed-γ drafting method was run", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("γ (draft tokens per round)")
+    ax.set_ylabel("τ: new tokens per target forward")
+    ax.set_title("τ measured vs predicted (1−α^(γ+1))/(1−α)")
+    ax.grid(alpha=0.3)
+    if rows:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_acceptance(results: dict[str, Any], path: Path) -> None:
+    """P(draft position i accepted) per method, at the largest γ run (or the method's own γ)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    drawn = False
+    for method in dict.fromkeys(s["method"] for s in results["configs"]):
+        rows = [s for s in results["configs"] if s["method"] == method and s["acceptance_by_position"]]
+        if not rows:
+            continue
+        s = max(rows, key=lambda r: (r["gamma"] or 0, len(r["acceptance_by_position"])))
+        values = s["acceptance_by_position"]
+        label = f"{method} (γ={s['gamma']})" if s["gamma"] else method
+        line, = ax.plot(range(1, len(values) + 1), values, marker="o", label=label)
+        if s.get("alpha_token") and s["gamma"]:
+            a = s["alpha_token"]
+            ax.plot(range(1, len(values) + 1), [a ** (i + 1) for i in range(len(values))], linestyle=":",
+                    color=line.get_color(), linewidth=1)
+        drawn = True
+    if not drawn:
+        ax.text(0.5, 0.5, "no drafting method was run", ha="center", va="center", transform=ax.transAxes)
+    else:
+        ax.legend(fontsize=8)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("fraction of drafts accepted")
+    ax.set_title("Acceptance by draft position (dotted: α^i, i.i.d. model)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_plots(results: dict[str, Any], out: Path) -> dict[str, str]:
+    out.mkdir(parents=True, exist_ok=True)
+    plot_speedup(results, out / PLOTS["speedup"])
+    plot_tau(results, out / PLOTS["tau"])
+    plot_acceptance(results, out / PLOTS["acceptance"])
+    return {name: str(out / file) for name, file in PLOTS.items()}
+
+
+def write_results(results: dict[str, Any], out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    path.write_text(json.dumps(results, indent=1, default=_json_default) + "\n")
+    return path
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)

@@ -1,0 +1,536 @@
+"""Timed runs of every method on every prompt, interleaved so machine drift hits all methods alike.
+
+A *config* is a method at one γ (or at none, for methods without a fixed γ). For each prompt the runner
+does `warmup` untimed passes over all configs, then `repeats` timed rounds; in each round every config
+runs once, in an order rotated from round to round (round-robin), so a slow phase of a shared machine is
+spread over all methods instead of landing on one.
+
+Every method generates exactly `max_new_tokens` tokens: end-of-sequence is disabled for all of them alike
+(`eos_token_id=[]` for specdec, `eos_token_id=None` for `transformers.generate`), rather than suppressed
+with `min_new_tokens`, which would change the distribution being sampled.
+
+Hugging Face runs are counted by hooks on the models, never by reading HF internals: a forward pre-hook
+on the target records, for each call, how many tokens went in and how long the cache already was. Round i
+feeds the last committed token plus the drafts, so drafted_i = cache_len_i + n_in_i - committed_i, and the
+next call's cache length tells how many of them were kept. The assistant's `generate` (HF's drafting step)
+is timed by wrapping it on the instance for the duration of the run.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specdec.errors import ConfigError
+
+#: Peers: `transformers.generate` with no drafting, with the draft model as assistant (γ fixed, schedule
+#: "constant"), with HF's out-of-the-box assistant settings, and with HF's prompt lookup.
+HF_METHODS = ("hf-plain", "hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup")
+#: Methods whose γ is not set by --gamma (run once, not once per γ).
+GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic")
+#: Methods that need the draft model.
+NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "hf-assisted", "hf-assisted-heuristic")
+
+
+def adaptive_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("specdec.adaptive") is not None
+
+
+def available_methods() -> list[str]:
+    """Every method name `--methods` accepts, specdec drafters first (read from DRAFTER_KINDS)."""
+    from specdec.drafters import DRAFTER_KINDS
+
+    names = ["plain", *DRAFTER_KINDS]
+    names += [f"{kind}-auto" for kind in DRAFTER_KINDS]
+    return names + list(HF_METHODS)
+
+
+def is_gamma_free(method: str) -> bool:
+    return method in GAMMA_FREE or method.endswith("-auto")
+
+
+def parse_methods(spec: str | Sequence[str]) -> list[str]:
+    """A comma list of method names ("all" = every available one), validated, duplicates dropped."""
+    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    known = available_methods()
+    out: list[str] = []
+    for name in names:
+        expanded = known if name == "all" else [name]
+        for method in expanded:
+            if method not in known:
+                raise ConfigError(f"unknown method {method!r}; choose from: {', '.join(known)} (or 'all')")
+            if method not in out:
+                out.append(method)
+    if not out:
+        raise ConfigError("--methods is empty")
+    return out
+
+
+def parse_gammas(spec: str | int | Sequence[int]) -> list[int]:
+    """"4" → [4]; "1,2,4" → [1, 2, 4]; "1..8" → [1, ..., 8]; pieces may be mixed ("1..4,8")."""
+    if isinstance(spec, int):
+        values = [spec]
+    elif isinstance(spec, str):
+        values = []
+        for piece in (p.strip() for p in spec.split(",")):
+            try:
+                if ".." in piece:
+                    lo, hi = (int(x) for x in piece.split("..", 1))
+                    if hi < lo:
+                        raise ValueError
+                    values.extend(range(lo, hi + 1))
+                elif piece:
+                    values.append(int(piece))
+            except ValueError:
+                hint = " (for an adaptive γ use a method like draft-auto)" if "auto" in piece else ""
+                raise ConfigError(f"--gamma: cannot read {piece!r}; give an integer, a list 1,2,4 or a range "
+                                  f"1..8{hint}") from None
+    else:
+        values = [int(v) for v in spec]
+    if not values or any(v < 1 for v in values):
+        raise ConfigError(f"--gamma needs integers >= 1, got {spec!r}")
+    return sorted(set(values))
+
+
+@dataclass(frozen=True)
+class Config:
+    method: str
+    gamma: int | None  # None: the method sets γ itself (or drafts nothing)
+
+    @property
+    def label(self) -> str:
+        return self.method if self.gamma is None else f"{self.method}@{self.gamma}"
+
+    @property
+    def is_hf(self) -> bool:
+        return self.method.startswith("hf-")
+
+    @property
+    def kind(self) -> str | None:
+        """The specdec drafter kind, or None for plain / HF methods."""
+        if self.is_hf or self.method == "plain":
+            return None
+        return self.method[: -len("-auto")] if self.method.endswith("-auto") else self.method
+
+
+def make_configs(methods: Sequence[str], gammas: Sequence[int]) -> list[Config]:
+    return [Config(m, None) if is_gamma_free(m) else Config(m, g) for m in methods
+            for g in ([None] if is_gamma_free(m) else gammas)]
+
+
+@dataclass
+class BenchSettings:
+    methods: list[str]
+    gammas: list[int] = field(default_factory=lambda: [4])
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repeats: int = 3
+    warmup: int = 1
+    seed: int = 0
+    device: str = "cpu"
+    drafter_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _sync(device: torch.device | str) -> None:
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------------------------- HF hooks
+
+
+class HFCounter:
+    """Hooks on the target (and the assistant) for one `generate` call: calls, tokens in, cache lengths,
+    time in forwards; time in the assistant's `generate` (HF's whole drafting step)."""
+
+    def __init__(self, target, assistant=None, device: str = "cpu"):
+        self.target, self.assistant, self.cuda = target, assistant, str(device).startswith("cuda")
+        self.calls: list[list[float]] = []  # [tokens in, cache length before, seconds]
+        self.draft_forwards = 0
+        self.draft_s = 0.0
+        self._handles: list = []
+        self._t0 = 0.0
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _pre(self, module, args, kwargs):
+        ids = kwargs.get("input_ids")
+        if ids is None and args:
+            ids = args[0]
+        cache = kwargs.get("past_key_values")
+        cache_len = int(cache.get_seq_length()) if cache is not None else 0
+        if cache is None and kwargs.get("position_ids") is not None:
+            cache_len = int(kwargs["position_ids"].reshape(-1)[0])
+        self.calls.append([int(ids.shape[-1]), cache_len, 0.0])
+        self._t0 = self._now()
+
+    def _post(self, module, args, kwargs, output):
+        self.calls[-1][2] = self._now() - self._t0
+
+    def _draft_pre(self, module, args, kwargs):
+        self.draft_forwards += 1
+
+    def __enter__(self) -> HFCounter:
+        self._handles.append(self.target.register_forward_pre_hook(self._pre, with_kwargs=True))
+        self._handles.append(self.target.register_forward_hook(self._post, with_kwargs=True))
+        if self.assistant is not None:
+            self._handles.append(self.assistant.register_forward_pre_hook(self._draft_pre, with_kwargs=True))
+            original = self.assistant.generate
+
+            def timed_generate(*args, **kwargs):
+                t = self._now()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    self.draft_s += self._now() - t
+
+            self.assistant.generate = timed_generate  # instance attribute: shadows the method for this run
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self.assistant is not None and "generate" in self.assistant.__dict__:
+            del self.assistant.generate
+
+    def stats(self, prompt_len: int, final_len: int):
+        """A `DecodeStats` rebuilt from the calls: round i drafted cache_len + n_in - committed tokens, and
+        kept (next committed - committed - 1) of them. The first call also prefills the prompt: its time
+        goes to `prefill_s`, and `target_s` covers the other calls."""
+        from specdec.stats import DecodeStats
+
+        s = DecodeStats()
+        committed = prompt_len
+        for i, (n_in, cache_len, _seconds) in enumerate(self.calls):
+            if i > 0:
+                committed = cache_len + 1  # the cache holds all but the last committed token
+            drafted = max(0, cache_len + n_in - committed)
+            nxt = self.calls[i + 1][1] + 1 if i + 1 < len(self.calls) else final_len
+            accepted = max(0, min(drafted, nxt - committed - 1))
+            s.record_round(drafted, accepted, "recovered" if accepted < drafted else "bonus")
+        s.new_tokens = final_len - prompt_len
+        s.target_forwards = len(self.calls)
+        s.draft_forwards = self.draft_forwards
+        s.prefill_s = self.calls[0][2] if self.calls else 0.0
+        s.target_s = sum(c[2] for c in self.calls[1:])
+        s.draft_s = self.draft_s
+        return s
+
+
+# --------------------------------------------------------------------------------------------- one run
+
+
+@dataclass
+class RunResult:
+    tokens: list[int]
+    wall_s: float
+    stats: Any  # DecodeStats
+    timed_forwards: int  # target forwards whose time is in stats.target_s
+
+
+class Bench:
+    """The models, drafters and settings; `run(config, prompt_ids, seed)` does one generation."""
+
+    def __init__(self, target, draft, settings: BenchSettings, pad_token_id: int | None = None):
+        from specdec.models.causal_lm import CachedCausalLM
+
+        self.target, self.draft, self.settings = target, draft, settings
+        self.device = str(next(target.parameters()).device)
+        self.target_lm = CachedCausalLM(target)
+        self.pad_token_id = pad_token_id if pad_token_id is not None else _pad_id(target)
+        self._drafters: dict[str, Any] = {}
+        self._draft_generation_config = copy.deepcopy(draft.generation_config) if draft is not None else None
+        for method in settings.methods:
+            if method in NEEDS_DRAFT_MODEL and draft is None:
+                raise ConfigError(f"method {method!r} needs a draft model: pass --draft PATH")
+            if method.endswith("-auto") and not adaptive_available():
+                raise ConfigError(f"method {method!r} needs gamma='auto' (specdec.adaptive), which this "
+                                  "version of specdec does not have yet")
+
+    def drafter(self, kind: str):
+        if kind not in self._drafters:
+            from specdec.drafters import make_drafter
+
+            self._drafters[kind] = make_drafter(kind, target=self.target, draft=self.draft,
+                                                **self.settings.drafter_options.get(kind, {}))
+        return self._drafters[kind]
+
+    def run(self, config: Config, prompt_ids: list[int], seed: int) -> RunResult:
+        return self._run_hf(config, prompt_ids, seed) if config.is_hf else self._run_specdec(config, prompt_ids, seed)
+
+    def _run_specdec(self, config: Config, prompt_ids: list[int], seed: int) -> RunResult:
+        from specdec.decoding import SpeculativeDecoder
+
+        s = self.settings
+        drafter = self.drafter(config.kind) if config.kind else None
+        gamma = "auto" if config.method.endswith("-auto") else (config.gamma or 1)
+        decoder = SpeculativeDecoder(
+            self.target_lm, drafter, gamma=gamma, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+            top_k=s.top_k, top_p=s.top_p, eos_token_id=[], seed=seed,
+        )
+        ids = torch.tensor(prompt_ids, dtype=torch.long)
+        _sync(self.device)
+        start = time.perf_counter()
+        tokens = list(decoder.stream(ids))
+        _sync(self.device)
+        wall = time.perf_counter() - start
+        return RunResult(tokens, wall, decoder.stats, decoder.stats.target_forwards)
+
+    def hf_kwargs(self, config: Config) -> dict[str, Any]:
+        """The `generate` keyword arguments of an HF config (the assistant's settings go on its config)."""
+        s = self.settings
+        kwargs: dict[str, Any] = dict(max_new_tokens=s.max_new_tokens, eos_token_id=None,
+                                      pad_token_id=self.pad_token_id, use_cache=True, do_sample=not s.greedy)
+        if not s.greedy:
+            # HF's own defaults would add top_k=50: pass the warps explicitly, off unless asked for.
+            kwargs.update(temperature=s.temperature, top_k=s.top_k or 0, top_p=s.top_p or 1.0)
+        if config.method == "hf-prompt-lookup":
+            kwargs["prompt_lookup_num_tokens"] = config.gamma
+        elif config.method in ("hf-assisted", "hf-assisted-heuristic"):
+            kwargs["assistant_model"] = self.draft
+        return kwargs
+
+    def _configure_assistant(self, config: Config) -> None:
+        if self.draft is None:
+            return
+        # Restore the draft's own settings before every run: HF's "heuristic" schedule writes its
+        # adapted num_assistant_tokens back into them, which would leak from one run into the next.
+        self.draft.generation_config = copy.deepcopy(self._draft_generation_config)
+        if config.method == "hf-assisted":
+            gc = self.draft.generation_config
+            gc.num_assistant_tokens = config.gamma
+            gc.num_assistant_tokens_schedule = "constant"
+            gc.assistant_confidence_threshold = 0.0  # no early stop: exactly γ drafts, like specdec
+
+    def effective_assistant_settings(self) -> dict[str, Any]:
+        """What HF uses for `hf-assisted-heuristic`: the draft's generation config over HF's defaults."""
+        if self.draft is None:
+            return {}
+        from transformers import GenerationConfig
+
+        defaults = GenerationConfig._get_default_generation_params()
+        gc = self._draft_generation_config
+        return {name: getattr(gc, name, None) if getattr(gc, name, None) is not None else defaults.get(name)
+                for name in ("num_assistant_tokens", "num_assistant_tokens_schedule",
+                             "assistant_confidence_threshold")}
+
+    def _run_hf(self, config: Config, prompt_ids: list[int], seed: int) -> RunResult:
+        self._configure_assistant(config)
+        kwargs = self.hf_kwargs(config)
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        mask = torch.ones_like(ids)
+        assistant = self.draft if "assistant_model" in kwargs else None
+        torch.manual_seed(seed)
+        with HFCounter(self.target, assistant, self.device) as counter, torch.inference_mode():
+            _sync(self.device)
+            start = time.perf_counter()
+            out = self.target.generate(ids, attention_mask=mask, **kwargs)
+            _sync(self.device)
+            wall = time.perf_counter() - start
+        tokens = out[0, ids.shape[1]:].tolist()
+        stats = counter.stats(ids.shape[1], out.shape[1])
+        stats.wall_s = wall
+        return RunResult(tokens, wall, stats, max(0, stats.target_forwards - 1))
+
+
+def _pad_id(model) -> int:
+    for source in (model.generation_config, model.config):
+        value = getattr(source, "pad_token_id", None)
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- the loop
+
+
+def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_id: int | None = None,
+                  progress: bool = True, on_run: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Run every config on every prompt; return raw runs, per-config summaries and outputs.
+
+    `prompts`: `BenchPrompt`s (or anything with `.name` and `.ids`).
+    """
+    import transformers
+
+    if settings.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {settings.repeats}")
+    if settings.warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {settings.warmup}")
+    configs = make_configs(settings.methods, settings.gammas)
+    bench = Bench(target, draft, settings, pad_token_id)
+    _check_lengths(target, prompts, settings.max_new_tokens)
+    reference_config = Config("hf-plain", None)
+    need_reference = settings.greedy and reference_config not in configs
+    per_prompt = settings.warmup + settings.repeats
+    total = len(prompts) * (per_prompt * len(configs) + int(need_reference))
+    bar = _progress(total, progress)
+    runs: list[dict[str, Any]] = []
+    outputs: dict[str, dict[str, list[int]]] = {c.label: {} for c in configs}
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # HF warns on every assisted call; keep the bars readable
+    try:
+        for p_index, prompt in enumerate(prompts):
+            reference = None
+            if need_reference:
+                bar.set_description(f"{prompt.name} reference hf-plain")
+                reference = bench.run(reference_config, list(prompt.ids), settings.seed).tokens
+                bar.update(1)
+            prompt_runs: list[dict[str, Any]] = []
+            for repeat in range(-settings.warmup, settings.repeats):
+                shift = (repeat + p_index) % len(configs)
+                order = configs[shift:] + configs[:shift]  # round-robin, rotated each round
+                seed = settings.seed * 1_000_003 + p_index * 1_009 + max(repeat, 0)
+                for config in order:
+                    bar.set_description(f"{prompt.name} {'warm-up' if repeat < 0 else f'rep {repeat + 1}'} "
+                                        f"{config.label}")
+                    result = bench.run(config, list(prompt.ids), seed)
+                    bar.update(1)
+                    if repeat < 0:
+                        continue
+                    record = _record(config, prompt, p_index, repeat, result)
+                    prompt_runs.append(record)
+                    outputs[config.label].setdefault(prompt.name, result.tokens)
+                    if on_run:
+                        on_run(record)
+            if settings.greedy and reference is None:
+                reference = outputs[reference_config.label][prompt.name]
+            plain = outputs.get("plain", {}).get(prompt.name) if settings.greedy else None
+            for record in prompt_runs:
+                tokens = record.pop("_tokens")
+                record["identical_to_hf_plain"] = tokens == reference if settings.greedy else None
+                record["identical_to_plain"] = tokens == plain if plain is not None else None
+            runs.extend(prompt_runs)
+    finally:
+        bar.close()
+        transformers.logging.set_verbosity(verbosity)
+    summaries = [summarize(config, [r for r in runs if r["label"] == config.label]) for config in configs]
+    _add_speedups(summaries)
+    return {
+        "settings": settings.as_dict(),
+        "configs": summaries,
+        "runs": runs,
+        "outputs": outputs,
+        "hf_assisted_heuristic_settings": bench.effective_assistant_settings()
+        if "hf-assisted-heuristic" in settings.methods else None,
+    }
+
+
+def _check_lengths(target, prompts, max_new_tokens: int) -> None:
+    from specdec.errors import PromptError
+    from specdec.models.causal_lm import context_length
+
+    limit = context_length(target)
+    for prompt in prompts:
+        if limit is not None and len(prompt.ids) + max_new_tokens > limit:
+            raise PromptError(f"prompt {prompt.name} ({len(prompt.ids)} tokens) + --max-new-tokens "
+                              f"{max_new_tokens} exceeds the target's context of {limit} tokens")
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None: ...
+    def set_description(self, text: str) -> None: ...
+    def close(self) -> None: ...
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="run", dynamic_ncols=True, leave=True)
+
+
+def _record(config: Config, prompt, p_index: int, repeat: int, result: RunResult) -> dict[str, Any]:
+    s = result.stats
+    new_tokens = len(result.tokens)
+    return {
+        "label": config.label, "method": config.method, "gamma": config.gamma, "prompt": prompt.name,
+        "prompt_index": p_index, "repeat": repeat, "wall_s": result.wall_s, "new_tokens": new_tokens,
+        "tokens_per_s": new_tokens / result.wall_s if result.wall_s > 0 else 0.0,
+        "target_forwards": s.target_forwards, "timed_forwards": result.timed_forwards,
+        "draft_forwards": s.draft_forwards, "rounds": s.rounds, "drafted": s.drafted, "accepted": s.accepted,
+        "rejections": s.recovered, "drafted_at": list(s.drafted_at), "accepted_at": list(s.accepted_at),
+        "prefill_s": s.prefill_s, "target_s": s.target_s, "draft_s": s.draft_s,
+        "tau": s.mean_accepted_tokens, "alpha": s.acceptance_rate,
+        "_tokens": result.tokens,
+    }
+
+
+def _pos_sum(rows: list[list[int]]) -> list[int]:
+    out: list[int] = []
+    for row in rows:
+        out.extend([0] * (len(row) - len(out)))
+        for i, v in enumerate(row):
+            out[i] += v
+    return out
+
+
+def summarize(config: Config, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of speed over all (prompt, repeat) runs; pooled counts for α, τ, c (ratios of sums)."""
+    def total(key: str) -> float:
+        return sum(r[key] for r in runs)
+
+    drafted, accepted, rejections = total("drafted"), total("accepted"), total("rejections")
+    forwards, timed = total("target_forwards"), total("timed_forwards")
+    target_s, draft_s, wall = total("target_s"), total("draft_s"), total("wall_s")
+    drafted_at, accepted_at = _pos_sum([r["drafted_at"] for r in runs]), _pos_sum([r["accepted_at"] for r in runs])
+    per_forward = target_s / timed if timed and target_s > 0 else None
+    cost_ratio = None
+    if drafted and per_forward and draft_s > 0:
+        cost_ratio = (draft_s / drafted) / per_forward
+    identical = [r.get("identical_to_hf_plain") for r in runs]
+    return {
+        "label": config.label, "method": config.method, "gamma": config.gamma, "runs": len(runs),
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs) if runs else 0.0,
+        "tokens_per_s_min": min((r["tokens_per_s"] for r in runs), default=0.0),
+        "tokens_per_s_max": max((r["tokens_per_s"] for r in runs), default=0.0),
+        "wall_s_median": statistics.median(r["wall_s"] for r in runs) if runs else 0.0,
+        "new_tokens": total("new_tokens"), "target_forwards": forwards, "timed_forwards": timed, "draft_forwards": total("draft_forwards"),
+        "tau": total("new_tokens") / forwards if forwards else 0.0,
+        "drafted": drafted, "accepted": accepted, "rejections": rejections,
+        "alpha": accepted / drafted if drafted else None,
+        # per-token acceptance probability (the α of Leviathan's i.i.d. model): accepted over tested, where a
+        # round tests its accepted drafts plus the one it rejects; drafts after a rejection are never tested.
+        "alpha_token": accepted / (accepted + rejections) if drafted and accepted + rejections else None,
+        "mean_drafted_per_round": drafted / total("rounds") if total("rounds") else 0.0,
+        "acceptance_by_position": [a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at)],
+        "drafted_at": drafted_at, "accepted_at": accepted_at,
+        "target_s": target_s, "draft_s": draft_s, "wall_s": wall, "prefill_s": total("prefill_s"),
+        "target_s_per_forward": per_forward, "cost_ratio": cost_ratio,
+        "other_s": max(0.0, wall - target_s - draft_s - total("prefill_s")),
+        "identical_to_hf_plain": None if any(v is None for v in identical) else all(identical),
+        "identical_to_plain": _all_or_none([r.get("identical_to_plain") for r in runs]),
+    }
+
+
+def _all_or_none(values: list) -> bool | None:
+    return None if not values or any(v is None for v in values) else all(values)
+
+
+def _add_speedups(summaries: list[dict[str, Any]]) -> None:
+    by_label = {s["label"]: s for s in summaries}
+    for ref in ("hf-plain", "plain"):
+        base = by_label.get(ref, {}).get("tokens_per_s")
+        for s in summaries:
+            s[f"speedup_vs_{ref.replace('-', '_')}"] = s["tokens_per_s"] / base if base else None

@@ -1,0 +1,131 @@
+"""`specdec bench`: time specdec's methods against plain decoding and Hugging Face generation."""
+
+from __future__ import annotations
+
+import argparse
+
+METHODS_HELP = """\
+methods:
+  plain                   specdec's loop with no drafter (plain decoding, same code path)
+  <drafter>               specdec with that drafter at each --gamma: one per specdec drafter kind
+                          (draft = the --draft model; prompt-lookup, bigram, layer-skip, ... as installed)
+  <drafter>-auto          the same drafter with gamma='auto' (adaptive γ), e.g. draft-auto
+  hf-plain                target.generate() without assistance (greedy or sampling as asked)
+  hf-assisted             target.generate(assistant_model=draft) with num_assistant_tokens=γ, schedule
+                          "constant" and the confidence early-stop off, so every round drafts exactly γ
+  hf-assisted-heuristic   target.generate(assistant_model=draft) with HF's own assistant settings (the
+                          draft's generation_config over HF's defaults; γ is not used)
+  hf-prompt-lookup        target.generate(prompt_lookup_num_tokens=γ)
+  all                     every method above
+
+Every method generates exactly --max-new-tokens tokens (end-of-sequence is disabled for all alike).
+Methods run interleaved: per prompt, --warmup untimed rounds, then --repeats timed rounds in which each
+method runs once, in an order rotated every round. Speed is the median of new tokens / wall time over all
+prompts and repeats (prefill included, for every method alike).
+
+outputs (in --out): results.json (settings, machine, command, summaries, theory, raw runs, outputs),
+speedup_vs_gamma.png, tau_measured_vs_predicted.png, acceptance_by_position.png; tables on stdout.
+
+examples:
+  specdec bench --methods plain,draft,hf-plain,hf-assisted --gamma 1..8 --prompts code
+  specdec bench --methods prompt-lookup,hf-prompt-lookup,hf-plain --gamma 2,4,8 --prompts edit
+  specdec bench --target PATH --draft PATH --prompts my_prompts.jsonl --temperature 0.8 --top-p 0.95
+"""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark specdec against plain decoding and Hugging Face assisted generation, with plots",
+        description="Benchmark speculative decoding methods side by side on the same prompts: tokens/s, "
+        "speedups vs HF's plain generate and specdec's plain loop, τ (new tokens per target forward), "
+        "acceptance α (overall and per draft position), the cost ratio c, whether greedy output is "
+        "token-identical to plain decoding, and Leviathan et al.'s predictions from the measured α and c.",
+        epilog=METHODS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    models = parser.add_argument_group("models")
+    models.add_argument("--target", help="target model: local path or hub id (default: the shipped pair)")
+    models.add_argument("--draft", help="draft model path or hub id, same tokenizer as the target "
+                        "(default: the shipped pair's draft when --target is not given)")
+    models.add_argument("--device", default="cpu", help="torch device: cpu or cuda (default cpu)")
+    models.add_argument("--dtype", default=None,
+                        help="model dtype: float32, bfloat16, float16, float64, auto (default float32 on CPU)")
+
+    what = parser.add_argument_group("what to run")
+    what.add_argument("--methods", default="plain,draft,hf-plain,hf-assisted",
+                      help="comma list of methods (see below), or 'all' (default plain,draft,hf-plain,hf-assisted)")
+    what.add_argument("--gamma", default="4",
+                      help="draft tokens per round for the fixed-γ methods: a value (4), a list (1,2,4) or a "
+                      "range (1..8), mixable (1..4,8) (default 4)")
+    what.add_argument("--list-methods", action="store_true", help="print the available methods and exit")
+
+    sampling = parser.add_argument_group("decoding")
+    sampling.add_argument("--max-new-tokens", type=int, default=128,
+                          help="tokens every method generates per prompt (default 128)")
+    sampling.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    sampling.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (default off)")
+    sampling.add_argument("--top-p", type=float, default=None, help="nucleus mass in (0, 1] (default off)")
+    sampling.add_argument("--seed", type=int, default=0,
+                          help="seed for prompt selection and sampling; each (prompt, repeat) gets the same "
+                          "seed in every method (default 0)")
+
+    prompts = parser.add_argument_group("prompts")
+    prompts.add_argument("--prompts", default="code",
+                         help="'code' (continue held-out stdlib files), 'edit' (rewrite a held-out function "
+                         "with an argument renamed: the answer repeats the prompt), or a file: one prompt per "
+                         "line, or JSONL with a \"prompt\" field for multi-line prompts (default code)")
+    prompts.add_argument("--num-prompts", type=int, default=4, help="prompts to use (default 4)")
+    prompts.add_argument("--prompt-tokens", type=int, default=128,
+                         help="length of 'code' prompts in tokens (default 128)")
+
+    timing = parser.add_argument_group("timing")
+    timing.add_argument("--repeats", type=int, default=3, help="timed runs per method and prompt (default 3)")
+    timing.add_argument("--warmup", type=int, default=1,
+                        help="untimed rounds over all methods before timing each prompt (default 1)")
+    timing.add_argument("--out", default="bench-results",
+                        help="directory for results.json and the plots (default ./bench-results)")
+    timing.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from specdec.bench import run as run_bench
+    from specdec.bench.report import markdown
+    from specdec.bench.runner import BenchSettings, available_methods, parse_gammas, parse_methods
+    from specdec.bench.workloads import load_workload
+    from specdec.cli.generate import load_models
+    from specdec.errors import ConfigError
+    from specdec.sampling import SamplingConfig
+
+    if args.list_methods:
+        print("\n".join(available_methods()))
+        return 0
+    methods = parse_methods(args.methods)
+    gammas = parse_gammas(args.gamma)
+    SamplingConfig(args.temperature, args.top_k, args.top_p)  # validates before the models load
+    for name in ("max_new_tokens", "num_prompts", "prompt_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is available to torch here; use --device cpu")
+
+    target, draft, tokenizer = load_models(args)
+    prompts = load_workload(args.prompts, tokenizer, args.num_prompts, seed=args.seed,
+                            prompt_tokens=args.prompt_tokens)
+    settings = BenchSettings(
+        methods=methods, gammas=gammas, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
+        device=args.device,
+    )
+    pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+    results = run_bench(target, draft, prompts, settings, out=args.out, workload=args.prompts,
+                        progress=not args.no_progress, pad_token_id=pad)
+    print(markdown(results))
+    print(f"\nresults: {results['results_json']}; plots: {', '.join(results['plots'].values())}")
+    return 0

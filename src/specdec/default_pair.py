@@ -1,0 +1,55 @@
+"""The shipped default (target, draft) pair, trained on the Python stdlib (see assets/default/MODEL_CARD.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.errors import ModelLoadError
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets" / "default"
+REQUIRED = ("target/config.json", "target/model.safetensors", "draft/config.json", "draft/model.safetensors",
+            "tokenizer/tokenizer.json")
+
+
+def default_assets_dir() -> Path:
+    """Directory holding ``target/``, ``draft/``, ``tokenizer/`` and ``MODEL_CARD.md``."""
+    return ASSETS_DIR
+
+
+def assets_present(root: Path | None = None) -> bool:
+    """True when every file :func:`load_default` needs is in place."""
+    base = root or ASSETS_DIR
+    return all((base / rel).is_file() for rel in REQUIRED)
+
+
+def _load_model(path: Path, device: str | torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """One causal LM from ``path``, cast to ``dtype`` on ``device``, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    return model.to(device).eval()
+
+
+def load_default(
+    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, root: Path | None = None
+) -> tuple[Any, Any, Any]:
+    """Load the default ``(target, draft, tokenizer)``; weights are stored in 16 bits, upcast to ``dtype``.
+
+    Raises ModelLoadError when the assets are missing (e.g. a source checkout without them).
+    """
+    base = Path(root) if root is not None else ASSETS_DIR
+    missing = [rel for rel in REQUIRED if not (base / rel).is_file()]
+    if missing:
+        raise ModelLoadError(
+            f"default model assets missing under {base}: {', '.join(missing)}; reinstall specdec, or rebuild "
+            "them with the `specdec train` / `specdec distill` commands in MODEL_CARD.md"
+        )
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base / "tokenizer"))
+    target = _load_model(base / "target", device, dtype)
+    draft = _load_model(base / "draft", device, dtype)
+    return target, draft, tokenizer

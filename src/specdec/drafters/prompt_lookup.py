@@ -1,0 +1,123 @@
+"""`PromptLookup`: model-free drafting by n-gram matching against the prompt and the text generated so far.
+
+Each round, the last n committed tokens (n from `max_ngram` down to `min_ngram`, longest first) are looked up
+among the earlier occurrences of the same n-gram in the context; the most recent earlier occurrence wins,
+and the tokens that followed it are proposed. The proposal is deterministic, so `draft_probs` is None
+(a point mass) and verification stays exact at any temperature.
+
+Cost: the drafter keeps, for each n, a dict from n-gram (a tuple of ids) to the position just after its
+most recent occurrence that has a follower. The dicts are extended only with the n-grams that newly got a
+follower (a handful per round: accepted drafts + one), so a round costs O(max_ngram + γ + new tokens)
+dict operations, independent of the context length. Building the index for a new prompt is linear in the
+prompt, once per request (`reset`).
+
+Overlapping matches: if the match ends p tokens before the end of the context (p < γ, e.g. in a loop
+"a b a b" or a run "x x x"), its continuation runs into the tokens being proposed; they are filled in as the
+periodic continuation (draft[j] = draft[j - p]), which is what copying "the tokens that followed" means once
+the proposed tokens are part of the text. Disable with `extend_periodic=False` to propose only tokens that
+are already in the context.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.drafters.base import Drafter, Proposal
+from specdec.errors import ConfigError
+from specdec.sampling import SamplingConfig
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class PromptLookup(Drafter):
+    """Propose the continuation of the most recent earlier match of the latest n-gram (longest n first).
+
+    max_ngram / min_ngram: the n-gram sizes tried, longest first (1 <= min_ngram <= max_ngram).
+    num_pred_tokens: at most this many tokens per round (None: the γ the decode loop asks for).
+    extend_periodic: continue an overlapping match periodically instead of stopping at the context's end.
+    """
+
+    vocab_size = None  # no vocabulary of its own: any target works
+
+    def __init__(
+        self,
+        max_ngram: int = 3,
+        min_ngram: int = 1,
+        num_pred_tokens: int | None = None,
+        extend_periodic: bool = True,
+    ):
+        self.max_ngram = _check_int("max_ngram", max_ngram, 1)
+        self.min_ngram = _check_int("min_ngram", min_ngram, 1)
+        if self.min_ngram > self.max_ngram:
+            raise ConfigError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram})")
+        self.num_pred_tokens = None if num_pred_tokens is None else _check_int("num_pred_tokens", num_pred_tokens, 1)
+        self.extend_periodic = bool(extend_periodic)
+        self._tokens: list[int] = []  # the committed context seen so far, as Python ints
+        # _index[n - min_ngram]: n-gram tuple -> e, the end (exclusive) of its most recent occurrence
+        # that has a follower (e <= len(_tokens) - 1), so _tokens[e] is the token that followed it.
+        self._index: list[dict[tuple[int, ...], int]] = []
+        self.reset(torch.empty(0, dtype=torch.long))
+
+    # -- index maintenance -------------------------------------------------------------------------
+    def reset(self, prompt_ids: torch.Tensor) -> None:
+        self._tokens = []
+        self._index = [{} for _ in range(self.min_ngram, self.max_ngram + 1)]
+        self._extend(prompt_ids)
+
+    def _extend(self, context: torch.Tensor) -> None:
+        """Index the n-grams that got a follower since the last call. context [n] starts with _tokens."""
+        old = len(self._tokens)
+        if context.shape[0] < old:  # a different (shorter) context: not ours, start over
+            self._tokens, old = [], 0
+            self._index = [{} for _ in range(self.min_ngram, self.max_ngram + 1)]
+        if context.shape[0] == old:
+            return
+        tokens = self._tokens
+        tokens.extend(context[old:].tolist())
+        length = len(tokens)
+        # n-grams ending (exclusive) at e in [old, length - 1] now have a follower tokens[e]. (The one ending
+        # at `old` had none before: tokens[old] did not exist yet.)
+        for n, index in zip(range(self.min_ngram, self.max_ngram + 1), self._index):
+            for end in range(max(old, n), length):
+                index[tuple(tokens[end - n : end])] = end  # ascending: the most recent occurrence wins
+
+    def commit(self, context: torch.Tensor, num_accepted: int) -> None:
+        self._extend(context)
+
+    # -- lookup --------------------------------------------------------------------------------------
+    def match(self, gamma: int) -> list[int]:
+        """Up to `gamma` proposed tokens continuing the indexed context (empty if no n-gram matches)."""
+        tokens = self._tokens
+        length = len(tokens)
+        if gamma <= 0:
+            return []
+        for n in range(min(self.max_ngram, length), self.min_ngram - 1, -1):
+            end = self._index[n - self.min_ngram].get(tuple(tokens[length - n :]))
+            if end is None:
+                continue
+            if not self.extend_periodic:
+                return tokens[end : min(end + gamma, length)]
+            period = length - end  # >= 1: the match ends before the context does
+            draft: list[int] = []
+            for j in range(gamma):
+                draft.append(tokens[end + j] if end + j < length else draft[j - period])
+            return draft
+        return []
+
+    def propose(
+        self,
+        context: torch.Tensor,
+        gamma: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+    ) -> Proposal:
+        self._extend(context)  # no-op after commit; catches up if commit was skipped
+        if self.num_pred_tokens is not None:
+            gamma = min(gamma, self.num_pred_tokens)
+        draft = self.match(gamma)
+        # A point mass at any temperature: q(x) = 1 for the proposed token.
+        return Proposal(tokens=torch.tensor(draft, dtype=torch.long, device=context.device))  # [γ']

@@ -1,0 +1,327 @@
+"""Drawing many continuations fast, through the real decode loop.
+
+Every draw runs `SpeculativeDecoder.stream` unchanged: the drafter's `propose`/`commit`, the target pass, the
+`verify_fn` and the EOS / max_new_tokens logic are the code under test. What is made cheap is the models'
+forward pass, by patching `forward` on the model *instances* for the duration of a run (nothing global, nothing
+in the core touched). Two engines:
+
+``"memo"`` (default for small vocabularies)
+    A model's output at a position depends only on the tokens before it, so each model keeps a table
+    ``prefix -> logits of the next token``. The KV cache handed to the model is turned, in place, into a
+    `TokenCache` that records token ids instead of keys and values; `crop` drops ids exactly as a
+    DynamicCache drops keys. A call is answered from the table (a miss runs the real model once, without a
+    cache, on the whole prefix, and stores every position). So the loop, the cache bookkeeping of the
+    drafters (what is cropped, what is re-fed, at which positions: position ids must equal the cache length
+    or the call is refused) and all sampling are exercised for real, while the model cost vanishes after
+    warm-up. Not covered: numerical differences between incremental and full-sequence forwards, which the
+    greedy-equality suite and the ``"cache"`` engine cover.
+``"cache"``
+    Real KV-cached forwards. Only the prompt prefill is shared: the first prefill of each model is kept
+    (cache and logits) and every later prefill of the same ids gets a copy instead of a forward.
+
+A call the memo cannot answer (a batch, an attention mask, hidden states, a cache that already holds real
+keys) goes to the real forward when that is safe and raises `MemoUnsupported` when it is not (a real call
+on a `TokenCache`); `draw(..., engine="auto")` then starts over with ``"cache"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import DynamicCache, PreTrainedModel
+
+ENGINES = ("auto", "memo", "cache")
+
+#: Keyword arguments a standard incremental call passes; anything else is not answered from the memo.
+_STANDARD_KWARGS = {"return_dict", "output_attentions", "output_hidden_states", "cache_position"}
+
+
+class _Output:
+    """The two fields callers read from a causal LM's output (a ModelOutput costs ~30 µs to build)."""
+
+    __slots__ = ("logits", "past_key_values")
+
+    def __init__(self, logits: torch.Tensor, past_key_values):
+        self.logits = logits
+        self.past_key_values = past_key_values
+
+    def __getitem__(self, index):
+        return (self.logits, self.past_key_values)[index] if isinstance(index, int) else getattr(self, index)
+
+
+class MemoUnsupported(RuntimeError):
+    """The memo engine met a model call it cannot answer from token ids alone."""
+
+
+class TokenCache(DynamicCache):
+    """A DynamicCache stand-in that holds the token ids fed so far, not their keys and values."""
+
+    tokens: list[int]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return len(self.tokens)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:  # same contract as DynamicCache.crop in transformers 5
+            raise ValueError("crop takes the negative number of tokens to remove")
+        if tokens_to_remove:
+            del self.tokens[tokens_to_remove:]
+
+    def update(self, *args, **kwargs):
+        raise MemoUnsupported(
+            "a real model layer wrote into a memo TokenCache: this method calls model internals that the "
+            "memo engine cannot serve; use engine='cache'"
+        )
+
+
+def _as_token_cache(cache) -> TokenCache | None:
+    """Turn an empty DynamicCache into a TokenCache in place (so callers keeping a reference see it)."""
+    if isinstance(cache, TokenCache):
+        return cache
+    if type(cache) is DynamicCache and cache.get_seq_length() == 0:
+        cache.__class__ = TokenCache
+        cache.tokens = []
+        return cache
+    return None
+
+
+class _Memo:
+    """prefix (tuple of ids) -> next-token logits [V], for one model; filled lazily or by `prefetch`."""
+
+    def __init__(self, model: PreTrainedModel, forward: Callable):
+        self.model = model
+        self.forward = forward  # the unpatched bound forward
+        self.table: dict[tuple[int, ...], torch.Tensor] = {}
+        self.misses = 0
+        self.hits = 0
+
+    @torch.inference_mode()
+    def _compute(self, batch: torch.Tensor) -> None:
+        """Run the real model (no cache) on sequences batch [b, m]; store the logits after every prefix."""
+        device = next(self.model.parameters()).device
+        b, m = batch.shape
+        positions = torch.arange(m, device=device).expand(b, m)
+        out = self.forward(input_ids=batch.to(device), position_ids=positions, use_cache=False)
+        logits = out.logits.detach()  # [b, m, V]
+        for row, ids in enumerate(batch.tolist()):
+            for j in range(m):
+                self.table.setdefault(tuple(ids[: j + 1]), logits[row, j])
+
+    def prefetch(self, sequences: Sequence[Sequence[int]], batch_size: int = 1024) -> None:
+        """Compute the logits after every prefix of `sequences` (batched by length)."""
+        by_length: dict[int, list[Sequence[int]]] = {}
+        for seq in sequences:
+            if tuple(seq) not in self.table:
+                by_length.setdefault(len(seq), []).append(seq)
+        for group in by_length.values():
+            for i in range(0, len(group), batch_size):
+                self._compute(torch.tensor(group[i : i + batch_size], dtype=torch.long))
+
+    def rows(self, prefix: list[int], new: list[int]) -> torch.Tensor:
+        """Logits after prefix+new[:1], ..., prefix+new: [len(new), V]."""
+        full = prefix + new
+        start = len(prefix) + 1
+        keys = [tuple(full[:j]) for j in range(start, len(full) + 1)]
+        if keys[-1] not in self.table:
+            self.misses += 1
+            self._compute(torch.tensor([full], dtype=torch.long))
+        else:
+            self.hits += 1
+        table = self.table
+        try:
+            return torch.stack([table[k] for k in keys])
+        except KeyError:  # an earlier position was never computed (cannot happen after _compute)
+            self._compute(torch.tensor([full], dtype=torch.long))
+            return torch.stack([table[k] for k in keys])
+
+
+def _memo_forward(memo: _Memo) -> Callable:
+    real = memo.forward
+
+    def forward(input_ids=None, position_ids=None, past_key_values=None, use_cache=None, logits_to_keep=0,
+                attention_mask=None, **kwargs):
+        unusual = (
+            input_ids is None or input_ids.dim() != 2 or input_ids.shape[0] != 1 or attention_mask is not None
+            or any(k not in _STANDARD_KWARGS for k in kwargs) or kwargs.get("output_hidden_states")
+            or kwargs.get("output_attentions") or not isinstance(logits_to_keep, int)
+        )
+        cache = past_key_values
+        if not unusual and (cache is None or isinstance(cache, DynamicCache)):
+            token_cache = _as_token_cache(cache) if cache is not None else None
+            if cache is None or token_cache is not None:
+                prefix = token_cache.tokens if token_cache is not None else []
+                new = input_ids[0].tolist()
+                if position_ids is not None:
+                    expected = list(range(len(prefix), len(prefix) + len(new)))
+                    if position_ids.reshape(-1).tolist() != expected:
+                        raise MemoUnsupported(
+                            f"position ids {position_ids.reshape(-1).tolist()} do not follow the cache "
+                            f"length {len(prefix)}: the caller feeds tokens at the wrong positions"
+                        )
+                logits = memo.rows(prefix, new)  # [n, V]
+                if logits_to_keep:
+                    logits = logits[-logits_to_keep:]
+                if token_cache is not None and use_cache is not False:
+                    token_cache.tokens.extend(new)
+                return _Output(logits[None], token_cache)
+        if isinstance(cache, TokenCache):
+            raise MemoUnsupported(
+                f"{type(memo.model).__name__} was called in a way the memo engine cannot answer "
+                f"(arguments: {sorted(kwargs)}); use engine='cache'"
+            )
+        return real(input_ids=input_ids, position_ids=position_ids, past_key_values=past_key_values,
+                    use_cache=use_cache, logits_to_keep=logits_to_keep, attention_mask=attention_mask, **kwargs)
+
+    return forward
+
+
+def _snapshot_forward(real: Callable) -> Callable:
+    """Serve repeated prefills of the same ids into an empty cache from a stored copy."""
+    store: dict[tuple[int, ...], tuple[DynamicCache, object]] = {}
+
+    def forward(input_ids=None, past_key_values=None, **kwargs):
+        cache = past_key_values
+        key = None
+        if (
+            input_ids is not None and input_ids.dim() == 2 and input_ids.shape[0] == 1 and input_ids.shape[1] > 1
+            and type(cache) is DynamicCache and cache.get_seq_length() == 0
+            and kwargs.get("attention_mask") is None and not kwargs.get("output_hidden_states")
+        ):
+            key = (tuple(input_ids[0].tolist()), repr(kwargs.get("position_ids")), kwargs.get("logits_to_keep"))
+            if key in store:
+                saved_cache, saved_out = store[key]
+                cache.__dict__.update(copy.deepcopy(saved_cache).__dict__)
+                return _Output(saved_out, cache)
+        out = real(input_ids=input_ids, past_key_values=past_key_values, **kwargs)
+        if key is not None and out.past_key_values is cache:
+            store[key] = (copy.deepcopy(cache), out.logits)
+        return out
+
+    return forward
+
+
+def find_models(*roots: object, depth: int = 3) -> list[PreTrainedModel]:
+    """Causal LMs reachable from `roots` through plain attributes (a drafter's model, its cached wrapper...)."""
+    found: dict[int, PreTrainedModel] = {}
+    seen: set[int] = set()
+
+    def visit(obj: object, level: int) -> None:
+        if obj is None or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, PreTrainedModel):
+            found.setdefault(id(obj), obj)
+            return
+        if isinstance(obj, (nn.Module, torch.Tensor, str, bytes, int, float)) or level >= depth:
+            return
+        if isinstance(obj, (list, tuple)):
+            for item in obj:
+                visit(item, level + 1)
+            return
+        if isinstance(obj, dict):
+            for item in obj.values():
+                visit(item, level + 1)
+            return
+        for item in getattr(obj, "__dict__", {}).values():
+            visit(item, level + 1)
+
+    for root in roots:
+        visit(root, 0)
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def patched_models(models: Sequence[PreTrainedModel], engine: str) -> Iterator[dict[int, _Memo]]:
+    """Patch `forward` on each model instance for the block; yields the memos (empty for "cache")."""
+    memos: dict[int, _Memo] = {}
+    patched = []
+    try:
+        for model in models:
+            if "forward" in model.__dict__:  # already patched (same model twice) or patched by someone else
+                continue
+            real = model.forward
+            if engine == "memo":
+                memo = memos[id(model)] = _Memo(model, real)
+                model.forward = _memo_forward(memo)
+            else:
+                model.forward = _snapshot_forward(real)
+            patched.append(model)
+        yield memos
+    finally:
+        for model in patched:
+            del model.forward
+
+
+@dataclass
+class Draws:
+    """`sequences[i]`: the new tokens of draw i. Decoding counters are summed over all draws."""
+
+    sequences: list[tuple[int, ...]]
+    engine: str
+    elapsed_s: float
+    drafted: int = 0
+    accepted: int = 0
+    rounds: int = 0
+    new_tokens: int = 0
+    memo_misses: int = 0
+
+    @property
+    def draws_per_s(self) -> float:
+        return len(self.sequences) / self.elapsed_s if self.elapsed_s > 0 else float("inf")
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+
+def draw(
+    make_decoder: Callable[[], object],
+    prompt_ids: Sequence[int],
+    n: int,
+    *,
+    models: Sequence[PreTrainedModel] = (),
+    engine: str = "auto",
+    prefetch: Sequence[Sequence[int]] = (),
+) -> Draws:
+    """`n` continuations of `prompt_ids`, each a full `decoder.stream(prompt_ids)` of one decoder.
+
+    make_decoder() builds the `SpeculativeDecoder` (seeded once; successive streams continue its generator,
+    so the draws are independent). `models`: the models whose forward is patched (target, draft...);
+    `prefetch`: full sequences (prompt included) whose prefixes are computed in batches up front (memo).
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "auto":
+        try:
+            return draw(make_decoder, prompt_ids, n, models=models, engine="memo", prefetch=prefetch)
+        except MemoUnsupported:
+            return draw(make_decoder, prompt_ids, n, models=models, engine="cache")
+    prompt = list(prompt_ids)
+    with patched_models(models, engine) as memos:
+        if prefetch:
+            for memo in memos.values():
+                memo.prefetch(prefetch)
+        decoder = make_decoder()
+        start = time.perf_counter()
+        sequences = []
+        drafted = accepted = rounds = new_tokens = 0
+        for _ in range(n):
+            sequences.append(tuple(decoder.stream(prompt)))
+            stats = decoder.stats
+            drafted += stats.drafted
+            accepted += stats.accepted
+            rounds += stats.rounds
+            new_tokens += stats.new_tokens
+        elapsed = time.perf_counter() - start
+    return Draws(sequences, engine, elapsed, drafted, accepted, rounds, new_tokens,
+                 sum(m.misses for m in memos.values()))

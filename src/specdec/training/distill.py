@@ -1,0 +1,125 @@
+"""DistillSpec-style distillation: fit the draft to the target's own next-token distributions.
+
+The draft (initialised from a trained draft) reads windows of the train corpus, and at every
+position minimises a divergence between the target's distribution p and its own q, both at
+``temperature``:
+
+* ``fkl`` (default): forward KL(p || q) = soft-label cross-entropy minus the target's entropy.
+  Dense gradients on every vocabulary entry, well conditioned from the start, and an upper bound
+  on the quantity speculative sampling pays for: 1 - alpha = TVD(p, q) <= sqrt(KL(p||q) / 2).
+* ``tvd``: total variation 0.5 * sum |p - q| = 1 - alpha, i.e. directly maximising the expected
+  acceptance; its gradient is sparse (only sign information), slower to converge from scratch.
+
+Teacher-forced on real text (not on draft samples): generating on-policy data with the target
+would cost more CPU than the whole distillation budget.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
+from specdec.training.checkpoint import export_model
+from specdec.training.data import load_token_data, sample_batch, sequential_batches
+from specdec.training.evaluate import acceptance_proxy, forward_kl, lm_loss, mean_kl, perplexity
+from specdec.training.loop import LoopConfig, run_loop
+from specdec.training.train import hardware_summary, resolve_device, save_dtype
+
+LOSSES = ("fkl", "tvd")
+
+
+@dataclass
+class DistillConfig:
+    """Everything one `specdec distill` run depends on."""
+
+    target: Path
+    draft: Path
+    out: Path
+    loop: LoopConfig
+    batch_size: int = 8
+    seq_len: int = 256
+    temperature: float = 1.0
+    loss: str = "fkl"
+    device: str = "cpu"
+    eval_tokens: int = 32768
+    save_dtype: str = "float16"
+    resume: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def load_model(path: Path, device: torch.device) -> torch.nn.Module:
+    """A saved causal LM in float32 on ``device``, or ModelLoadError naming the fix."""
+    from transformers import AutoModelForCausalLM
+
+    if not (Path(path) / "config.json").is_file():
+        raise ModelLoadError(f"no model at {path} (config.json missing); train one first with `specdec train --out {path}`")
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device)
+
+
+def divergence(target_logits: torch.Tensor, draft_logits: torch.Tensor, temperature: float, loss: str) -> torch.Tensor:
+    """The distillation loss ``loss`` between target and draft logits at ``temperature``."""
+    if loss == "fkl":
+        return forward_kl(target_logits, draft_logits, temperature)
+    p = torch.softmax(target_logits.float() / temperature, dim=-1)
+    q = torch.softmax(draft_logits.float() / temperature, dim=-1)
+    return 0.5 * (p - q).abs().sum(-1).mean()
+
+
+def pair_metrics(target: torch.nn.Module, draft: torch.nn.Module, batches: list[torch.Tensor], device) -> dict[str, float]:
+    """Held-out acceptance proxies (T=0, T=1), KL(target||draft) and the draft's own loss."""
+    draft.eval()
+    loss = lm_loss(draft, batches, device)
+    return {
+        "alpha_T0": acceptance_proxy(target, draft, batches, 0.0, device),
+        "alpha_T1": acceptance_proxy(target, draft, batches, 1.0, device),
+        "kl_T1": mean_kl(target, draft, batches, 1.0, device),
+        "draft_val_loss": loss,
+        "draft_val_ppl": perplexity(loss),
+    }
+
+
+def distill(cfg: DistillConfig, log=print) -> dict[str, Any]:
+    """Distil ``cfg.draft`` towards ``cfg.target``; export to ``cfg.out`` and return the report."""
+    if cfg.temperature <= 0:
+        raise ConfigError(f"--temperature must be > 0 for distillation, got {cfg.temperature}")
+    if cfg.loss not in LOSSES:
+        raise ConfigError(f"--loss must be one of {LOSSES}, got {cfg.loss!r}")
+    device = resolve_device(cfg.device)
+    dtype = save_dtype(cfg.save_dtype)
+    torch.manual_seed(cfg.loop.seed)
+    target = load_model(cfg.target, device).eval()
+    draft = load_model(cfg.draft, device)
+    if target.config.vocab_size != draft.config.vocab_size:
+        raise IncompatibleModelsError(
+            f"target vocab {target.config.vocab_size} != draft vocab {draft.config.vocab_size}; "
+            "train both with the same --tokenizer"
+        )
+    for p in target.parameters():
+        p.requires_grad_(False)
+    out = Path(cfg.out)
+    data = load_token_data(out, cfg.draft)
+    heldout = sequential_batches(data.heldout, 8, cfg.seq_len, cfg.eval_tokens)
+    before = pair_metrics(target, draft, heldout, device)
+    log("before: " + ", ".join(f"{k}={v:.4f}" for k, v in before.items()))
+
+    def loss_at(step: int) -> torch.Tensor:
+        batch = sample_batch(data.train, step, cfg.loop.seed, cfg.batch_size, cfg.seq_len).to(device)
+        with torch.no_grad():
+            t_logits = target(input_ids=batch).logits
+        return divergence(t_logits, draft(input_ids=batch).logits, cfg.temperature, cfg.loss)
+
+    meta = {"batch_size": cfg.batch_size, "seq_len": cfg.seq_len, "temperature": cfg.temperature, "loss": cfg.loss,
+            "target": str(cfg.target), "draft": str(cfg.draft)}
+    summary = run_loop(draft, cfg.loop, out, loss_at, lambda: pair_metrics(target, draft, heldout, device), meta,
+                       cfg.resume, log, desc="distill")
+    export_model(draft, data.tokenizer, out, dtype)
+    report = {"before": before, "after": summary["final"], "config": {**meta, "loop": asdict(cfg.loop)},
+              "eval_tokens": sum(b.numel() for b in heldout), "device": str(device),
+              "hardware": hardware_summary(), **summary}
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    return report

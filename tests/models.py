@@ -1,0 +1,147 @@
+"""Tiny models the tests build: random configs of several architectures, and scripted toy LMs."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import (
+    GemmaConfig,
+    GemmaForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+VOCAB = 96
+
+
+def _common(hidden: int, layers: int, vocab: int) -> dict:
+    return dict(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None, initializer_range=0.2,
+    )
+
+
+def tiny(arch: str = "llama", hidden: int = 32, layers: int = 2, vocab: int = VOCAB, seed: int = 0,
+         dtype: torch.dtype = torch.float64, **overrides) -> PreTrainedModel:
+    """A random tiny causal LM of architecture `arch`, in eval mode, with no EOS configured."""
+    torch.manual_seed(seed)
+    if arch == "gpt2":
+        config = GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=512,
+                            bos_token_id=None, eos_token_id=None, initializer_range=0.2, **overrides)
+        model = GPT2LMHeadModel(config)
+    else:
+        cls_cfg, cls_model = {
+            "llama": (LlamaConfig, LlamaForCausalLM),
+            "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+            "mistral": (MistralConfig, MistralForCausalLM),
+            "gemma": (GemmaConfig, GemmaForCausalLM),
+        }[arch]
+        kwargs = _common(hidden, layers, vocab)
+        if arch == "gemma":
+            kwargs["head_dim"] = hidden // 4
+        kwargs.update(overrides)
+        model = cls_model(cls_cfg(**kwargs))
+    model.generation_config.eos_token_id = None
+    model.generation_config.bos_token_id = None
+    model.generation_config.pad_token_id = None
+    return model.to(dtype).eval()
+
+
+def perturbed(model: PreTrainedModel, scale: float, seed: int = 1) -> PreTrainedModel:
+    """A copy of `model` with Gaussian noise (std `scale` x each tensor's std) added to every weight."""
+    import copy
+
+    other = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in other.parameters():
+            noise = torch.randn(param.shape, generator=gen, dtype=torch.float64).to(param.dtype)
+            param.add_(noise * scale * (param.std() if param.numel() > 1 else 1.0))
+    return other
+
+
+def hf_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int, eos=None) -> list[int]:
+    """Reference: transformers' own greedy generate, new tokens only."""
+    out = model.generate(
+        torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
+        pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    )
+    return out[0, len(prompt):].tolist()
+
+
+class ScriptedConfig(PreTrainedConfig):
+    model_type = "specdec-scripted"
+
+    def __init__(self, vocab_size: int = 8, **kwargs):
+        self.vocab_size = vocab_size
+        self.max_position_embeddings = 4096
+        super().__init__(**kwargs)
+
+
+class ScriptedLM(PreTrainedModel):
+    """A causal LM whose next-token distribution depends only on the position: `table(position) -> probs [V]`.
+
+    It keeps a real DynamicCache (one dummy layer), so cropping and cache lengths behave as for a transformer.
+    """
+
+    config_class = ScriptedConfig
+    base_model_prefix = "scripted"
+
+    def __init__(self, table, vocab_size: int = 8):
+        super().__init__(ScriptedConfig(vocab_size=vocab_size))
+        self.table = table
+        self.lm_head = nn.Linear(1, vocab_size, bias=False)
+        self.seen_positions: list[int] = []
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def forward(self, input_ids=None, position_ids=None, past_key_values=None, use_cache=True,
+                logits_to_keep=0, **kwargs):
+        n = input_ids.shape[1]
+        positions = position_ids[0].tolist()
+        dummy = torch.zeros(1, 1, n, 1, dtype=torch.float64)
+        past_key_values.update(dummy, dummy, 0)
+        assert past_key_values.get_seq_length() == positions[-1] + 1, "positions must follow the cache"
+        self.seen_positions.extend(positions)
+        probs = torch.stack([torch.as_tensor(self.table(p), dtype=torch.float64) for p in positions])
+        logits = probs.clamp_min(1e-300).log()[None]  # [1, n, V]
+        if logits_to_keep == 1:
+            logits = logits[:, -1:]
+        return CausalLMOutputWithPast(logits=logits, past_key_values=past_key_values)
+
+
+def one_hot_table(sequence: list[int], vocab_size: int = 8):
+    """Greedy script: after position p the most likely next token is sequence[p + 1] (repeating the last)."""
+
+    def table(position: int) -> torch.Tensor:
+        probs = torch.full((vocab_size,), 0.5 / (vocab_size - 1), dtype=torch.float64)
+        probs[sequence[min(position + 1, len(sequence) - 1)]] = 0.5
+        return probs
+
+    return table
+
+
+def tiny_tokenizer(vocab_size: int = 300):
+    """A byte-level BPE tokenizer trained in memory on a little Python (no downloads)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    text = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n"] * 20
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(text, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>")

@@ -1,0 +1,429 @@
+"""Model-free and self-speculative drafters (PromptLookup, Bigram, LayerSkip) and adaptive draft lengths."""
+
+from __future__ import annotations
+
+import copy
+import random
+import threading
+
+import pytest
+import torch
+from models import ScriptedLM, hf_greedy, one_hot_table, tiny
+
+import specdec
+from specdec.adaptive import AdaptiveGamma, HeuristicGamma
+from specdec.drafters import DRAFTER_KINDS, make_drafter
+from specdec.drafters.layer_skip import shallow_layer_view
+from specdec.sampling import SamplingConfig
+from specdec.stats import DecodeStats
+
+ARCHS = ["llama", "qwen2", "mistral", "gpt2"]
+LAYERS = 4
+NEW = 24
+# Prompts with repeats, so that prompt lookup finds matches in the prompt (and in looping output).
+PROMPTS = {
+    "repeats": [5, 6, 7, 8, 9, 10] * 3 + [5, 6],
+    "mixed": ([(i * 37 + 11) % 96 for i in range(12)] * 3)[:30],
+}
+GREEDY = SamplingConfig(0.0)
+
+
+@pytest.fixture(scope="module")
+def targets():
+    return {arch: tiny(arch, hidden=32, layers=LAYERS) for arch in ARCHS}
+
+
+@pytest.fixture(scope="module")
+def references(targets):
+    """(arch, prompt name) -> transformers' greedy continuation."""
+    return {(arch, name): hf_greedy(model, prompt, NEW) for arch, model in targets.items()
+            for name, prompt in PROMPTS.items()}
+
+
+def greedy(target, prompt, drafter, gamma, max_new_tokens=NEW):
+    return specdec.generate(target, prompt, drafter=drafter, gamma=gamma, max_new_tokens=max_new_tokens)
+
+
+DRAFTERS = {
+    "prompt-lookup": lambda target: specdec.PromptLookup(max_ngram=3, min_ngram=1),
+    "prompt-lookup-2": lambda target: specdec.PromptLookup(max_ngram=4, min_ngram=2, extend_periodic=False),
+    "bigram-model": lambda target: specdec.Bigram.from_model(target),
+    "bigram-corpus": lambda target: specdec.Bigram.from_corpus(
+        [PROMPTS["mixed"], [(i * 7) % 96 for i in range(200)]], vocab_size=96, smoothing=0.5),
+    "layer-skip-1": lambda target: specdec.LayerSkip(target, num_layers=1),
+    "layer-skip-3": lambda target: specdec.LayerSkip(target, num_layers=LAYERS - 1),
+}
+
+
+# -- greedy equality ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kind", sorted(DRAFTERS))
+def test_greedy_equals_plain_and_transformers(targets, references, arch, kind):
+    target = targets[arch]
+    plain = {name: greedy(target, prompt, None, 1).tokens for name, prompt in PROMPTS.items()}
+    for name, prompt in PROMPTS.items():
+        assert plain[name] == references[arch, name]
+        drafter = DRAFTERS[kind](target)
+        for gamma in (1, 3, 6, "auto"):
+            out = greedy(target, prompt, drafter, gamma)  # the drafter is reused: reset() per request
+            assert out.tokens == references[arch, name], (kind, name, gamma)
+            assert out.stats.drafted > 0, (kind, name, gamma)  # not vacuous
+
+
+def test_prompt_lookup_gets_partial_acceptances(targets, references):
+    accepted = drafted = partial_rounds = 0
+    for arch, target in targets.items():
+        for name, prompt in PROMPTS.items():
+            out = greedy(target, prompt, specdec.PromptLookup(), 4)
+            assert out.tokens == references[arch, name]
+            s = out.stats
+            accepted, drafted = accepted + s.accepted, drafted + s.drafted
+            partial_rounds += s.recovered
+    assert 0 < accepted < drafted and partial_rounds > 0
+
+
+def test_prompt_lookup_on_a_looping_target_accepts_most():
+    # A scripted target that repeats a 5-token cycle: after one cycle, lookup drafts are all right.
+    cycle = [1, 2, 3, 4, 5]
+    target = ScriptedLM(one_hot_table(cycle * 20), vocab_size=8)
+    out = greedy(target, [1, 2], specdec.PromptLookup(), 4, max_new_tokens=40)
+    assert out.tokens == (cycle * 20)[2:42]
+    assert out.stats.acceptance_rate > 0.8
+
+
+# -- n-gram matching -----------------------------------------------------------------------------------
+def lookup(context, gamma=4, **kw):
+    drafter = specdec.PromptLookup(**kw)
+    drafter.reset(torch.tensor(context, dtype=torch.long))
+    return drafter.propose(torch.tensor(context, dtype=torch.long), gamma, GREEDY, None).tokens.tolist()
+
+
+def reference_lookup(tokens, gamma, max_ngram, min_ngram, periodic=True):
+    """Brute force: longest n first, most recent earlier occurrence with a follower."""
+    length = len(tokens)
+    for n in range(min(max_ngram, length), min_ngram - 1, -1):
+        suffix = tokens[length - n:]
+        for end in range(length - 1, n - 1, -1):
+            if tokens[end - n:end] == suffix:
+                ext = list(tokens)
+                while len(ext) < end + gamma:
+                    ext.append(ext[len(ext) - (length - end)] if periodic else None)
+                return [t for t in ext[end:end + gamma] if t is not None]
+    return []
+
+
+@pytest.mark.parametrize(
+    ("context", "kw", "expected"),
+    [
+        ([1, 2, 3, 4], {}, []),  # no match: the last token never appeared before
+        ([5], {}, []),  # context shorter than any n-gram with a follower
+        ([], {}, []),
+        ([1, 5, 1], {"min_ngram": 2}, []),  # only a 1-gram matches, but n >= 2 is required
+        ([1, 2, 3, 1, 2], {}, [3, 1, 2, 3]),  # 2-gram (1, 2) matched; its continuation runs periodically
+        ([1, 2, 3, 1, 2], {"extend_periodic": False}, [3, 1, 2]),  # stops where the context ends
+        ([7, 7], {}, [7, 7, 7, 7]),  # match right before the end (overlapping): period 1
+        ([7, 7], {"extend_periodic": False}, [7]),
+        ([1, 2, 1, 2, 1], {}, [2, 1, 2, 1]),  # overlapping 3-gram (1, 2, 1)
+        ([1, 5, 1, 6, 1], {}, [6, 1, 6, 1]),  # the most recent occurrence wins
+        ([1, 2, 3, 9, 4, 3, 8, 1, 2, 3], {}, [9, 4, 3, 8]),  # longest n preferred over a more recent 1-gram
+        ([1, 2, 3, 9, 4, 3, 8, 1, 2, 3], {"max_ngram": 1}, [8, 1, 2, 3]),
+        ([1, 2, 3, 9, 4, 3, 8, 1, 2, 3], {"num_pred_tokens": 2}, [9, 4]),
+    ],
+)
+def test_ngram_matching(context, kw, expected):
+    assert lookup(context, **kw) == expected
+
+
+def test_incremental_index_matches_brute_force():
+    rng = random.Random(0)
+    for periodic in (True, False):
+        tokens = [rng.randrange(4) for _ in range(6)]
+        drafter = specdec.PromptLookup(max_ngram=3, min_ngram=1, extend_periodic=periodic)
+        drafter.reset(torch.tensor(tokens))
+        for _ in range(60):
+            context = torch.tensor(tokens)
+            got = drafter.propose(context, 5, GREEDY, None).tokens.tolist()
+            assert got == reference_lookup(tokens, 5, 3, 1, periodic), tokens
+            tokens += [rng.randrange(4) for _ in range(rng.randrange(1, 4))]  # a round commits 1..3 tokens
+            drafter.commit(torch.tensor(tokens), 0)
+
+
+def test_prompt_lookup_is_a_point_mass_at_any_temperature():
+    context = torch.tensor([1, 2, 3, 1, 2])
+    drafter = specdec.PromptLookup()
+    drafter.reset(context)
+    proposal = drafter.propose(context, 3, SamplingConfig(1.0), torch.Generator().manual_seed(0))
+    assert proposal.tokens.tolist() == [3, 1, 2] and proposal.draft_probs is None
+
+
+def test_prompt_lookup_round_cost_does_not_grow_with_context():
+    import time
+
+    rng = random.Random(1)
+    timings = {}
+    for length in (256, 4096):
+        tokens = torch.tensor([rng.randrange(50) for _ in range(length)])
+        drafter = specdec.PromptLookup()
+        drafter.reset(tokens[:length - 64])
+        start = time.perf_counter()
+        for n in range(length - 64, length):
+            drafter.propose(tokens[:n], 8, GREEDY, None)
+            drafter.commit(tokens[: n + 1], 0)
+        timings[length] = (time.perf_counter() - start) / 64
+    assert timings[4096] < 5 * timings[256] + 2e-4  # O(1) per round, not O(context)
+
+
+@pytest.mark.parametrize(("kw", "words"), [({"max_ngram": 0}, "max_ngram"), ({"min_ngram": 4}, "min_ngram"),
+                                           ({"num_pred_tokens": 0}, "num_pred_tokens")])
+def test_prompt_lookup_bad_options(kw, words):
+    with pytest.raises(specdec.ConfigError, match=words):
+        specdec.PromptLookup(**kw)
+
+
+# -- bigram --------------------------------------------------------------------------------------------
+def test_bigram_from_corpus_counts():
+    bigram = specdec.Bigram.from_corpus([0, 1, 0, 1, 2], vocab_size=3, smoothing=0.0)
+    # pairs: (0,1) twice, (1,0), (1,2); token 2 is never followed -> uniform row
+    expected = torch.tensor([[0, 1, 0], [0.5, 0, 0.5], [1 / 3, 1 / 3, 1 / 3]], dtype=torch.float64)
+    assert torch.allclose(bigram.probs(torch.arange(3)).double(), expected, atol=1e-6)
+    smoothed = specdec.Bigram.from_corpus([0, 1, 0, 1, 2], vocab_size=3, smoothing=1.0)
+    expected = torch.tensor([[1, 3, 1], [2, 1, 2], [1, 1, 1]], dtype=torch.float64)
+    expected /= expected.sum(-1, keepdim=True)  # (count + 1) / (row count + 3)
+    assert torch.allclose(smoothed.probs(torch.arange(3)).double(), expected, atol=1e-6)
+    # separate sequences: no pair across the boundary (1 -> 2 is not counted)
+    split = specdec.Bigram.from_corpus([[0, 1], [2, 0]], vocab_size=3, smoothing=0.0)
+    assert torch.allclose(split.probs(torch.tensor([0, 2])).double(),
+                          torch.tensor([[0, 1, 0], [1, 0, 0]], dtype=torch.float64), atol=1e-6)
+    # greedy chain: 0 -> 1 -> 0 (tie between 0 and 2 broken towards the lower id) -> 1
+    proposal = bigram.propose(torch.tensor([0]), 3, GREEDY, None)
+    assert proposal.tokens.tolist() == [1, 0, 1] and proposal.draft_probs is None
+
+
+def test_bigram_sparse_top_k_and_save_load(tmp_path):
+    sparse = specdec.Bigram.from_corpus([0, 1, 0, 1, 2], vocab_size=3, smoothing=0.0, top_k=1)
+    assert sparse.is_sparse
+    # row 1 keeps its top entry (0: 0.5); the other 0.5 is spread over the 2 remaining tokens
+    assert torch.allclose(sparse.probs(torch.tensor([1])).double(),
+                          torch.tensor([[0.5, 0.25, 0.25]], dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(sparse.probs(torch.arange(3)).sum(-1), torch.ones(3))
+    dense = specdec.Bigram.from_corpus([0, 1, 0, 1, 2], vocab_size=3, smoothing=0.3)
+    for i, table in enumerate((dense, sparse)):
+        path = tmp_path / f"b{i}.safetensors"
+        table.save(path)
+        loaded = specdec.Bigram.load(path)
+        assert loaded.is_sparse == table.is_sparse
+        assert torch.allclose(loaded.probs(torch.arange(3)), table.probs(torch.arange(3)), atol=1e-6)
+    with pytest.raises(specdec.ConfigError):
+        specdec.Bigram.load(tmp_path / "missing.safetensors")
+
+
+def test_bigram_from_model_rows_are_the_targets_one_token_predictions(targets):
+    target = targets["llama"]
+    bigram = specdec.Bigram.from_model(target, batch_size=40)
+    for token in (0, 17, 95):
+        logits = target(torch.tensor([[token]])).logits[0, -1]
+        assert torch.allclose(bigram.probs(torch.tensor([token]))[0].double(), torch.softmax(logits, -1),
+                              atol=1e-5)
+    sparse = specdec.Bigram.from_model(target, top_k=8)
+    assert sparse.is_sparse
+    assert torch.equal(sparse._argmax, bigram._argmax)
+
+
+def test_bigram_samples_from_the_warped_table_it_returns():
+    table = torch.softmax(torch.randn(10, 10, generator=torch.Generator().manual_seed(0)), -1)
+    bigram = specdec.Bigram(table)
+    sampling = SamplingConfig(0.7, top_k=5)
+    proposal = bigram.propose(torch.tensor([3]), 4, sampling, torch.Generator().manual_seed(1))
+    prev = torch.cat([torch.tensor([3]), proposal.tokens[:-1]])
+    assert proposal.draft_probs.shape == (4, 10)
+    assert torch.allclose(proposal.draft_probs, sampling.warp(table.log()[prev]), atol=1e-6)
+    assert bool((proposal.draft_probs[torch.arange(4), proposal.tokens] > 0).all())
+
+
+# -- layer skip ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ARCHS + ["gemma"])
+def test_full_depth_view_reproduces_the_target(arch):
+    target = tiny(arch, hidden=32, layers=3)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    view = shallow_layer_view(target, 3)
+    assert torch.equal(view(ids).logits, target(ids).logits)
+    shallow = shallow_layer_view(target, 1)
+    assert not torch.allclose(shallow(ids).logits, target(ids).logits)
+
+
+def _fade_last_layer(model, scale=1e-3):
+    """A copy whose deepest layer barely writes to the residual stream (like a trained model's late layers)."""
+    model = copy.deepcopy(model)
+    layers = model.transformer.h if hasattr(model, "transformer") else model.model.layers
+    with torch.no_grad():
+        for name, param in layers[-1].named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight", "attn.c_proj.weight", "mlp.c_proj.weight")):
+                param.mul_(scale)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_layer_skip_depth_drives_acceptance(arch):
+    target = _fade_last_layer(tiny(arch, hidden=32, layers=LAYERS))
+    prompt = PROMPTS["mixed"]
+    deep = greedy(target, prompt, specdec.LayerSkip(target, num_layers=LAYERS - 1), 4, 32)
+    shallow = greedy(target, prompt, specdec.LayerSkip(target, num_layers=1), 4, 32)
+    assert deep.tokens == shallow.tokens == hf_greedy(target, prompt, 32)
+    assert deep.stats.acceptance_rate > 0.9
+    assert deep.stats.acceptance_rate > shallow.stats.acceptance_rate + 0.2
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_layer_skip_leaves_the_target_untouched(targets, references, arch):
+    target = targets[arch]
+    config_before = target.config.to_dict()
+    layers_before = list(target.modules())
+    ids = torch.tensor([PROMPTS["mixed"]])
+    logits_before = target(ids).logits
+    drafter = specdec.LayerSkip(target, num_layers=2)
+    greedy(target, PROMPTS["mixed"], drafter, 3)
+    assert target.config.to_dict() == config_before
+    assert list(target.modules()) == layers_before
+    assert torch.equal(target(ids).logits, logits_before)
+    # Concurrently: the target generates on another thread while the drafter drafts.
+    drafter.reset(ids[0])
+    results = {}
+    thread = threading.Thread(target=lambda: results.update(ref=hf_greedy(target, PROMPTS["mixed"], NEW)))
+    thread.start()
+    for _ in range(20):
+        proposal = drafter.propose(ids[0], 3, GREEDY, None)
+        drafter.commit(ids[0], 0)
+    thread.join()
+    assert results["ref"] == references[arch, "mixed"]
+    assert len(proposal) == 3
+
+
+def test_layer_skip_at_temperature_returns_its_warped_probs(targets):
+    target = targets["llama"]
+    drafter = specdec.LayerSkip(target, num_layers=2)
+    context = torch.tensor(PROMPTS["mixed"])
+    drafter.reset(context)
+    sampling = SamplingConfig(0.8, top_p=0.9)
+    proposal = drafter.propose(context, 3, sampling, torch.Generator().manual_seed(0))
+    assert proposal.draft_probs.shape == (3, 96)
+    first = sampling.warp(shallow_layer_view(target, 2)(context[None]).logits[0, -1:])
+    assert torch.allclose(proposal.draft_probs[:1], first, atol=1e-9)
+
+
+@pytest.mark.parametrize("num_layers", [0, LAYERS, -1, True, 1.5])
+def test_layer_skip_bad_depth(targets, num_layers):
+    with pytest.raises(specdec.ConfigError, match="num_layers"):
+        specdec.LayerSkip(targets["llama"], num_layers=num_layers)
+
+
+def test_layer_skip_unsupported_models():
+    with pytest.raises(specdec.UnsupportedModelError, match="decoder layers"):
+        specdec.LayerSkip(ScriptedLM(one_hot_table([1, 2]), vocab_size=8))
+    with pytest.raises(specdec.ConfigError, match="at least 2"):
+        specdec.LayerSkip(tiny("llama", layers=1))
+
+
+# -- make_drafter / CLI --------------------------------------------------------------------------------
+def test_make_drafter_builds_every_kind(targets, tmp_path):
+    target = targets["llama"]
+    assert set(DRAFTER_KINDS) == {"draft", "prompt-lookup", "bigram", "layer-skip"}
+    lookup_drafter = make_drafter("prompt-lookup", target=target, ngram_max=4, ngram_min=2)
+    assert (lookup_drafter.max_ngram, lookup_drafter.min_ngram) == (4, 2)
+    assert make_drafter("layer-skip", target=target, draft_layers=3).num_layers == 3
+    bigram = make_drafter("bigram", target=target)
+    bigram.save(tmp_path / "t.safetensors")
+    loaded = make_drafter("bigram", bigram_path=str(tmp_path / "t.safetensors"))
+    assert torch.equal(loaded._argmax, bigram._argmax)
+    with pytest.raises(specdec.ConfigError, match="--ngram-max"):
+        make_drafter("layer-skip", target=target, ngram_max=3)
+    with pytest.raises(specdec.ConfigError, match="unknown drafter"):
+        make_drafter("medusa", target=target)
+
+
+def test_cli_generate_with_each_drafter(tmp_path, capsys):
+    from models import tiny_tokenizer
+
+    from specdec.cli import main as cli_main
+
+    tok = tiny_tokenizer()
+    model = tiny("llama", vocab=len(tok), layers=3, dtype=torch.float32)
+    model.save_pretrained(tmp_path / "t")
+    tok.save_pretrained(tmp_path / "t")
+    base = ["generate", "--target", str(tmp_path / "t"), "--prompt", "x = x + 1\nx = x + 1\n",
+            "--max-new-tokens", "6"]
+    for extra in (["--drafter", "prompt-lookup", "--ngram-max", "2"], ["--drafter", "bigram"],
+                  ["--drafter", "layer-skip", "--draft-layers", "2", "--gamma", "auto"]):
+        assert cli_main(base + extra) == 0, extra
+        assert "τ=" in capsys.readouterr().err
+    assert cli_main(base + ["--drafter", "bigram", "--draft-layers", "2"]) == 2
+    assert "--draft-layers" in capsys.readouterr().err
+
+
+# -- adaptive draft length -----------------------------------------------------------------------------
+def simulate(policy, rounds, accept, draft_cost, target_cost=1.0, stats=None):
+    """Drive a policy with synthetic rounds: accept(gamma) -> accepted count. Returns the chosen γs."""
+    stats = stats or DecodeStats()
+    chosen = []
+    for _ in range(rounds):
+        gamma = policy.choose(stats)
+        chosen.append(gamma)
+        k = accept(gamma)
+        stats.draft_s += gamma * draft_cost
+        stats.target_s += target_cost
+        stats.record_round(gamma, k, "bonus" if k == gamma else "recovered")
+        policy.update(stats)
+    return chosen
+
+
+def test_auto_gamma_falls_back_to_plain_decoding_and_probes():
+    policy = AdaptiveGamma(probe_every=8)
+    chosen = simulate(policy, 64, accept=lambda g: 0, draft_cost=0.5)
+    assert chosen[0] == policy.initial
+    tail = chosen[16:]
+    assert set(tail) <= {0, 1} and tail.count(0) > 40
+    assert 4 <= tail.count(1) <= 7  # a γ=1 probe every 8 rounds
+    assert policy.alpha < 0.1
+    # The drafter becomes perfect: probes see it, and speculation resumes.
+    chosen = simulate(policy, 64, accept=lambda g: g, draft_cost=0.5)
+    assert max(chosen[-8:]) >= 2 and 0 not in chosen[-8:]
+
+
+def test_auto_gamma_drafts_long_when_alpha_high_and_drafting_cheap():
+    policy = AdaptiveGamma(max_gamma=16)
+    chosen = simulate(policy, 40, accept=lambda g: g, draft_cost=0.01)
+    assert min(chosen[10:]) >= 12
+    policy = AdaptiveGamma()
+    chosen = simulate(policy, 60, accept=lambda g: min(g, 1), draft_cost=0.05)  # α ≈ 1/2
+    assert 1 <= chosen[-1] <= 4
+
+
+def test_auto_gamma_through_the_decode_loop(targets, references):
+    target = targets["llama"]
+    policy = AdaptiveGamma()
+    out = greedy(target, PROMPTS["repeats"], specdec.PromptLookup(), policy)
+    assert out.tokens == references["llama", "repeats"]
+    assert len(policy.chosen) == out.stats.rounds and out.stats.gammas[0] <= policy.initial
+    assert policy.cost_ratio is not None
+
+
+class _Never:
+    def choose(self, stats):
+        return 0
+
+    def update(self, stats):
+        pass
+
+
+def test_a_policy_may_draft_nothing(targets, references):
+    target = targets["gpt2"]
+    out = greedy(target, PROMPTS["mixed"], specdec.LayerSkip(target, 2), _Never())
+    assert out.tokens == references["gpt2", "mixed"]
+    assert out.stats.drafted == 0 and out.stats.target_forwards == NEW
+
+
+def test_heuristic_gamma_schedule():
+    policy = HeuristicGamma(initial=5)
+    pattern = iter([True, True, False, False, False, False, False, False, False, True])
+    chosen = simulate(policy, 10, accept=lambda g: g if next(pattern) else 0, draft_cost=0.1)
+    assert chosen == [5, 7, 9, 8, 7, 6, 5, 4, 3, 2]
+    assert policy.gamma == 4

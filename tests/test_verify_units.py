@@ -1,0 +1,111 @@
+"""Hand-computed checks of the accept / recover / bonus arithmetic and of the theory formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specdec.stats import best_gamma, expected_speedup, expected_tokens_per_pass
+from specdec.verify import acceptance_ratio, residual_distribution, verify_greedy, verify_sampled
+
+P = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+Q = torch.tensor([0.25, 0.5, 0.25], dtype=torch.float64)
+
+
+def test_acceptance_ratio_is_p_over_q_or_p_for_point_masses():
+    tokens = torch.tensor([1, 0])
+    probs = torch.stack([P, P])
+    ratio = acceptance_ratio(tokens, torch.stack([Q, Q]), torch.cat([probs, P[None]]))
+    assert ratio.tolist() == pytest.approx([0.3 / 0.5, 0.5 / 0.25])  # > 1 means always accepted
+    assert acceptance_ratio(tokens, None, probs).tolist() == pytest.approx([0.3, 0.5])
+
+
+def test_residual_is_positive_part_normalised():
+    # max(0, P - Q) = [0.25, 0, 0]  ->  [1, 0, 0]
+    assert residual_distribution(P, Q, 1).tolist() == pytest.approx([1.0, 0.0, 0.0])
+    q = torch.tensor([0.1, 0.6, 0.3], dtype=torch.float64)  # max(0, P - q) = [0.4, 0, 0]
+    assert residual_distribution(P, q, 1).tolist() == pytest.approx([1.0, 0.0, 0.0])
+    q = torch.tensor([0.4, 0.2, 0.4], dtype=torch.float64)  # [0.1, 0.1, 0] -> [0.5, 0.5, 0]
+    assert residual_distribution(P, q, 2).tolist() == pytest.approx([0.5, 0.5, 0.0])
+
+
+def test_point_mass_residual_is_target_without_the_drafted_token():
+    assert residual_distribution(P, None, 0).tolist() == pytest.approx([0.0, 0.6, 0.4])
+
+
+def test_zero_residual_falls_back_to_the_target():
+    assert residual_distribution(P, P.clone(), 0).tolist() == pytest.approx(P.tolist())
+
+
+def test_one_round_output_distribution_equals_target_analytically():
+    # P(out = y) = q(y) min(1, p(y)/q(y)) + P(reject) * residual(y) must equal p(y).
+    accept = Q * torch.minimum(torch.ones(3, dtype=torch.float64), P / Q)
+    reject_mass = 1 - accept.sum()
+    out = accept + reject_mass * residual_distribution(P, Q, 0)
+    assert out.tolist() == pytest.approx(P.tolist())
+
+
+def _expected_u(seed: int, gamma: int) -> torch.Tensor:
+    return torch.rand(gamma, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+def test_sampled_verification_accepts_exactly_while_u_below_ratio():
+    seed, gamma = 3, 4
+    u = _expected_u(seed, gamma)
+    # Choose target probabilities of the drafted tokens so that positions 0,1 accept and 2 rejects.
+    ratios = [min(1.0, float(u[0]) + 0.01), float(u[1]) + 0.01, float(u[2]) - 0.01, 1.0]
+    V = 4
+    target = torch.zeros(gamma + 1, V, dtype=torch.float64)
+    for i, r in enumerate(ratios):
+        target[i, 0] = r  # drafted token 0 with point-mass q: ratio = p(0)
+        target[i, 1] = 1 - r  # all other mass on token 1: the residual is one-hot on 1
+    target[gamma, 3] = 1.0
+    verdict = verify_sampled(torch.zeros(gamma, dtype=torch.long), None, target, torch.Generator().manual_seed(seed))
+    assert verdict.num_accepted == 2
+    assert verdict.outcome == "recovered" and verdict.next_token == 1
+
+
+def test_full_acceptance_draws_the_bonus_from_the_last_row():
+    V, gamma = 5, 3
+    target = torch.zeros(gamma + 1, V, dtype=torch.float64)
+    target[:gamma, 2] = 1.0  # ratio 1 > any u in [0, 1): always accepted
+    target[gamma, 4] = 1.0
+    draft = torch.zeros(gamma, V, dtype=torch.float64)
+    draft[:, 2] = 1.0
+    verdict = verify_sampled(torch.full((gamma,), 2), draft, target, torch.Generator().manual_seed(0))
+    assert (verdict.num_accepted, verdict.next_token, verdict.outcome) == (3, 4, "bonus")
+
+
+def test_zero_target_probability_is_always_rejected():
+    target = torch.tensor([[0.0, 1.0], [0.5, 0.5]], dtype=torch.float64)
+    for seed in range(20):
+        v = verify_sampled(torch.tensor([0]), None, target, torch.Generator().manual_seed(seed))
+        assert (v.num_accepted, v.next_token) == (0, 1)
+
+
+def test_greedy_verification_accepts_the_matching_prefix():
+    logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 9.0], [1.0, 2.0, 0.0]])
+    # target argmax per position: 1, 0, 2, 1
+    assert verify_greedy(torch.tensor([1, 0, 2]), logits) == verify_greedy(torch.tensor([1, 0, 2]), logits)
+    v = verify_greedy(torch.tensor([1, 0, 2]), logits)
+    assert (v.num_accepted, v.next_token, v.outcome) == (3, 1, "bonus")
+    v = verify_greedy(torch.tensor([1, 2, 2]), logits)
+    assert (v.num_accepted, v.next_token, v.outcome) == (1, 0, "recovered")
+    v = verify_greedy(torch.tensor([0, 0, 2]), logits)
+    assert (v.num_accepted, v.next_token) == (0, 1)
+    v = verify_greedy(torch.empty(0, dtype=torch.long), logits[:1])
+    assert (v.num_accepted, v.next_token) == (0, 1)
+
+
+def test_theory_formulas():
+    assert expected_tokens_per_pass(0.5, 2) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
+    assert expected_tokens_per_pass(0.0, 4) == 1.0
+    assert expected_tokens_per_pass(1.0, 4) == 5.0
+    assert expected_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8**5) / 0.2 / 1.2)
+    assert best_gamma(0.0, 0.1) == 0  # nothing is ever accepted: do not speculate
+    assert best_gamma(0.95, 0.01) >= 8
+    g = best_gamma(0.7, 0.1)
+    assert all(expected_speedup(0.7, g, 0.1) >= expected_speedup(0.7, h, 0.1) for h in range(1, 17))
+    assert math.isclose(expected_speedup(0.7, 0, 0.5), 1.0)
