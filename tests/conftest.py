@@ -6,7 +6,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# Tiny test models gain nothing from intra-op threads, and oversubscribe a shared CPU badly.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

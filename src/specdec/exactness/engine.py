@@ -108,10 +108,11 @@ class _Memo:
         b, m = batch.shape
         positions = torch.arange(m, device=device).expand(b, m)
         out = self.forward(input_ids=batch.to(device), position_ids=positions, use_cache=False)
-        logits = out.logits.detach()  # [b, m, V]
-        for row, ids in enumerate(batch.tolist()):
+        rows = out.logits.detach().reshape(b * m, 1, 1, -1).unbind(0)  # b*m views of [1, 1, V]
+        table = self.table
+        for r, ids in enumerate(batch.tolist()):
             for j in range(m):
-                self.table.setdefault(tuple(ids[: j + 1]), logits[row, j])
+                table.setdefault(tuple(ids[: j + 1]), rows[r * m + j])
 
     def prefetch(self, sequences: Sequence[Sequence[int]], batch_size: int = 1024) -> None:
         """Compute the logits after every prefix of `sequences` (batched by length)."""
@@ -123,22 +124,21 @@ class _Memo:
             for i in range(0, len(group), batch_size):
                 self._compute(torch.tensor(group[i : i + batch_size], dtype=torch.long))
 
-    def rows(self, prefix: list[int], new: list[int]) -> torch.Tensor:
-        """Logits after prefix+new[:1], ..., prefix+new: [len(new), V]."""
+    def rows(self, prefix: list[int], new: list[int], keep: int) -> torch.Tensor:
+        """Logits after prefix+new[:1], ..., prefix+new: [1, len(new), V] (the last `keep` only, if keep)."""
         full = prefix + new
-        start = len(prefix) + 1
-        keys = [tuple(full[:j]) for j in range(start, len(full) + 1)]
-        if keys[-1] not in self.table:
+        total = len(full)
+        last = tuple(full)
+        table = self.table
+        if last not in table:
             self.misses += 1
             self._compute(torch.tensor([full], dtype=torch.long))
         else:
             self.hits += 1
-        table = self.table
-        try:
-            return torch.stack([table[k] for k in keys])
-        except KeyError:  # an earlier position was never computed (cannot happen after _compute)
-            self._compute(torch.tensor([full], dtype=torch.long))
-            return torch.stack([table[k] for k in keys])
+        first = total - (keep if 0 < keep < len(new) else len(new)) + 1
+        if first == total:
+            return table[last]  # [1, 1, V], no copy
+        return torch.cat([table[tuple(full[:j])] for j in range(first, total + 1)], dim=1)
 
 
 def _memo_forward(memo: _Memo) -> Callable:
@@ -153,23 +153,23 @@ def _memo_forward(memo: _Memo) -> Callable:
         )
         cache = past_key_values
         if not unusual and (cache is None or isinstance(cache, DynamicCache)):
+            if cache is None and use_cache is not False:  # HF would start a new cache and return it
+                cache = DynamicCache()
             token_cache = _as_token_cache(cache) if cache is not None else None
             if cache is None or token_cache is not None:
                 prefix = token_cache.tokens if token_cache is not None else []
                 new = input_ids[0].tolist()
                 if position_ids is not None:
                     expected = list(range(len(prefix), len(prefix) + len(new)))
-                    if position_ids.reshape(-1).tolist() != expected:
+                    if position_ids.view(-1).tolist() != expected:
                         raise MemoUnsupported(
                             f"position ids {position_ids.reshape(-1).tolist()} do not follow the cache "
                             f"length {len(prefix)}: the caller feeds tokens at the wrong positions"
                         )
-                logits = memo.rows(prefix, new)  # [n, V]
-                if logits_to_keep:
-                    logits = logits[-logits_to_keep:]
+                logits = memo.rows(prefix, new, logits_to_keep)  # [1, n or logits_to_keep, V]
                 if token_cache is not None and use_cache is not False:
                     token_cache.tokens.extend(new)
-                return _Output(logits[None], token_cache)
+                return _Output(logits, token_cache)
         if isinstance(cache, TokenCache):
             raise MemoUnsupported(
                 f"{type(memo.model).__name__} was called in a way the memo engine cannot answer "
@@ -258,6 +258,25 @@ def patched_models(models: Sequence[PreTrainedModel], engine: str) -> Iterator[d
             del model.forward
 
 
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with `threads` torch intra-op threads (None: unchanged), then restore the setting.
+
+    The draws' one-token forwards and tiny tensor ops gain nothing from a second thread, and on a busy
+    machine OpenMP's spinning threads make them far slower: measured on the shared 2-core CPU, a batched
+    forward of a tiny model took 0.9 s with 2 threads and 11 ms with 1.
+    """
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @dataclass
 class Draws:
     """`sequences[i]`: the new tokens of draw i. Decoding counters are summed over all draws."""
@@ -292,21 +311,28 @@ def draw(
     models: Sequence[PreTrainedModel] = (),
     engine: str = "auto",
     prefetch: Sequence[Sequence[int]] = (),
+    threads: int | None = 1,
 ) -> Draws:
     """`n` continuations of `prompt_ids`, each a full `decoder.stream(prompt_ids)` of one decoder.
 
     make_decoder() builds the `SpeculativeDecoder` (seeded once; successive streams continue its generator,
     so the draws are independent). `models`: the models whose forward is patched (target, draft...);
     `prefetch`: full sequences (prompt included) whose prefixes are computed in batches up front (memo).
+    `threads`: torch intra-op threads while drawing (None: leave the current setting); see `torch_threads`.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if engine == "auto":
         try:
-            return draw(make_decoder, prompt_ids, n, models=models, engine="memo", prefetch=prefetch)
+            return draw(make_decoder, prompt_ids, n, models=models, engine="memo", prefetch=prefetch,
+                        threads=threads)
         except MemoUnsupported:
-            return draw(make_decoder, prompt_ids, n, models=models, engine="cache")
-    prompt = list(prompt_ids)
+            return draw(make_decoder, prompt_ids, n, models=models, engine="cache", threads=threads)
+    with torch_threads(threads):
+        return _draw(make_decoder, list(prompt_ids), n, models, engine, prefetch)
+
+
+def _draw(make_decoder, prompt, n, models, engine, prefetch) -> Draws:
     with patched_models(models, engine) as memos:
         if prefetch:
             for memo in memos.values():

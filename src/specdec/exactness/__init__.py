@@ -1,0 +1,33 @@
+"""Statistical exactness checks: does a decoding method sample from the exact warped target distribution?
+
+    from specdec.exactness import check_exactness
+    result = check_exactness(target, prompt_ids, specdec.DraftModel(draft), gamma=3, temperature=0.7,
+                             top_k=8, max_new_tokens=3, samples=20_000)
+    result.verdict, result.p_value, result.tv, result.tv_ci, result.detectable_tv, result.to_dict()
+
+The reference is computed exactly from the target (`reference`), the draws come from the real decode loop
+(`engine`), the statistics are in `gof`. `faulty` holds deliberately broken verifiers for negative controls.
+See docs/exactness.md.
+"""
+
+from specdec.exactness.engine import ENGINES, Draws, MemoUnsupported, draw
+from specdec.exactness.gof import (
+    DEFAULT_POWER,
+    MIN_EXPECTED,
+    TestOutcome,
+    detectable_tv,
+    g_statistic,
+    multinomial_test,
+    pool_cells,
+    pooled_conditional_test,
+    power_at,
+)
+from specdec.exactness.reference import Enumeration, EnumerationTooLarge, enumerate_continuations, iter_conditionals
+from specdec.exactness.verifier import DEFAULT_ALPHA, MODES, ExactnessResult, check_exactness
+
+__all__ = [
+    "DEFAULT_ALPHA", "DEFAULT_POWER", "ENGINES", "MIN_EXPECTED", "MODES", "Draws", "Enumeration",
+    "EnumerationTooLarge", "ExactnessResult", "MemoUnsupported", "TestOutcome", "check_exactness",
+    "detectable_tv", "draw", "enumerate_continuations", "g_statistic", "iter_conditionals", "multinomial_test",
+    "pool_cells", "pooled_conditional_test", "power_at",
+]

@@ -1,0 +1,141 @@
+"""DELIBERATELY BROKEN verification rules and drafters: negative controls for the exactness checks.
+
+Never use these to decode. Each reproduces a plausible bug in speculative sampling; the test suite plugs
+them in (via `SpeculativeDecoder(..., verify_fn=...)` or as the drafter) and requires the verifier to
+reject them, which shows the statistical test has power against real mistakes. All keep the interface of
+`specdec.decoding.verify_round` (draft_tokens [γ], draft_probs [γ, V] | None, target_logits [γ+1, V],
+sampling, generator) -> Verdict.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.decoding import verify_round
+from specdec.drafters.base import Proposal
+from specdec.drafters.draft_model import DraftModel
+from specdec.sampling import SamplingConfig, sample
+from specdec.verify import Verdict, acceptance_ratio, verify_sampled
+
+
+def _accept(draft_tokens, draft_probs, target_probs, generator) -> int:
+    """The correct accept step: number of leading drafts kept (u < p/q)."""
+    gamma = draft_tokens.shape[0]
+    if not gamma:
+        return 0
+    ratio = acceptance_ratio(draft_tokens, draft_probs, target_probs)
+    u = torch.rand(gamma, dtype=torch.float64, device=ratio.device, generator=generator)
+    return int((u < ratio).cumprod(dim=0).sum())
+
+
+def _sampled_only(name: str):
+    def check(sampling: SamplingConfig) -> None:
+        if sampling.greedy:
+            raise ValueError(f"faulty.{name} is a sampling bug; use temperature > 0")
+
+    return check
+
+
+def no_residual(draft_tokens, draft_probs, target_logits, sampling, generator) -> Verdict:
+    """BUG: after a rejection, the token is drawn from the target's p instead of max(0, p − q)."""
+    _sampled_only("no_residual")(sampling)
+    p = sampling.warp(target_logits)
+    k = _accept(draft_tokens, draft_probs, p, generator)
+    outcome = "recovered" if k < draft_tokens.shape[0] else "bonus"
+    return Verdict(k, int(sample(p[k][None], generator)), outcome)
+
+
+def residual_abs(draft_tokens, draft_probs, target_logits, sampling, generator) -> Verdict:
+    """BUG: the residual skips the clamp and takes |p − q| (normalised) instead of max(0, p − q)."""
+    _sampled_only("residual_abs")(sampling)
+    p = sampling.warp(target_logits)
+    k = _accept(draft_tokens, draft_probs, p, generator)
+    if k == draft_tokens.shape[0]:
+        return Verdict(k, int(sample(p[k][None], generator)), "bonus")
+    if draft_probs is None:
+        q = torch.zeros_like(p[k])
+        q[draft_tokens[k]] = 1.0
+    else:
+        q = draft_probs[k]
+    residual = (p[k] - q).abs()
+    return Verdict(k, int(sample(residual[None], generator)), "recovered")
+
+
+def residual_unnormalised(draft_tokens, draft_probs, target_logits, sampling, generator) -> Verdict:
+    """BUG: max(0, p − q) is used as a sub-probability without normalising it: with probability
+    Σ max(0, p − q) the token comes from the normalised residual, otherwise (the missing mass) from p."""
+    _sampled_only("residual_unnormalised")(sampling)
+    p = sampling.warp(target_logits)
+    k = _accept(draft_tokens, draft_probs, p, generator)
+    if k == draft_tokens.shape[0]:
+        return Verdict(k, int(sample(p[k][None], generator)), "bonus")
+    if draft_probs is None:
+        q = torch.zeros_like(p[k])
+        q[draft_tokens[k]] = 1.0
+    else:
+        q = draft_probs[k]
+    residual = (p[k] - q).clamp_min(0.0)
+    mass = float(residual.sum())
+    u = float(torch.rand(1, dtype=torch.float64, generator=generator))
+    row = residual if u < mass else p[k]
+    return Verdict(k, int(sample(row[None], generator)), "recovered")
+
+
+def accepted_off_by_one(draft_tokens, draft_probs, target_logits, sampling, generator) -> Verdict:
+    """BUG: after a rejection the accepted count is one too many: the rejected draft token is kept, then the
+    recovered token follows it."""
+    verdict = verify_round(draft_tokens, draft_probs, target_logits, sampling, generator)
+    if verdict.num_accepted < draft_tokens.shape[0]:
+        return Verdict(verdict.num_accepted + 1, verdict.next_token, verdict.outcome)
+    return verdict
+
+
+def bonus_wrong_position(draft_tokens, draft_probs, target_logits, sampling, generator) -> Verdict:
+    """BUG: after full acceptance, the bonus token is drawn from the target's distribution at the last
+    draft position (row γ − 1) instead of the position after it (row γ)."""
+    _sampled_only("bonus_wrong_position")(sampling)
+    p = sampling.warp(target_logits)
+    gamma = draft_tokens.shape[0]
+    if gamma:
+        p = p.clone()
+        p[gamma] = p[gamma - 1]
+    return verify_sampled(draft_tokens, draft_probs, p, generator)
+
+
+def target_unwarped(draft_tokens, draft_probs, target_logits, sampling, generator) -> Verdict:
+    """BUG: the target's probabilities are not warped (softmax of the raw logits) while the draft's are."""
+    _sampled_only("target_unwarped")(sampling)
+    return verify_sampled(draft_tokens, draft_probs, torch.softmax(target_logits.double(), dim=-1), generator)
+
+
+class UnwarpedDraft(DraftModel):
+    """BUG (a drafter): samples its tokens from its *unwarped* distribution softmax(logits) but reports the
+    warped one (temperature / top-k / top-p) as draft_probs, so verification uses the wrong q."""
+
+    def propose(self, context, gamma, sampling, generator) -> Proposal:
+        if sampling.greedy:
+            return super().propose(context, gamma, sampling, generator)
+        logits = self.lm.forward(context[self.lm.length :], last_only=True)  # [1, V]
+        tokens, probs = [], []
+        for i in range(gamma):
+            token = sample(torch.softmax(logits.double(), dim=-1), generator)  # [1], unwarped
+            tokens.append(token)
+            probs.append(sampling.warp(logits))  # ... but the warped q is reported
+            if i + 1 < gamma:
+                logits = self.lm.forward(token, last_only=True)
+        return Proposal(torch.cat(tokens).to(context.device), torch.cat(probs).to(context.device))
+
+    @property
+    def name(self) -> str:
+        return "UnwarpedDraft(faulty)"
+
+
+#: name -> broken verify_fn, for loops in tests.
+FAULTY_VERIFIERS = {
+    "no_residual": no_residual,
+    "residual_abs": residual_abs,
+    "residual_unnormalised": residual_unnormalised,
+    "accepted_off_by_one": accepted_off_by_one,
+    "bonus_wrong_position": bonus_wrong_position,
+    "target_unwarped": target_unwarped,
+}

@@ -1,0 +1,390 @@
+"""Statistical exactness: every decoding method samples continuations from the exact warped target.
+
+Each check draws N continuations of one prompt through the real decode loop and compares them with the
+target's distribution computed exactly (all continuations, or per-prefix next-token distributions for the
+larger vocabulary), see `specdec.exactness` and docs/exactness.md.
+
+Thresholds and error rates
+- Positive checks (a correct method must PASS): N = 3000 draws each, FAIL when p < ALPHA = 1e-4. The
+  Pearson chi-square p-value is calibrated at that level (1.15e-4 measured in 200 000 null simulations with
+  674 cells), so with POSITIVE_CHECKS = 3 settings x 5 methods in tests/methods.py + gamma="auto" + the
+  conditional-mode case = 17 checks (+3 per method added to the registry), the probability that a correct
+  implementation fails any of them is at most 17 x 1e-4 = 0.17% (Bonferroni) for a random seed. Seeds are
+  fixed, so a given commit passes or fails deterministically (gamma="auto" excepted: its γ choices follow
+  measured timings). Each positive check also asserts its power: every deviation of TV >= 0.12 on the
+  test's cells is detected with probability >= 0.8 (typically 0.065-0.095 here).
+- Negative controls (7 deliberately broken verifiers/drafters from `specdec.exactness.faulty`, plus one in
+  conditional mode) must FAIL with p < 1e-6 at the same N; measured p-values are 5e-21 or smaller.
+- Statistics unit tests (p-value uniformity, power) use their own stated tolerances on fixed seeds.
+Runtime: about a minute on an idle 2-core CPU (the draws run through the memo engine, ~1000-2000 draws/s).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+from methods import METHODS
+from models import perturbed, tiny
+from scipy import stats
+
+import specdec
+from specdec.exactness import (
+    check_exactness,
+    detectable_tv,
+    enumerate_continuations,
+    multinomial_test,
+    pool_cells,
+    pooled_conditional_test,
+    power_at,
+)
+from specdec.exactness.engine import draw, find_models, torch_threads
+from specdec.exactness.faulty import FAULTY_VERIFIERS, UnwarpedDraft
+from specdec.exactness.gof import Group
+from specdec.sampling import SamplingConfig
+
+ALPHA = 1e-4  # per positive check
+NEGATIVE_P = 1e-6  # every negative control must reach this
+N = 3000  # draws per check
+VOCAB = 8
+PROMPT = [1, 2, 1, 1, 2]  # repeats, so n-gram drafters propose "1", the target's most likely next token
+
+#: (temperature, top_k, top_p, gamma, max_new_tokens, eos): γ >= max_new_tokens exercises the cut of the
+#: last round's drafts; eos=True uses the target's generation_config EOS (a likely token).
+SETTINGS = {
+    "T1.0-g2-L3": (1.0, None, None, 2, 3, False),
+    "T0.5-top4-g3-L4-eos": (0.5, 4, None, 3, 4, True),
+    "T1.5-top6-p0.8-g5-L3-eos": (1.5, 6, 0.8, 5, 3, True),
+}
+
+#: Checks a correct implementation must pass: every setting for every method, gamma="auto", conditional.
+POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 2
+#: Bonferroni bound on the chance that a correct implementation fails any of them.
+FWER_BOUND = POSITIVE_CHECKS * ALPHA
+
+
+def test_family_wise_false_failure_rate_is_bounded():
+    assert FWER_BOUND <= 0.01, "too many positive checks for ALPHA: lower ALPHA (and raise N for power)"
+
+
+def _method(entry, target, draft):
+    """A registry entry -> (drafter, extra decoder options). Factories return a Drafter or None, or
+    (drafter, {"gamma": ...}) for entries that also pick decoder options."""
+    built = entry(target, draft)
+    if isinstance(built, tuple):
+        return built[0], dict(built[1])
+    if isinstance(built, dict):
+        built = dict(built)
+        return built.pop("drafter", None), built
+    return built, {}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """Target (V=8, 2 layers so layer-skip applies, float64) with an EOS of decent probability, and a
+    perturbed copy as draft (partial acceptance)."""
+    target = tiny("llama", hidden=16, layers=2, vocab=VOCAB, seed=3)
+    with torch.no_grad():
+        first = torch.softmax(target(torch.tensor([PROMPT])).logits[0, -1], -1)
+    eos = int(first.argsort(descending=True)[1])  # the second most likely first token
+    target.generation_config.eos_token_id = eos
+    draft = perturbed(target, 0.3, seed=11)
+    return target, draft, eos
+
+
+def _check(target, drafter, setting, **kw):
+    temperature, top_k, top_p, gamma, max_new, use_eos = SETTINGS[setting]
+    options = dict(gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new,
+                   eos_token_id=None if use_eos else [], samples=N, seed=1234, alpha=ALPHA)
+    options.update(kw)
+    return check_exactness(target, PROMPT, drafter, **options)
+
+
+# ---------------------------------------------------------------------------------------------- positives
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_is_exact(pair, name, setting):
+    target, draft, eos = pair
+    drafter, extra = _method(METHODS[name], target, draft)
+    result = _check(target, drafter, setting, method=name, **extra)
+    assert result.mode == "enumerate"
+    assert result.passed, result.summary()
+    assert result.p_value >= ALPHA
+    assert result.detectable_tv < 0.12, result.summary()  # the check has power
+    if SETTINGS[setting][5]:
+        assert result.settings["eos"] == [eos]
+    if drafter is not None:  # drafts were both accepted and rejected: every verification path ran
+        assert 0 < result.accepted < result.drafted, result.summary()
+    if isinstance(drafter, specdec.DraftModel) and setting == "T1.0-g2-L3":
+        # the perturbed draft: partial acceptance, so rejection and recovery paths ran a lot
+        assert 0.1 < result.acceptance_rate < 0.95, result.summary()
+
+
+def test_adaptive_gamma_is_exact(pair):
+    target, draft, _ = pair
+    result = _check(target, specdec.DraftModel(draft), "T0.5-top4-g3-L4-eos", gamma="auto")
+    assert result.passed, result.summary()
+
+
+def test_conditional_mode_with_a_larger_vocabulary():
+    """V=64, 3 tokens: 262 144 continuations, too many to enumerate; per-prefix next-token tests instead."""
+    target = tiny("llama", hidden=16, layers=2, vocab=64, seed=5)
+    draft = perturbed(target, 0.3, seed=6)
+    result = check_exactness(target, [7, 8, 9], specdec.DraftModel(draft), gamma=2, temperature=1.0, top_p=0.9,
+                             max_new_tokens=3, samples=N, seed=99, alpha=ALPHA, eos_token_id=[])
+    assert result.mode == "conditional"
+    assert result.passed, result.summary()
+    assert 0.1 < result.acceptance_rate < 0.95
+    assert result.test.n > 2.9 * N  # every drawn token is an observation
+
+
+# -------------------------------------------------------------------------------------- negative controls
+
+FAR_SEED = 17
+
+
+@pytest.fixture(scope="module")
+def far_draft(pair):
+    """An unrelated draft model: acceptance around 0.3, so rejections (and residual sampling) are frequent."""
+    return tiny("llama", hidden=16, layers=2, vocab=VOCAB, seed=FAR_SEED)
+
+
+NEGATIVE = {
+    # name: (verify_fn name, which draft, setting)
+    "no_residual": ("no_residual", "far", "T1.0-g2-L3"),
+    "residual_abs": ("residual_abs", "far", "T1.0-g2-L3"),
+    "residual_unnormalised": ("residual_unnormalised", "far", "T1.0-g2-L3"),
+    "accepted_off_by_one": ("accepted_off_by_one", "far", "T1.0-g2-L3"),
+    # full acceptance must be frequent for the bonus token to matter: the close draft
+    "bonus_wrong_position": ("bonus_wrong_position", "near", "T1.0-g2-L3"),
+    # warping on one side only only matters away from T=1 and without truncation being trivial
+    "target_unwarped": ("target_unwarped", "far", "T0.5-top4-g3-L4-eos"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEGATIVE))
+def test_negative_control_is_caught(pair, far_draft, name):
+    target, near, _ = pair
+    fn, which, setting = NEGATIVE[name]
+    draft = far_draft if which == "far" else near
+    result = _check(target, specdec.DraftModel(draft), setting, verify_fn=FAULTY_VERIFIERS[fn])
+    assert not result.passed
+    assert result.p_value < NEGATIVE_P, result.summary()
+    assert result.tv > result.test.tv_null_mean  # more deviation than an exact sampler shows on average
+
+
+def test_negative_control_unwarped_draft_is_caught(pair, far_draft):
+    """The drafter samples from its unwarped distribution but reports the warped one."""
+    target, _, _ = pair
+    result = _check(target, UnwarpedDraft(far_draft), "T0.5-top4-g3-L4-eos")
+    assert result.p_value < NEGATIVE_P, result.summary()
+
+
+def test_negative_control_in_conditional_mode():
+    target = tiny("llama", hidden=16, layers=2, vocab=64, seed=5)
+    far = tiny("llama", hidden=16, layers=2, vocab=64, seed=FAR_SEED)
+    result = check_exactness(target, [7, 8, 9], specdec.DraftModel(far), gamma=2, temperature=1.0, top_p=0.9,
+                             max_new_tokens=3, samples=N, seed=99, alpha=ALPHA, eos_token_id=[],
+                             verify_fn=FAULTY_VERIFIERS["no_residual"])
+    assert result.mode == "conditional"
+    assert result.p_value < NEGATIVE_P, result.summary()
+
+
+def test_greedy_is_a_point_mass_and_a_wrong_token_is_impossible(pair):
+    target, draft, _ = pair
+    ok = check_exactness(target, PROMPT, specdec.DraftModel(draft), gamma=3, temperature=0.0, max_new_tokens=4,
+                         samples=50, eos_token_id=[])
+    assert ok.passed and ok.test.cells == 1 and ok.tv == 0.0
+
+    def flip_last(draft_tokens, draft_probs, target_logits, sampling, generator):
+        verdict = specdec.decoding.verify_round(draft_tokens, draft_probs, target_logits, sampling, generator)
+        return type(verdict)(verdict.num_accepted, (verdict.next_token + 1) % VOCAB, verdict.outcome)
+
+    bad = check_exactness(target, PROMPT, specdec.DraftModel(draft), gamma=3, temperature=0.0, max_new_tokens=4,
+                          samples=50, eos_token_id=[], verify_fn=flip_last)
+    assert not bad.passed and bad.test.impossible == 50 and bad.p_value == 0.0
+
+
+# ------------------------------------------------------------------------------ reference and engine
+
+
+def test_enumeration_sums_to_one_and_respects_eos_and_the_cut(pair):
+    target, _, eos = pair
+    for sampling, max_new in [(SamplingConfig(1.0), 3), (SamplingConfig(0.7, 3, 0.9), 4)]:
+        enum = enumerate_continuations(target, PROMPT, sampling, {eos}, max_new)
+        assert abs(enum.probs.sum() - 1.0) < 1e-12
+        assert (enum.probs > 0).all()
+        for seq in enum.sequences:
+            assert 1 <= len(seq) <= max_new
+            assert eos not in seq[:-1]
+            assert len(seq) == max_new or seq[-1] == eos
+        if sampling.top_k:
+            assert len(enum) <= sampling.top_k ** max_new
+    # No EOS: exactly the V^L sequences of length L.
+    enum = enumerate_continuations(target, PROMPT, SamplingConfig(1.0), set(), 2)
+    assert sorted(enum.sequences) == list(itertools.product(range(VOCAB), repeat=2))
+
+
+def test_enumeration_probabilities_match_incremental_decoding(pair):
+    """Each continuation's probability equals the product of warped conditionals computed independently,
+    one token at a time through the decoder's KV-cached model adapter."""
+    from specdec.models.causal_lm import CachedCausalLM
+
+    target, _, eos = pair
+    sampling = SamplingConfig(0.8, 5, 0.95)
+    enum = enumerate_continuations(target, PROMPT, sampling, {eos}, 3)
+    lm = CachedCausalLM(target)
+    rng = np.random.default_rng(0)
+    with torch_threads(1):
+        for i in rng.choice(len(enum), size=12, replace=False):
+            _check_one(lm, sampling, enum.sequences[i], enum.probs[i])
+
+
+def _check_one(lm, sampling, seq, expected):
+    """P(seq) as the product of warped conditionals, one token per forward."""
+    lm.reset()
+    lm.prefill(torch.tensor(PROMPT[:-1]))
+    logits = lm.forward(torch.tensor(PROMPT[-1:]))
+    prob = 1.0
+    for token in seq:
+        prob *= float(sampling.warp(logits)[0, token])
+        logits = lm.forward(torch.tensor([token]))
+    assert expected == pytest.approx(prob, rel=1e-9)
+
+
+def test_memo_engine_draws_what_real_forwards_draw(pair):
+    """Same seed, float64: the memo engine and real KV-cached forwards give the same continuations."""
+    target, draft, _ = pair
+    runs = {}
+    for engine in ("memo", "cache"):
+        drafter = specdec.DraftModel(draft)
+
+        def make():
+            return specdec.SpeculativeDecoder(target, drafter, gamma=3, max_new_tokens=4, temperature=1.0, seed=5,
+                                              eos_token_id=[])
+
+        runs[engine] = draw(make, PROMPT, 60, models=find_models(target, drafter), engine=engine)
+    assert runs["memo"].engine == "memo" and runs["cache"].engine == "cache"
+    assert runs["memo"].sequences == runs["cache"].sequences
+    assert runs["memo"].accepted == runs["cache"].accepted
+    assert "forward" not in target.__dict__ and "forward" not in draft.__dict__  # unpatched afterwards
+
+
+def test_result_to_dict_is_json(pair):
+    target, draft, _ = pair
+    result = check_exactness(target, PROMPT, specdec.DraftModel(draft), gamma=2, max_new_tokens=2, samples=200,
+                             eos_token_id=[])
+    data = json.loads(json.dumps(result.to_dict()))
+    for key in ("method", "settings", "samples", "p_value", "tv", "tv_ci", "detectable_tv", "verdict"):
+        assert key in data
+    assert data["verdict"] in ("PASS", "FAIL") and data["samples"] == 200
+
+
+# ----------------------------------------------------------------------------------------- statistics
+
+
+def test_pearson_p_value_is_uniform_under_the_null():
+    rng = np.random.default_rng(2024)
+    probs = rng.dirichlet(np.full(40, 0.5))
+    pvals = np.array([multinomial_test(rng.multinomial(600, probs), probs, alpha=1e-3, rng=rng).p_value
+                      for _ in range(500)])
+    assert stats.kstest(pvals, "uniform").pvalue > 1e-3
+    assert 0.02 <= (pvals < 0.05).mean() <= 0.09
+
+
+def test_pooled_conditional_p_value_is_uniform_under_the_null():
+    """Observations from many different distributions (one per 'prefix'), pooled into one group."""
+    rng = np.random.default_rng(7)
+    dists = rng.dirichlet(np.ones(6), size=300)  # 300 prefixes, 6 tokens
+    counts = rng.integers(1, 6, size=300)
+    mean = counts @ dists
+    cov = np.diag(mean) - (dists * counts[:, None]).T @ dists
+    pvals = []
+    for _ in range(400):
+        observed = np.zeros(6)
+        for d, c in zip(dists, counts):
+            observed += rng.multinomial(c, d)
+        pvals.append(pooled_conditional_test([Group(observed, mean, cov)], alpha=1e-3, rng=rng).p_value)
+    assert stats.kstest(pvals, "uniform").pvalue > 1e-3
+
+
+def test_pooling_keeps_expected_counts_at_least_five():
+    rng = np.random.default_rng(1)
+    expected = rng.exponential(3.0, size=200)
+    expected[:5] = 0.0
+    labels = pool_cells(expected)
+    assert (labels[:5] == -1).all()
+    sums = np.bincount(labels[labels >= 0], weights=expected[labels >= 0])
+    assert (sums >= 5.0).all()
+
+
+def test_power_is_monotone_in_n_and_matches_simulation():
+    for df in (1, 10, 300):
+        tvs = [detectable_tv(n, df, 1e-4) for n in (100, 1000, 10_000, 100_000)]
+        assert all(a > b for a, b in zip(tvs, tvs[1:]))
+        powers = [power_at(0.05, n, df, 1e-4) for n in (100, 1000, 10_000, 100_000)]
+        assert all(a <= b for a, b in zip(powers, powers[1:]))
+        assert power_at(detectable_tv(5000, df, 1e-4), 5000, df, 1e-4) == pytest.approx(0.8, abs=1e-6)
+    # Simulation: the worst-case deviation of TV = detectable_tv (mass moved in proportion to p between
+    # two halves of the mass) is detected in about 80% of runs at alpha = 1e-3.
+    rng = np.random.default_rng(3)
+    probs = np.full(20, 1 / 20)
+    n, alpha = 2000, 1e-3
+    delta = detectable_tv(n, len(probs) - 1, alpha)
+    alt = probs * np.where(np.arange(20) < 10, 1 + 2 * delta, 1 - 2 * delta)
+    assert 0.5 * np.abs(alt - probs).sum() == pytest.approx(delta)
+    hits = np.mean([multinomial_test(rng.multinomial(n, alt), probs, alpha=alpha, rng=rng).p_value < alpha
+                    for _ in range(400)])
+    assert 0.7 <= hits <= 0.92
+
+
+def test_impossible_outcomes_fail_with_p_zero():
+    probs = np.array([0.5, 0.5, 0.0])
+    result = multinomial_test(np.array([50, 49, 1]), probs, alpha=1e-4)
+    assert result.p_value == 0.0 and result.impossible == 1
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+@pytest.fixture(scope="module")
+def saved_pair(tmp_path_factory, pair):
+    target, draft, _ = pair
+    root = tmp_path_factory.mktemp("verify")
+    target.save_pretrained(root / "target")
+    draft.save_pretrained(root / "draft")
+    return root
+
+
+def test_cli_verify_json_and_exit_code(saved_pair, capsys):
+    from specdec.cli import main
+
+    rc = main(["verify", "--target", str(saved_pair / "target"), "--draft", str(saved_pair / "draft"),
+               "--drafter", "draft", "--drafter", "plain", "--prompt-ids", "1,2,3", "--samples", "400",
+               "--top-k", "5", "--eos", "none", "--dtype", "float64", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["passed"]
+    assert [r["method"] for r in out["results"]] == ["draft", "plain"]
+    assert out["results"][0]["settings"]["top_k"] == 5
+
+
+def test_cli_verify_table_and_failure_exit_code(saved_pair, capsys, monkeypatch):
+    import specdec.exactness as exactness
+    from specdec.cli import main
+
+    real = exactness.check_exactness
+
+    def broken(*args, **kwargs):
+        return real(*args, verify_fn=FAULTY_VERIFIERS["no_residual"], **kwargs)
+
+    monkeypatch.setattr(exactness, "check_exactness", broken)
+    rc = main(["verify", "--target", str(saved_pair / "target"), "--draft", str(saved_pair / "draft"),
+               "--prompt-ids", "1,2,3", "--samples", "1500", "--max-new-tokens", "2", "--dtype", "float64"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "FAIL" in out and "draft" in out
