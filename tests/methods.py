@@ -1,7 +1,8 @@
 """Every decoding method in the project, for the greedy-equality and statistical exactness suites.
 
 Adding a drafter or verification scheme to both suites is one line here: a name and a factory
-`(target, draft) -> Drafter | None` (None = plain decoding through the same loop).
+`(target, draft) -> Drafter | None` (None = plain decoding through the same loop), or
+`(target, draft) -> (Drafter, {decoder options})` for a method that also sets options such as gamma="auto".
 """
 
 from __future__ import annotations
@@ -11,4 +12,16 @@ import specdec
 METHODS = {
     "plain": lambda target, draft: None,
     "draft-model": lambda target, draft: specdec.DraftModel(draft),
+    "draft-model-auto-gamma": lambda target, draft: (specdec.DraftModel(draft), {"gamma": "auto"}),
+    "prompt-lookup": lambda target, draft: specdec.PromptLookup(max_ngram=3, min_ngram=1),
+    "bigram": lambda target, draft: specdec.Bigram.from_model(target),
+    "layer-skip": lambda target, draft: specdec.LayerSkip(target),  # first half of the target's layers
 }
+
+
+def build(name: str, target, draft):
+    """(drafter or None, extra decoder options) for registry entry `name`."""
+    built = METHODS[name](target, draft)
+    if isinstance(built, tuple):
+        return built[0], dict(built[1])
+    return built, {}

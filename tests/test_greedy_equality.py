@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from methods import METHODS
+from methods import METHODS, build
 from models import hf_greedy, perturbed, tiny
 
 import specdec
@@ -113,8 +113,8 @@ def test_every_registered_method(targets, method, arch):
     target = targets[arch]
     draft = partial_draft(target)
     prompt = (LONG[:12] * 3)[:30]  # repeats, so n-gram drafters find matches
-    drafter = METHODS[method](target, draft)
-    out = run(target, prompt, drafter, gamma=3, max_new_tokens=32)
+    drafter, options = build(method, target, draft)
+    out = specdec.generate(target, prompt, drafter=drafter, **{"gamma": 3, "max_new_tokens": 32, **options})
     assert out.tokens == hf_greedy(target, prompt, 32)
 
 

@@ -53,8 +53,11 @@ def _shallow_view(module: nn.Module, replace: dict[str, nn.Module]) -> nn.Module
         if isinstance(value, (dict, set, list)):
             value = copy.copy(value)
         view.__dict__[key] = value
-    # accelerate installs an instance-level `forward` bound to the original module: use the class's.
+    # accelerate installs an instance-level `forward` bound to the original module, and Module.compile()
+    # caches a compiled call of the original: the view must run its class's forward on itself.
     view.__dict__.pop("forward", None)
+    if "_compiled_call_impl" in view.__dict__:
+        view.__dict__["_compiled_call_impl"] = None
     for name, sub in replace.items():
         if name not in view._modules:
             raise UnsupportedModelError(f"{type(module).__name__} has no submodule {name!r}")
