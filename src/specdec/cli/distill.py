@@ -28,6 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", choices=["fkl", "tvd"], default="fkl", help="forward KL(target||draft) or total variation")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
     p.add_argument("--warmup-steps", type=int, default=20, help="linear warm-up steps before cosine decay")
+    p.add_argument("--schedule", choices=["cosine", "wsd"], default="cosine",
+                   help="LR schedule after warm-up: cosine over the whole run, or constant then cosine over "
+                        "the last --decay-steps (wsd; lets --resume change --steps before the decay starts)")
+    p.add_argument("--decay-steps", type=int, default=0, help="length of the final decay with --schedule wsd")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (matrices only)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
     p.add_argument("--eval-every", type=int, default=250, help="steps between held-out evaluations")
@@ -56,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     loop = LoopConfig(
         steps=args.steps, lr=args.lr, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
         grad_clip=args.grad_clip, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed,
+        schedule=args.schedule, decay_steps=args.decay_steps,
     )
     cfg = DistillConfig(
         target=Path(args.target), draft=Path(args.draft), out=Path(args.out), loop=loop, batch_size=args.batch_size,

@@ -8,6 +8,7 @@ path (about 3% of files), so train and held-out text never share a file.
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import sysconfig
 from pathlib import Path
@@ -45,13 +46,15 @@ def stdlib_files(split: Split = "train", root: Path | None = None) -> list[Path]
         raise ConfigError(f"unknown corpus split {split!r}; use 'train', 'heldout' or 'all'")
     base = root or stdlib_root()
     files = []
-    for path in base.rglob("*.py"):
-        rel = path.relative_to(base)
-        if _is_excluded(rel) or not path.is_file():
-            continue
-        if split != "all" and is_heldout(rel.as_posix()) != (split == "heldout"):
-            continue
-        files.append(rel)
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = [d for d in dirnames if d not in EXCLUDED_DIRS]  # prune, never descend
+        for name in filenames:
+            rel = (Path(dirpath) / name).relative_to(base)
+            if not name.endswith(".py") or _is_excluded(rel) or not (base / rel).is_file():
+                continue
+            if split != "all" and is_heldout(rel.as_posix()) != (split == "heldout"):
+                continue
+            files.append(rel)
     return [base / rel for rel in sorted(files, key=lambda p: p.as_posix())]
 
 

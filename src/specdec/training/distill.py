@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
 from specdec.training.checkpoint import export_model
 from specdec.training.data import load_token_data, sample_batch, sequential_batches
-from specdec.training.evaluate import acceptance_proxy, forward_kl, lm_loss, mean_kl, perplexity
+from specdec.training.evaluate import acceptance_from_logits, forward_kl, perplexity
 from specdec.training.loop import LoopConfig, run_loop
 from specdec.training.train import hardware_summary, resolve_device, save_dtype
 
@@ -70,17 +71,30 @@ def divergence(target_logits: torch.Tensor, draft_logits: torch.Tensor, temperat
     return 0.5 * (p - q).abs().sum(-1).mean()
 
 
+@torch.no_grad()
 def pair_metrics(target: torch.nn.Module, draft: torch.nn.Module, batches: list[torch.Tensor], device) -> dict[str, float]:
-    """Held-out acceptance proxies (T=0, T=1), KL(target||draft) and the draft's own loss."""
+    """Held-out acceptance proxies (T=0, T=1), KL(target||draft) and the draft's own loss.
+
+    One forward of each model per batch; every position of every window counts equally.
+    """
+    was_training = draft.training
     draft.eval()
-    loss = lm_loss(draft, batches, device)
-    return {
-        "alpha_T0": acceptance_proxy(target, draft, batches, 0.0, device),
-        "alpha_T1": acceptance_proxy(target, draft, batches, 1.0, device),
-        "kl_T1": mean_kl(target, draft, batches, 1.0, device),
-        "draft_val_loss": loss,
-        "draft_val_ppl": perplexity(loss),
-    }
+    sums = {"alpha_T0": 0.0, "alpha_T1": 0.0, "kl_T1": 0.0, "draft_val_loss": 0.0}
+    positions = 0
+    for batch in batches:
+        batch = batch.to(device)
+        t_logits, d_logits = target(input_ids=batch).logits.float(), draft(input_ids=batch).logits.float()
+        n = batch.numel()
+        sums["alpha_T0"] += acceptance_from_logits(t_logits, d_logits, 0.0).sum().item()
+        sums["alpha_T1"] += acceptance_from_logits(t_logits, d_logits, 1.0).sum().item()
+        sums["kl_T1"] += forward_kl(t_logits, d_logits, 1.0).item() * n
+        ce = F.cross_entropy(d_logits[:, :-1].reshape(-1, d_logits.size(-1)), batch[:, 1:].reshape(-1), reduction="sum")
+        sums["draft_val_loss"] += ce.item() * n / (batch.size(0) * (batch.size(1) - 1))
+        positions += n
+    draft.train(was_training)
+    metrics = {k: v / max(positions, 1) for k, v in sums.items()}
+    metrics["draft_val_ppl"] = perplexity(metrics["draft_val_loss"])
+    return metrics
 
 
 def distill(cfg: DistillConfig, log=print) -> dict[str, Any]:

@@ -1,9 +1,13 @@
 """The optimisation loop shared by training and distillation.
 
-AdamW, linear warm-up then cosine decay to ``min_lr_ratio * lr``, gradient clipping, a tqdm bar,
+AdamW, linear warm-up then either cosine decay to ``min_lr_ratio * lr`` over the whole run or
+"warm-up, stable, decay" (``wsd``: constant LR, then a cosine decay over the last ``decay_steps``
+steps), gradient clipping, a tqdm bar,
 periodic evaluation and checkpoints, and exact resume: the batch of each step is a pure function
 of (seed, step) and the learning rate a pure function of step, so a resumed run replays the
-uninterrupted one.
+uninterrupted one. With ``wsd`` the schedule of the first ``steps - decay_steps`` steps does not
+depend on ``steps``, so a run may be resumed with a larger or smaller ``--steps`` (as long as the
+decay has not started, ``--decay-steps`` too) and still equals a from-scratch run with that final ``--steps``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class LoopConfig:
     eval_every: int = 200
     checkpoint_every: int = 100
     seed: int = 0
+    schedule: str = "cosine"
+    decay_steps: int = 0
 
     def validate(self) -> None:
         """Raise ConfigError on out-of-range settings."""
@@ -42,13 +48,23 @@ class LoopConfig:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
         if self.warmup_steps < 0 or self.checkpoint_every < 1 or self.eval_every < 1:
             raise ConfigError("--warmup-steps must be >= 0, --checkpoint-every and --eval-every >= 1")
+        if self.schedule not in ("cosine", "wsd"):
+            raise ConfigError(f"--schedule must be 'cosine' or 'wsd', got {self.schedule!r}")
+        if self.schedule == "wsd" and not 0 < self.decay_steps <= self.steps - self.warmup_steps:
+            raise ConfigError("--schedule wsd needs 0 < --decay-steps <= --steps - --warmup-steps")
 
 
 def lr_at(step: int, cfg: LoopConfig) -> float:
     """Learning rate of (0-based) ``step``: linear warm-up, then cosine to ``min_lr_ratio * lr``."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    if cfg.schedule == "wsd":
+        decay_start = cfg.steps - cfg.decay_steps
+        if step < decay_start:
+            return cfg.lr
+        progress = (step - decay_start) / cfg.decay_steps
+    else:
+        progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
 
@@ -59,6 +75,23 @@ def make_optimizer(model: torch.nn.Module, cfg: LoopConfig) -> torch.optim.AdamW
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def _resumable(saved: dict, current: dict, saved_step: int, cfg: LoopConfig) -> bool:
+    """Whether a checkpoint written with ``saved`` settings can continue under ``current`` ones.
+
+    Identical settings always can; under ``wsd`` ``steps`` and ``decay_steps`` may differ while the
+    checkpoint is still in the stable phase of both schedules (they agree up to that step).
+    """
+    if saved == current:
+        return True
+    if cfg.schedule != "wsd" or saved_step > cfg.steps - cfg.decay_steps:
+        return False
+    length_keys = ("steps", "decay_steps")
+    strip = lambda m: {**m, "loop": {k: v for k, v in m["loop"].items() if k not in length_keys}}  # noqa: E731
+    saved_loop = saved["loop"]
+    stable = saved_step <= saved_loop["steps"] - saved_loop["decay_steps"]
+    return stable and strip(saved) == strip(current)
 
 
 def run_loop(
@@ -90,7 +123,7 @@ def run_loop(
         if state is None:
             log(f"no checkpoint in {out_dir}; starting from step 0")
         else:
-            if state["meta"] != meta:
+            if not _resumable(state["meta"], meta, state["step"], cfg):
                 raise ConfigError(
                     f"checkpoint in {out_dir} was written with different settings; rerun with the same "
                     "arguments as the interrupted run, or drop --resume / use a new --out"
