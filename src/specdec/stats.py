@@ -32,6 +32,16 @@ class DecodeStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
+    def estimated_alpha(self) -> float:
+        """α under the i.i.d. model of Leviathan et al.: accepted / (accepted + rejected) draft tokens.
+
+        `acceptance_rate` also counts drafts after the first rejection, which are never tested; this is the
+        per-token acceptance probability that the theory's τ and speedup formulas take.
+        """
+        tested = self.accepted + self.recovered
+        return self.accepted / tested if tested else 0.0
+
+    @property
     def mean_accepted_tokens(self) -> float:
         """τ: new tokens per target forward pass (1.0 for plain decoding)."""
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
@@ -83,7 +93,7 @@ class DecodeStats:
 
     def as_dict(self) -> dict:
         data = {k: v for k, v in self.__dict__.items()}
-        for name in ("acceptance_rate", "mean_accepted_tokens", "tokens_per_s", "overhead_s",
+        for name in ("acceptance_rate", "estimated_alpha", "mean_accepted_tokens", "tokens_per_s", "overhead_s",
                      "overhead_per_round_pct", "cost_ratio"):
             data[name] = getattr(self, name)
         data["acceptance_by_position"] = self.acceptance_by_position()

@@ -116,10 +116,12 @@ def run(args) -> int:
     console.print(table)
     s = runs["speculative"][-1]
     if isinstance(settings["gamma"], int):
-        predicted = expected_speedup(s.acceptance_rate, settings["gamma"], s.cost_ratio)
-        console.print(f"Theory (Leviathan et al.): with α={s.acceptance_rate:.2f} and draft cost "
-                      f"c={s.cost_ratio:.2f} of a target pass, expected speedup τ/(γc+1) = {predicted:.2f}x "
-                      "(ignoring loop overhead).")
+        alpha = s.estimated_alpha
+        predicted = expected_speedup(alpha, settings["gamma"], s.cost_ratio)
+        console.print(f"Theory (Leviathan et al.): a draft token is accepted with probability α≈{alpha:.2f} "
+                      f"(accepted / tested) and costs c={s.cost_ratio:.2f} of a target pass, so the expected "
+                      f"speedup is τ/(γc+1) = {predicted:.2f}x, ignoring that a target pass over γ+1 tokens "
+                      "costs more than over one.")
     if args.temperature == 0:
         same = outputs["plain"] == outputs["speculative"] == spec_tokens
         console.print(f"Greedy outputs identical, token for token: [bold]{'yes' if same else 'NO'}[/]")
