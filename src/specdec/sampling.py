@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from specdec.errors import ConfigError
 
@@ -38,28 +37,42 @@ class SamplingConfig:
         return self.temperature == 0.0
 
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [n, V] -> warped probabilities [n, V] (float32, or float64 for float64 logits)."""
+        """logits [n, V] -> warped probabilities [n, V] (float32, or float64 for float64 logits).
+
+        Same distribution as transformers' Temperature → TopK → TopP warpers followed by a softmax (a
+        test checks this), computed over the top-k (or sorted) candidates only: this runs for every
+        drafted token and every verification pass, and masking and sorting the whole vocabulary there
+        costs several times more on a CPU. (With exact ties at the k-th logit, HF keeps all tied tokens;
+        this keeps k.)
+        """
         if self.greedy:
             raise ConfigError("greedy decoding (temperature=0) has no sampling distribution; use argmax")
-        scores = logits if logits.dtype == torch.float64 else logits.float()
-        for warper in self._warpers:
-            scores = warper(None, scores)
-        return torch.softmax(scores, dim=-1)
-
-    @property
-    def _warpers(self) -> list:
-        # Built lazily and cached on the frozen instance.
-        cached = self.__dict__.get("_warpers_cache")
-        if cached is None:
-            cached = [TemperatureLogitsWarper(float(self.temperature))]
-            if self.top_k is not None:
-                cached.append(TopKLogitsWarper(self.top_k))
-            if self.top_p is not None and self.top_p < 1.0:
-                cached.append(TopPLogitsWarper(float(self.top_p)))
-            object.__setattr__(self, "_warpers_cache", cached)
-        return cached
+        scores = (logits if logits.dtype == torch.float64 else logits.float()) / self.temperature  # [n, V]
+        vocab = scores.shape[-1]
+        top_p = self.top_p if self.top_p is not None and self.top_p < 1.0 else None
+        if self.top_k is not None and self.top_k < vocab:
+            values, index = scores.topk(self.top_k, dim=-1)  # [n, k], descending
+        elif top_p is not None:
+            values, index = scores.sort(dim=-1, descending=True)  # [n, V]
+        else:
+            return torch.softmax(scores, dim=-1)
+        kept = torch.softmax(values, dim=-1)  # [n, k]
+        if top_p is not None:
+            # Keep a candidate while the mass ranked strictly above it is below top_p (the first always).
+            above = kept.cumsum(dim=-1) - kept  # [n, k]
+            kept = kept * (above < top_p)
+            kept = kept / kept.sum(dim=-1, keepdim=True)
+        return torch.zeros_like(scores).scatter_(-1, index, kept)  # [n, V]
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """probs [n, V] -> token ids [n], one draw per row."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """probs [n, V] (non-negative, rows need not sum to 1) -> token ids [n], one draw per row.
+
+    Inverse-CDF sampling with one float64 uniform per row: a token of probability 0 is never drawn (the
+    search is for the first cumulative mass strictly above u * total). On a CPU this is several times
+    cheaper than torch.multinomial for a large vocabulary, and it is on the path of every round.
+    """
+    cdf = probs.double().cumsum(dim=-1)  # [n, V]
+    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device, generator=generator)  # [n, 1]
+    index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [n, 1]
+    return index.squeeze(-1).clamp_max(probs.shape[-1] - 1)
