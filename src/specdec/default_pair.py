@@ -27,10 +27,9 @@ def assets_present(root: Path | None = None) -> bool:
 
 def _load_model(path: Path, device: str | torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """One causal LM from ``path``, cast to ``dtype`` on ``device``, in eval mode."""
-    from transformers import AutoModelForCausalLM
+    from specdec.loading import load_model
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    return model.to(device).eval()
+    return load_model(path, str(device), dtype)
 
 
 def load_default(

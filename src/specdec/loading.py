@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -24,12 +25,27 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype |
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(_DTYPES)}") from None
 
 
+@contextmanager
+def _no_progress_bars():
+    """Silence transformers' per-load progress bars, restoring the caller's setting afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None):
     """AutoModelForCausalLM.from_pretrained(path), in eval mode on `device`."""
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype, device))
+        with _no_progress_bars():
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype, device))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"cannot load a causal LM from {str(path)!r}: it is not a local directory with a config.json "
