@@ -36,6 +36,7 @@ def run(target, draft, prompts: list[BenchPrompt], settings: BenchSettings, *, o
         "configs": raw["configs"],
         "theory": compare(raw["configs"], max_gamma=max(16, *settings.gammas)),
         "hf_assisted_heuristic_settings": raw["hf_assisted_heuristic_settings"],
+        "forward_costs": raw["forward_costs"],
         "prompts": [p.as_dict() for p in prompts],
         "runs": raw["runs"],
         "outputs": raw["outputs"],

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.runner import SLOW_RUN_FACTOR
+
 PLOTS = {
     "speedup": "speedup_vs_gamma.png",
     "tau": "tau_measured_vs_predicted.png",
@@ -81,7 +83,8 @@ def _fmt(value: Any, digits: int = 2, suffix: str = "") -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if i else ":---" for i in range(len(header))) + "|"]
+    rule = "|" + "|".join("---:" if i else ":---" for i in range(len(header))) + "|"
+    lines = ["| " + " | ".join(header) + " |", rule]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -94,9 +97,8 @@ def results_table(results: dict[str, Any]) -> str:
         header.append("= hf-plain")
     rows = []
     for s in results["configs"]:
-        wall = s["wall_s"] or 1.0
-        split = f"{100 * (s['target_s'] + s['prefill_s']) / wall:.0f}% / {100 * s['draft_s'] / wall:.0f}% / " \
-                f"{100 * s['other_s'] / wall:.0f}%"
+        split = " / ".join(f"{100 * s[k]:.0f}%" if s.get(k) is not None else "n/a"
+                           for k in ("target_share", "draft_share", "other_share"))
         row = [s["method"], _fmt(s["gamma"]) if s["gamma"] else "–", _fmt(s["tokens_per_s"], 1),
                _fmt(s.get("speedup_vs_hf_plain"), 2, "x"), _fmt(s.get("speedup_vs_plain"), 2, "x"),
                _fmt(s["tau"]), _fmt(s["alpha"]), _fmt(s["alpha_token"]), _fmt(s["cost_ratio"], 3),
@@ -132,15 +134,27 @@ def markdown(results: dict[str, Any]) -> str:
         + (f", top-p={st['top_p']}" if st["top_p"] else ""))
     head = (f"**{results.get('workload', 'prompts')}** workload, {len(results['prompts'])} prompts × "
             f"{st['repeats']} repeats (+{st['warmup']} warm-up), {st['max_new_tokens']} new tokens, {sampling}, "
+            f"{results.get('models', {}).get('target', {}).get('dtype', '?').replace('torch.', '')}, "
             f"on {machine.get('cpu', '?')} ({machine.get('device', '?')}, torch {machine.get('torch', '?')}, "
             f"transformers {machine.get('transformers', '?')})")
     parts = [head, "", results_table(results), "", "Theory (Leviathan et al.): α/token and c measured, "
              "τ = (1−α^(γ+1))/(1−α), speedup = τ/(γc+1); v = a verification pass's time over a plain pass's.",
              "", theory_table(results["theory"])]
+    costs = results.get("forward_costs")
+    if costs:
+        target = ", ".join(f"{n} token{'s' if int(n) > 1 else ''} {ms:.2f} ms" for n, ms in costs["target_ms"].items())
+        line = f"Bare forward passes after the first prompt (median): target {target}"
+        if costs.get("draft_ms"):
+            line += f"; draft 1 token {next(iter(costs['draft_ms'].values())):.2f} ms"
+        parts += ["", line + "."]
     heur = results.get("hf_assisted_heuristic_settings")
     if heur:
         parts += ["", "hf-assisted-heuristic ran with HF's own assistant settings: "
                   + ", ".join(f"{k}={v}" for k, v in heur.items())]
+    slow = [f"{s['label']} ({', '.join(s['slow_runs'])})" for s in results["configs"] if s.get("slow_runs")]
+    if slow:
+        parts += ["", f"Stalled runs (over {SLOW_RUN_FACTOR:g}x the fastest run of the same method and prompt; "
+                  f"a busy machine): {'; '.join(slow)}. Medians are robust to them; totals in results.json are not."]
     notes = [s["label"] for s in results["configs"] if s["identical_to_hf_plain"] is False]
     if notes:
         parts += ["", f"**Output differs from hf-plain for: {', '.join(notes)}** (greedy; see results.json)"]
@@ -201,6 +215,7 @@ def plot_tau(results: dict[str, Any], path: Path) -> None:
                 color=line.get_color(), label=f"{method} predicted")
     if not rows:
         ax.text(0.5, 0.5, "no fixed-γ drafting method was run", ha="center", va="center", transform=ax.transAxes)
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("γ (draft tokens per round)")
     ax.set_ylabel("τ: new tokens per target forward")
     ax.set_title("τ measured vs predicted (1−α^(γ+1))/(1−α)")
@@ -235,6 +250,7 @@ def plot_acceptance(results: dict[str, Any], path: Path) -> None:
     else:
         ax.legend(fontsize=8)
     ax.set_ylim(0, 1.02)
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("draft position")
     ax.set_ylabel("fraction of drafts accepted")
     ax.set_title("Acceptance by draft position (dotted: α^i, i.i.d. model)")

@@ -34,6 +34,8 @@ from specdec.errors import ConfigError
 HF_METHODS = ("hf-plain", "hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup")
 #: Methods whose γ is not set by --gamma (run once, not once per γ).
 GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic")
+#: A run slower than this many times the fastest run of the same config and prompt is reported as stalled.
+SLOW_RUN_FACTOR = 3.0
 #: Methods that need the draft model.
 NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "hf-assisted", "hf-assisted-heuristic")
 
@@ -63,7 +65,7 @@ def parse_methods(spec: str | Sequence[str]) -> list[str]:
     known = available_methods()
     out: list[str] = []
     for name in names:
-        expanded = known if name == "all" else [name]
+        expanded = [m for m in known if adaptive_available() or not m.endswith("-auto")] if name == "all" else [name]
         for method in expanded:
             if method not in known:
                 raise ConfigError(f"unknown method {method!r}; choose from: {', '.join(known)} (or 'all')")
@@ -138,6 +140,7 @@ class BenchSettings:
     warmup: int = 1
     seed: int = 0
     device: str = "cpu"
+    forward_costs: bool = True  # also time bare forward passes of 1..γ+1 tokens (a few seconds)
     drafter_options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -247,6 +250,7 @@ class RunResult:
     wall_s: float
     stats: Any  # DecodeStats
     timed_forwards: int  # target forwards whose time is in stats.target_s
+    target_prefill_s: float  # the target's prompt pass (HF: its first call, which also verifies drafts)
 
 
 class Bench:
@@ -295,7 +299,8 @@ class Bench:
         tokens = list(decoder.stream(ids))
         _sync(self.device)
         wall = time.perf_counter() - start
-        return RunResult(tokens, wall, decoder.stats, decoder.stats.target_forwards)
+        # DecodeStats.prefill_s also covers the drafter's reset (counted in draft_s too): take the target's own.
+        return RunResult(tokens, wall, decoder.stats, decoder.stats.target_forwards, decoder.target.prefill_s)
 
     def hf_kwargs(self, config: Config) -> dict[str, Any]:
         """The `generate` keyword arguments of an HF config (the assistant's settings go on its config)."""
@@ -351,7 +356,7 @@ class Bench:
         tokens = out[0, ids.shape[1]:].tolist()
         stats = counter.stats(ids.shape[1], out.shape[1])
         stats.wall_s = wall
-        return RunResult(tokens, wall, stats, max(0, stats.target_forwards - 1))
+        return RunResult(tokens, wall, stats, max(0, stats.target_forwards - 1), stats.prefill_s)
 
 
 def _pad_id(model) -> int:
@@ -360,6 +365,38 @@ def _pad_id(model) -> int:
         if isinstance(value, int):
             return value
     return 0
+
+
+# --------------------------------------------------------------------------------------------- forward costs
+
+
+def forward_costs(target, draft, prompt_ids: list[int], sizes: Sequence[int], repeats: int = 15) -> dict[str, Any]:
+    """Median milliseconds of one cached forward pass after `prompt_ids`, for each number of new tokens in
+    `sizes` (target) and for one token (draft): what a verification pass of γ+1 tokens costs next to a
+    plain one-token pass, without any decode loop around it."""
+    from specdec.models.causal_lm import CachedCausalLM
+
+    def measure(model, n: int) -> float:
+        lm = CachedCausalLM(model)
+        ids = torch.tensor(prompt_ids, dtype=torch.long)
+        new = torch.tensor((list(prompt_ids) * (n // max(1, len(prompt_ids)) + 1))[:n], dtype=torch.long)
+        lm.prefill(ids)
+        times = []
+        for _ in range(repeats + 2):
+            _sync(lm.device)
+            start = time.perf_counter()
+            lm.forward(new, last_only=False)
+            _sync(lm.device)
+            times.append(time.perf_counter() - start)
+            lm.crop(len(prompt_ids))
+        return 1e3 * statistics.median(times[2:])
+
+    out: dict[str, Any] = {"target_ms": {n: measure(target, n) for n in sorted(set(sizes) | {1})}}
+    if draft is not None:
+        out["draft_ms"] = {1: measure(draft, 1)}
+    base = out["target_ms"][1]
+    out["verify_cost"] = {n: ms / base for n, ms in out["target_ms"].items()}
+    return out
 
 
 # --------------------------------------------------------------------------------------------- the loop
@@ -393,7 +430,7 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
         for p_index, prompt in enumerate(prompts):
             reference = None
             if need_reference:
-                bar.set_description(f"{prompt.name} reference hf-plain")
+                bar.set_description(f"{prompt.name} reference hf-plain", refresh=False)
                 reference = bench.run(reference_config, list(prompt.ids), settings.seed).tokens
                 bar.update(1)
             prompt_runs: list[dict[str, Any]] = []
@@ -403,7 +440,7 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
                 seed = settings.seed * 1_000_003 + p_index * 1_009 + max(repeat, 0)
                 for config in order:
                     bar.set_description(f"{prompt.name} {'warm-up' if repeat < 0 else f'rep {repeat + 1}'} "
-                                        f"{config.label}")
+                                        f"{config.label}", refresh=False)
                     result = bench.run(config, list(prompt.ids), seed)
                     bar.update(1)
                     if repeat < 0:
@@ -426,7 +463,13 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
         transformers.logging.set_verbosity(verbosity)
     summaries = [summarize(config, [r for r in runs if r["label"] == config.label]) for config in configs]
     _add_speedups(summaries)
+    costs = None
+    if settings.forward_costs and prompts:
+        needs_draft = any(m in NEEDS_DRAFT_MODEL for m in settings.methods)
+        costs = forward_costs(target, draft if needs_draft else None, list(prompts[0].ids),
+                              [g + 1 for g in settings.gammas])
     return {
+        "forward_costs": costs,
         "settings": settings.as_dict(),
         "configs": summaries,
         "runs": runs,
@@ -449,16 +492,19 @@ def _check_lengths(target, prompts, max_new_tokens: int) -> None:
 
 class _NoBar:
     def update(self, n: int = 1) -> None: ...
-    def set_description(self, text: str) -> None: ...
+    def set_description(self, text: str, refresh: bool = True) -> None: ...
     def close(self) -> None: ...
 
 
 def _progress(total: int, enabled: bool):
     if not enabled:
         return _NoBar()
+    import sys
+
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="run", dynamic_ncols=True, leave=True)
+    tty = sys.stderr.isatty()
+    return tqdm(total=total, unit="run", dynamic_ncols=True, leave=True, mininterval=0.2 if tty else 10.0)
 
 
 def _record(config: Config, prompt, p_index: int, repeat: int, result: RunResult) -> dict[str, Any]:
@@ -471,7 +517,9 @@ def _record(config: Config, prompt, p_index: int, repeat: int, result: RunResult
         "target_forwards": s.target_forwards, "timed_forwards": result.timed_forwards,
         "draft_forwards": s.draft_forwards, "rounds": s.rounds, "drafted": s.drafted, "accepted": s.accepted,
         "rejections": s.recovered, "drafted_at": list(s.drafted_at), "accepted_at": list(s.accepted_at),
-        "prefill_s": s.prefill_s, "target_s": s.target_s, "draft_s": s.draft_s,
+        "target_prefill_s": result.target_prefill_s, "target_s": s.target_s, "draft_s": s.draft_s,
+        "target_all_s": result.target_prefill_s + s.target_s,
+        "other_s": max(0.0, result.wall_s - result.target_prefill_s - s.target_s - s.draft_s),
         "tau": s.mean_accepted_tokens, "alpha": s.acceptance_rate,
         "_tokens": result.tokens,
     }
@@ -486,8 +534,21 @@ def _pos_sum(rows: list[list[int]]) -> list[int]:
     return out
 
 
+def _run_cost_ratio(r: dict[str, Any]) -> float | None:
+    if not r["drafted"] or not r["timed_forwards"] or r["target_s"] <= 0 or r["draft_s"] <= 0:
+        return None
+    return (r["draft_s"] / r["drafted"]) / (r["target_s"] / r["timed_forwards"])
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
 def summarize(config: Config, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians of speed over all (prompt, repeat) runs; pooled counts for α, τ, c (ratios of sums)."""
+    """Speed: medians over all (prompt, repeat) runs. Counts (α, τ, acceptance by position): pooled, ratios
+    of sums. Timings inside a run (c, time per target forward, time shares): medians of the per-run values,
+    so that one run stalled by a busy machine cannot skew them (`slow_runs` counts such runs)."""
     def total(key: str) -> float:
         return sum(r[key] for r in runs)
 
@@ -495,10 +556,15 @@ def summarize(config: Config, runs: list[dict[str, Any]]) -> dict[str, Any]:
     forwards, timed = total("target_forwards"), total("timed_forwards")
     target_s, draft_s, wall = total("target_s"), total("draft_s"), total("wall_s")
     drafted_at, accepted_at = _pos_sum([r["drafted_at"] for r in runs]), _pos_sum([r["accepted_at"] for r in runs])
-    per_forward = target_s / timed if timed and target_s > 0 else None
-    cost_ratio = None
-    if drafted and per_forward and draft_s > 0:
-        cost_ratio = (draft_s / drafted) / per_forward
+    per_forward = _median(r["target_s"] / r["timed_forwards"] for r in runs
+                          if r["timed_forwards"] and r["target_s"] > 0)
+    cost_ratio = _median(_run_cost_ratio(r) for r in runs)
+    shares = {name: _median(r[key] / r["wall_s"] for r in runs if r["wall_s"] > 0) for name, key in (
+        ("target_share", "target_all_s"), ("draft_share", "draft_s"), ("other_share", "other_s"))}
+    fastest: dict[str, float] = {}
+    for r in runs:
+        fastest[r["prompt"]] = min(fastest.get(r["prompt"], float("inf")), r["wall_s"])
+    slow = [f"{r['prompt']}#{r['repeat']}" for r in runs if r["wall_s"] > SLOW_RUN_FACTOR * fastest[r["prompt"]]]
     identical = [r.get("identical_to_hf_plain") for r in runs]
     return {
         "label": config.label, "method": config.method, "gamma": config.gamma, "runs": len(runs),
@@ -506,7 +572,8 @@ def summarize(config: Config, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens_per_s_min": min((r["tokens_per_s"] for r in runs), default=0.0),
         "tokens_per_s_max": max((r["tokens_per_s"] for r in runs), default=0.0),
         "wall_s_median": statistics.median(r["wall_s"] for r in runs) if runs else 0.0,
-        "new_tokens": total("new_tokens"), "target_forwards": forwards, "timed_forwards": timed, "draft_forwards": total("draft_forwards"),
+        "new_tokens": total("new_tokens"), "target_forwards": forwards, "timed_forwards": timed,
+        "draft_forwards": total("draft_forwards"),
         "tau": total("new_tokens") / forwards if forwards else 0.0,
         "drafted": drafted, "accepted": accepted, "rejections": rejections,
         "alpha": accepted / drafted if drafted else None,
@@ -516,9 +583,10 @@ def summarize(config: Config, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_drafted_per_round": drafted / total("rounds") if total("rounds") else 0.0,
         "acceptance_by_position": [a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at)],
         "drafted_at": drafted_at, "accepted_at": accepted_at,
-        "target_s": target_s, "draft_s": draft_s, "wall_s": wall, "prefill_s": total("prefill_s"),
+        "target_s": target_s, "draft_s": draft_s, "wall_s": wall,
+        "target_prefill_s": total("target_prefill_s"),
         "target_s_per_forward": per_forward, "cost_ratio": cost_ratio,
-        "other_s": max(0.0, wall - target_s - draft_s - total("prefill_s")),
+        "other_s": total("other_s"), **shares, "slow_runs": slow,
         "identical_to_hf_plain": None if any(v is None for v in identical) else all(identical),
         "identical_to_plain": _all_or_none([r.get("identical_to_plain") for r in runs]),
     }

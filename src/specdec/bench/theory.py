@@ -67,13 +67,10 @@ def compare(summaries: list[dict[str, Any]], max_gamma: int = 16) -> dict[str, A
         accepted = sum(s["accepted"] for s in sweep)
         tested = accepted + sum(s["rejections"] for s in sweep)
         drafted = sum(s["drafted"] for s in sweep)
-        draft_s = sum(s["draft_s"] for s in sweep)
-        target_s = sum(s["target_s"] for s in sweep)
-        timed = sum(s["timed_forwards"] for s in sweep)
         alpha = accepted / tested if tested else None
-        cost = None  # pooled like DecodeStats.cost_ratio: draft time per drafted token / time per target forward
-        if drafted and draft_s > 0 and target_s > 0 and timed and all(s.get("cost_ratio") is not None for s in sweep):
-            cost = (draft_s / drafted) / (target_s / timed)
+        cost = None  # the configs' c (medians over runs) averaged with weights = drafted tokens
+        if drafted and all(s.get("cost_ratio") is not None for s in sweep):
+            cost = sum(s["cost_ratio"] * s["drafted"] for s in sweep) / drafted
         best = max(sweep, key=lambda s: s["tokens_per_s"])
         methods[method] = {
             "gammas": [s["gamma"] for s in sweep],

@@ -63,7 +63,8 @@ def _decode(tokenizer: Any, ids: list[int]) -> str:
 # --------------------------------------------------------------------------------------------- code
 
 
-def code_prompts(tokenizer: Any, n: int, prompt_tokens: int = DEFAULT_PROMPT_TOKENS, seed: int = 0) -> list[BenchPrompt]:
+def code_prompts(tokenizer: Any, n: int, prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+                 seed: int = 0) -> list[BenchPrompt]:
     """`n` prompts of exactly `prompt_tokens` tokens, each a held-out file cut at a line start."""
     from specdec.training.corpus import heldout_prompts
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 
 # Order shown in --help. Adding a subcommand: a module here with `register(subparsers)`.
@@ -35,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.errors import SpecdecError
 
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.command_line = "specdec " + shlex.join(argv)  # for reports that record how they were made
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

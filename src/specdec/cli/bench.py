@@ -49,6 +49,9 @@ def register(subparsers) -> None:
     models.add_argument("--draft", help="draft model path or hub id, same tokenizer as the target "
                         "(default: the shipped pair's draft when --target is not given)")
     models.add_argument("--device", default="cpu", help="torch device: cpu or cuda (default cpu)")
+    models.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (torch.set_num_threads; default: torch's choice). On a busy "
+                        "machine fewer threads than cores avoids spin-wait stalls")
     models.add_argument("--dtype", default=None,
                         help="model dtype: float32, bfloat16, float16, float64, auto (default float32 on CPU)")
 
@@ -85,6 +88,9 @@ def register(subparsers) -> None:
                         help="untimed rounds over all methods before timing each prompt (default 1)")
     timing.add_argument("--out", default="bench-results",
                         help="directory for results.json and the plots (default ./bench-results)")
+    timing.add_argument("--no-forward-costs", action="store_true",
+                        help="skip timing bare target passes of 1..γ+1 tokens and a draft pass (a few seconds; "
+                        "they show what a verification pass costs next to a plain step)")
     timing.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
@@ -115,17 +121,31 @@ def run(args) -> int:
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA device is available to torch here; use --device cpu")
 
+    if args.threads is not None:
+        import torch
+
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     target, draft, tokenizer = load_models(args)
+    if args.dtype is not None and args.target is None:
+        # load_default loads float32 whatever --dtype says: cast the shipped pair here.
+        from specdec.loading import resolve_dtype
+
+        dtype = resolve_dtype(args.dtype, args.device)
+        if dtype != "auto":
+            target = target.to(dtype)
+            draft = draft.to(dtype) if draft is not None else None
     prompts = load_workload(args.prompts, tokenizer, args.num_prompts, seed=args.seed,
                             prompt_tokens=args.prompt_tokens)
     settings = BenchSettings(
         methods=methods, gammas=gammas, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
-        device=args.device,
+        device=args.device, forward_costs=not args.no_forward_costs,
     )
     pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
     results = run_bench(target, draft, prompts, settings, out=args.out, workload=args.prompts,
-                        progress=not args.no_progress, pad_token_id=pad)
+                        progress=not args.no_progress, pad_token_id=pad, command=args.command_line)
     print(markdown(results))
     print(f"\nresults: {results['results_json']}; plots: {', '.join(results['plots'].values())}")
     return 0

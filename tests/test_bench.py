@@ -1,0 +1,268 @@
+"""`specdec bench`: the runner, the HF hook accounting, theory, workloads, report files and the CLI.
+
+Tiny random float32 models built here; a byte-level BPE trained in a blink on a few lines of code.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec.bench import BenchSettings, parse_gammas, parse_methods
+from specdec.bench import run as run_bench
+from specdec.bench.runner import Config, HFCounter, make_configs, summarize
+from specdec.bench.theory import compare, predict, recommended_gamma
+from specdec.bench.workloads import (
+    BenchPrompt,
+    code_prompts,
+    edit_prompts,
+    read_prompt_file,
+    rename_identifier,
+)
+from specdec.errors import ConfigError
+
+CODE = ("def add(a, b):\n    total = a + b\n    return total\n\n\n"
+        "class Box:\n    def __init__(self, x):\n        self.x = x\n")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from specdec.training.tokenizer import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tok")
+    return train_tokenizer([CODE * 10], vocab_size=300, out_dir=out)
+
+
+class ByteTokenizer:
+    """Duck-typed tokenizer: one token per byte."""
+
+    def encode(self, text, add_special_tokens=False):
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids, skip_special_tokens=False):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def tiny(vocab: int, layers: int, seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         initializer_range=0.5, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+# --------------------------------------------------------------------------------------------- theory
+
+
+def test_theory_matches_hand_computed_numbers():
+    # α = 0.8, γ = 4, c = 0.1: τ = (1 - 0.8^5) / 0.2 = 3.3616; speedup = 3.3616 / 1.4.
+    p = predict(0.8, 4, 0.1)
+    assert p["tau"] == pytest.approx(3.3616)
+    assert p["speedup"] == pytest.approx(3.3616 / 1.4)
+    # τ/(γc+1) for γ = 5, 6, 7: 2.4595, 2.4696, 2.4477 → 6 is the best γ.
+    assert recommended_gamma(0.8, 0.1) == 6
+    assert recommended_gamma(0.1, 0.5) == 0  # speculation cannot pay
+    assert predict(1.0, 3, None) == {"alpha": 1.0, "gamma": 3, "cost_ratio": None, "tau": 4.0, "speedup": None}
+
+
+def _summary(method, gamma, **values):
+    base = dict(label=f"{method}@{gamma}" if gamma else method, method=method, gamma=gamma, tokens_per_s=10.0,
+                tau=1.0, alpha=None, alpha_token=None, cost_ratio=None, accepted=0, rejections=0, drafted=0,
+                draft_s=0.0, target_s=1.0, timed_forwards=10, target_s_per_forward=0.1, mean_drafted_per_round=0.0)
+    base.update(values)
+    return base
+
+
+def test_theory_compare_uses_per_token_alpha_and_measured_c():
+    summaries = [
+        _summary("plain", None),
+        _summary("draft", 2, tokens_per_s=20.0, tau=2.0, alpha=0.7, alpha_token=0.8, cost_ratio=0.1, accepted=8,
+                 rejections=2, drafted=12, draft_s=0.12, target_s=1.0, timed_forwards=10),
+        _summary("draft", 4, tokens_per_s=15.0, tau=2.5, alpha=0.6, alpha_token=0.8, cost_ratio=0.1, accepted=16,
+                 rejections=4, drafted=28, draft_s=0.28, target_s=1.0, timed_forwards=10),
+    ]
+    theory = compare(summaries)
+    assert theory["baseline"] == "plain"
+    row = theory["configs"][0]
+    assert row["tau_predicted"] == pytest.approx((1 - 0.8**3) / 0.2)
+    assert row["speedup_predicted"] == pytest.approx(((1 - 0.8**3) / 0.2) / 1.2)
+    assert row["speedup_measured"] == pytest.approx(2.0)
+    method = theory["methods"]["draft"]
+    assert method["alpha_token"] == pytest.approx(24 / 30)
+    assert method["cost_ratio"] == pytest.approx((0.40 / 40) / (2.0 / 20))
+    assert method["gamma_recommended"] == 6 and method["gamma_best_measured"] == 2
+
+
+# --------------------------------------------------------------------------------------------- parsing
+
+
+def test_parse_gammas_and_methods():
+    assert parse_gammas("4") == [4]
+    assert parse_gammas("1,2,4") == [1, 2, 4]
+    assert parse_gammas("1..4,8") == [1, 2, 3, 4, 8]
+    for bad in ("0", "auto", "3..1", "x"):
+        with pytest.raises(ConfigError):
+            parse_gammas(bad)
+    assert parse_methods("hf-plain, draft,hf-plain") == ["hf-plain", "draft"]
+    assert "hf-assisted" in parse_methods("all")
+    with pytest.raises(ConfigError, match="unknown method"):
+        parse_methods("nope")
+    labels = [c.label for c in make_configs(["plain", "draft", "hf-assisted"], [1, 3])]
+    assert labels == ["plain", "draft@1", "draft@3", "hf-assisted@1", "hf-assisted@3"]
+
+
+# --------------------------------------------------------------------------------------------- HF hooks
+
+
+def test_hf_counter_rebuilds_rounds_from_calls():
+    counter = HFCounter(target=None)
+    # prompt of 10; round 0 feeds prompt + 3 drafts, keeps 2; round 1 feeds 1 + 3 drafts, keeps all 3;
+    # round 2 drafts nothing (plain step); the sequence ends at 18 tokens.
+    counter.calls = [[13, 0, 0.5], [4, 12, 0.1], [1, 16, 0.1]]
+    s = counter.stats(prompt_len=10, final_len=18)
+    assert (s.rounds, s.drafted, s.accepted, s.recovered, s.bonus) == (3, 6, 5, 1, 1)
+    assert s.drafted_at == [2, 2, 2] and s.accepted_at == [2, 2, 1]
+    assert s.new_tokens == 8 and s.target_forwards == 3
+    assert s.prefill_s == 0.5 and s.target_s == pytest.approx(0.2)
+
+
+# --------------------------------------------------------------------------------------------- workloads
+
+
+def test_workloads_are_deterministic_and_edit_prompts_hold_the_answer():
+    tok = ByteTokenizer()
+    first, again = edit_prompts(tok, 3, seed=0), edit_prompts(tok, 3, seed=0)
+    assert [p.ids for p in first] == [p.ids for p in again]
+    for p in first:
+        old, new = p.meta["renamed"]
+        assert f"renamed to `{new}`" in p.text
+        assert p.text.endswith("\n") and new in p.text.splitlines()[-1]  # the renamed def line
+        body = p.expected
+        assert body.strip() and new in body
+        # Undoing the rename, every line of the expected answer is in the prompt...
+        for line in body.replace(new, old).splitlines():
+            assert line in p.text
+        # ...so the answer is mostly a copy of the prompt.
+        assert difflib.SequenceMatcher(None, body, p.text).find_longest_match().size > 0.3 * len(body)
+    code = code_prompts(tok, 2, prompt_tokens=40, seed=3)
+    assert [p.ids for p in code] == [p.ids for p in code_prompts(tok, 2, prompt_tokens=40, seed=3)]
+    assert all(len(p.ids) == 40 for p in code)
+
+
+def test_rename_identifier_leaves_attributes_and_keywords():
+    src = "def f(x, y=1):\n    z = obj.x + x\n    return g(x=x, y=y)\n"
+    assert rename_identifier(src, "x", "new_x") == \
+        "def f(new_x, y=1):\n    z = obj.x + new_x\n    return g(x=new_x, y=y)\n"
+
+
+def test_prompt_files(tmp_path):
+    lines = tmp_path / "p.txt"
+    lines.write_text("first prompt\n\nsecond prompt\n")
+    assert read_prompt_file(lines) == ["first prompt", "second prompt"]
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "def f():\\n    return 1"}\n{"prompt": "x"}\n')
+    assert read_prompt_file(jsonl) == ["def f():\n    return 1", "x"]
+    jsonl.write_text('{"text": "x"}\n')
+    with pytest.raises(ConfigError, match='"prompt"'):
+        read_prompt_file(jsonl)
+
+
+# --------------------------------------------------------------------------------------------- runs
+
+
+def test_bench_run_library_greedy_identity_and_files(tmp_path):
+    target, draft = tiny(64, 2, seed=0), tiny(64, 1, seed=1)
+    prompts = [BenchPrompt(name="p0", ids=[5, 9, 11, 3, 7, 9, 11, 3], text="")]
+    settings = BenchSettings(methods=["hf-plain", "plain", "draft", "hf-assisted"], gammas=[2], max_new_tokens=10,
+                             repeats=2, warmup=0, seed=0, forward_costs=False)
+    results = run_bench(target, draft, prompts, settings, out=tmp_path, progress=False, command="test")
+    by_label = {s["label"]: s for s in results["configs"]}
+    assert set(by_label) == {"hf-plain", "plain", "draft@2", "hf-assisted@2"}
+    for s in by_label.values():
+        assert s["identical_to_hf_plain"] is True, s["label"]
+        assert s["new_tokens"] == 2 * 10 and s["runs"] == 2
+    assert by_label["plain"]["tau"] == 1.0 and by_label["hf-plain"]["tau"] == 1.0
+    assert by_label["draft@2"]["drafted"] > 0 and by_label["draft@2"]["cost_ratio"] > 0
+    # Same draft, same target, same greedy rule: HF's rounds (rebuilt from hooks) match specdec's.
+    assert by_label["hf-assisted@2"]["accepted"] == by_label["draft@2"]["accepted"]
+    assert by_label["hf-assisted@2"]["target_forwards"] == by_label["draft@2"]["target_forwards"]
+    assert len(results["runs"]) == 4 * 2
+    # The repeats of one prompt are interleaved: the order rotates between rounds.
+    order = [r["label"] for r in results["runs"]]
+    assert order[:4] != order[4:]
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["command"] == "test" and saved["settings"]["gammas"] == [2]
+
+
+def test_bench_cli_end_to_end(tmp_path, tokenizer, capsys):
+    from specdec.cli import main
+
+    vocab = len(tokenizer)
+    target = tiny(vocab, 2, seed=0)
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    target.save_pretrained(tmp_path / "draft")  # draft = target: every draft must be accepted
+    prompt_file = tmp_path / "prompts.jsonl"
+    prompt_file.write_text(json.dumps({"prompt": CODE}) + "\n")
+    out = tmp_path / "out"
+    code = main(["bench", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
+                 "--methods", "hf-plain,draft,hf-assisted", "--gamma", "2", "--prompts", str(prompt_file),
+                 "--num-prompts", "1", "--max-new-tokens", "8", "--repeats", "1", "--warmup", "0",
+                 "--out", str(out), "--no-progress"])
+    assert code == 0
+    stdout = capsys.readouterr().out
+    assert "| method |" in stdout and "hf-assisted" in stdout
+    results = json.loads((out / "results.json").read_text())
+    for key in ("command", "machine", "settings", "configs", "theory", "prompts", "runs", "outputs", "models"):
+        assert key in results
+    assert results["machine"]["torch"] == torch.__version__ and results["machine"]["cpu"]
+    assert results["command"].startswith("specdec bench") or "bench" in results["command"]
+    by_label = {s["label"]: s for s in results["configs"]}
+    for label in ("draft@2", "hf-assisted@2"):
+        s = by_label[label]
+        assert s["identical_to_hf_plain"] is True
+        assert s["alpha_token"] == 1.0 and s["alpha"] == 1.0
+        assert s["tau"] == pytest.approx(8 / 3)  # rounds of 3, 3, then 2 tokens
+        assert s["acceptance_by_position"] == [1.0, 1.0]
+    costs = results["forward_costs"]
+    assert set(costs["target_ms"]) == {"1", "3"} and costs["draft_ms"]["1"] > 0  # JSON keys are strings
+    theory = results["theory"]["configs"][0]
+    assert theory["tau_predicted"] == pytest.approx(3.0)
+    for name in ("speedup_vs_gamma.png", "tau_measured_vs_predicted.png", "acceptance_by_position.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    raw = results["runs"][0]
+    for key in ("wall_s", "tokens_per_s", "target_forwards", "drafted_at", "accepted_at", "target_s", "draft_s"):
+        assert key in raw
+
+
+def test_bench_sampling_runs_and_reports_no_identity(tmp_path):
+    target, draft = tiny(64, 2, seed=0), tiny(64, 1, seed=1)
+    prompts = [BenchPrompt(name="p0", ids=[5, 9, 11, 3], text="")]
+    settings = BenchSettings(methods=["hf-plain", "draft", "hf-assisted"], gammas=[3], max_new_tokens=6, repeats=1,
+                             warmup=0, temperature=0.9, top_k=20, forward_costs=False)
+    results = run_bench(target, draft, prompts, settings, progress=False, command="test")
+    for s in results["configs"]:
+        assert s["identical_to_hf_plain"] is None and s["new_tokens"] == 6
+
+
+def test_summarize_pools_counts():
+    runs = [dict(label="draft@2", prompt="p0", repeat=i, tokens_per_s=t, wall_s=w, new_tokens=10, target_forwards=5, timed_forwards=5,
+                 draft_forwards=0, rounds=5, drafted=10, accepted=a, rejections=r, drafted_at=[5, 5],
+                 accepted_at=[a - a // 2, a // 2], target_s=0.5, draft_s=0.1, target_prefill_s=0.1, target_all_s=0.6,
+                 other_s=w - 0.7, identical_to_hf_plain=True, identical_to_plain=None)
+            for i, (t, a, r, w) in enumerate(((10.0, 6, 3, 1.0), (30.0, 4, 4, 1.0), (1.0, 5, 5, 9.0)))]
+    s = summarize(Config("draft", 2), runs)
+    assert s["tokens_per_s"] == 10.0 and s["tau"] == 2.0  # median of 10, 30, 1
+    assert s["alpha"] == pytest.approx(15 / 30) and s["alpha_token"] == pytest.approx(15 / 27)
+    assert s["cost_ratio"] == pytest.approx((0.1 / 10) / (0.5 / 5))
+    assert s["target_share"] == pytest.approx(0.6) and s["other_share"] == pytest.approx(0.3)
+    assert s["slow_runs"] == ["p0#2"]  # 9 s against a fastest 1 s: stalled
+    assert s["identical_to_hf_plain"] is True and s["identical_to_plain"] is None
