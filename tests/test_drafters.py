@@ -411,7 +411,7 @@ def simulate(policy, rounds, accept, draft_cost, target_cost=1.0, stats=None):
 
 
 def test_auto_gamma_falls_back_to_plain_decoding_and_probes():
-    policy = AdaptiveGamma(probe_every=8)
+    policy = AdaptiveGamma(probe_every=8, memory=0.9)  # the mechanism, at a short memory
     chosen = simulate(policy, 64, accept=lambda g: 0, draft_cost=0.5)
     assert chosen[0] == policy.initial
     tail = chosen[16:]

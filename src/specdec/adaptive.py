@@ -98,7 +98,7 @@ class AdaptiveGamma:
         self,
         initial: int = 4,
         max_gamma: int = 16,
-        memory: float = 0.9,
+        memory: float = 0.97,
         prior: tuple[float, float] = (0.5, 0.5),
         probe_every: int = 16,
         warmup: int = 3,
