@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from specdec.cli.train import add_loop_args
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `distill` subcommand."""
@@ -26,23 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
     p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature of both distributions in the loss")
     p.add_argument("--loss", choices=["fkl", "tvd"], default="fkl", help="forward KL(target||draft) or total variation")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
-    p.add_argument("--warmup-steps", type=int, default=20, help="linear warm-up steps before cosine decay")
-    p.add_argument("--schedule", choices=["cosine", "wsd"], default="cosine",
-                   help="LR schedule after warm-up: cosine over the whole run, or constant then cosine over "
-                        "the last --decay-steps (wsd; lets --resume change --steps before the decay starts)")
-    p.add_argument("--decay-steps", type=int, default=0, help="length of the final decay with --schedule wsd")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (matrices only)")
-    p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
-    p.add_argument("--eval-every", type=int, default=250, help="steps between held-out evaluations")
-    p.add_argument("--eval-tokens", type=int, default=32768, help="held-out tokens for the acceptance proxy")
-    p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
-    p.add_argument("--seed", type=int, default=0, help="seed for the data order")
-    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:0, ...")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--save-dtype", choices=["float16", "bfloat16", "float32"], default="float16",
-                   help="dtype of the exported safetensors weights")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same arguments)")
+    add_loop_args(p, warmup_steps=20, weight_decay=0.0, eval_every=250,
+                  eval_tokens_help="held-out tokens for the acceptance proxy", seed_help="seed for the data order")
     p.set_defaults(func=run)
 
 

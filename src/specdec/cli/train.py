@@ -31,24 +31,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per training sequence")
+    add_loop_args(p, warmup_steps=50, weight_decay=0.1, eval_every=200,
+                  eval_tokens_help="held-out tokens for periodic validation",
+                  seed_help="seed for initialisation and data order")
+    p.set_defaults(func=run)
+
+
+def add_loop_args(p: argparse.ArgumentParser, *, warmup_steps: int, weight_decay: float, eval_every: int,
+                  eval_tokens_help: str, seed_help: str) -> None:
+    """Options of the shared optimisation loop (AdamW, schedule, evaluation, checkpoints, device)."""
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
-    p.add_argument("--warmup-steps", type=int, default=50, help="linear warm-up steps before cosine decay")
+    p.add_argument("--warmup-steps", type=int, default=warmup_steps, help="linear warm-up steps before cosine decay")
     p.add_argument("--schedule", choices=["cosine", "wsd"], default="cosine",
                    help="LR schedule after warm-up: cosine over the whole run, or constant then cosine over "
                         "the last --decay-steps (wsd; lets --resume change --steps before the decay starts)")
     p.add_argument("--decay-steps", type=int, default=0, help="length of the final decay with --schedule wsd")
-    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (matrices only)")
+    p.add_argument("--weight-decay", type=float, default=weight_decay, help="AdamW weight decay (matrices only)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
-    p.add_argument("--eval-every", type=int, default=200, help="steps between validation evaluations")
-    p.add_argument("--eval-tokens", type=int, default=32768, help="held-out tokens for periodic validation")
+    p.add_argument("--eval-every", type=int, default=eval_every, help="steps between held-out evaluations")
+    p.add_argument("--eval-tokens", type=int, default=32768, help=eval_tokens_help)
     p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
-    p.add_argument("--seed", type=int, default=0, help="seed for initialisation and data order")
+    p.add_argument("--seed", type=int, default=0, help=seed_help)
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:0, ...")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--save-dtype", choices=["float16", "bfloat16", "float32"], default="float16",
                    help="dtype of the exported safetensors weights")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same arguments)")
-    p.set_defaults(func=run)
 
 
 def model_spec(args: argparse.Namespace):
