@@ -135,6 +135,15 @@ class AdaptiveGamma:
         return self.successes / (self.successes + self.failures)
 
     @property
+    def optimistic_alpha(self) -> float:
+        """Posterior mean plus one standard deviation: γ is chosen optimistically while α is uncertain, so a
+        run of early rejections does not lock decoding into plain steps; a drafter that is really poor
+        concentrates its posterior near 0 and is still dropped."""
+        a, b = self.successes, self.failures
+        std = math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
+        return min(1.0, self.alpha + std)
+
+    @property
     def _unit(self) -> float | None:
         """The time of a plain decoding round (B0), or of a drafting round (B1) until B0 is measured."""
         return self.plain_round.value or self.spec_round.value
@@ -163,12 +172,12 @@ class AdaptiveGamma:
 
     def best_gamma(self) -> int:
         """The γ in 0..max_gamma with the highest expected speedup (0: speculation does not pay)."""
-        c, r = self.cost_ratio or 0.0, self.overhead_ratio
+        c, r, alpha = self.cost_ratio or 0.0, self.overhead_ratio, self.optimistic_alpha
         if r == 1.0:
-            return best_gamma(self.alpha, c, self.max_gamma)
+            return best_gamma(alpha, c, self.max_gamma)
         best, best_value = 0, 1.0
         for gamma in range(1, self.max_gamma + 1):
-            value = expected_tokens_per_pass(self.alpha, gamma) / (r + gamma * c)
+            value = expected_tokens_per_pass(alpha, gamma) / (r + gamma * c)
             if value > best_value + 1e-12:
                 best, best_value = gamma, value
         return best

@@ -48,6 +48,30 @@ def run(target, draft, prompts: list[BenchPrompt], settings: BenchSettings, *, o
     return results
 
 
+def resummarize(results: dict[str, Any], out: str | Path | None = None,
+                command: str | None = None) -> dict[str, Any]:
+    """Recompute summaries, theory and plots from the raw runs of a saved `results.json` (e.g. after a
+    change in how they are summarized); the runs, outputs and the original command are kept."""
+    from specdec.bench.report import command_line, write_plots, write_results
+    from specdec.bench.runner import Config, _add_speedups, summarize
+    from specdec.bench.theory import compare
+
+    runs = results["runs"]
+    for run in runs:  # files written before these fields existed
+        run.setdefault("target_all_s", run["target_prefill_s"] + run["target_s"])
+    configs = [Config(c["method"], c["gamma"]) for c in results["configs"]]
+    summaries = [summarize(c, [r for r in runs if r["label"] == c.label]) for c in configs]
+    _add_speedups(summaries)
+    results = dict(results, configs=summaries,
+                   theory=compare(summaries, max_gamma=max([16] + [c.gamma or 0 for c in configs])),
+                   resummarized_by=command if command is not None else command_line())
+    if out is not None:
+        out = Path(out)
+        results["plots"] = write_plots(results, out)
+        results["results_json"] = str(write_results(results, out))
+    return results
+
+
 def _describe(model) -> dict[str, Any]:
     params = sum(p.numel() for p in model.parameters())
     config = model.config.get_text_config()
@@ -60,4 +84,4 @@ def _describe(model) -> dict[str, Any]:
 
 
 __all__ = ["BUILTIN_WORKLOADS", "BenchPrompt", "BenchSettings", "available_methods", "load_workload",
-           "parse_gammas", "parse_methods", "run"]
+           "parse_gammas", "parse_methods", "resummarize", "run"]

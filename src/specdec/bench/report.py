@@ -164,6 +164,17 @@ def markdown(results: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------- plots
 
 
+#: One marker per method, so that methods with identical numbers (specdec and HF with the same draft
+#: model accept exactly the same tokens) stay visible on top of each other.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+#: Acceptance-by-position points resting on fewer drafts than this are not drawn.
+MIN_POSITION_SAMPLES = 20
+
+
+def _style(index: int) -> dict[str, Any]:
+    return {"marker": MARKERS[index % len(MARKERS)], "markersize": 7 - 3 * (index % 2) / 2}
+
+
 def _plt():
     import matplotlib
 
@@ -190,7 +201,7 @@ def plot_speedup(results: dict[str, Any], path: Path) -> None:
             ax.axhline(rows[0][key], linestyle="--", linewidth=1.2, color=color, label=f"{method} (no fixed γ)")
         else:
             rows.sort(key=lambda s: s["gamma"])
-            ax.plot([s["gamma"] for s in rows], [s[key] for s in rows], marker="o", color=color, label=method)
+            ax.plot([s["gamma"] for s in rows], [s[key] for s in rows], color=color, label=method, **_style(index))
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks(gammas)
     ax.set_xlabel("γ (draft tokens per round)")
@@ -207,10 +218,10 @@ def plot_tau(results: dict[str, Any], path: Path) -> None:
     plt = _plt()
     rows = results["theory"]["configs"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method in dict.fromkeys(r["method"] for r in rows):
+    for index, method in enumerate(dict.fromkeys(r["method"] for r in rows)):
         mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["gamma"])
-        line, = ax.plot([r["gamma"] for r in mine], [r["tau_measured"] for r in mine], marker="o",
-                        label=f"{method} measured")
+        line, = ax.plot([r["gamma"] for r in mine], [r["tau_measured"] for r in mine],
+                        label=f"{method} measured", **_style(index))
         ax.plot([r["gamma"] for r in mine], [r["tau_predicted"] for r in mine], linestyle="--", marker="x",
                 color=line.get_color(), label=f"{method} predicted")
     if not rows:
@@ -228,18 +239,22 @@ def plot_tau(results: dict[str, Any], path: Path) -> None:
 
 
 def plot_acceptance(results: dict[str, Any], path: Path) -> None:
-    """P(draft position i accepted) per method, at the largest γ run (or the method's own γ)."""
+    """P(draft position i accepted) per method, at the largest γ run (or the method's own γ); positions
+    drafted fewer than MIN_POSITION_SAMPLES times are left out."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = False
-    for method in dict.fromkeys(s["method"] for s in results["configs"]):
+    for index, method in enumerate(dict.fromkeys(s["method"] for s in results["configs"])):
         rows = [s for s in results["configs"] if s["method"] == method and s["acceptance_by_position"]]
         if not rows:
             continue
         s = max(rows, key=lambda r: (r["gamma"] or 0, len(r["acceptance_by_position"])))
-        values = s["acceptance_by_position"]
+        counts = s.get("drafted_at") or [MIN_POSITION_SAMPLES] * len(s["acceptance_by_position"])
+        values = [v for v, n in zip(s["acceptance_by_position"], counts) if n >= MIN_POSITION_SAMPLES]
+        if not values:
+            continue
         label = f"{method} (γ={s['gamma']})" if s["gamma"] else method
-        line, = ax.plot(range(1, len(values) + 1), values, marker="o", label=label)
+        line, = ax.plot(range(1, len(values) + 1), values, label=label, **_style(index))
         if s.get("alpha_token") and s["gamma"]:
             a = s["alpha_token"]
             ax.plot(range(1, len(values) + 1), [a ** (i + 1) for i in range(len(values))], linestyle=":",

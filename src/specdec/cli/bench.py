@@ -62,6 +62,9 @@ def register(subparsers) -> None:
                       help="draft tokens per round for the fixed-γ methods: a value (4), a list (1,2,4) or a "
                       "range (1..8), mixable (1..4,8) (default 4)")
     what.add_argument("--list-methods", action="store_true", help="print the available methods and exit")
+    what.add_argument("--from-results", metavar="RESULTS_JSON",
+                      help="run nothing: re-summarize the raw runs of a saved results.json, rewrite it and the "
+                      "plots (in --out if given, else next to it) and print the tables")
 
     sampling = parser.add_argument_group("decoding")
     sampling.add_argument("--max-new-tokens", type=int, default=128,
@@ -86,7 +89,7 @@ def register(subparsers) -> None:
     timing.add_argument("--repeats", type=int, default=3, help="timed runs per method and prompt (default 3)")
     timing.add_argument("--warmup", type=int, default=1,
                         help="untimed rounds over all methods before timing each prompt (default 1)")
-    timing.add_argument("--out", default="bench-results",
+    timing.add_argument("--out", default=None,
                         help="directory for results.json and the plots (default ./bench-results)")
     timing.add_argument("--no-forward-costs", action="store_true",
                         help="skip timing bare target passes of 1..γ+1 tokens and a draft pass (a few seconds; "
@@ -107,6 +110,8 @@ def run(args) -> int:
     if args.list_methods:
         print("\n".join(available_methods()))
         return 0
+    if args.from_results:
+        return _from_results(args)
     methods = parse_methods(args.methods)
     gammas = parse_gammas(args.gamma)
     SamplingConfig(args.temperature, args.top_k, args.top_p)  # validates before the models load
@@ -144,8 +149,30 @@ def run(args) -> int:
         device=args.device, forward_costs=not args.no_forward_costs,
     )
     pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
-    results = run_bench(target, draft, prompts, settings, out=args.out, workload=args.prompts,
-                        progress=not args.no_progress, pad_token_id=pad, command=args.command_line)
+    results = run_bench(target, draft, prompts, settings, out=args.out or "bench-results",
+                        workload=args.prompts, progress=not args.no_progress, pad_token_id=pad,
+                        command=getattr(args, "command_line", None))
+    print(markdown(results))
+    print(f"\nresults: {results['results_json']}; plots: {', '.join(results['plots'].values())}")
+    return 0
+
+
+def _from_results(args) -> int:
+    import json
+    from pathlib import Path
+
+    from specdec.bench import resummarize
+    from specdec.bench.report import markdown
+    from specdec.errors import ConfigError
+
+    path = Path(args.from_results)
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    if not isinstance(saved, dict) or "runs" not in saved or "configs" not in saved:
+        raise ConfigError(f"{path} is not a results.json written by `specdec bench`")
+    results = resummarize(saved, out=args.out or path.parent, command=getattr(args, "command_line", None))
     print(markdown(results))
     print(f"\nresults: {results['results_json']}; plots: {', '.join(results['plots'].values())}")
     return 0

@@ -60,7 +60,11 @@ def load_models(args):
     from specdec.loading import load, load_model
 
     if args.target is None:
-        target, draft, tokenizer = specdec.load_default(device=args.device)
+        from specdec.loading import resolve_dtype
+
+        dtype = resolve_dtype(getattr(args, "dtype", None), args.device)
+        target, draft, tokenizer = specdec.load_default(
+            device=args.device, **({} if dtype == "auto" else {"dtype": dtype}))
         if args.draft is not None:
             draft = load_model(args.draft, args.device, args.dtype)
         return target, draft, tokenizer
