@@ -9,7 +9,8 @@ gives an `AdaptiveGamma`.
 - α is the per-token acceptance probability: a Beta posterior with exponential forgetting. A round that drafted
   γ' tokens and accepted k is k successes and, if k < γ', one failure (the tokens after the first rejection
   were never tested), which is the right likelihood for the i.i.d.-acceptance model behind τ(α, γ);
-  accepted/drafted would underestimate α;
+  accepted/drafted would underestimate α; γ is chosen with the posterior mean plus one standard deviation
+  (optimism while uncertain, so early rejections do not lock decoding into plain steps);
 - c = d / B0: drafting time per drafted token over the time of a plain decoding round;
 - r = B1 / B0 >= 1: the non-drafting time of a round with drafts (target forward over γ'+1 tokens,
   verification, bookkeeping) over that of a plain round. Leviathan's model has r = 1 (a target pass costs
