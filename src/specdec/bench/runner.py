@@ -37,13 +37,15 @@ GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic")
 #: A run slower than this many times the fastest run of the same config and prompt is reported as stalled.
 SLOW_RUN_FACTOR = 3.0
 #: Methods that need the draft model.
-NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "hf-assisted", "hf-assisted-heuristic")
+NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "hf-assisted", "hf-assisted-heuristic")
+#: Suffixes of specdec methods whose γ a policy picks: gamma="auto", or transformers' +2/-1 heuristic.
+POLICY_SUFFIXES = ("-auto", "-heuristic")
 
 
-def adaptive_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("specdec.adaptive") is not None
+def _policy_suffix(method: str) -> str | None:
+    if method.startswith("hf-"):
+        return None
+    return next((suffix for suffix in POLICY_SUFFIXES if method.endswith(suffix)), None)
 
 
 def available_methods() -> list[str]:
@@ -51,12 +53,12 @@ def available_methods() -> list[str]:
     from specdec.drafters import DRAFTER_KINDS
 
     names = ["plain", *DRAFTER_KINDS]
-    names += [f"{kind}-auto" for kind in DRAFTER_KINDS]
+    names += [f"{kind}{suffix}" for suffix in POLICY_SUFFIXES for kind in DRAFTER_KINDS]
     return names + list(HF_METHODS)
 
 
 def is_gamma_free(method: str) -> bool:
-    return method in GAMMA_FREE or method.endswith("-auto")
+    return method in GAMMA_FREE or _policy_suffix(method) is not None
 
 
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
@@ -65,7 +67,7 @@ def parse_methods(spec: str | Sequence[str]) -> list[str]:
     known = available_methods()
     out: list[str] = []
     for name in names:
-        expanded = [m for m in known if adaptive_available() or not m.endswith("-auto")] if name == "all" else [name]
+        expanded = list(known) if name == "all" else [name]
         for method in expanded:
             if method not in known:
                 raise ConfigError(f"unknown method {method!r}; choose from: {', '.join(known)} (or 'all')")
@@ -120,7 +122,8 @@ class Config:
         """The specdec drafter kind, or None for plain / HF methods."""
         if self.is_hf or self.method == "plain":
             return None
-        return self.method[: -len("-auto")] if self.method.endswith("-auto") else self.method
+        suffix = _policy_suffix(self.method)
+        return self.method[: -len(suffix)] if suffix else self.method
 
 
 def make_configs(methods: Sequence[str], gammas: Sequence[int]) -> list[Config]:
@@ -268,9 +271,6 @@ class Bench:
         for method in settings.methods:
             if method in NEEDS_DRAFT_MODEL and draft is None:
                 raise ConfigError(f"method {method!r} needs a draft model: pass --draft PATH")
-            if method.endswith("-auto") and not adaptive_available():
-                raise ConfigError(f"method {method!r} needs gamma='auto' (specdec.adaptive), which this "
-                                  "version of specdec does not have yet")
 
     def drafter(self, kind: str):
         if kind not in self._drafters:
@@ -288,7 +288,13 @@ class Bench:
 
         s = self.settings
         drafter = self.drafter(config.kind) if config.kind else None
-        gamma = "auto" if config.method.endswith("-auto") else (config.gamma or 1)
+        suffix = _policy_suffix(config.method)
+        if suffix == "-heuristic":
+            from specdec.adaptive import HeuristicGamma
+
+            gamma = HeuristicGamma()
+        else:
+            gamma = "auto" if suffix == "-auto" else (config.gamma or 1)
         decoder = SpeculativeDecoder(
             self.target_lm, drafter, gamma=gamma, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
             top_k=s.top_k, top_p=s.top_p, eos_token_id=[], seed=seed,

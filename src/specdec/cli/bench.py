@@ -8,8 +8,10 @@ METHODS_HELP = """\
 methods:
   plain                   specdec's loop with no drafter (plain decoding, same code path)
   <drafter>               specdec with that drafter at each --gamma: one per specdec drafter kind
-                          (draft = the --draft model; prompt-lookup, bigram, layer-skip, ... as installed)
+                          (draft = the --draft model; prompt-lookup, bigram, layer-skip)
   <drafter>-auto          the same drafter with gamma='auto' (adaptive γ), e.g. draft-auto
+  <drafter>-heuristic     the same drafter with transformers' γ schedule (+2 if all accepted, else -1),
+                          in specdec's loop (specdec.HeuristicGamma), e.g. draft-heuristic
   hf-plain                target.generate() without assistance (greedy or sampling as asked)
   hf-assisted             target.generate(assistant_model=draft) with num_assistant_tokens=γ, schedule
                           "constant" and the confidence early-stop off, so every round drafts exactly γ
