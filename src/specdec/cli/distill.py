@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.cli.train import add_loop_args
+from specdec.cli.train import add_loop_args, loop_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,18 +37,9 @@ def run(args: argparse.Namespace) -> int:
     """Handler of `specdec distill`."""
     from pathlib import Path
 
-    import torch
-
     from specdec.training.distill import DistillConfig, distill
-    from specdec.training.loop import LoopConfig
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    loop = LoopConfig(
-        steps=args.steps, lr=args.lr, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-        grad_clip=args.grad_clip, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed,
-        schedule=args.schedule, decay_steps=args.decay_steps,
-    )
+    loop = loop_config(args)
     cfg = DistillConfig(
         target=Path(args.target), draft=Path(args.draft), out=Path(args.out), loop=loop, batch_size=args.batch_size,
         seq_len=args.seq_len, temperature=args.temperature, loss=args.loss, device=args.device,

@@ -59,6 +59,21 @@ def add_loop_args(p: argparse.ArgumentParser, *, warmup_steps: int, weight_decay
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same arguments)")
 
 
+def loop_config(args: argparse.Namespace):
+    """The LoopConfig from the options `add_loop_args` added (and --threads applied)."""
+    import torch
+
+    from specdec.training.loop import LoopConfig
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return LoopConfig(
+        steps=args.steps, lr=args.lr, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+        grad_clip=args.grad_clip, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed,
+        schedule=args.schedule, decay_steps=args.decay_steps,
+    )
+
+
 def model_spec(args: argparse.Namespace):
     """The ModelSpec from --model-size and/or the explicit shape flags."""
     from specdec.errors import ConfigError
@@ -83,18 +98,9 @@ def run(args: argparse.Namespace) -> int:
     """Handler of `specdec train`."""
     from pathlib import Path
 
-    import torch
-
-    from specdec.training.loop import LoopConfig
     from specdec.training.train import TrainConfig, train
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    loop = LoopConfig(
-        steps=args.steps, lr=args.lr, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-        grad_clip=args.grad_clip, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed,
-        schedule=args.schedule, decay_steps=args.decay_steps,
-    )
+    loop = loop_config(args)
     cfg = TrainConfig(
         out=Path(args.out), model=model_spec(args), loop=loop, batch_size=args.batch_size, seq_len=args.seq_len,
         device=args.device, tokenizer=args.tokenizer, eval_tokens=args.eval_tokens, save_dtype=args.save_dtype,
