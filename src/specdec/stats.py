@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 
@@ -129,18 +128,3 @@ def best_gamma(alpha: float, cost_ratio: float, max_gamma: int = 16) -> int:
             best, best_value = gamma, value
     return best
 
-
-def geometric_alpha_from_tau(tau: float, gamma: int) -> float:
-    """Invert τ(α, γ) by bisection: the α that would give the measured τ."""
-    if tau <= 1.0:
-        return 0.0
-    if tau >= gamma + 1:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if expected_tokens_per_pass(mid, gamma) < tau:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2 if not math.isnan(lo) else 0.0

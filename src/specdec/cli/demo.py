@@ -27,16 +27,18 @@ def _speculative_stream(console, decoder, tokenizer, prompt_ids):
     """Print the continuation as it is produced: accepted draft tokens in green, target tokens in blue."""
     from rich.text import Text
 
+    from specdec.text import detokenize
+
     style = {"accepted": "green", "recovered": "bold blue", "bonus": "blue", "target": "blue"}
-    previous = ""
     tokens: list[int] = []
-    for token in decoder.stream(prompt_ids):
-        tokens.append(token)
-        text = tokenizer.decode(tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            continue
-        console.print(Text(text[len(previous):], style=style[decoder.last_token_source]), end="")
-        previous = text
+
+    def collect():
+        for token in decoder.stream(prompt_ids):
+            tokens.append(token)
+            yield token
+
+    for piece in detokenize(tokenizer, collect()):
+        console.print(Text(piece, style=style[decoder.last_token_source]), end="")
     console.print()
     return tokens
 

@@ -45,6 +45,15 @@ def no_residual(draft_tokens, draft_probs, target_logits, sampling, generator) -
     return Verdict(k, int(sample(p[k][None], generator)), outcome)
 
 
+def _draft_row(draft_tokens, draft_probs, p, k):
+    """q at draft position k: the drafter's row, or a one-hot on the drafted token for a point mass."""
+    if draft_probs is not None:
+        return draft_probs[k]
+    q = torch.zeros_like(p[k])
+    q[draft_tokens[k]] = 1.0
+    return q
+
+
 def residual_abs(draft_tokens, draft_probs, target_logits, sampling, generator) -> Verdict:
     """BUG: the residual skips the clamp and takes |p − q| (normalised) instead of max(0, p − q)."""
     _sampled_only("residual_abs")(sampling)
@@ -52,11 +61,7 @@ def residual_abs(draft_tokens, draft_probs, target_logits, sampling, generator) 
     k = _accept(draft_tokens, draft_probs, p, generator)
     if k == draft_tokens.shape[0]:
         return Verdict(k, int(sample(p[k][None], generator)), "bonus")
-    if draft_probs is None:
-        q = torch.zeros_like(p[k])
-        q[draft_tokens[k]] = 1.0
-    else:
-        q = draft_probs[k]
+    q = _draft_row(draft_tokens, draft_probs, p, k)
     residual = (p[k] - q).abs()
     return Verdict(k, int(sample(residual[None], generator)), "recovered")
 
@@ -69,11 +74,7 @@ def residual_unnormalised(draft_tokens, draft_probs, target_logits, sampling, ge
     k = _accept(draft_tokens, draft_probs, p, generator)
     if k == draft_tokens.shape[0]:
         return Verdict(k, int(sample(p[k][None], generator)), "bonus")
-    if draft_probs is None:
-        q = torch.zeros_like(p[k])
-        q[draft_tokens[k]] = 1.0
-    else:
-        q = draft_probs[k]
+    q = _draft_row(draft_tokens, draft_probs, p, k)
     residual = (p[k] - q).clamp_min(0.0)
     mass = float(residual.sum())
     u = float(torch.rand(1, dtype=torch.float64, generator=generator))
