@@ -100,6 +100,7 @@ def test_stats_are_consistent(target, draft):
     s = out.stats
     assert s.new_tokens == len(out.tokens) == 30
     assert s.target_forwards == s.rounds
+    assert s.draft_forwards == s.drafted  # a draft model: one forward per drafted token (catch-up included)
     assert s.accepted + s.rounds == s.new_tokens  # each round: accepted drafts + one recovered/bonus token
     assert s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
     assert s.mean_accepted_tokens == pytest.approx(30 / s.target_forwards)

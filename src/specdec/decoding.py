@@ -237,6 +237,7 @@ class SpeculativeDecoder:
                 produced += 1
                 stats.new_tokens = produced
                 stats.target_forwards = self.target.forwards
+                stats.draft_forwards = self.drafter.forwards if self.drafter is not None else 0
                 stats.wall_s = time.perf_counter() - start
                 yield token
                 if token in self.eos:

@@ -60,5 +60,10 @@ class Drafter(ABC):
         Anything cached beyond context[:n'-1] is stale. Default: nothing to update."""
 
     @property
+    def forwards(self) -> int:
+        """Model forward passes spent drafting in the current request (0 for model-free drafters)."""
+        return 0
+
+    @property
     def name(self) -> str:
         return type(self).__name__

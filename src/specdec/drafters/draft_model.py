@@ -21,6 +21,10 @@ class DraftModel(Drafter):
         self.lm = CachedCausalLM(model)
         self.vocab_size = self.lm.vocab_size
 
+    @property
+    def forwards(self) -> int:
+        return self.lm.forwards
+
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self.lm.reset()
         self.lm.prefill(prompt_ids[:-1])  # the last prompt token is fed by the first propose
