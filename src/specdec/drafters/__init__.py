@@ -7,6 +7,7 @@ from specdec.drafters.bigram import Bigram
 from specdec.drafters.draft_model import DraftModel
 from specdec.drafters.layer_skip import LayerSkip
 from specdec.drafters.prompt_lookup import PromptLookup
+from specdec.drafters.tree import DraftTree, MultiDraft
 from specdec.errors import ConfigError
 
 #: Names accepted by `make_drafter` and the CLI's --drafter.
@@ -57,5 +58,6 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
 
 
 __all__ = [
-    "DRAFTER_KINDS", "Bigram", "DraftModel", "Drafter", "LayerSkip", "PromptLookup", "Proposal", "make_drafter",
+    "DRAFTER_KINDS", "Bigram", "DraftModel", "DraftTree", "Drafter", "LayerSkip", "MultiDraft", "PromptLookup",
+    "Proposal", "make_drafter",
 ]

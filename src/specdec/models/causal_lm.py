@@ -153,6 +153,7 @@ class CachedCausalLM:
             self.cache.crop(length - self.length)
             self.length = length
 
+    @torch.inference_mode()
     def commit(self, start: int, keep: torch.Tensor) -> None:
         """After a score that began at slot `start`, keep rows keep [k] (increasing, relative to start) at
         slots start..start+k−1; length = start + k. A prefix keep (0, 1, ..., k−1) is a crop."""
@@ -166,7 +167,7 @@ class CachedCausalLM:
                 layer.values[:, :, start : start + k] = layer.values.index_select(2, index)
         self.crop(start + k)
 
-    def supports_tree(self, num_rows: int) -> bool:
+    def supports_tree(self, num_rows: int, warn: bool = True) -> bool:
         """Can a tree of `num_rows` rows (root included) be scored now? Probed once per model; False past a
         sliding window (the 4D mask would let rows see keys the window must hide)."""
         window = _sliding_window(self.model)
@@ -175,7 +176,7 @@ class CachedCausalLM:
         supported = _TREE_PROBES.get(self.model)
         if supported is None:
             supported = _TREE_PROBES[self.model] = _probe_tree(self.model, self.device)
-            if not supported:
+            if not supported and warn:
                 warnings.warn(
                     f"{type(self.model).__name__} does not honour a 4D attention mask (a tree pass disagrees "
                     "with per-branch passes), so token trees are verified as chains (the first branch) with "
