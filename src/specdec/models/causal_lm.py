@@ -159,7 +159,9 @@ class CachedCausalLM:
         slots start..start+k−1; length = start + k. A prefix keep (0, 1, ..., k−1) is a crop."""
         k = int(keep.shape[0])
         keep_list = keep.tolist()
-        if keep_list != list(range(k)):
+        if keep_list != list(range(k)) and hasattr(self.cache, "keep_rows"):
+            self.cache.keep_rows(start, keep_list)  # a cache that stores something else than keys/values
+        elif keep_list != list(range(k)):
             index = (start + keep).to(self.device)  # [k]
             for layer in self.cache.layers:
                 # [B, heads, seq, head_dim]: move the kept rows down, then crop the tail.
