@@ -33,11 +33,12 @@ from specdec.errors import ConfigError
 #: "constant"), with HF's out-of-the-box assistant settings, and with HF's prompt lookup.
 HF_METHODS = ("hf-plain", "hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup")
 #: Methods whose γ is not set by --gamma (run once, not once per γ).
-GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic")
+GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic", "draft-tree")
 #: A run slower than this many times the fastest run of the same config and prompt is reported as stalled.
 SLOW_RUN_FACTOR = 3.0
 #: Methods that need the draft model.
-NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "hf-assisted", "hf-assisted-heuristic")
+NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "hf-assisted", "hf-assisted-heuristic", "draft-tree",
+                     "multi-draft")
 #: Suffixes of specdec methods whose γ a policy picks: gamma="auto", or transformers' +2/-1 heuristic.
 POLICY_SUFFIXES = ("-auto", "-heuristic")
 
@@ -294,7 +295,7 @@ class Bench:
 
             gamma = HeuristicGamma()
         else:
-            gamma = "auto" if suffix == "-auto" else (config.gamma or 1)
+            gamma = "auto" if suffix == "-auto" else config.gamma  # None: the drafter's default (a tree's depth)
         decoder = SpeculativeDecoder(
             self.target_lm, drafter, gamma=gamma, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
             top_k=s.top_k, top_p=s.top_p, eos_token_id=[], seed=seed,
