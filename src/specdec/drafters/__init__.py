@@ -53,7 +53,7 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
             raise ConfigError(f"--drafter {kind} needs a draft model: pass --draft PATH (or draft=model)")
         if kind == "multi-draft":
             return MultiDraft(draft, num_drafts=options.get("num_drafts", 3),
-                              replacement=options.get("replacement", True))
+                              replacement=options.get("replacement", False))
         tree = {"top_k": "tree_top_k", "depth": "tree_depth", "max_nodes": "max_nodes"}
         return DraftTree(draft, **{arg: options[key] for arg, key in tree.items() if key in options})
     if kind == "prompt-lookup":

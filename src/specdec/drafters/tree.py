@@ -83,10 +83,12 @@ class DraftTree(_TreeDrafter):
     top_k children; after `depth` levels the `max_nodes` best nodes overall are kept (a connected tree,
     since a child never scores above its parent). Children are deterministic (point masses), so
     verification is exact at any temperature. At T > 0 the scores are the draft's warped probabilities.
-    `gamma` caps the depth (it defaults to `depth` when generate's gamma is left unset).
+    `gamma` caps the depth (it defaults to `depth` when generate's gamma is left unset). The defaults
+    (top_k=2, depth=6, max_nodes=12) had the best tokens/s of the trees measured on the default pair on a
+    2-core CPU (BENCHMARKS.md, "Token trees"); wider trees raise τ but cost more than they gain there.
     """
 
-    def __init__(self, draft_model: PreTrainedModel, top_k: int = 4, depth: int = 6, max_nodes: int = 24):
+    def __init__(self, draft_model: PreTrainedModel, top_k: int = 2, depth: int = 6, max_nodes: int = 12):
         super().__init__(draft_model)
         self.top_k = _positive_int("top_k", top_k)
         self.depth = _positive_int("depth", depth)
@@ -183,9 +185,11 @@ class MultiDraft(_TreeDrafter):
     sampling); each chain then continues by sampling. At T = 0 the first tokens are the draft's top-k and
     each chain continues by argmax. Chains are kept as separate branches (identical sampled prefixes are
     not merged: with replacement, each duplicate is its own i.i.d. draw and must be tried on its own).
+    Default replacement=False: distinct first tokens accepted more often than i.i.d. ones on the default
+    pair at T = 1 (BENCHMARKS.md, "Token trees").
     """
 
-    def __init__(self, draft_model: PreTrainedModel, num_drafts: int = 3, replacement: bool = True):
+    def __init__(self, draft_model: PreTrainedModel, num_drafts: int = 3, replacement: bool = False):
         super().__init__(draft_model)
         self.num_drafts = _positive_int("num_drafts", num_drafts)
         if not isinstance(replacement, bool):
