@@ -335,3 +335,16 @@ def test_negative_control_mask_lets_a_node_see_its_sibling():
     assert not result.passed and result.p_value < 1e-6, result.summary()
     correct = _check(target, specdec.DraftTree(draft, top_k=4, depth=2, max_nodes=8), max_new_tokens=2)
     assert correct.passed, correct.summary()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "mistral", "gemma"])
+def test_hidden_states_feed_the_lm_head(arch):
+    """score(..., hidden=True) returns the final hidden state that the LM head turns into the logits."""
+    model = tiny(arch, hidden=32, layers=2)
+    lm = CachedCausalLM(model)
+    prefill_hidden = lm.prefill(torch.tensor([5, 9, 14]), hidden=True)  # [3, H]
+    assert prefill_hidden.shape == (3, 32)
+    scores = lm.score(torch.tensor([3, 7, 8]), tree=TreeMask.from_parents(torch.tensor([-1, -1])), hidden=True)
+    assert scores.hidden.shape == (3, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model.get_output_embeddings()(scores.hidden), scores.logits)
