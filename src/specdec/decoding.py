@@ -196,8 +196,8 @@ class SpeculativeDecoder:
             )
         if is_chain(proposal.parents):
             return Proposal(proposal.tokens, proposal.draft_probs)
-        supports = getattr(self.target, "supports_tree", None)
-        if supports is not None and supports(len(proposal) + 1):
+        supports = getattr(self.target, "supports_tree", None)  # optional: an adapter without it can do trees
+        if supports is None or supports(len(proposal) + 1):
             return proposal
         if not self._warned_chain_fallback:
             self._warned_chain_fallback = True
