@@ -348,3 +348,16 @@ def test_hidden_states_feed_the_lm_head(arch):
     assert scores.hidden.shape == (3, 32)
     with torch.no_grad():
         torch.testing.assert_close(model.get_output_embeddings()(scores.hidden), scores.logits)
+
+
+def test_sliding_window_past_the_window_falls_back_to_chains_with_one_warning():
+    from models import hf_greedy
+
+    target = tiny("mistral", hidden=32, layers=2, sliding_window=16)
+    drafter = specdec.DraftTree(perturbed(target, 0.1), top_k=2, depth=3, max_nodes=6)
+    prompt = [(i * 37 + 11) % 96 for i in range(30)]  # already past the window
+    with pytest.warns(UserWarning, match="first branch") as record:
+        out = specdec.generate(target, prompt, drafter=drafter, max_new_tokens=12)
+    assert sum("first branch" in str(w.message) for w in record) == 1
+    assert out.tokens == hf_greedy(target, prompt, 12)
+    assert out.stats.drafted <= 3 * out.stats.rounds  # chains of at most depth 3
