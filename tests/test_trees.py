@@ -313,7 +313,8 @@ def test_negative_control_duplicates_end_to_end_has_the_hook(pair):
     """The same broken verifier through the decode loop (check_exactness's tree_verify_fn); the bias of this
     bug is small on the toy pair (TV ≈ 0.04), so only a loose bound is asserted here."""
     target, draft = pair
-    result = _check(target, specdec.MultiDraft(tiny("llama", hidden=16, layers=2, vocab=V, seed=7), num_drafts=8),
+    unrelated = tiny("llama", hidden=16, layers=2, vocab=V, seed=7)
+    result = _check(target, specdec.MultiDraft(unrelated, num_drafts=8, replacement=True),
                     gamma=1, max_new_tokens=2, tree_verify_fn=tree_duplicates_skipped)
     assert result.settings["tree_verify_fn"] == "tree_duplicates_skipped"
     assert result.p_value < 0.01, result.summary()
