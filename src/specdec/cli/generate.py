@@ -8,8 +8,9 @@ import sys
 
 def add_decoding_args(parser: argparse.ArgumentParser) -> None:
     """Sampling and speculation options shared by generate, demo, verify and bench."""
-    parser.add_argument("--gamma", default="4",
-                        help="draft tokens per round: an integer >= 1, or 'auto' to adapt it (default 4)")
+    parser.add_argument("--gamma", default=None,
+                        help="draft tokens per round: an integer >= 1, or 'auto' to adapt it (default 4; for "
+                        "--drafter draft-tree the tree's depth, which an explicit --gamma caps)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     parser.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (default off)")
@@ -17,7 +18,9 @@ def add_decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="random seed; same seed + inputs = same output")
 
 
-def parse_gamma(value: str) -> int | str:
+def parse_gamma(value: str | None) -> int | str | None:
+    if value is None:  # the decoder's default: 4, or a tree drafter's own depth
+        return None
     return value if value == "auto" else int(value) if value.lstrip("-").isdigit() else value
 
 
@@ -95,7 +98,8 @@ def run(args) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
     s = decoder.stats
-    method = f"{kind} (γ={args.gamma})" if kind else "plain"
+    gamma = args.gamma if args.gamma is not None else getattr(drafter, "default_gamma", None) or 4
+    method = f"{kind} (γ={gamma})" if kind else "plain"
     print(
         f"\n[{method}] α={s.acceptance_rate:.3f} τ={s.mean_accepted_tokens:.2f} "
         f"{s.tokens_per_s:.1f} tokens/s, {s.new_tokens} tokens, {s.target_forwards} target forwards",
