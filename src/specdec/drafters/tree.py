@@ -3,8 +3,9 @@ and `MultiDraft` (k sampled chains: SpecInfer with replacement, recursive reject
 
 Both keep the draft model's KV cache at the committed context (context[:n−1]) between rounds. A round
 costs `depth` draft passes whatever the tree's width: the first pass catches up on the committed tokens
-and yields the root's distribution, each later pass scores every node expanded so far in one tree pass
-(4D mask, `CachedCausalLM.score(tree=...)`) and is cropped away again.
+and yields the root's distribution; DraftTree then appends one level per pass (rows see their ancestors
+already in the cache, `CachedCausalLM.score_visible`), MultiDraft re-scores its chains in one tree pass
+per step (`CachedCausalLM.score(tree=...)`). The tree rows are cropped away at the end.
 
 What each node's q is (the verifier needs exactly the distribution the node was drawn from):
 - DraftTree: every node is a deterministic function of the draft's outputs → a point mass (draft_probs None),
