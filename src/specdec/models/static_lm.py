@@ -135,6 +135,7 @@ class SlotCache(Cache):
             self.layers.append(_SlotLayer(self))
         return self.layers[layer_idx].update(key_states, value_states)
 
+    @torch.inference_mode()
     def move(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Copy slots src [k] to slots dst [k] in every layer (the accepted path of a tree)."""
         for layer in self.layers:
@@ -339,7 +340,7 @@ class StaticCausalLM:
             raise PromptError(
                 f"the static cache of {self.max_len} slots is full (length {self.length} + {b} new rows); "
                 "create the adapter with a larger max_len or lower max_new_tokens")
-        ids = input_ids.to(self.device)
+        ids = input_ids.to(self.device).clone()  # an inference tensor, as every compiled call expects
         slots = torch.arange(self.length, self.length + b, device=self.device)  # [b]
         if b > m:
             ids = torch.cat([ids, ids.new_zeros(b - m)])
@@ -353,7 +354,8 @@ class StaticCausalLM:
             mask = mask[None, None]  # [1, 1, b, L]
         key = ("pass", b, self.max_len, hidden, mask is not None)
         fn = self._fn(key, _run_model)
-        logits, states, finite = fn(self.model, ids[None], positions[None].to(self.device), slots, mask,
+        positions = positions.to(self.device).clone()  # [b] inference tensors, as above
+        logits, states, finite = fn(self.model, ids[None], positions[None], slots, mask,
                                     self.cache, hidden)
         if not bool(finite):
             raise NumericalError(
@@ -427,7 +429,7 @@ class StaticCausalLM:
         key = ("draft", gamma, sampling, self.max_len)
         fn = self._fn(key, _draft_steps)
         t = time.perf_counter()
-        tokens, probs = fn(self.model, context[n - 2 : n].to(self.device),
+        tokens, probs = fn(self.model, context[n - 2 : n].to(self.device).clone(),
                            torch.tensor(start_slot, device=self.device), self.cache, uniforms, gamma, sampling)
         self.forward_s += time.perf_counter() - t
         self.forwards += gamma
