@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError
 from specdec.models.causal_lm import CachedCausalLM, context_length
+from specdec.models.static_lm import DEFAULT_BUCKETS, StaticCausalLM, fast_adapter
 from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats
 from specdec.tree import TreeMask, first_branch, is_chain, validate_proposal
@@ -137,8 +138,14 @@ class SpeculativeDecoder:
         seed: int | None = None,
         verify_fn: VerifyFn = verify_round,
         tree_verify_fn: TreeVerifyFn = verify_tree,
+        compile: bool | str = False,
     ):
-        self.target = target if isinstance(target, CachedCausalLM) else CachedCausalLM(target)
+        if compile not in (False, True, "static"):
+            raise ConfigError(f"compile must be True, False or 'static' (the slot cache without torch.compile), "
+                              f"got {compile!r}")
+        self.compile = compile
+        is_adapter = isinstance(target, (CachedCausalLM, StaticCausalLM))
+        self.target = target if is_adapter else fast_adapter(target, compile)
         self.drafter = drafter
         self.sampling = SamplingConfig(temperature, top_k, top_p)
         if gamma is None:  # a tree drafter's own depth, else the chain default
@@ -159,6 +166,8 @@ class SpeculativeDecoder:
                     f"{self.target.vocab_size}; speculative decoding needs the same tokenizer: pick a draft "
                     "model from the target's family, or a model-free drafter (specdec.PromptLookup)"
                 )
+        if drafter is not None and hasattr(drafter, "use_fast_path"):
+            drafter.use_fast_path(compile)
         self.eos = _eos_ids(self.target.model, eos_token_id)
         self.generator = torch.Generator(device=self.target.device)
         if seed is None:
@@ -211,10 +220,28 @@ class SpeculativeDecoder:
         probs = proposal.draft_probs[first] if proposal.draft_probs is not None else None
         return Proposal(proposal.tokens[first], probs)
 
+    def _plan_static(self, prompt_len: int) -> None:
+        """Size the slot caches for this request (or raise before any work) and fix the verification shapes:
+        a fixed γ pads every pass to γ+1 (one compiled shape), an adaptive one to DEFAULT_BUCKETS."""
+        fixed = isinstance(self.gamma_policy, FixedGamma)
+        widest = self.gamma_policy.gamma + 1 if fixed else DEFAULT_BUCKETS[-1]
+        tree_nodes = getattr(self.drafter, "max_nodes", None)  # a tree drafter: its node budget sets the width
+        if isinstance(tree_nodes, int):
+            widest = max(widest, tree_nodes + 1)
+        need = prompt_len + self.max_new_tokens + widest
+        if isinstance(self.target, StaticCausalLM):
+            self.target.buckets = (widest,) if fixed and self.drafter is not None else (
+                (1,) if self.drafter is None else DEFAULT_BUCKETS)
+            self.target.ensure_capacity(need)
+        draft_lm = getattr(self.drafter, "lm", None)
+        if isinstance(draft_lm, StaticCausalLM):
+            draft_lm.ensure_capacity(need)
+
     def stream(self, prompt_ids: Sequence[int] | torch.Tensor) -> Iterator[int]:
         """Yield each new token as soon as it is final."""
         prompt = _prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
         self._check_fits(prompt.shape[0])
+        self._plan_static(prompt.shape[0])
         device = self.target.device
         stats = self.stats = DecodeStats()
         start = time.perf_counter()
@@ -313,11 +340,12 @@ def stream(
     top_p: float | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | None = None,
+    compile: bool | str = False,
 ) -> Iterator[int]:
     """Yield new token ids as soon as they are final (same arguments as `generate`)."""
     decoder = SpeculativeDecoder(
         target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed,
+        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed, compile=compile,
     )
     yield from decoder.stream(prompt_ids)
 
@@ -333,16 +361,20 @@ def generate(
     top_p: float | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | None = None,
+    compile: bool | str = False,
 ) -> GenerationOutput:
     """Continue `prompt_ids` with `target`, speculatively when a drafter is given; exact either way.
 
     Returns the new tokens (up to and including an EOS) and the decoding statistics. `gamma` is the number
     of draft tokens per round for a chain drafter (default 4); a tree drafter (`DraftTree`, `MultiDraft`)
     uses its own depth by default, and an explicit `gamma` caps the tree's depth.
+    compile=True runs target and DraftModel on the fast path (slot KV cache, compiled fixed-shape passes;
+    the first call of each shape compiles, see docs/fastpath.md); "static" is the slot cache without
+    compiling. Models that cannot take it decode eagerly with a FastPathWarning; tokens never differ.
     """
     decoder = SpeculativeDecoder(
         target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed,
+        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed, compile=compile,
     )
     tokens = list(decoder.stream(prompt_ids))
     return GenerationOutput(tokens=tokens, stats=decoder.stats)

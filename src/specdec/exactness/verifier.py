@@ -164,6 +164,7 @@ def check_exactness(
     max_enumeration: int = MAX_ENUMERATION,
     node_min: int = NODE_MIN,
     threads: int | None = 1,
+    compile: bool | str = False,
 ) -> ExactnessResult:
     """Check that `drafter` (+ γ, warp, EOS, max_new_tokens) samples continuations of `prompt_ids` exactly
     from the warped `target`. Deterministic for a given seed (except with timing-driven policies such as
@@ -175,12 +176,12 @@ def check_exactness(
     with torch_threads(threads):
         return _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p, eos_token_id,
                       max_new_tokens, samples, seed, alpha, power, mode, engine, verify_fn, max_enumeration,
-                      node_min, tree_verify_fn)
+                      node_min, tree_verify_fn, compile)
 
 
 def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p, eos_token_id, max_new_tokens,
            samples, seed, alpha, power, mode, engine, verify_fn, max_enumeration, node_min,
-           tree_verify_fn=verify_tree) -> ExactnessResult:
+           tree_verify_fn=verify_tree, compile=False) -> ExactnessResult:
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
     if not 0.0 < alpha < 1.0:
@@ -214,7 +215,7 @@ def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p
         return SpeculativeDecoder(
             target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
             top_p=top_p, eos_token_id=sorted(eos), seed=seed, verify_fn=verify_fn,
-            tree_verify_fn=tree_verify_fn,
+            tree_verify_fn=tree_verify_fn, compile=compile,
         )
 
     # Precompute (batched) what the draws will ask the models for, when that is cheaper than lazy misses:
