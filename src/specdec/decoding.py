@@ -226,6 +226,9 @@ class SpeculativeDecoder:
         fixed = isinstance(self.gamma_policy, FixedGamma)
         widest = self.gamma_policy.gamma + 1 if fixed else DEFAULT_BUCKETS[-1]
         tree_nodes = getattr(self.drafter, "max_nodes", None)  # a tree drafter: its node budget sets the width
+        num_drafts = getattr(self.drafter, "num_drafts", None)  # MultiDraft: k chains of γ
+        if isinstance(num_drafts, int) and tree_nodes is None:
+            tree_nodes = num_drafts * (self.gamma_policy.gamma if fixed else DEFAULT_BUCKETS[-1])
         if isinstance(tree_nodes, int):
             widest = max(widest, tree_nodes + 1)
         need = prompt_len + self.max_new_tokens + widest
