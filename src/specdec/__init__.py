@@ -17,6 +17,7 @@ from specdec.errors import (
     UnsupportedModelError,
 )
 from specdec.loading import load
+from specdec.models.static_lm import FastPathWarning, StaticCausalLM
 from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats, expected_speedup, expected_tokens_per_pass
 from specdec.text import TextOutput, generate_text, stream_text
@@ -32,7 +33,7 @@ def load_default(*args, **kwargs):
 
 
 __all__ = [
-    "AdaptiveGamma", "Bigram", "LayerSkip", "PromptLookup",
+    "AdaptiveGamma", "Bigram", "FastPathWarning", "LayerSkip", "PromptLookup", "StaticCausalLM",
     "DEFAULT_GAMMA", "ConfigError", "DecodeStats", "DraftModel", "Drafter", "GenerationOutput",
     "IncompatibleModelsError", "ModelLoadError", "NumericalError", "PromptError", "Proposal",
     "SamplingConfig", "SpecdecError", "SpeculativeDecoder", "TextOutput", "UnsupportedModelError",

@@ -1,5 +1,8 @@
-"""Model adapters: a Hugging Face causal LM plus the KV cache it owns, with rollback."""
+"""Model adapters: a Hugging Face causal LM plus the KV cache it owns, with rollback (eager DynamicCache,
+or the fast path's slot cache with compiled passes)."""
 
 from specdec.models.causal_lm import CachedCausalLM, context_length, vocab_size
+from specdec.models.static_lm import FastPathWarning, Scores, SlotCache, StaticCausalLM
 
-__all__ = ["CachedCausalLM", "context_length", "vocab_size"]
+__all__ = ["CachedCausalLM", "FastPathWarning", "Scores", "SlotCache", "StaticCausalLM", "context_length",
+           "vocab_size"]
