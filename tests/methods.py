@@ -19,6 +19,9 @@ METHODS = {
     "prompt-lookup": lambda target, draft: specdec.PromptLookup(max_ngram=3, min_ngram=1),
     "bigram": lambda target, draft: specdec.Bigram.from_model(target),
     "layer-skip": lambda target, draft: specdec.LayerSkip(target),  # first half of the target's layers
+    "draft-tree": lambda target, draft: specdec.DraftTree(draft, top_k=3, depth=4, max_nodes=8),
+    "multi-draft": lambda target, draft: specdec.MultiDraft(draft, num_drafts=3, replacement=True),
+    "multi-draft-norepl": lambda target, draft: specdec.MultiDraft(draft, num_drafts=3, replacement=False),
     "plain-static": lambda target, draft: (None, {"compile": "static"}),
     "draft-model-static": lambda target, draft: (specdec.DraftModel(draft), {"compile": "static"}),
 }

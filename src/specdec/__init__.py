@@ -6,13 +6,14 @@
 
 from specdec.adaptive import AdaptiveGamma
 from specdec.decoding import DEFAULT_GAMMA, GenerationOutput, SpeculativeDecoder, generate, stream
-from specdec.drafters import Bigram, Drafter, DraftModel, LayerSkip, PromptLookup, Proposal
+from specdec.drafters import Bigram, Drafter, DraftModel, DraftTree, LayerSkip, MultiDraft, PromptLookup, Proposal
 from specdec.errors import (
     ConfigError,
     IncompatibleModelsError,
     ModelLoadError,
     NumericalError,
     PromptError,
+    ProposalError,
     SpecdecError,
     UnsupportedModelError,
 )
@@ -20,6 +21,7 @@ from specdec.loading import load
 from specdec.models.static_lm import FastPathWarning, StaticCausalLM
 from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats, expected_speedup, expected_tokens_per_pass
+from specdec.tree import TreeMask
 from specdec.text import TextOutput, generate_text, stream_text
 
 __version__ = "0.1.0"
@@ -33,7 +35,8 @@ def load_default(*args, **kwargs):
 
 
 __all__ = [
-    "AdaptiveGamma", "Bigram", "FastPathWarning", "LayerSkip", "PromptLookup", "StaticCausalLM",
+    "AdaptiveGamma", "Bigram", "DraftTree", "LayerSkip", "MultiDraft", "PromptLookup", "ProposalError", "TreeMask",
+    "FastPathWarning", "StaticCausalLM",
     "DEFAULT_GAMMA", "ConfigError", "DecodeStats", "DraftModel", "Drafter", "GenerationOutput",
     "IncompatibleModelsError", "ModelLoadError", "NumericalError", "PromptError", "Proposal",
     "SamplingConfig", "SpecdecError", "SpeculativeDecoder", "TextOutput", "UnsupportedModelError",

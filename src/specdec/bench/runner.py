@@ -33,11 +33,12 @@ from specdec.errors import ConfigError
 #: "constant"), with HF's out-of-the-box assistant settings, and with HF's prompt lookup.
 HF_METHODS = ("hf-plain", "hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup", "hf-plain-compiled")
 #: Methods whose γ is not set by --gamma (run once, not once per γ).
-GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic", "hf-plain-compiled")
+GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic", "hf-plain-compiled", "draft-tree")
 #: A run slower than this many times the fastest run of the same config and prompt is reported as stalled.
 SLOW_RUN_FACTOR = 3.0
 #: Methods that need the draft model.
-NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "hf-assisted", "hf-assisted-heuristic")
+NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "hf-assisted", "hf-assisted-heuristic", "draft-tree",
+                     "multi-draft")
 #: Suffixes of specdec methods whose γ a policy picks: gamma="auto", or transformers' +2/-1 heuristic.
 POLICY_SUFFIXES = ("-auto", "-heuristic")
 #: A specdec method on the fast path (slot KV cache, compiled passes): "plain-compiled", "draft-compiled", ...
@@ -324,7 +325,7 @@ class Bench:
 
             gamma = HeuristicGamma()
         else:
-            gamma = "auto" if suffix == "-auto" else (config.gamma or 1)
+            gamma = "auto" if suffix == "-auto" else config.gamma  # None: the drafter's default (a tree's depth)
         decoder = SpeculativeDecoder(
             self.target_adapter(compiled), drafter, gamma=gamma, max_new_tokens=s.max_new_tokens,
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, eos_token_id=[], seed=seed, compile=compiled,

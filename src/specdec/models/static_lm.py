@@ -35,8 +35,10 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.errors import NumericalError, PromptError
+from specdec.models.base import Scores
 from specdec.models.causal_lm import check_rollback_support, context_length, vocab_size
 from specdec.sampling import SamplingConfig
+from specdec.tree import TreeMask
 
 log = logging.getLogger("specdec.fastpath")
 
@@ -48,36 +50,6 @@ CACHE_ROUND = 256
 #: Inductor options measured on the default pair (docs/fastpath.md); freezing folds the weights in as
 #: constants, which is only valid while they do not change (inference).
 COMPILE_OPTIONS = {"freezing": True}
-
-
-@dataclass
-class Scores:
-    """A scoring pass's outputs: logits [M, V] and, when asked for, final hidden states [M, H]."""
-
-    logits: torch.Tensor
-    hidden: torch.Tensor | None = None
-
-
-class TreeMask:
-    """Minimal local stand-in for specdec.tree.TreeMask (the trees work owns the real one): rows of a
-    token tree, row 0 the root. depths [M] long (root 0); ancestors [M, M] bool (row i: True at i and at
-    each of its ancestors)."""
-
-    def __init__(self, depths: torch.Tensor, ancestors: torch.Tensor):
-        self.depths = depths
-        self.ancestors = ancestors
-
-    @classmethod
-    def from_parents(cls, parents: torch.Tensor) -> TreeMask:
-        """parents [N] (−1 = the root) of the N nodes after the root -> the mask of the N+1 rows."""
-        m = parents.shape[0] + 1
-        parent_rows = [-1] + [int(p) + 1 for p in parents]
-        ancestors = torch.eye(m, dtype=torch.bool)
-        depths = torch.zeros(m, dtype=torch.long)
-        for i in range(1, m):
-            ancestors[i] |= ancestors[parent_rows[i]]
-            depths[i] = depths[parent_rows[i]] + 1
-        return cls(depths, ancestors)
 
 
 class _SlotLayer(CacheLayerMixin):
@@ -269,6 +241,16 @@ class StaticCausalLM:
     @property
     def max_len(self) -> int:
         return self.cache.max_len if self.cache is not None else 0
+
+    @property
+    def capacity(self) -> int | None:
+        """Slots the cache holds (None before the first request sized it)."""
+        return self.max_len or None
+
+    def supports_tree(self, num_rows: int, warn: bool = True) -> bool:
+        """A tree pass is one explicit 4D mask over the slots: any architecture the slot cache takes can
+        score one (sliding-window models never reach this adapter)."""
+        return True
 
     def ensure_capacity(self, tokens: int) -> None:
         """Make room for `tokens` slots (prompt + new tokens + one padded round); raise if a fixed size or
