@@ -18,7 +18,8 @@ import specdec
 from specdec.errors import PromptError
 from specdec.exactness import check_exactness
 from specdec.models.causal_lm import CachedCausalLM
-from specdec.models.static_lm import _COMPILED, FastPathWarning, StaticCausalLM, TreeMask
+from specdec.models.static_lm import _COMPILED, FastPathWarning, StaticCausalLM
+from specdec.tree import TreeMask
 
 LONG = [(i * 37 + 11) % 96 for i in range(120)]
 
