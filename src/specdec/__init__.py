@@ -18,6 +18,7 @@ from specdec.errors import (
     UnsupportedModelError,
 )
 from specdec.loading import load
+from specdec.models.static_lm import FastPathWarning, StaticCausalLM
 from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats, expected_speedup, expected_tokens_per_pass
 from specdec.tree import TreeMask
@@ -35,6 +36,7 @@ def load_default(*args, **kwargs):
 
 __all__ = [
     "AdaptiveGamma", "Bigram", "DraftTree", "LayerSkip", "MultiDraft", "PromptLookup", "ProposalError", "TreeMask",
+    "FastPathWarning", "StaticCausalLM",
     "DEFAULT_GAMMA", "ConfigError", "DecodeStats", "DraftModel", "Drafter", "GenerationOutput",
     "IncompatibleModelsError", "ModelLoadError", "NumericalError", "PromptError", "Proposal",
     "SamplingConfig", "SpecdecError", "SpeculativeDecoder", "TextOutput", "UnsupportedModelError",

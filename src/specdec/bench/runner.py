@@ -18,6 +18,7 @@ is timed by wrapping it on the instance for the duration of the run.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 import time
@@ -356,9 +357,10 @@ class Bench:
             # it enables on CPUs only when asked (_compile_all_devices); cudagraphs do not apply on a CPU.
             from transformers import CompileConfig
 
+            compile_config = CompileConfig()  # HF's defaults (the bench's timing hooks need fullgraph=False)
+            compile_config._compile_all_devices = True  # a class attribute HF reads, not an init argument
             kwargs["cache_implementation"] = "static"
-            kwargs["compile_config"] = CompileConfig(fullgraph=True, dynamic=False, mode="default",
-                                                     _compile_all_devices=True)
+            kwargs["compile_config"] = compile_config
         return kwargs
 
     def _configure_assistant(self, config: Config) -> None:
@@ -392,14 +394,22 @@ class Bench:
         mask = torch.ones_like(ids)
         assistant = self.draft if "assistant_model" in kwargs else None
         torch.manual_seed(seed)
-        with HFCounter(self.target, assistant, self.device) as counter, torch.inference_mode():
+        # The timing hooks would run inside HF's compiled call and recompile it every step: none there.
+        hooked = config.method != "hf-plain-compiled"
+        counter = HFCounter(self.target, assistant, self.device)
+        with counter if hooked else contextlib.nullcontext(), torch.inference_mode():
             _sync(self.device)
             start = time.perf_counter()
             out = self.target.generate(ids, attention_mask=mask, **kwargs)
             _sync(self.device)
             wall = time.perf_counter() - start
         tokens = out[0, ids.shape[1]:].tolist()
-        stats = counter.stats(ids.shape[1], out.shape[1])
+        if hooked:
+            stats = counter.stats(ids.shape[1], out.shape[1])
+        else:  # one forward per token; no per-call timings
+            from specdec.stats import DecodeStats
+
+            stats = DecodeStats(new_tokens=len(tokens), target_forwards=len(tokens))
         stats.wall_s = wall
         return RunResult(tokens, wall, stats, max(0, stats.target_forwards - 1), stats.prefill_s)
 
