@@ -16,6 +16,9 @@ METHODS = {
     "prompt-lookup": lambda target, draft: specdec.PromptLookup(max_ngram=3, min_ngram=1),
     "bigram": lambda target, draft: specdec.Bigram.from_model(target),
     "layer-skip": lambda target, draft: specdec.LayerSkip(target),  # first half of the target's layers
+    # Untrained heads (exactness does not depend on training); they read the target's own features.
+    "eagle": lambda target, draft: specdec.Eagle(target, specdec.EagleHead.init(target, seed=0)),
+    "medusa": lambda target, draft: specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=4, seed=0)),
 }
 
 

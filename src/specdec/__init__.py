@@ -6,7 +6,7 @@
 
 from specdec.adaptive import AdaptiveGamma
 from specdec.decoding import DEFAULT_GAMMA, GenerationOutput, SpeculativeDecoder, generate, stream
-from specdec.drafters import Bigram, Drafter, DraftModel, LayerSkip, PromptLookup, Proposal
+from specdec.drafters import Bigram, Drafter, DraftModel, Eagle, LayerSkip, Medusa, PromptLookup, Proposal
 from specdec.errors import (
     ConfigError,
     IncompatibleModelsError,
@@ -16,12 +16,27 @@ from specdec.errors import (
     SpecdecError,
     UnsupportedModelError,
 )
+from specdec.heads import EagleHead, MedusaHeads
 from specdec.loading import load
 from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats, expected_speedup, expected_tokens_per_pass
 from specdec.text import TextOutput, generate_text, stream_text
 
 __version__ = "0.1.0"
+
+
+def load_default_heads(*args, **kwargs):
+    """{"eagle": EagleHead, "medusa": MedusaHeads}: the heads shipped for the default target."""
+    from specdec.default_pair import load_default_heads as _load_default_heads
+
+    return _load_default_heads(*args, **kwargs)
+
+
+def train_head(*args, **kwargs):
+    """Train an EAGLE head or Medusa heads on a frozen target (see specdec.training.heads.train_head)."""
+    from specdec.training.heads import train_head as _train_head
+
+    return _train_head(*args, **kwargs)
 
 
 def load_default(*args, **kwargs):
@@ -32,10 +47,10 @@ def load_default(*args, **kwargs):
 
 
 __all__ = [
-    "AdaptiveGamma", "Bigram", "LayerSkip", "PromptLookup",
+    "AdaptiveGamma", "Bigram", "Eagle", "EagleHead", "LayerSkip", "Medusa", "MedusaHeads", "PromptLookup",
     "DEFAULT_GAMMA", "ConfigError", "DecodeStats", "DraftModel", "Drafter", "GenerationOutput",
     "IncompatibleModelsError", "ModelLoadError", "NumericalError", "PromptError", "Proposal",
     "SamplingConfig", "SpecdecError", "SpeculativeDecoder", "TextOutput", "UnsupportedModelError",
-    "expected_speedup", "expected_tokens_per_pass", "generate", "generate_text", "load", "load_default",
-    "stream", "stream_text",
+    "expected_speedup", "expected_tokens_per_pass", "generate", "generate_text", "load", "load_default", "load_default_heads",
+    "stream", "stream_text", "train_head",
 ]

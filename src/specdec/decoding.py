@@ -184,11 +184,16 @@ class SpeculativeDecoder:
         context = torch.empty(prompt.shape[0] + self.max_new_tokens + 1, dtype=torch.long, device=device)
         n = prompt.shape[0]
         context[:n] = prompt
+        # Drafters that read the target's features (EAGLE, Medusa) get them for every committed token.
+        needs_hidden = self.drafter is not None and self.drafter.needs_hidden
         self.target.reset()
-        self.target.prefill(context[: n - 1])
+        prefill_hidden = self.target.prefill(context[: n - 1], hidden=needs_hidden)  # [n-1, H] | None
         if self.drafter is not None:
             t = time.perf_counter()
-            self.drafter.reset(context[:n])
+            if needs_hidden:
+                self.drafter.reset(context[:n], hidden=prefill_hidden)
+            else:
+                self.drafter.reset(context[:n])
             stats.draft_s += time.perf_counter() - t
         stats.prefill_s = time.perf_counter() - start
 
@@ -209,7 +214,8 @@ class SpeculativeDecoder:
 
             # 2. target.score: the last committed token and the drafts in one pass.
             t = time.perf_counter()
-            target_logits = self.target.forward(torch.cat([context[n - 1 : n], drafted]))  # [γ'+1, V]
+            scores = self.target.score(torch.cat([context[n - 1 : n], drafted]), hidden=needs_hidden)
+            target_logits = scores.logits  # [γ'+1, V]
             stats.target_s += time.perf_counter() - t
 
             # 3. verify: accepted prefix, then a recovered or bonus token.
@@ -226,7 +232,10 @@ class SpeculativeDecoder:
             stats.record_round(gamma, k, verdict.outcome)
             if self.drafter is not None:
                 t = time.perf_counter()
-                self.drafter.commit(context[:n], k)
+                if needs_hidden:  # features of the root and the accepted drafts only: [k+1, H]
+                    self.drafter.commit(context[:n], k, hidden=scores.hidden[: k + 1])
+                else:
+                    self.drafter.commit(context[:n], k)
                 stats.draft_s += time.perf_counter() - t
             self.gamma_policy.update(stats)
 

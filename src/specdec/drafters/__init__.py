@@ -5,7 +5,9 @@ from __future__ import annotations
 from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.bigram import Bigram
 from specdec.drafters.draft_model import DraftModel
+from specdec.drafters.eagle import Eagle
 from specdec.drafters.layer_skip import LayerSkip
+from specdec.drafters.medusa import Medusa
 from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.errors import ConfigError
 
@@ -57,5 +59,6 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
 
 
 __all__ = [
-    "DRAFTER_KINDS", "Bigram", "DraftModel", "Drafter", "LayerSkip", "PromptLookup", "Proposal", "make_drafter",
+    "DRAFTER_KINDS", "Bigram", "DraftModel", "Drafter", "Eagle", "LayerSkip", "Medusa", "PromptLookup", "Proposal",
+    "make_drafter",
 ]

@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specdec.errors import NumericalError, UnsupportedModelError
+from specdec.models.base import Scores
 
 
 def vocab_size(model: PreTrainedModel) -> int:
@@ -76,21 +77,30 @@ class CachedCausalLM:
 
     def forward(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """Append input_ids [n] to the cache; return logits [n, V] (or [1, V] with last_only)."""
+        return self.score(input_ids, last_only=last_only).logits
+
+    def score(self, input_ids: torch.Tensor, *, hidden: bool = False, last_only: bool = False) -> Scores:
+        """Append input_ids [M]; logits [M, V] and, with `hidden`, the final hidden states [M, H]."""
         start = time.perf_counter()
-        logits = self._run(input_ids, last_only)
+        scores = self._run(input_ids, last_only, hidden)
         self.forwards += 1
         self.forward_s += time.perf_counter() - start
-        return logits
+        return scores
 
-    def prefill(self, input_ids: torch.Tensor) -> None:
-        """Cache input_ids [n] without keeping their logits (n may be 0); not a decoding forward."""
-        if input_ids.shape[-1]:
-            start = time.perf_counter()
-            self._run(input_ids, last_only=True)
-            self.prefill_s += time.perf_counter() - start
+    def prefill(self, input_ids: torch.Tensor, hidden: bool = False) -> torch.Tensor | None:
+        """Cache input_ids [n] (n may be 0); not a decoding forward. Returns hidden [n, H] when asked."""
+        if not input_ids.shape[-1]:
+            if not hidden:
+                return None
+            size = self.model.config.get_text_config().hidden_size
+            return torch.empty(0, size, dtype=next(self.model.parameters()).dtype, device=self.device)
+        start = time.perf_counter()
+        scores = self._run(input_ids, last_only=not hidden, hidden=hidden)
+        self.prefill_s += time.perf_counter() - start
+        return scores.hidden
 
     @torch.inference_mode()
-    def _run(self, input_ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+    def _run(self, input_ids: torch.Tensor, last_only: bool, hidden: bool = False) -> Scores:
         n = input_ids.shape[-1]
         positions = torch.arange(self.length, self.length + n, device=self.device)  # [n]
         out = self.model(
@@ -99,6 +109,7 @@ class CachedCausalLM:
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
+            output_hidden_states=hidden,
         )
         self.cache = out.past_key_values
         self.length += n
@@ -111,7 +122,8 @@ class CachedCausalLM:
                 f"{self.length - n}..{self.length - 1}; this usually means float16 overflow or broken "
                 "weights: load the model in float32 or bfloat16"
             )
-        return logits
+        # The last hidden state is the LM head's input (post final norm) in HF causal LMs.
+        return Scores(logits, out.hidden_states[-1][0] if hidden else None)
 
     def crop(self, length: int) -> None:
         """Roll the cache back to its first `length` tokens."""
