@@ -8,6 +8,7 @@ Adding a drafter or verification scheme to both suites is one line here: a name 
 from __future__ import annotations
 
 import specdec
+import specdec.drafters.medusa
 
 METHODS = {
     "plain": lambda target, draft: None,
@@ -17,8 +18,11 @@ METHODS = {
     "bigram": lambda target, draft: specdec.Bigram.from_model(target),
     "layer-skip": lambda target, draft: specdec.LayerSkip(target),  # first half of the target's layers
     # Untrained heads (exactness does not depend on training); they read the target's own features.
-    "eagle": lambda target, draft: specdec.Eagle(target, specdec.EagleHead.init(target, seed=0)),
-    "medusa": lambda target, draft: specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=4, seed=0)),
+    # EAGLE-2 dynamic tree and Medusa static tree (point-mass children).
+    "eagle": lambda target, draft: specdec.Eagle(target, specdec.EagleHead.init(target, seed=0), top_k=3, depth=4,
+                                                 max_nodes=12),
+    "medusa": lambda target, draft: specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=4, seed=0),
+                                                   tree=specdec.drafters.medusa.DEFAULT_TREE),
 }
 
 

@@ -9,24 +9,28 @@ import torch
 from models import hf_greedy, tiny, tiny_tokenizer
 
 import specdec
+from specdec.drafters.medusa import DEFAULT_TREE
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError, UnsupportedModelError
 
 ARCHS = ["llama", "qwen2", "mistral", "gemma"]
 PROMPT = [(i * 37 + 11) % 96 for i in range(20)]
 
 
-def drafters(target):
-    return {
-        "eagle": specdec.Eagle(target, specdec.EagleHead.init(target, seed=0)),
-        "medusa": specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=4, seed=0)),
-    }
+def drafters(target, tree=False):
+    eagle = specdec.EagleHead.init(target, seed=0)
+    medusa = specdec.MedusaHeads.init(target, num_heads=4, seed=0)
+    if tree:
+        return {"eagle": specdec.Eagle(target, eagle, top_k=3, depth=4, max_nodes=10),
+                "medusa": specdec.Medusa(target, medusa, tree=DEFAULT_TREE)}
+    return {"eagle": specdec.Eagle(target, eagle), "medusa": specdec.Medusa(target, medusa)}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
-def test_untrained_heads_are_greedy_exact_on_each_family(arch, kind):
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_untrained_heads_are_greedy_exact_on_each_family(arch, kind, tree):
     target = tiny(arch, hidden=32, layers=2)
-    out = specdec.generate(target, PROMPT, drafter=drafters(target)[kind], gamma=4, max_new_tokens=20)
+    out = specdec.generate(target, PROMPT, drafter=drafters(target, tree)[kind], gamma=4, max_new_tokens=20)
     assert out.tokens == hf_greedy(target, PROMPT, 20)
 
 
@@ -40,12 +44,13 @@ def _true_features(target, tokens):
         return target(torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1][0]  # [n, H]
 
 
-def test_eagle_head_only_ever_reads_target_features_of_committed_tokens():
+@pytest.mark.parametrize("top_k", [1, 3], ids=["chain", "tree"])
+def test_eagle_head_only_ever_reads_target_features_of_committed_tokens(top_k):
     """Scripted rollback: record every target-feature row fed to the head and the head's cache length
     after every commit; rows must be exactly the committed positions, in order, with the target's features."""
     target = _peaked_target()
     prompt = [1, 2, 3, 4, 5]
-    drafter = specdec.Eagle(target, specdec.EagleHead.init(target, seed=0))
+    drafter = specdec.Eagle(target, specdec.EagleHead.init(target, seed=0), top_k=top_k, depth=3, max_nodes=8)
     fed, cache_lengths = [], []
     real_catch_up, real_commit = drafter._catch_up, drafter.commit
 
@@ -76,10 +81,11 @@ def test_eagle_head_only_ever_reads_target_features_of_committed_tokens():
         assert rows <= n - 2
 
 
-def test_medusa_reads_the_feature_of_the_last_committed_position():
+@pytest.mark.parametrize("tree", [None, DEFAULT_TREE], ids=["chain", "tree"])
+def test_medusa_reads_the_feature_of_the_last_committed_position(tree):
     target = _peaked_target()
     prompt = [1, 2, 3, 4, 5]
-    drafter = specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=3, seed=0))
+    drafter = specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=4, seed=0), tree=tree)
     seen = []
     real = drafter.propose
 
@@ -99,7 +105,7 @@ def test_medusa_reads_the_feature_of_the_last_committed_position():
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_sampling_with_heads_is_reproducible_and_in_vocab(kind):
     target = _peaked_target()
-    runs = [specdec.generate(target, [1, 2, 3], drafter=drafters(target)[kind], gamma=3, max_new_tokens=16,
+    runs = [specdec.generate(target, [1, 2, 3], drafter=drafters(target, tree=True)[kind], gamma=3, max_new_tokens=16,
                              temperature=1.0, top_k=5, seed=7).tokens for _ in range(2)]
     assert runs[0] == runs[1] and all(0 <= t < 8 for t in runs[0])
 

@@ -6,13 +6,16 @@
 
 from specdec.adaptive import AdaptiveGamma
 from specdec.decoding import DEFAULT_GAMMA, GenerationOutput, SpeculativeDecoder, generate, stream
-from specdec.drafters import Bigram, Drafter, DraftModel, Eagle, LayerSkip, Medusa, PromptLookup, Proposal
+from specdec.drafters import (
+    Bigram, Drafter, DraftModel, DraftTree, Eagle, LayerSkip, Medusa, MultiDraft, PromptLookup, Proposal,
+)
 from specdec.errors import (
     ConfigError,
     IncompatibleModelsError,
     ModelLoadError,
     NumericalError,
     PromptError,
+    ProposalError,
     SpecdecError,
     UnsupportedModelError,
 )
@@ -20,6 +23,7 @@ from specdec.heads import EagleHead, MedusaHeads
 from specdec.loading import load
 from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats, expected_speedup, expected_tokens_per_pass
+from specdec.tree import TreeMask
 from specdec.text import TextOutput, generate_text, stream_text
 
 __version__ = "0.1.0"
@@ -47,7 +51,8 @@ def load_default(*args, **kwargs):
 
 
 __all__ = [
-    "AdaptiveGamma", "Bigram", "Eagle", "EagleHead", "LayerSkip", "Medusa", "MedusaHeads", "PromptLookup",
+    "AdaptiveGamma", "Bigram", "DraftTree", "Eagle", "EagleHead", "LayerSkip", "Medusa", "MedusaHeads", "MultiDraft",
+    "PromptLookup", "ProposalError", "TreeMask",
     "DEFAULT_GAMMA", "ConfigError", "DecodeStats", "DraftModel", "Drafter", "GenerationOutput",
     "IncompatibleModelsError", "ModelLoadError", "NumericalError", "PromptError", "Proposal",
     "SamplingConfig", "SpecdecError", "SpeculativeDecoder", "TextOutput", "UnsupportedModelError",

@@ -10,6 +10,7 @@ Plain decoding is the same loop with nothing drafted.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -17,16 +18,20 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.drafters.base import Drafter, Proposal
-from specdec.errors import ConfigError, IncompatibleModelsError, PromptError
+from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError
 from specdec.models.causal_lm import CachedCausalLM, context_length
 from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats
-from specdec.verify import Verdict, verify_greedy, verify_sampled
+from specdec.tree import TreeMask, first_branch, is_chain, validate_proposal
+from specdec.verify import Verdict, verify_greedy, verify_sampled, verify_tree
 
 DEFAULT_GAMMA = 4
 
 #: verify_fn(draft_tokens [γ], draft_probs [γ, V] | None, target_logits [γ+1, V], sampling, generator)
 VerifyFn = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, SamplingConfig, "torch.Generator | None"], Verdict]
+#: tree_verify_fn(proposal (tokens [N], draft_probs [N, V] | None, parents [N]), target_logits [N+1, V], sampling,
+#: generator) -> Verdict with the accepted path
+TreeVerifyFn = Callable[[Proposal, torch.Tensor, SamplingConfig, "torch.Generator | None"], Verdict]
 
 
 def verify_round(
@@ -123,7 +128,7 @@ class SpeculativeDecoder:
         target: PreTrainedModel | CachedCausalLM,
         drafter: Drafter | None = None,
         *,
-        gamma: int | str | object = DEFAULT_GAMMA,
+        gamma: int | str | object | None = None,
         max_new_tokens: int = 64,
         temperature: float = 0.0,
         top_k: int | None = None,
@@ -131,10 +136,13 @@ class SpeculativeDecoder:
         eos_token_id: int | Sequence[int] | None = None,
         seed: int | None = None,
         verify_fn: VerifyFn = verify_round,
+        tree_verify_fn: TreeVerifyFn = verify_tree,
     ):
         self.target = target if isinstance(target, CachedCausalLM) else CachedCausalLM(target)
         self.drafter = drafter
         self.sampling = SamplingConfig(temperature, top_k, top_p)
+        if gamma is None:  # a tree drafter's own depth, else the chain default
+            gamma = getattr(drafter, "default_gamma", None) or DEFAULT_GAMMA
         self.gamma_policy = _gamma_policy(gamma)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -158,6 +166,8 @@ class SpeculativeDecoder:
         else:
             self.generator.manual_seed(int(seed))
         self.verify_fn = verify_fn
+        self.tree_verify_fn = tree_verify_fn
+        self._warned_chain_fallback = False
         self.stats = DecodeStats()
         # Where the token just yielded came from: "accepted" (a verified draft token), "recovered" (the
         # correction after a rejection), "bonus" (after full acceptance) or "target" (nothing was drafted).
@@ -171,6 +181,35 @@ class SpeculativeDecoder:
                 f"{prompt_len + self.max_new_tokens} exceeds the target's context of {limit} tokens; "
                 "shorten the prompt or lower max_new_tokens"
             )
+
+    def _check_tree(self, proposal: Proposal, gamma: int, n: int) -> Proposal:
+        """Validate a tree proposal before any target pass; fall back to its first branch (a chain) when
+        the target cannot score a tree now."""
+        capacity = getattr(self.target, "capacity", None) or context_length(self.target.model)
+        room = None if capacity is None else capacity - n  # cache slots left after the root
+        validate_proposal(proposal.tokens, proposal.draft_probs, proposal.parents, self.target.vocab_size, room)
+        depth = int(TreeMask.from_parents(proposal.parents).depths.max()) if len(proposal) else 0
+        if depth > gamma:
+            raise ProposalError(
+                f"the drafter proposed a tree {depth} deep but this round allows {gamma} tokens (gamma, capped by "
+                "the remaining max_new_tokens); a tree drafter must cap its depth at the gamma it is given"
+            )
+        if is_chain(proposal.parents):
+            return Proposal(proposal.tokens, proposal.draft_probs)
+        supports = getattr(self.target, "supports_tree", None)
+        if supports is not None and supports(len(proposal) + 1):
+            return proposal
+        if not self._warned_chain_fallback:
+            self._warned_chain_fallback = True
+            warnings.warn(
+                f"{type(self.target.model).__name__} cannot score this token tree in one pass (no 4D-mask "
+                "support, or a sliding-window cache would be exceeded): verifying each round's first branch "
+                "as a chain instead (exact, fewer tokens per pass)",
+                stacklevel=3,
+            )
+        first = first_branch(proposal.parents)  # [d] node indices
+        probs = proposal.draft_probs[first] if proposal.draft_probs is not None else None
+        return Proposal(proposal.tokens[first], probs)
 
     def stream(self, prompt_ids: Sequence[int] | torch.Tensor) -> Iterator[int]:
         """Yield each new token as soon as it is final."""
@@ -199,7 +238,7 @@ class SpeculativeDecoder:
 
         produced = 0
         while produced < self.max_new_tokens:
-            # 1. drafter.propose: at most γ tokens, and never more than fit under max_new_tokens.
+            # 1. drafter.propose: at most γ tokens (a tree at most γ deep), never more than fit under max_new_tokens.
             remaining = self.max_new_tokens - produced
             gamma = min(self.gamma_policy.choose(stats), remaining - 1) if self.drafter else 0
             t = time.perf_counter()
@@ -209,23 +248,40 @@ class SpeculativeDecoder:
                 else Proposal(context.new_empty(0))
             )
             stats.draft_s += time.perf_counter() - t
-            drafted = proposal.tokens[:gamma]  # [γ']
-            gamma = drafted.shape[0]
+            if proposal.parents is not None:
+                proposal = self._check_tree(proposal, gamma, n)  # a chain again if the target cannot do trees
 
-            # 2. target.score: the last committed token and the drafts in one pass.
-            t = time.perf_counter()
-            scores = self.target.score(torch.cat([context[n - 1 : n], drafted]), hidden=needs_hidden)
-            target_logits = scores.logits  # [γ'+1, V]
-            stats.target_s += time.perf_counter() - t
+            if proposal.parents is None:
+                # 2-3. target.score + verify, chain: accepted prefix, then a recovered or bonus token.
+                drafted = proposal.tokens[:gamma]  # [γ']
+                gamma = drafted.shape[0]
+                t = time.perf_counter()
+                scores = self.target.score(torch.cat([context[n - 1 : n], drafted]), hidden=needs_hidden)  # [γ'+1, V]
+                stats.target_s += time.perf_counter() - t
+                draft_probs = proposal.draft_probs[:gamma] if proposal.draft_probs is not None else None
+                verdict = self.verify_fn(drafted, draft_probs, scores.logits, self.sampling, self.generator)
+                k = verdict.num_accepted
+                accepted = drafted[:k]  # [k]
+                keep = None  # the accepted prefix: a crop
+            else:
+                # 2-3. target.score + verify, tree: every node in one pass, then the longest surviving path.
+                gamma = len(proposal)  # nodes drafted
+                t = time.perf_counter()
+                scores = self.target.score(torch.cat([context[n - 1 : n], proposal.tokens]),
+                                           tree=TreeMask.from_parents(proposal.parents), hidden=needs_hidden)  # [N+1, V]
+                stats.target_s += time.perf_counter() - t
+                verdict = self.tree_verify_fn(proposal, scores.logits, self.sampling, self.generator)
+                k = verdict.num_accepted
+                path = torch.tensor(verdict.path, dtype=torch.long)  # [k] node indices
+                accepted = proposal.tokens[path.to(proposal.tokens.device)]  # [k]
+                keep = torch.cat([torch.zeros(1, dtype=torch.long), path + 1])  # [k+1] rows: root + path
 
-            # 3. verify: accepted prefix, then a recovered or bonus token.
-            draft_probs = proposal.draft_probs[:gamma] if proposal.draft_probs is not None else None
-            verdict = self.verify_fn(drafted, draft_probs, target_logits, self.sampling, self.generator)
-            k = verdict.num_accepted
-
-            # 4. commit: roll the target back to context + accepted drafts; append the next token.
-            self.target.crop(n + k)
-            context[n : n + k] = drafted[:k]
+            # 4. commit: the target keeps the root and the accepted drafts; append the next token.
+            if keep is None:
+                self.target.crop(n + k)
+            else:
+                self.target.commit(n - 1, keep)
+            context[n : n + k] = accepted
             context[n + k] = verdict.next_token
             new_tokens = context[n : n + k + 1].tolist()
             n += k + 1
@@ -233,7 +289,8 @@ class SpeculativeDecoder:
             if self.drafter is not None:
                 t = time.perf_counter()
                 if needs_hidden:  # features of the root and the accepted drafts only: [k+1, H]
-                    self.drafter.commit(context[:n], k, hidden=scores.hidden[: k + 1])
+                    rows = scores.hidden[: k + 1] if keep is None else scores.hidden[keep.to(scores.hidden.device)]
+                    self.drafter.commit(context[:n], k, hidden=rows)
                 else:
                     self.drafter.commit(context[:n], k)
                 stats.draft_s += time.perf_counter() - t
@@ -258,7 +315,7 @@ def stream(
     target: PreTrainedModel,
     prompt_ids: Sequence[int] | torch.Tensor,
     drafter: Drafter | None = None,
-    gamma: int | str = DEFAULT_GAMMA,
+    gamma: int | str | None = None,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
     top_k: int | None = None,
@@ -278,7 +335,7 @@ def generate(
     target: PreTrainedModel,
     prompt_ids: Sequence[int] | torch.Tensor,
     drafter: Drafter | None = None,
-    gamma: int | str = DEFAULT_GAMMA,
+    gamma: int | str | None = None,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
     top_k: int | None = None,
@@ -288,7 +345,9 @@ def generate(
 ) -> GenerationOutput:
     """Continue `prompt_ids` with `target`, speculatively when a drafter is given; exact either way.
 
-    Returns the new tokens (up to and including an EOS) and the decoding statistics.
+    Returns the new tokens (up to and including an EOS) and the decoding statistics. `gamma` is the number
+    of draft tokens per round for a chain drafter (default 4); a tree drafter (`DraftTree`, `MultiDraft`)
+    uses its own depth by default, and an explicit `gamma` caps the tree's depth.
     """
     decoder = SpeculativeDecoder(
         target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,

@@ -9,6 +9,7 @@ from specdec.drafters.eagle import Eagle
 from specdec.drafters.layer_skip import LayerSkip
 from specdec.drafters.medusa import Medusa
 from specdec.drafters.prompt_lookup import PromptLookup
+from specdec.drafters.tree import DraftTree, MultiDraft
 from specdec.errors import ConfigError
 
 #: Names accepted by `make_drafter` and the CLI's --drafter.
@@ -59,6 +60,6 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
 
 
 __all__ = [
-    "DRAFTER_KINDS", "Bigram", "DraftModel", "Drafter", "Eagle", "LayerSkip", "Medusa", "PromptLookup", "Proposal",
-    "make_drafter",
+    "DRAFTER_KINDS", "Bigram", "DraftModel", "DraftTree", "Drafter", "Eagle", "LayerSkip", "Medusa", "MultiDraft",
+    "PromptLookup", "Proposal", "make_drafter",
 ]
