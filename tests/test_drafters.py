@@ -345,7 +345,8 @@ def test_layer_skip_unsupported_models():
 # -- make_drafter / CLI --------------------------------------------------------------------------------
 def test_make_drafter_builds_every_kind(targets, tmp_path):
     target = targets["llama"]
-    assert set(DRAFTER_KINDS) == {"draft", "prompt-lookup", "bigram", "layer-skip"}
+    assert set(DRAFTER_KINDS) == {"draft", "prompt-lookup", "bigram", "layer-skip", "eagle", "eagle-chain", "medusa",
+                                  "medusa-chain"}
     lookup_drafter = make_drafter("prompt-lookup", target=target, ngram_max=4, ngram_min=2)
     assert (lookup_drafter.max_ngram, lookup_drafter.min_ngram) == (4, 2)
     assert make_drafter("layer-skip", target=target, draft_layers=3).num_layers == 3
@@ -356,7 +357,7 @@ def test_make_drafter_builds_every_kind(targets, tmp_path):
     with pytest.raises(specdec.ConfigError, match="--ngram-max"):
         make_drafter("layer-skip", target=target, ngram_max=3)
     with pytest.raises(specdec.ConfigError, match="unknown drafter"):
-        make_drafter("medusa", target=target)
+        make_drafter("hydra", target=target)
 
 
 def test_cli_generate_with_each_drafter(tmp_path, capsys):

@@ -278,3 +278,18 @@ def test_eagle_refuses_a_model_without_layers():
         from specdec.heads.eagle import build_body
 
         build_body(Bare, None)
+
+
+def test_make_drafter_builds_head_drafters_from_a_saved_head(tmp_path):
+    from specdec.drafters import make_drafter
+
+    target = tiny("llama")
+    specdec.EagleHead.init(target).save(tmp_path / "e")
+    specdec.MedusaHeads.init(target).save(tmp_path / "m")
+    eagle = make_drafter("eagle", target=target, head_path=tmp_path / "e")
+    assert isinstance(eagle, specdec.Eagle) and eagle.top_k > 1
+    assert make_drafter("eagle-chain", target=target, head_path=tmp_path / "e").top_k == 1
+    assert make_drafter("medusa", target=target, head_path=tmp_path / "m").tree is not None
+    assert make_drafter("medusa-chain", target=target, head_path=tmp_path / "m").tree is None
+    with pytest.raises(IncompatibleModelsError):  # the shipped heads belong to the default target
+        make_drafter("medusa", target=target)
