@@ -19,8 +19,8 @@ METHODS = {
     "layer-skip": lambda target, draft: specdec.LayerSkip(target),  # first half of the target's layers
     # Untrained heads (exactness does not depend on training); they read the target's own features.
     # EAGLE-2 dynamic tree and Medusa static tree (point-mass children).
-    "eagle": lambda target, draft: specdec.Eagle(target, specdec.EagleHead.init(target, seed=0), top_k=3, depth=4,
-                                                 max_nodes=12),
+    "eagle": lambda target, draft: specdec.Eagle(target, specdec.EagleHead.init(target, seed=0), top_k=2, depth=4,
+                                                 max_nodes=8),
     "medusa": lambda target, draft: specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=4, seed=0),
                                                    tree=specdec.drafters.medusa.DEFAULT_TREE),
 }

@@ -147,3 +147,21 @@ def test_cli_export_writes_the_layout(tmp_path, target, monkeypatch, capsys):
     assert main(["export", "--format", "eagle3", "--head", str(tmp_path / "head"), "--target", "x",
                  "--out", str(tmp_path / "o3")]) == 2
     assert "EAGLE-3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["vllm-eagle", "vllm-medusa"])
+def test_cli_exports_the_shipped_default_heads(tmp_path, fmt):
+    from specdec.cli import main
+
+    assert main(["export", "--format", fmt, "--head", "default", "--out", str(tmp_path / "out")]) == 0
+    tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    target, _, _ = specdec.load_default()
+    expected = {k for k in EXPECTED[fmt] if not k.startswith(("blocks.", "lm_heads."))} if fmt == "vllm-eagle" else None
+    if fmt == "vllm-eagle":
+        assert set(tensors) == expected and tuple(tensors["fc.weight"].shape) == (384, 768)
+    else:
+        assert tuple(tensors["lm_heads.0.weight"].shape) == (8192, 384)
+    again = load_exported(tmp_path / "out", target)
+    shipped = specdec.load_default_heads(target)["eagle" if fmt == "vllm-eagle" else "medusa"]
+    for a, b in zip(shipped.state_dict().values(), again.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
