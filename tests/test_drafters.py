@@ -345,7 +345,8 @@ def test_layer_skip_unsupported_models():
 # -- make_drafter / CLI --------------------------------------------------------------------------------
 def test_make_drafter_builds_every_kind(targets, tmp_path):
     target = targets["llama"]
-    assert set(DRAFTER_KINDS) == {"draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft"}
+    assert set(DRAFTER_KINDS) == {"draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft",
+                                  "eagle", "eagle-chain", "medusa", "medusa-chain"}
     tree = make_drafter("draft-tree", draft=target, tree_top_k=2, tree_depth=3, max_nodes=7)
     assert (tree.top_k, tree.depth, tree.max_nodes) == (2, 3, 7)
     assert make_drafter("multi-draft", draft=target, num_drafts=5, replacement=False).num_drafts == 5
@@ -359,7 +360,7 @@ def test_make_drafter_builds_every_kind(targets, tmp_path):
     with pytest.raises(specdec.ConfigError, match="--ngram-max"):
         make_drafter("layer-skip", target=target, ngram_max=3)
     with pytest.raises(specdec.ConfigError, match="unknown drafter"):
-        make_drafter("medusa", target=target)
+        make_drafter("hydra", target=target)
 
 
 def test_cli_generate_with_each_drafter(tmp_path, capsys):

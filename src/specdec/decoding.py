@@ -253,11 +253,16 @@ class SpeculativeDecoder:
         context = torch.empty(prompt.shape[0] + self.max_new_tokens + 1, dtype=torch.long, device=device)
         n = prompt.shape[0]
         context[:n] = prompt
+        # Drafters that read the target's features (EAGLE, Medusa) get them for every committed token.
+        needs_hidden = self.drafter is not None and self.drafter.needs_hidden
         self.target.reset()
-        self.target.prefill(context[: n - 1])
+        prefill_hidden = self.target.prefill(context[: n - 1], hidden=needs_hidden)  # [n-1, H] | None
         if self.drafter is not None:
             t = time.perf_counter()
-            self.drafter.reset(context[:n])
+            if needs_hidden:
+                self.drafter.reset(context[:n], hidden=prefill_hidden)
+            else:
+                self.drafter.reset(context[:n])
             stats.draft_s += time.perf_counter() - t
         stats.prefill_s = time.perf_counter() - start
 
@@ -281,7 +286,7 @@ class SpeculativeDecoder:
                 drafted = proposal.tokens[:gamma]  # [γ']
                 gamma = drafted.shape[0]
                 t = time.perf_counter()
-                scores = self.target.score(torch.cat([context[n - 1 : n], drafted]))  # logits [γ'+1, V]
+                scores = self.target.score(torch.cat([context[n - 1 : n], drafted]), hidden=needs_hidden)  # [γ'+1, V]
                 stats.target_s += time.perf_counter() - t
                 draft_probs = proposal.draft_probs[:gamma] if proposal.draft_probs is not None else None
                 verdict = self.verify_fn(drafted, draft_probs, scores.logits, self.sampling, self.generator)
@@ -293,7 +298,7 @@ class SpeculativeDecoder:
                 gamma = len(proposal)  # nodes drafted
                 t = time.perf_counter()
                 scores = self.target.score(torch.cat([context[n - 1 : n], proposal.tokens]),
-                                           tree=TreeMask.from_parents(proposal.parents))  # logits [N+1, V]
+                                           tree=TreeMask.from_parents(proposal.parents), hidden=needs_hidden)  # [N+1, V]
                 stats.target_s += time.perf_counter() - t
                 verdict = self.tree_verify_fn(proposal, scores.logits, self.sampling, self.generator)
                 k = verdict.num_accepted
@@ -313,7 +318,11 @@ class SpeculativeDecoder:
             stats.record_round(gamma, k, verdict.outcome)
             if self.drafter is not None:
                 t = time.perf_counter()
-                self.drafter.commit(context[:n], k)
+                if needs_hidden:  # features of the root and the accepted drafts only: [k+1, H]
+                    rows = scores.hidden[: k + 1] if keep is None else scores.hidden[keep.to(scores.hidden.device)]
+                    self.drafter.commit(context[:n], k, hidden=rows)
+                else:
+                    self.drafter.commit(context[:n], k)
                 stats.draft_s += time.perf_counter() - t
             self.gamma_policy.update(stats)
 

@@ -40,7 +40,9 @@ def register(subparsers) -> None:
                         help="how to draft: 'draft' = the --draft model (default when --draft is given); "
                         "'prompt-lookup' = n-gram matches in the prompt and output; 'bigram' = a bigram table "
                         "(--bigram, or built from the target); 'layer-skip' = the target's first "
-                        "--draft-layers layers; no --draft and no --drafter = plain decoding")
+                        "--draft-layers layers; 'eagle' / 'medusa' = draft heads on the target's features (a tree; "
+                        "'-chain' for one branch), --head or the heads shipped for the default target; no --draft "
+                        "and no --drafter = plain decoding")
     parser.add_argument("--ngram-max", type=int, default=None,
                         help="prompt-lookup: longest n-gram matched (default 3)")
     parser.add_argument("--ngram-min", type=int, default=None,
@@ -49,6 +51,8 @@ def register(subparsers) -> None:
                         help="layer-skip: draft with the target's first K decoder layers (default half)")
     parser.add_argument("--bigram", default=None, metavar="PATH",
                         help="bigram: a table saved with specdec.Bigram.save (default: built from the target)")
+    parser.add_argument("--head", default=None, metavar="DIR",
+                        help="eagle / medusa: a head saved by `specdec train-head` (default: the shipped one)")
     parser.add_argument("--prompt", required=True, help="the text to continue")
     add_decoding_args(parser)
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -88,11 +92,11 @@ def run(args) -> int:
     target, draft, tokenizer = load_models(args)
     kind = args.drafter or ("draft" if args.draft or (args.target is None and draft is not None) else None)
     options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
-               "bigram_path": args.bigram}
+               "bigram_path": args.bigram, "head_path": args.head}
     if kind is None and any(v is not None for v in options.values()):
         from specdec.errors import ConfigError
 
-        raise ConfigError("drafter options (--ngram-max, --ngram-min, --draft-layers, --bigram) need --drafter")
+        raise ConfigError("drafter options (--ngram-max, --ngram-min, --draft-layers, --bigram, --head) need --drafter")
     drafter = make_drafter(kind, target=target, draft=draft, **options) if kind else None
     decoder = SpeculativeDecoder(
         target, drafter, gamma=parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,

@@ -5,13 +5,16 @@ from __future__ import annotations
 from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.bigram import Bigram
 from specdec.drafters.draft_model import DraftModel
+from specdec.drafters.eagle import Eagle
 from specdec.drafters.layer_skip import LayerSkip
+from specdec.drafters.medusa import Medusa
 from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.drafters.tree import DraftTree, MultiDraft
 from specdec.errors import ConfigError
 
 #: Names accepted by `make_drafter` and the CLI's --drafter.
-DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft")
+DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft", "eagle", "eagle-chain",
+                 "medusa", "medusa-chain")
 
 #: Options each kind accepts (make_drafter keyword -> CLI flag, for error messages).
 _OPTIONS = {
@@ -21,7 +24,31 @@ _OPTIONS = {
     "layer-skip": {"draft_layers": "--draft-layers"},
     "draft-tree": {"tree_top_k": "--tree-top-k", "tree_depth": "--tree-depth", "max_nodes": "--max-nodes"},
     "multi-draft": {"num_drafts": "--num-drafts", "replacement": "--replacement"},
+    "eagle": {"head_path": "--head"},
+    "eagle-chain": {"head_path": "--head"},
+    "medusa": {"head_path": "--head"},
+    "medusa-chain": {"head_path": "--head"},
 }
+
+#: EAGLE-2 tree shape used by the "eagle" kind (per level: expand the `top_k` best nodes; keep `max_nodes`).
+EAGLE_TREE = {"top_k": 4, "depth": 8, "max_nodes": 24}
+
+
+def _head_drafter(kind: str, target, head_path) -> Drafter:
+    """An Eagle / Medusa drafter from a saved head, or the head shipped for the default target."""
+    from specdec.default_pair import load_default_heads
+    from specdec.drafters.medusa import DEFAULT_TREE
+    from specdec.heads import EagleHead, MedusaHeads
+
+    family = kind.split("-")[0]
+    if head_path is not None:
+        head = (EagleHead if family == "eagle" else MedusaHeads).load(head_path, target)
+    else:
+        head = load_default_heads(target)[family]  # IncompatibleModelsError unless target is the default one
+    chain = kind.endswith("-chain")
+    if family == "eagle":
+        return Eagle(target, head) if chain else Eagle(target, head, **EAGLE_TREE)
+    return Medusa(target, head) if chain else Medusa(target, head, tree=DEFAULT_TREE)
 
 
 def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
@@ -65,11 +92,13 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
             raise ConfigError("--drafter bigram needs the target (to build the table) or --bigram PATH")
         return Bigram.from_model(target)
     if target is None:
-        raise ConfigError("--drafter layer-skip needs the target model (target=model)")
+        raise ConfigError(f"--drafter {kind} needs the target model (target=model)")
+    if kind in ("eagle", "eagle-chain", "medusa", "medusa-chain"):
+        return _head_drafter(kind, target, options.get("head_path"))
     return LayerSkip(target, num_layers=options.get("draft_layers"))
 
 
 __all__ = [
-    "DRAFTER_KINDS", "Bigram", "DraftModel", "DraftTree", "Drafter", "LayerSkip", "MultiDraft", "PromptLookup",
-    "Proposal", "make_drafter",
+    "DRAFTER_KINDS", "Bigram", "DraftModel", "DraftTree", "Drafter", "Eagle", "LayerSkip", "Medusa", "MultiDraft",
+    "PromptLookup", "Proposal", "make_drafter",
 ]

@@ -42,6 +42,12 @@ class Drafter(ABC):
     #: Width of `draft_probs` rows (must equal the target's); None for drafters without a vocabulary.
     vocab_size: int | None = None
 
+    #: True for drafters that read the target's final hidden states (EAGLE, Medusa). The decoder then
+    #: calls `reset(prompt_ids, hidden=[n-1, H])` (features of prompt_ids[:-1]) and, after each round,
+    #: `commit(context, num_accepted, hidden=[k+1, H])` (features of the root and the accepted drafts,
+    #: i.e. of the tokens context[n_old-1 : n_new-1]); features of rejected drafts are never passed.
+    needs_hidden: bool = False
+
     def reset(self, prompt_ids: torch.Tensor) -> None:
         """Start a new request whose prompt is prompt_ids [n]. Default: nothing to reset."""
 
