@@ -8,10 +8,11 @@ they work unchanged with any target adapter and drafter.
 `AdaptiveGamma` maximises expected new tokens per second. Its two ingredients (docs/adaptive_gamma.md has
 the derivation and the measurements):
 
-**Acceptance is a two-state Markov chain.** Greedy acceptance on code is not i.i.d.: it comes in runs (a
-repeated structure is accepted whole, a hard stretch rejects again and again). The policy keeps two Beta
-posteriors, p_A = P(a draft token is accepted | the previous tested draft token was accepted) and
-p_R = P(accepted | the previous one was rejected), both with exponential forgetting towards the prior.
+**Acceptance is a two-state Markov chain.** Greedy acceptance on code is not i.i.d.: per prompt it comes in
+runs (a repeated structure is accepted whole) or in regular patterns (a rejection almost always followed by
+an acceptance). The policy keeps two Beta posteriors, p_A = P(a draft token is accepted | the previous
+tested draft token was accepted) and p_R = P(accepted | the previous one was rejected); their counts decay
+by `memory` per round, and each has a prior of `tie` tokens at the pooled α (itself with a Beta `prior`).
 A round that drafted γ' tokens from state s and accepted k tested: the first token from s (a success if
 k >= 1), then k - 1 successes and, if k < γ', one failure, all from A (the tokens after the first rejection
 were never tested, so they are not failures). The round leaves the chain in A (all accepted) or R. The
@@ -19,12 +20,14 @@ pooled posterior mean is `alpha`, the per-token α of the i.i.d. model (where p_
 
 **Costs are measured per γ on the path the loop runs on.** For every γ' the policy keeps B(γ'), the time of
 a round without its drafting (the target's pass over γ'+1 tokens, verification, bookkeeping): the delta of
-`DecodeStats.target_s` plus, when a clock is given, the rest of the round's wall time outside
+`DecodeStats.target_s` over the round (the adapter's own forward timing, whatever the adapter: eager,
+static-cache or compiled) plus, when a clock is given, the rest of the round's wall time outside
 `DecodeStats.draft_s`. d is the drafting time per drafted token (delta of `draft_s` / γ'). In the units of a
-plain round: c = d / B(0) and v(γ) = B(γ) / B(0) (Leviathan et al. assume v = 1; a CPU pass over 5 tokens
-costs ~1.5 one-token passes). Unmeasured B(γ) are interpolated linearly between measured ones and held flat
-beyond the largest: optimistic where costs grow with γ, so an unmeasured γ is tried once when it looks best,
-and then it is measured.
+plain round: c = d / B(0) and v(γ) = B(γ) / B(0) (Leviathan et al. assume v = 1; an eager float32 CPU pass
+over 5 tokens costs ~1.5 one-token passes). One sample per round is noisy on a shared CPU, so B(γ) for
+γ >= 1 is each γ's forgetting mean shrunk towards a line fitted through all measured γ >= 1 (`_CostTable`):
+a γ drafted often keeps its own cost (a 4-token pass can be cheaper than a 3-token one), an unmeasured γ
+gets the line's, and γ may grow at most `max_step` beyond the longest measured draft per round.
 
 **Choice.** A round drafting γ from state s costs C(γ) = B(γ) + γd and yields
 τ_s(γ) = 1 + p_s (1 - p_A^γ) / (1 - p_A) tokens; it ends in A with probability p_s p_A^(γ-1). A policy is a
@@ -37,12 +40,14 @@ into a run. If no pair beats plain decoding (1 / B(0)) it returns 0 and probes w
 `probe_every` rounds to re-measure α. With p_A = p_R = α the optimum is γ_A = γ_R = the argmax of
 τ(α, γ) / (v(γ) + γc), Leviathan's expected speedup with a measured v.
 
-The first round drafts `initial` (to measure d), the second is a plain round (to measure B(0)); every
-timing keeps the minimum of its first `warmup` samples (first calls are often slow), then an exponential
-moving average in which one sample may move the estimate by at most `clip` times. The probabilities used
-for the choice are the posterior means plus `optimism` standard deviations (optimism while uncertain: a few
-early rejections do not lock decoding into plain steps). A drafting round after skipped rounds may only
-lower d (a model drafter then also catches up on the skipped tokens, a one-off cost).
+Warm-up: the first `warmup` drafting rounds draft `initial` (d keeps the minimum of those samples: first
+calls are often slow), and the second round is a plain one, to measure B(0). A sample may raise a cost by
+at most `clip` times. The probabilities used for the choice are the posterior means plus `optimism`
+standard deviations (optimism while uncertain: a few early rejections do not lock decoding into plain
+steps); each transition probability has a prior of `tie` tokens at the pooled α, so a state seen rarely
+behaves like the i.i.d. model. A drafting round after skipped rounds may only lower d (a model drafter
+then also catches up on the skipped tokens, a one-off cost). Per round: a few float updates and two
+[max_gamma]-sized numpy passes (50-100 µs on a 2-core CPU).
 
 `HeuristicGamma` is transformers' "heuristic" schedule for comparison: +2 after a fully accepted round,
 -1 (down to 1) otherwise.
@@ -245,15 +250,18 @@ class AdaptiveGamma:
     """Choose γ each round to maximise expected tokens per second under a two-state Markov model of
     acceptance and the round costs measured per γ (see the module docstring).
 
-    initial: γ of the first round, which measures the drafter. max_gamma: largest γ considered.
-    memory: forgetting factor per round of the acceptance posteriors and of the cost averages
-    (0 < memory < 1; about 1 / (1 - memory) rounds of memory). prior: Beta(a, b) prior of both transition
-    probabilities. probe_every: when speculation does not pay, draft γ = 1 once every this many rounds.
-    warmup: each timing keeps the minimum of its first `warmup` samples. clock: a monotonic clock in
-    seconds that adds the round's time outside the target pass and drafting (verification, bookkeeping) to
-    its cost; None: costs are the target's and the drafter's own timings in `DecodeStats` only.
+    initial: γ of the warm-up rounds, which measure the drafter. max_gamma: largest γ considered.
+    memory: forgetting factor per round of the acceptance counts and of the cost averages (0 < memory < 1;
+    about 1 / (1 - memory) rounds of memory). prior: Beta(a, b) prior of the pooled α. probe_every: when
+    speculation does not pay, draft γ = 1 once every this many rounds. warmup: drafting rounds at
+    `initial` before choosing (d keeps their minimum). clock: a monotonic clock in seconds that adds the
+    round's time outside the target pass and drafting (verification, bookkeeping) to its cost; None: costs
+    are the target's and the drafter's own timings in `DecodeStats` only (no wall clock read).
     optimism: the choice uses posterior means plus this many standard deviations. burst_aware: False pools
-    the two transition probabilities into one α (the i.i.d. model). clip: see `_Estimate`.
+    the two transition probabilities into one α (the i.i.d. model). clip: a sample raises a timing by at
+    most this factor. shrink: weight, in samples, of the fitted line in each γ's cost. max_step: γ may
+    exceed the longest measured draft by at most this (0: no limit). tie: weight, in tokens, of the pooled
+    α in each transition probability's prior.
     """
 
     def __init__(
