@@ -59,8 +59,10 @@ for (before the loop caps it at the tokens remaining; `stats.gammas` has what wa
 
 from __future__ import annotations
 
+import copy
 import math
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -71,6 +73,8 @@ from specdec.stats import DecodeStats
 
 #: Markov states: the last tested draft token was accepted / rejected.
 ACCEPTED, REJECTED = 0, 1
+#: gamma="auto" policies by drafter, then target model, then adapter class (see `AdaptiveGamma.for_pair`).
+_PAIRS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: Probabilities are kept inside [EPS, 1 - EPS] in the rate formula (no 0/0 for absorbing chains).
 _EPS = 1e-6
 
@@ -273,12 +277,13 @@ class AdaptiveGamma:
         probe_every: int = 16,
         warmup: int = 3,
         clock: Callable[[], float] | None = time.perf_counter,
-        optimism: float = 1.0,
+        optimism: float = 0.0,
         burst_aware: bool = True,
         clip: float = 2.0,
         shrink: float = 4.0,
         max_step: int = 2,
         tie: float = 4.0,
+        carry: float = 16.0,
     ):
         self.initial = _check_int("initial", initial, 1)
         self.max_gamma = _check_int("max_gamma", max_gamma, 1)
@@ -302,6 +307,7 @@ class AdaptiveGamma:
         self.clip = _check_number("clip", clip, 1.0, None, "a number >= 1")
         self.shrink = _check_number("shrink", shrink, 0.0, None, "a number >= 0")
         self.max_step = _check_int("max_step", max_step, 0)
+        self.carry = _check_number("carry", carry, 0.0, None, "a number >= 0")
         self.tie = _check_number("tie", tie, 0.0, None, "a number >= 0")
         if self.tie == 0.0:
             raise ConfigError(f"tie must be > 0, got {tie!r}")
@@ -317,6 +323,30 @@ class AdaptiveGamma:
         self.chosen: list[int] = []  # γ asked for in each round of the current request
         self._snapshot: _RoundDeltas | None = None
         self._last_drafted = False  # did the previous round of this request draft anything?
+
+    @classmethod
+    def for_pair(cls, target: object, drafter: object) -> AdaptiveGamma:
+        """The policy behind ``gamma="auto"``: one per (drafter object, target model, target adapter class) in
+        this process, so that a drafter reused across requests keeps the costs it measured (they belong to the
+        models, the path and the machine) and carries acceptance over as a light prior (`carry`). Keyed weakly:
+        nothing is stored on the models. A new drafter object starts afresh."""
+        model = getattr(target, "model", target)
+        try:
+            by_model = _PAIRS.setdefault(drafter, weakref.WeakKeyDictionary())
+            policies = by_model.setdefault(model, {})
+        except TypeError:  # an object that cannot be weakly referenced: no sharing
+            return cls()
+        key = f"{type(target).__module__}.{type(target).__qualname__}"
+        if key not in policies:
+            policies[key] = cls()
+        return policies[key].fork()
+
+    def fork(self) -> AdaptiveGamma:
+        """A policy for another request that shares this one's measurements (costs, acceptance counts) and
+        has its own per-request state, so concurrent requests do not mix their rounds."""
+        twin = copy.copy(self)
+        twin.chosen, twin.state, twin.skipped, twin._snapshot, twin._last_drafted = [], None, 0, None, False
+        return twin
 
     # -- estimates -----------------------------------------------------------------------------------
     @staticmethod
@@ -427,6 +457,7 @@ class AdaptiveGamma:
             self.skipped = 0
             self.state = None
             self._last_drafted = False
+            self._carry_over()
         self._snapshot = _RoundDeltas(stats, self.clock() if self.clock is not None else None)
         if self.draft_token.count < self.warmup or not self.round_base.measured(0):
             # Warm-up: measure the drafter at γ = initial (its first calls are often slow), and, after the
@@ -462,6 +493,15 @@ class AdaptiveGamma:
                              downward_only=not self._last_drafted and self.draft_token.count > 0)
         self.skipped = 0
         self._last_drafted = True
+
+    def _carry_over(self) -> None:
+        """At a new request, keep the acceptance counts' means but at most `carry` tokens of their weight: the
+        last requests become a prior for this one, which may be easier or harder. Costs carry over as they are."""
+        total = sum(self.successes) + sum(self.failures)
+        if total > self.carry:
+            scale = self.carry / total
+            self.successes[:] = [x * scale for x in self.successes]  # in place: forks share these lists
+            self.failures[:] = [x * scale for x in self.failures]
 
     def _observe(self, drafted: int, accepted: int) -> None:
         """Add one round's tested tokens to the counts (older rounds fade: the prior takes over)."""
