@@ -18,6 +18,7 @@ import json
 import random
 import statistics
 
+import numpy as np
 import torch
 
 import specdec
@@ -46,14 +47,13 @@ def replay(trace, policy, target_ms, draft_ms, noise, rng, other_ms=0.1) -> floa
     stats, clock, t, total = DecodeStats(), [0.0], 0, 0.0
     if hasattr(policy, "clock"):
         policy.clock = lambda: clock[0]
-    largest = max(target_ms)
     while t < len(trace):
         gamma = min(policy.choose(stats), len(trace) - t - 1)
         k = 0
         while k < gamma and trace[t + k]:
             k += 1
         jitter = (lambda: rng.lognormvariate(0.0, noise)) if noise else (lambda: 1.0)
-        pass_ms = target_ms.get(gamma + 1, largest + 0.35 * (gamma + 1 - len(target_ms))) * jitter()
+        pass_ms = target_ms[gamma + 1] * jitter()
         drafting_ms = gamma * draft_ms * jitter()
         stats.target_s += pass_ms / 1000
         stats.draft_s += drafting_ms / 1000
@@ -78,15 +78,30 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     costs = json.load(open(args.costs))["forward_costs"]
-    target_ms = {int(n): ms for n, ms in costs["target_ms"].items()}
+    measured = {int(n): ms for n, ms in costs["target_ms"].items()}
+    sizes = sorted(measured)
+    # Token counts 1..64: measured, else linear between neighbours, else the last two points' slope onwards.
+    target_ms = {n: float(np.interp(n, sizes, [measured[k] for k in sizes])) for n in range(1, sizes[-1] + 1)}
+    slope = max(0.0, (measured[sizes[-1]] - measured[sizes[-2]]) / (sizes[-1] - sizes[-2]))
+    target_ms.update({n: measured[sizes[-1]] + slope * (n - sizes[-1]) for n in range(sizes[-1] + 1, 65)})
     draft_ms = costs["draft_ms"]["1"] * args.draft_overhead
     traces = record_traces(args.num_prompts, args.new_tokens)
+    shared = {"markov": AdaptiveGamma(), "iid": AdaptiveGamma(burst_aware=False)}
     policies = {"plain": lambda: FixedGamma(0), **{f"fixed γ={g}": (lambda g=g: FixedGamma(g)) for g in range(1, 8)},
-                "heuristic (+2/-1)": HeuristicGamma, "auto": AdaptiveGamma,
-                "auto, i.i.d. model": lambda: AdaptiveGamma(burst_aware=False)}
-    speed = {name: [statistics.mean(replay(tr, make(), target_ms, draft_ms, args.noise, random.Random(s * 1000 + i))
-                                    for s in range(args.seeds)) for i, tr in enumerate(traces)]
-             for name, make in policies.items()}
+                "heuristic (+2/-1)": HeuristicGamma,
+                "auto, new policy per request": AdaptiveGamma,
+                "auto, i.i.d. model, new per request": lambda: AdaptiveGamma(burst_aware=False),
+                "auto, one policy across requests (gamma='auto')": shared["markov"].fork,
+                "auto, i.i.d. model, across requests": shared["iid"].fork}
+    speed = {}
+    for name, make in policies.items():
+        runs = [[] for _ in traces]
+        for s in range(args.seeds):  # prompts in a different order each pass, as requests would come
+            order = list(range(len(traces)))
+            random.Random(s).shuffle(order)
+            for i in order:
+                runs[i].append(replay(traces[i], make(), target_ms, draft_ms, args.noise, random.Random(s * 1000 + i)))
+        speed[name] = [statistics.mean(r) for r in runs]
     print(f"{len(traces)} prompts x {args.seeds} noise seeds, σ = {args.noise}; speedup over plain per prompt:")
     print("| policy | median | mean | min |\n|:---|---:|---:|---:|")
     for name, values in speed.items():

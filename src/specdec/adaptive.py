@@ -42,19 +42,24 @@ into a run. If no pair beats plain decoding (1 / B(0)) it returns 0 and probes w
 
 Warm-up: the first `warmup` drafting rounds draft `initial` (d keeps the minimum of those samples: first
 calls are often slow), and the second round is a plain one, to measure B(0). A sample may raise a cost by
-at most `clip` times. The probabilities used for the choice are the posterior means plus `optimism`
-standard deviations (optimism while uncertain: a few early rejections do not lock decoding into plain
-steps); each transition probability has a prior of `tie` tokens at the pooled α, so a state seen rarely
+at most `clip` times. The probabilities used for the choice are the posterior means (plus `optimism`
+standard deviations if asked: optimism while uncertain explores more, but in replays of recorded acceptance
+it cost more than it found); each transition probability has a prior of `tie` tokens at the pooled α, so a state seen rarely
 behaves like the i.i.d. model. A drafting round after skipped rounds may only lower d (a model drafter
 then also catches up on the skipped tokens, a one-off cost). Per round: a few float updates and two
 [max_gamma]-sized numpy passes (50-100 µs on a 2-core CPU).
 
-`HeuristicGamma` is transformers' "heuristic" schedule for comparison: +2 after a fully accepted round,
--1 (down to 1) otherwise.
+**Across requests.** A new request is detected by a new `DecodeStats` object: the Markov state starts
+unknown (read as A), the costs carry over as measured, and the acceptance counts keep their means but at
+most `carry` tokens of weight (the last requests are a light prior for the next, which may be easier or
+harder). ``gamma="auto"`` gets its policy from `AdaptiveGamma.for_pair`: one per (drafter object, target
+model, target adapter class) in the process, weakly keyed, so a drafter reused across calls does not pay
+the warm-up and the cost learning again; each decoder gets a `fork` with its own per-request state.
 
-Both keep what they learned across requests when reused (a new request is detected by a new
-`DecodeStats` object; the Markov state starts unknown, read as A); `chosen` records the γ each round asked
-for (before the loop caps it at the tokens remaining; `stats.gammas` has what was actually drafted).
+`HeuristicGamma` is transformers' "heuristic" schedule for comparison: +2 after a fully accepted round,
+-1 (down to 1) otherwise. Both keep what they learned across requests when reused; `chosen` records the γ
+each round asked for (before the loop caps it at the tokens remaining; `stats.gammas` has what was
+actually drafted).
 """
 
 from __future__ import annotations
@@ -265,7 +270,8 @@ class AdaptiveGamma:
     the two transition probabilities into one α (the i.i.d. model). clip: a sample raises a timing by at
     most this factor. shrink: weight, in samples, of the fitted line in each γ's cost. max_step: γ may
     exceed the longest measured draft by at most this (0: no limit). tie: weight, in tokens, of the pooled
-    α in each transition probability's prior.
+    α in each transition probability's prior. carry: weight, in tokens, of the acceptance counts a new
+    request inherits.
     """
 
     def __init__(
