@@ -45,9 +45,9 @@ calls are often slow), and the second round is a plain one, to measure B(0). A s
 at most `clip` times. The probabilities used for the choice are the posterior means (plus `optimism`
 standard deviations if asked: optimism while uncertain explores more, but in replays of recorded
 acceptance it cost more than it found); each transition probability has a prior of `tie` tokens at the
-pooled α, so a state seen rarely behaves like the i.i.d. model. A drafting round after skipped rounds may only lower d (a model drafter
-then also catches up on the skipped tokens, a one-off cost). Per round: a few float updates and two
-[max_gamma]-sized numpy passes (50-100 µs on a 2-core CPU).
+pooled α, so a state seen rarely behaves like the i.i.d. model. A drafting round after skipped rounds
+may only lower d (a model drafter then also catches up on the skipped tokens, a one-off cost). Per round:
+a few float updates and two [max_gamma]-sized numpy passes (50-100 µs on a 2-core CPU).
 
 **Across requests.** A new request is detected by a new `DecodeStats` object: the Markov state starts
 unknown (read as A), the costs carry over as measured, and the acceptance counts keep their means but at
