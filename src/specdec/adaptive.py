@@ -332,10 +332,10 @@ class AdaptiveGamma:
 
     @classmethod
     def for_pair(cls, target: object, drafter: object) -> AdaptiveGamma:
-        """The policy behind ``gamma="auto"``: one per (drafter object, target model, target adapter class) in
-        this process, so that a drafter reused across requests keeps the costs it measured (they belong to the
-        models, the path and the machine) and carries acceptance over as a light prior (`carry`). Keyed weakly:
-        nothing is stored on the models. A new drafter object starts afresh."""
+        """The policy behind ``gamma="auto"``: one per (drafter object, target model, target adapter class and
+        whether it compiles) in this process, so that a drafter reused across requests keeps the costs it
+        measured (they belong to the models, the path and the machine) and carries acceptance over as a light
+        prior (`carry`). Keyed weakly: nothing is stored on the models. A new drafter object starts afresh."""
         model = getattr(target, "model", target)
         try:
             by_model = _PAIRS.setdefault(drafter, weakref.WeakKeyDictionary())
@@ -343,6 +343,8 @@ class AdaptiveGamma:
         except TypeError:  # an object that cannot be weakly referenced: no sharing
             return cls()
         key = f"{type(target).__module__}.{type(target).__qualname__}"
+        if getattr(target, "compile", None) is True:  # a static-cache adapter with compiled forwards
+            key += ":compiled"
         if key not in policies:
             policies[key] = cls()
         return policies[key].fork()
