@@ -74,13 +74,14 @@ def _check_gamma(gamma: object) -> int:
     return gamma
 
 
-def _gamma_policy(gamma: object):
+def _gamma_policy(gamma: object, target: object = None, drafter: object = None):
     if hasattr(gamma, "choose") and hasattr(gamma, "update"):
         return gamma
     if gamma == "auto":
         from specdec.adaptive import AdaptiveGamma  # noqa: PLC0415 (optional policy, loaded on demand)
 
-        return AdaptiveGamma()
+        # One policy per (drafter, target, adapter) in this process: a reused drafter keeps its measured costs.
+        return AdaptiveGamma.for_pair(target, drafter) if drafter is not None else AdaptiveGamma()
     return FixedGamma(_check_gamma(gamma))
 
 
@@ -150,7 +151,7 @@ class SpeculativeDecoder:
         self.sampling = SamplingConfig(temperature, top_k, top_p)
         if gamma is None:  # a tree drafter's own depth, else the chain default
             gamma = getattr(drafter, "default_gamma", None) or DEFAULT_GAMMA
-        self.gamma_policy = _gamma_policy(gamma)
+        self.gamma_policy = _gamma_policy(gamma, self.target, drafter)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         self.max_new_tokens = max_new_tokens
