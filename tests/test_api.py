@@ -95,18 +95,26 @@ def test_same_seed_same_output_different_seeds_differ(target, draft):
     assert a != c
 
 
-def test_stats_are_consistent(target, draft):
-    out = gen(target, drafter=specdec.DraftModel(draft), gamma=4, max_new_tokens=30, temperature=0.8, seed=1)
-    s = out.stats
-    assert s.new_tokens == len(out.tokens) == 30
-    assert s.target_forwards == s.rounds
-    assert s.draft_forwards == s.drafted  # a draft model: one forward per drafted token (catch-up included)
-    assert s.accepted + s.rounds == s.new_tokens  # each round: accepted drafts + one recovered/bonus token
-    assert s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
-    assert s.mean_accepted_tokens == pytest.approx(30 / s.target_forwards)
-    assert s.recovered + s.bonus == s.rounds
-    assert sum(s.accepted_at) == s.accepted and sum(s.drafted_at) == s.drafted
-    assert s.wall_s > 0 and s.target_s > 0 and s.draft_s > 0
+def test_stats_are_consistent_over_many_seeds(target, draft):
+    """The counters add up for every seed, including runs whose last round drafts nothing (γ capped to 0
+    by max_new_tokens): such a round ends in the target's own token, counted in `target_only`."""
+    drafter = specdec.DraftModel(draft)
+    capped = 0
+    for seed in range(40):
+        out = gen(target, drafter=drafter, gamma=4, max_new_tokens=30, temperature=0.8, seed=seed)
+        s = out.stats
+        assert s.new_tokens == len(out.tokens) == 30
+        assert s.target_forwards == s.rounds == len(s.gammas)
+        assert s.draft_forwards == s.drafted  # a draft model: one forward per drafted token (catch-up included)
+        assert s.accepted + s.rounds == s.new_tokens  # each round: accepted drafts + one recovered/bonus token
+        assert s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
+        assert s.mean_accepted_tokens == pytest.approx(30 / s.target_forwards)
+        assert s.recovered + s.bonus + s.target_only == s.rounds, (seed, s.as_dict())
+        assert s.target_only == s.gammas.count(0)
+        assert sum(s.accepted_at) == s.accepted and sum(s.drafted_at) == s.drafted == sum(s.gammas)
+        assert s.wall_s > 0 and s.target_s > 0 and s.draft_s > 0
+        capped += s.target_only
+    assert capped > 0  # some runs ended in a γ = 0 round, so that branch was checked
 
 
 def test_text_helpers_round_trip():

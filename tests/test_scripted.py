@@ -49,7 +49,8 @@ def test_rejection_at_each_position_then_caches_roll_back(gamma, reject_at):
         draft_seq[prompt_len + reject_at] = (draft_seq[prompt_len + reject_at] + 1) % V
     tokens, rounds, decoder, _ = decode(TARGET_SEQ, draft_seq, prompt_len, gamma, max_new_tokens=gamma + 1)
 
-    assert tokens == TARGET_SEQ[prompt_len : prompt_len + gamma + 1][: len(tokens)]
+    assert tokens == TARGET_SEQ[prompt_len : prompt_len + gamma + 1]  # all gamma + 1 tokens, none lost
+    assert len(rounds) == (1 if reject_at == gamma else 2)  # a rejection leaves room for a second round
     accepted, n, target_len, draft_len, _ = rounds[0]
     assert accepted == reject_at
     assert n == prompt_len + reject_at + 1  # accepted drafts + one recovered/bonus token
@@ -84,6 +85,16 @@ def test_max_new_tokens_cut_drafts_fewer():
     tokens, rounds, decoder, _ = decode(TARGET_SEQ, TARGET_SEQ, 4, gamma=4, max_new_tokens=7)
     assert len(tokens) == 7
     assert decoder.stats.gammas == [4, 1]  # 5 tokens, then only 2 remain: draft 1 + bonus
+    assert (decoder.stats.bonus, decoder.stats.target_only) == (2, 0)
+
+
+def test_a_round_with_no_room_to_draft_is_a_target_round():
+    tokens, _, decoder, _ = decode(TARGET_SEQ, TARGET_SEQ, 4, gamma=4, max_new_tokens=6)
+    assert tokens == TARGET_SEQ[4:10]
+    s = decoder.stats
+    assert s.gammas == [4, 0]  # 5 tokens, then only 1 remains: nothing drafted, the target's own token
+    assert (s.bonus, s.recovered, s.target_only) == (1, 0, 1)
+    assert decoder.last_token_source == "target"
 
 
 def test_sampling_mode_keeps_the_same_cache_invariants():
