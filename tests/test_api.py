@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import perturbed, tiny, tiny_tokenizer
+from models import ScriptedLM, one_hot_table, perturbed, tiny, tiny_tokenizer
 
 import specdec
 from specdec.cli import main as cli_main
@@ -79,6 +79,43 @@ def test_nan_logits_raise_a_numerical_error(target):
         broken.lm_head.weight[5, 0] = float("nan")
     with pytest.raises(specdec.NumericalError, match="NaN or infinite logits"):
         gen(broken)
+
+
+class PoisonedLM(ScriptedLM):
+    """A scripted LM whose logit for token 3 at one position is replaced by `value` (NaN or ±inf)."""
+
+    def __init__(self, position: int, value: float):
+        super().__init__(one_hot_table(list(range(1, 8)) * 10), 8)
+        self.position, self.value = position, value
+
+    def forward(self, input_ids=None, position_ids=None, logits_to_keep=0, **kwargs):
+        out = super().forward(input_ids=input_ids, position_ids=position_ids, logits_to_keep=logits_to_keep,
+                              **kwargs)
+        positions = position_ids[0].tolist()[-out.logits.shape[1] :]  # the positions whose logits are returned
+        if self.position in positions:
+            out.logits[0, positions.index(self.position), 3] = self.value
+        return out
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("poisoned", ["target", "draft"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_non_finite_logits_anywhere_raise_a_numerical_error(value, poisoned, temperature):
+    """Prompt of 4 tokens, γ = 4, drafts that agree: the target's first pass scores positions 3..7, and the
+    poisoned position 5 is in the middle of it (not its last row); the draft model computes position 5 on
+    its own. Either way the bad logit is caught, in greedy and in sampling mode."""
+    bad = PoisonedLM(5, value)
+    clean = PoisonedLM(-1, value)  # the same model, no position poisoned
+    target, draft = (bad, clean) if poisoned == "target" else (clean, bad)
+
+    def run():
+        return specdec.generate(target, [1, 2, 3, 4], drafter=specdec.DraftModel(draft), gamma=4,
+                                max_new_tokens=8, temperature=temperature, seed=0, eos_token_id=[])
+
+    with pytest.raises(specdec.NumericalError, match="NaN or infinite logits at positions"):
+        run()
+    bad.position = -1
+    assert len(run().tokens) == 8
 
 
 def test_unknown_model_path(tmp_path):
