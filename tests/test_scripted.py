@@ -31,11 +31,11 @@ class RecordingDraft(specdec.DraftModel):
         self.rounds.append((num_accepted, context.shape[0], self.decoder.target.length, self.lm.length, drafted))
 
 
-def decode(target_seq, draft_seq, prompt_len, gamma, max_new_tokens, temperature=0.0, seed=0):
+def decode(target_seq, draft_seq, prompt_len, gamma, max_new_tokens, temperature=0.0, seed=0, eos=()):
     target = ScriptedLM(one_hot_table(target_seq, V), V)
     drafter = RecordingDraft(ScriptedLM(one_hot_table(draft_seq, V), V))
     decoder = SpeculativeDecoder(target, drafter, gamma=gamma, max_new_tokens=max_new_tokens,
-                                 temperature=temperature, seed=seed, eos_token_id=[])
+                                 temperature=temperature, seed=seed, eos_token_id=list(eos))
     drafter.decoder = decoder
     tokens = list(decoder.stream(target_seq[:prompt_len]))
     return tokens, drafter.rounds, decoder, target
@@ -79,6 +79,20 @@ def test_many_rounds_with_scattered_disagreements_keep_invariants():
     assert target.seen_positions.count(0) == 1
     assert decoder.stats.target_forwards == len(rounds)
     assert decoder.stats.accepted == sum(r[0] for r in rounds)
+
+
+@pytest.mark.parametrize("eos_at", [0, 1, 2, 3])
+def test_eos_inside_an_accepted_run_ends_the_output(eos_at):
+    """Every draft agrees and the EOS is the (eos_at+1)-th new token: at eos_at < γ it is an accepted draft
+    with more accepted drafts (and a bonus token) after it in the same round; nothing after it is emitted."""
+    prompt_len, gamma = 4, 4
+    eos = TARGET_SEQ[prompt_len + eos_at]
+    assert eos not in TARGET_SEQ[prompt_len : prompt_len + eos_at]  # its first occurrence
+    tokens, rounds, decoder, _ = decode(TARGET_SEQ, TARGET_SEQ, prompt_len, gamma, max_new_tokens=20, eos=[eos])
+    assert tokens == TARGET_SEQ[prompt_len : prompt_len + eos_at + 1]
+    assert rounds[0][0] == gamma  # the whole round was accepted, tokens after the EOS included
+    assert decoder.stats.new_tokens == eos_at + 1
+    assert decoder.last_token_source == "accepted"
 
 
 def test_max_new_tokens_cut_drafts_fewer():
