@@ -53,21 +53,68 @@ VOCAB = 8
 PROMPT = [1, 2, 1, 1, 2]  # repeats, so n-gram drafters propose "1", the target's most likely next token
 
 #: (temperature, top_k, top_p, gamma, max_new_tokens, eos): γ >= max_new_tokens exercises the cut of the
-#: last round's drafts; eos=True uses the target's generation_config EOS (a likely token).
+#: last round's drafts; eos=True uses the target's generation_config EOS (its second most likely first token,
+#: which the drafters rarely propose); eos="top" makes the most likely first token the EOS, so drafters
+#: propose it and it is often accepted with more drafts after it in the same round (the loop must stop there).
 SETTINGS = {
     "T1.0-g2-L3": (1.0, None, None, 2, 3, False),
     "T0.5-top4-g3-L4-eos": (0.5, 4, None, 3, 4, True),
     "T1.5-top6-p0.8-g5-L3-eos": (1.5, 6, 0.8, 5, 3, True),
+    "T1.0-top5-g3-L4-eos-drafted": (1.0, 5, None, 3, 4, "top"),
 }
 
-#: Checks a correct implementation must pass: every setting for every method, gamma="auto", conditional.
-POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1
+
+def positive(checks: int = 1, alpha: float = ALPHA):
+    """Declares a test (each of its parametrizations) to run `checks` statistical checks at level `alpha`
+    that a correct implementation must pass: a false failure of each has probability <= alpha."""
+    return pytest.mark.exactness_positive(checks=checks, alpha=alpha)
+
+
+#: Checks a correct implementation must pass: every setting for every method, the conditional-mode case,
+#: the JSON case and the CLI's two methods. `test_family_wise_false_failure_rate_is_bounded` counts the
+#: declared ones in the collected suite, and every test's actual checks are counted as it runs.
+POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2
 #: Bonferroni bound on the chance that a correct implementation fails any of them.
 FWER_BOUND = POSITIVE_CHECKS * ALPHA
 
 
-def test_family_wise_false_failure_rate_is_bounded():
-    assert FWER_BOUND <= 0.01, "too many positive checks for ALPHA: lower ALPHA (and raise N for power)"
+@pytest.fixture(autouse=True)
+def _positive_checks_are_declared(request, monkeypatch):
+    """Counts the checks a test runs that a correct implementation must pass (T > 0, the real verifier, no
+    faulty drafter) and requires them to be declared with @positive, so the family-wise bound covers them."""
+    real = check_exactness
+    ran: list[float] = []
+
+    def counted(target, prompt_ids, drafter=None, **kwargs):
+        result = real(target, prompt_ids, drafter, **kwargs)
+        faulty = "verify_fn" in kwargs or isinstance(drafter, UnwarpedDraft)
+        if not faulty and result.settings["temperature"] > 0:
+            ran.append(result.settings["alpha"])
+        return result
+
+    monkeypatch.setitem(globals(), "check_exactness", counted)
+    monkeypatch.setattr(specdec.exactness, "check_exactness", counted)  # what the CLI calls
+    yield
+    marker = request.node.get_closest_marker("exactness_positive")
+    checks, alpha = (marker.kwargs["checks"], marker.kwargs["alpha"]) if marker else (0, 0.0)
+    assert len(ran) <= checks and all(a <= alpha for a in ran), (
+        f"{request.node.name} ran {len(ran)} positive exactness checks at levels {ran}, but declares "
+        f"{checks} at level {alpha}: mark it @positive(checks=..., alpha=...) so the family-wise bound counts it"
+    )
+
+
+def test_family_wise_false_failure_rate_is_bounded(request):
+    """The Bonferroni bound over the positive checks the collected suite declares (each parametrization
+    counted), whatever -k selects; the autouse fixture above makes every test declare what it runs."""
+    declared = []
+    for item in request.node.parent.collect():
+        marker = item.get_closest_marker("exactness_positive")
+        if marker is not None:
+            declared.append((marker.kwargs["checks"], marker.kwargs["alpha"]))
+    assert sum(c for c, _ in declared) == POSITIVE_CHECKS, "update POSITIVE_CHECKS and docs/exactness.md"
+    bound = sum(c * a for c, a in declared)
+    assert bound == pytest.approx(FWER_BOUND)
+    assert bound <= 0.01, "too many positive checks for ALPHA: lower ALPHA (and raise N for power)"
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +130,22 @@ def pair():
     return target, draft, eos
 
 
+def _most_likely_first_token(target) -> int:
+    with torch.no_grad():
+        return int(target(torch.tensor([PROMPT])).logits[0, -1].argmax())
+
+
+def _eos_option(target, use_eos):
+    """eos_token_id for a setting: [] (none), None (the generation config's), or [the most likely token]."""
+    if use_eos == "top":
+        return [_most_likely_first_token(target)]
+    return None if use_eos else []
+
+
 def _check(target, drafter, setting, **kw):
     temperature, top_k, top_p, gamma, max_new, use_eos = SETTINGS[setting]
     options = dict(gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new,
-                   eos_token_id=None if use_eos else [], samples=N, seed=1234, alpha=ALPHA)
+                   eos_token_id=_eos_option(target, use_eos), samples=N, seed=1234, alpha=ALPHA)
     options.update(kw)
     return check_exactness(target, PROMPT, drafter, **options)
 
@@ -94,6 +153,7 @@ def _check(target, drafter, setting, **kw):
 # ---------------------------------------------------------------------------------------------- positives
 
 
+@positive()
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_method_is_exact(pair, name, setting):
@@ -104,7 +164,9 @@ def test_every_method_is_exact(pair, name, setting):
     assert result.passed, result.summary()
     assert result.p_value >= ALPHA
     assert result.detectable_tv < 0.12, result.summary()  # the check has power
-    if SETTINGS[setting][5]:
+    if SETTINGS[setting][5] == "top":
+        assert result.settings["eos"] == [_most_likely_first_token(target)] != [eos]
+    elif SETTINGS[setting][5]:
         assert result.settings["eos"] == [eos]
     if drafter is not None:  # drafts were both accepted and rejected: every verification path ran
         assert 0 < result.accepted < result.drafted, result.summary()
@@ -113,6 +175,7 @@ def test_every_method_is_exact(pair, name, setting):
         assert 0.1 < result.acceptance_rate < 0.95, result.summary()
 
 
+@positive()
 def test_conditional_mode_with_a_larger_vocabulary():
     """V=64, 3 tokens: 262 144 continuations, too many to enumerate; per-prefix next-token tests instead."""
     target = tiny("llama", hidden=16, layers=2, vocab=64, seed=5)
@@ -257,10 +320,11 @@ def test_memo_engine_draws_what_real_forwards_draw(pair):
     assert "forward" not in target.__dict__ and "forward" not in draft.__dict__  # unpatched afterwards
 
 
+@positive()  # does not assert PASS; counted anyway
 def test_result_to_dict_is_json(pair):
     target, draft, _ = pair
     result = check_exactness(target, PROMPT, specdec.DraftModel(draft), gamma=2, max_new_tokens=2, samples=200,
-                             eos_token_id=[])
+                             eos_token_id=[], alpha=ALPHA)
     data = json.loads(json.dumps(result.to_dict()))
     for key in ("method", "settings", "samples", "p_value", "tv", "tv_ci", "detectable_tv", "verdict"):
         assert key in data
@@ -343,12 +407,13 @@ def saved_pair(tmp_path_factory, pair):
     return root
 
 
+@positive(checks=2)
 def test_cli_verify_json_and_exit_code(saved_pair, capsys):
     from specdec.cli import main
 
     rc = main(["verify", "--target", str(saved_pair / "target"), "--draft", str(saved_pair / "draft"),
                "--drafter", "draft", "--drafter", "plain", "--prompt-ids", "1,2,3", "--samples", "400",
-               "--top-k", "5", "--eos", "none", "--dtype", "float64", "--json"])
+               "--top-k", "5", "--eos", "none", "--dtype", "float64", "--alpha", str(ALPHA), "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["passed"]
     assert [r["method"] for r in out["results"]] == ["draft", "plain"]
