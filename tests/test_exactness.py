@@ -2,14 +2,19 @@
 
 Each check draws N continuations of one prompt through the real decode loop and compares them with the
 target's distribution computed exactly (all continuations, or per-prefix next-token distributions for the
-larger vocabulary), see `specdec.exactness` and docs/exactness.md.
+larger vocabulary), see `specdec.exactness` and docs/exactness.md. The reference warps the target's
+logits with `specdec.exactness.warp.reference_warp`, not with the decoder's `SamplingConfig.warp`, so a
+warp bug shows here too (docs/testing.md).
 
 Thresholds and error rates
 - Positive checks (a correct method must PASS): N = 3000 draws each, FAIL when p < ALPHA = 1e-4. The
   Pearson chi-square p-value is calibrated at that level (1.15e-4 measured in 200 000 null simulations with
-  674 cells), so with POSITIVE_CHECKS = 3 settings x 6 methods in tests/methods.py (gamma="auto" among them) + the
-  conditional-mode case = 19 checks (+3 per method added to the registry), the probability that a correct
-  implementation fails any of them is at most 19 x 1e-4 = 0.19% (Bonferroni) for a random seed. Seeds are
+  674 cells), so with POSITIVE_CHECKS = 4 settings x 6 methods in tests/methods.py (gamma="auto" among them)
+  + the conditional-mode case + the JSON case + the CLI's 2 methods = 28 checks (+4 per method added to the
+  registry), the probability that a correct implementation fails any of them is at most 28 x 1e-4 = 0.28%
+  (Bonferroni) for a random seed. Every test declares the positive checks it runs (@positive); an autouse
+  fixture counts the checks each test actually runs against that, and
+  test_family_wise_false_failure_rate_is_bounded sums the declarations of the collected suite. Seeds are
   fixed, so a given commit passes or fails deterministically (gamma="auto" excepted: its γ choices follow
   measured timings). Each positive check also asserts its power: every deviation of TV >= 0.12 on the
   test's cells is detected with probability >= 0.8 (typically 0.065-0.095 here).
