@@ -99,18 +99,19 @@ class PoisonedLM(ScriptedLM):
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 @pytest.mark.parametrize("poisoned", ["target", "draft"])
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_non_finite_logits_anywhere_raise_a_numerical_error(value, poisoned, temperature):
+@pytest.mark.parametrize(("temperature", "compile"), [(0.0, False), (1.0, False), (1.0, "static")])
+def test_non_finite_logits_anywhere_raise_a_numerical_error(value, poisoned, temperature, compile):
     """Prompt of 4 tokens, γ = 4, drafts that agree: the target's first pass scores positions 3..7, and the
     poisoned position 5 is in the middle of it (not its last row); the draft model computes position 5 on
-    its own. Either way the bad logit is caught, in greedy and in sampling mode."""
+    its own. Either way the bad logit is caught, in greedy and in sampling mode, with either KV cache."""
     bad = PoisonedLM(5, value)
     clean = PoisonedLM(-1, value)  # the same model, no position poisoned
     target, draft = (bad, clean) if poisoned == "target" else (clean, bad)
 
     def run():
         return specdec.generate(target, [1, 2, 3, 4], drafter=specdec.DraftModel(draft), gamma=4,
-                                max_new_tokens=8, temperature=temperature, seed=0, eos_token_id=[])
+                                max_new_tokens=8, temperature=temperature, seed=0, eos_token_id=[],
+                                compile=compile)
 
     with pytest.raises(specdec.NumericalError, match="NaN or infinite logits at positions"):
         run()

@@ -58,7 +58,7 @@ class SamplingConfig:
         if top_k is not None:
             # One candidate more than k, to see whether the k-th is tied with the next.
             values, index = scores.topk(top_k + 1, dim=-1)  # [n, k+1], descending
-            if bool((values[:, top_k] == values[:, top_k - 1]).any()):  # rare: keep every tied token
+            if any(a == b for a, b in values[:, top_k - 1 :].tolist()):  # rare: keep every tied token
                 values, index = scores.sort(dim=-1, descending=True)  # [n, V]
                 values = values.masked_fill(values < values[:, top_k - 1 : top_k], -math.inf)
             else:
