@@ -99,7 +99,8 @@ class PoisonedLM(ScriptedLM):
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 @pytest.mark.parametrize("poisoned", ["target", "draft"])
-@pytest.mark.parametrize(("temperature", "compile"), [(0.0, False), (1.0, False), (1.0, "static")])
+@pytest.mark.parametrize(("temperature", "compile"),
+                         [(0.0, False), (1.0, False), (0.0, "static"), (1.0, "static")])
 def test_non_finite_logits_anywhere_raise_a_numerical_error(value, poisoned, temperature, compile):
     """Prompt of 4 tokens, γ = 4, drafts that agree: the target's first pass scores positions 3..7, and the
     poisoned position 5 is in the middle of it (not its last row); the draft model computes position 5 on
