@@ -9,12 +9,13 @@ warp bug shows here too (docs/testing.md).
 Thresholds and error rates
 - Positive checks (a correct method must PASS): N = 3000 draws each, FAIL when p < ALPHA = 1e-4. The
   Pearson chi-square p-value is calibrated at that level (1.15e-4 measured in 200 000 null simulations with
-  674 cells), so with POSITIVE_CHECKS = 4 settings x 6 methods in tests/methods.py (gamma="auto" among them)
-  + the conditional-mode case + the JSON case + the CLI's 2 methods = 28 checks (+4 per method added to the
-  registry), the probability that a correct implementation fails any of them is at most 28 x 1e-4 = 0.28%
-  (Bonferroni) for a random seed. Every test declares the positive checks it runs (@positive); an autouse
-  fixture counts the checks each test actually runs against that, and
-  test_family_wise_false_failure_rate_is_bounded sums the declarations of the collected suite. Seeds are
+  674 cells), so with POSITIVE_CHECKS = 4 settings x 11 methods in tests/methods.py + the conditional-mode
+  case + the JSON case + the CLI's 2 methods + 3 in test_trees.py / test_fastpath.py = 51 checks (+4 per
+  method added to the registry), the probability that a correct implementation fails any of them is at most
+  51 x 1e-4 = 0.51% (Bonferroni) for a random seed. Every test declares the positive checks it runs
+  (@positive, i.e. @pytest.mark.exactness_positive); an autouse fixture in conftest.py counts the checks
+  each test actually runs against that, and test_family_wise_false_failure_rate_is_bounded sums the
+  declarations of every test module. Seeds are
   fixed, so a given commit passes or fails deterministically (gamma="auto" excepted: its γ choices follow
   measured timings). Each positive check also asserts its power: every deviation of TV >= 0.12 on the
   test's cells is detected with probability >= 0.8 (typically 0.065-0.095 here).
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -76,46 +78,27 @@ def positive(checks: int = 1, alpha: float = ALPHA):
 
 
 #: Checks a correct implementation must pass: every setting for every method, the conditional-mode case,
-#: the JSON case and the CLI's two methods. `test_family_wise_false_failure_rate_is_bounded` counts the
-#: declared ones in the collected suite, and every test's actual checks are counted as it runs.
-POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2
+#: the JSON case and the CLI's two methods here; in tests/test_trees.py the duplicate-children case and the
+#: sibling-mask control's correct run; the compiled check in tests/test_fastpath.py.
+#: `test_family_wise_false_failure_rate_is_bounded` counts the declared ones in the collected suite, and
+#: every test's actual checks are counted as it runs (conftest.py).
+POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + 2 + 1
 #: Bonferroni bound on the chance that a correct implementation fails any of them.
 FWER_BOUND = POSITIVE_CHECKS * ALPHA
 
 
-@pytest.fixture(autouse=True)
-def _positive_checks_are_declared(request, monkeypatch):
-    """Counts the checks a test runs that a correct implementation must pass (T > 0, the real verifier, no
-    faulty drafter) and requires them to be declared with @positive, so the family-wise bound covers them."""
-    real = check_exactness
-    ran: list[float] = []
-
-    def counted(target, prompt_ids, drafter=None, **kwargs):
-        result = real(target, prompt_ids, drafter, **kwargs)
-        faulty = "verify_fn" in kwargs or isinstance(drafter, UnwarpedDraft)
-        if not faulty and result.settings["temperature"] > 0:
-            ran.append(result.settings["alpha"])
-        return result
-
-    monkeypatch.setitem(globals(), "check_exactness", counted)
-    monkeypatch.setattr(specdec.exactness, "check_exactness", counted)  # what the CLI calls
-    yield
-    marker = request.node.get_closest_marker("exactness_positive")
-    checks, alpha = (marker.kwargs["checks"], marker.kwargs["alpha"]) if marker else (0, 0.0)
-    assert len(ran) <= checks and all(a <= alpha for a in ran), (
-        f"{request.node.name} ran {len(ran)} positive exactness checks at levels {ran}, but declares "
-        f"{checks} at level {alpha}: mark it @positive(checks=..., alpha=...) so the family-wise bound counts it"
-    )
-
-
 def test_family_wise_false_failure_rate_is_bounded(request):
-    """The Bonferroni bound over the positive checks the collected suite declares (each parametrization
-    counted), whatever -k selects; the autouse fixture above makes every test declare what it runs."""
+    """The Bonferroni bound over the positive checks that every test module of the suite declares (each
+    parametrization counted, whatever -k selects); an autouse fixture in conftest.py makes each test declare
+    the checks it actually runs."""
     declared = []
-    for item in request.node.parent.collect():
-        marker = item.get_closest_marker("exactness_positive")
-        if marker is not None:
-            declared.append((marker.kwargs["checks"], marker.kwargs["alpha"]))
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        module = request.node.parent if path == Path(__file__) else pytest.Module.from_parent(request.session,
+                                                                                              path=path)
+        for item in module.collect():
+            marker = item.get_closest_marker("exactness_positive")
+            if marker is not None:
+                declared.append((marker.kwargs["checks"], marker.kwargs["alpha"]))
     assert sum(c for c, _ in declared) == POSITIVE_CHECKS, "update POSITIVE_CHECKS and docs/exactness.md"
     bound = sum(c * a for c, a in declared)
     assert bound == pytest.approx(FWER_BOUND)
