@@ -15,6 +15,7 @@ import torch
 from models import hf_greedy, perturbed, tiny
 
 import specdec
+import specdec.exactness
 from specdec.errors import PromptError
 from specdec.models.causal_lm import CachedCausalLM
 from specdec.models.static_lm import _COMPILED, FastPathWarning, StaticCausalLM, TreeMask
@@ -70,9 +71,9 @@ def test_compiled_plain_and_sampling_are_exact(llama_pair):
     assert specdec.generate(target, LONG[:20], max_new_tokens=16, compile=True).tokens == \
         hf_greedy(target, LONG[:20], 16)
     small = tiny("llama", hidden=16, layers=2, vocab=8, seed=3)
-    result = specdec.check_exactness(small, [1, 2, 1], specdec.DraftModel(perturbed(small, 0.3, seed=11)),
-                                     gamma=2, temperature=1.0, top_k=6, top_p=0.9, max_new_tokens=3,
-                                     samples=3000, seed=7, alpha=1e-4, eos_token_id=[], compile=True)
+    result = specdec.exactness.check_exactness(
+        small, [1, 2, 1], specdec.DraftModel(perturbed(small, 0.3, seed=11)), gamma=2, temperature=1.0, top_k=6,
+        top_p=0.9, max_new_tokens=3, samples=3000, seed=7, alpha=1e-4, eos_token_id=[], compile=True)
     assert result.passed, result.summary()
 
 
