@@ -10,7 +10,48 @@ sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(1)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "exactness_positive(checks, alpha): runs statistical exactness checks a correct "
+        "implementation must pass (tests/test_exactness.py counts them in its family-wise bound)")
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_torch():
     torch.manual_seed(0)
     yield
+
+
+FAULTY_MODULE = "specdec.exactness.faulty"
+
+
+@pytest.fixture(autouse=True)
+def _positive_exactness_checks_are_declared(request, monkeypatch):
+    """Counts the `check_exactness` runs of a test that a correct implementation must pass (T > 0, the real
+    verifiers, no model or drafter from `specdec.exactness.faulty`) and requires the test to declare them with
+    @pytest.mark.exactness_positive(checks=..., alpha=...), so the family-wise bound in test_exactness.py
+    covers every statistical check of the suite."""
+    import specdec.exactness
+
+    real = specdec.exactness.check_exactness
+    ran: list[float] = []
+
+    def counted(target, prompt_ids, drafter=None, **kwargs):
+        result = real(target, prompt_ids, drafter, **kwargs)
+        faulty = ("verify_fn" in kwargs or "tree_verify_fn" in kwargs
+                  or FAULTY_MODULE in (type(target).__module__, type(drafter).__module__))
+        if not faulty and result.settings["temperature"] > 0:
+            ran.append(result.settings["alpha"])
+        return result
+
+    monkeypatch.setattr(specdec.exactness, "check_exactness", counted)  # what the CLI calls
+    if getattr(request.module, "check_exactness", None) is real:
+        monkeypatch.setattr(request.module, "check_exactness", counted)
+    yield
+    marker = request.node.get_closest_marker("exactness_positive")
+    checks, alpha = (marker.kwargs["checks"], marker.kwargs["alpha"]) if marker else (0, 0.0)
+    assert len(ran) <= checks and all(a <= alpha for a in ran), (
+        f"{request.node.name} ran {len(ran)} positive exactness checks at levels {ran}, but declares {checks} "
+        f"at level {alpha}: mark it @pytest.mark.exactness_positive(checks=..., alpha=...) so that the "
+        "family-wise bound in tests/test_exactness.py counts it"
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import perturbed, tiny, tiny_tokenizer
+from models import ScriptedLM, one_hot_table, perturbed, tiny, tiny_tokenizer
 
 import specdec
 from specdec.cli import main as cli_main
@@ -81,6 +81,45 @@ def test_nan_logits_raise_a_numerical_error(target):
         gen(broken)
 
 
+class PoisonedLM(ScriptedLM):
+    """A scripted LM whose logit for token 3 at one position is replaced by `value` (NaN or ±inf)."""
+
+    def __init__(self, position: int, value: float):
+        super().__init__(one_hot_table(list(range(1, 8)) * 10), 8)
+        self.position, self.value = position, value
+
+    def forward(self, input_ids=None, position_ids=None, logits_to_keep=0, **kwargs):
+        out = super().forward(input_ids=input_ids, position_ids=position_ids, logits_to_keep=logits_to_keep,
+                              **kwargs)
+        positions = position_ids[0].tolist()[-out.logits.shape[1] :]  # the positions whose logits are returned
+        if self.position in positions:
+            out.logits[0, positions.index(self.position), 3] = self.value
+        return out
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("poisoned", ["target", "draft"])
+@pytest.mark.parametrize(("temperature", "compile"),
+                         [(0.0, False), (1.0, False), (0.0, "static"), (1.0, "static")])
+def test_non_finite_logits_anywhere_raise_a_numerical_error(value, poisoned, temperature, compile):
+    """Prompt of 4 tokens, γ = 4, drafts that agree: the target's first pass scores positions 3..7, and the
+    poisoned position 5 is in the middle of it (not its last row); the draft model computes position 5 on
+    its own. Either way the bad logit is caught, in greedy and in sampling mode, with either KV cache."""
+    bad = PoisonedLM(5, value)
+    clean = PoisonedLM(-1, value)  # the same model, no position poisoned
+    target, draft = (bad, clean) if poisoned == "target" else (clean, bad)
+
+    def run():
+        return specdec.generate(target, [1, 2, 3, 4], drafter=specdec.DraftModel(draft), gamma=4,
+                                max_new_tokens=8, temperature=temperature, seed=0, eos_token_id=[],
+                                compile=compile)
+
+    with pytest.raises(specdec.NumericalError, match="NaN or infinite logits at positions"):
+        run()
+    bad.position = -1
+    assert len(run().tokens) == 8
+
+
 def test_unknown_model_path(tmp_path):
     with pytest.raises(specdec.ModelLoadError, match="cannot load"):
         specdec.load(str(tmp_path / "no-such-model"))
@@ -95,18 +134,26 @@ def test_same_seed_same_output_different_seeds_differ(target, draft):
     assert a != c
 
 
-def test_stats_are_consistent(target, draft):
-    out = gen(target, drafter=specdec.DraftModel(draft), gamma=4, max_new_tokens=30, temperature=0.8, seed=1)
-    s = out.stats
-    assert s.new_tokens == len(out.tokens) == 30
-    assert s.target_forwards == s.rounds
-    assert s.draft_forwards == s.drafted  # a draft model: one forward per drafted token (catch-up included)
-    assert s.accepted + s.rounds == s.new_tokens  # each round: accepted drafts + one recovered/bonus token
-    assert s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
-    assert s.mean_accepted_tokens == pytest.approx(30 / s.target_forwards)
-    assert s.recovered + s.bonus == s.rounds
-    assert sum(s.accepted_at) == s.accepted and sum(s.drafted_at) == s.drafted
-    assert s.wall_s > 0 and s.target_s > 0 and s.draft_s > 0
+def test_stats_are_consistent_over_many_seeds(target, draft):
+    """The counters add up for every seed, including runs whose last round drafts nothing (γ capped to 0
+    by max_new_tokens): such a round ends in the target's own token, counted in `target_only`."""
+    drafter = specdec.DraftModel(draft)
+    capped = 0
+    for seed in range(40):
+        out = gen(target, drafter=drafter, gamma=4, max_new_tokens=30, temperature=0.8, seed=seed)
+        s = out.stats
+        assert s.new_tokens == len(out.tokens) == 30
+        assert s.target_forwards == s.rounds == len(s.gammas)
+        assert s.draft_forwards == s.drafted  # a draft model: one forward per drafted token (catch-up included)
+        assert s.accepted + s.rounds == s.new_tokens  # each round: accepted drafts + one recovered/bonus token
+        assert s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
+        assert s.mean_accepted_tokens == pytest.approx(30 / s.target_forwards)
+        assert s.recovered + s.bonus + s.target_only == s.rounds, (seed, s.as_dict())
+        assert s.target_only == s.gammas.count(0)
+        assert sum(s.accepted_at) == s.accepted and sum(s.drafted_at) == s.drafted == sum(s.gammas)
+        assert s.wall_s > 0 and s.target_s > 0 and s.draft_s > 0
+        capped += s.target_only
+    assert capped > 0  # some runs ended in a γ = 0 round, so that branch was checked
 
 
 def test_text_helpers_round_trip():

@@ -2,14 +2,20 @@
 
 Each check draws N continuations of one prompt through the real decode loop and compares them with the
 target's distribution computed exactly (all continuations, or per-prefix next-token distributions for the
-larger vocabulary), see `specdec.exactness` and docs/exactness.md.
+larger vocabulary), see `specdec.exactness` and docs/exactness.md. The reference warps the target's
+logits with `specdec.exactness.warp.reference_warp`, not with the decoder's `SamplingConfig.warp`, so a
+warp bug shows here too (docs/testing.md).
 
 Thresholds and error rates
 - Positive checks (a correct method must PASS): N = 3000 draws each, FAIL when p < ALPHA = 1e-4. The
   Pearson chi-square p-value is calibrated at that level (1.15e-4 measured in 200 000 null simulations with
-  674 cells), so with POSITIVE_CHECKS = 3 settings x 6 methods in tests/methods.py (gamma="auto" among them) + the
-  conditional-mode case = 19 checks (+3 per method added to the registry), the probability that a correct
-  implementation fails any of them is at most 19 x 1e-4 = 0.19% (Bonferroni) for a random seed. Seeds are
+  674 cells), so with POSITIVE_CHECKS = 4 settings x 11 methods in tests/methods.py + the conditional-mode
+  case + the JSON case + the CLI's 2 methods + 3 in test_trees.py / test_fastpath.py = 51 checks (+4 per
+  method added to the registry), the probability that a correct implementation fails any of them is at most
+  51 x 1e-4 = 0.51% (Bonferroni) for a random seed. Every test declares the positive checks it runs
+  (@positive, i.e. @pytest.mark.exactness_positive); an autouse fixture in conftest.py counts the checks
+  each test actually runs against that, and test_family_wise_false_failure_rate_is_bounded sums the
+  declarations of every test module. Seeds are
   fixed, so a given commit passes or fails deterministically (gamma="auto" excepted: its γ choices follow
   measured timings). Each positive check also asserts its power: every deviation of TV >= 0.12 on the
   test's cells is detected with probability >= 0.8 (typically 0.065-0.095 here).
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -53,21 +60,49 @@ VOCAB = 8
 PROMPT = [1, 2, 1, 1, 2]  # repeats, so n-gram drafters propose "1", the target's most likely next token
 
 #: (temperature, top_k, top_p, gamma, max_new_tokens, eos): γ >= max_new_tokens exercises the cut of the
-#: last round's drafts; eos=True uses the target's generation_config EOS (a likely token).
+#: last round's drafts; eos=True uses the target's generation_config EOS (its second most likely first token,
+#: which the drafters rarely propose); eos="top" makes the most likely first token the EOS, so drafters
+#: propose it and it is often accepted with more drafts after it in the same round (the loop must stop there).
 SETTINGS = {
     "T1.0-g2-L3": (1.0, None, None, 2, 3, False),
     "T0.5-top4-g3-L4-eos": (0.5, 4, None, 3, 4, True),
     "T1.5-top6-p0.8-g5-L3-eos": (1.5, 6, 0.8, 5, 3, True),
+    "T1.0-top5-g3-L4-eos-drafted": (1.0, 5, None, 3, 4, "top"),
 }
 
-#: Checks a correct implementation must pass: every setting for every method, gamma="auto", conditional.
-POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1
+
+def positive(checks: int = 1, alpha: float = ALPHA):
+    """Declares a test (each of its parametrizations) to run `checks` statistical checks at level `alpha`
+    that a correct implementation must pass: a false failure of each has probability <= alpha."""
+    return pytest.mark.exactness_positive(checks=checks, alpha=alpha)
+
+
+#: Checks a correct implementation must pass: every setting for every method, the conditional-mode case,
+#: the JSON case and the CLI's two methods here; in tests/test_trees.py the duplicate-children case and the
+#: sibling-mask control's correct run; the compiled check in tests/test_fastpath.py.
+#: `test_family_wise_false_failure_rate_is_bounded` counts the declared ones in the collected suite, and
+#: every test's actual checks are counted as it runs (conftest.py).
+POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + 2 + 1
 #: Bonferroni bound on the chance that a correct implementation fails any of them.
 FWER_BOUND = POSITIVE_CHECKS * ALPHA
 
 
-def test_family_wise_false_failure_rate_is_bounded():
-    assert FWER_BOUND <= 0.01, "too many positive checks for ALPHA: lower ALPHA (and raise N for power)"
+def test_family_wise_false_failure_rate_is_bounded(request):
+    """The Bonferroni bound over the positive checks that every test module of the suite declares (each
+    parametrization counted, whatever -k selects); an autouse fixture in conftest.py makes each test declare
+    the checks it actually runs."""
+    declared = []
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        module = request.node.parent if path == Path(__file__) else pytest.Module.from_parent(request.session,
+                                                                                              path=path)
+        for item in module.collect():
+            marker = item.get_closest_marker("exactness_positive")
+            if marker is not None:
+                declared.append((marker.kwargs["checks"], marker.kwargs["alpha"]))
+    assert sum(c for c, _ in declared) == POSITIVE_CHECKS, "update POSITIVE_CHECKS and docs/exactness.md"
+    bound = sum(c * a for c, a in declared)
+    assert bound == pytest.approx(FWER_BOUND)
+    assert bound <= 0.01, "too many positive checks for ALPHA: lower ALPHA (and raise N for power)"
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +118,22 @@ def pair():
     return target, draft, eos
 
 
+def _most_likely_first_token(target) -> int:
+    with torch.no_grad():
+        return int(target(torch.tensor([PROMPT])).logits[0, -1].argmax())
+
+
+def _eos_option(target, use_eos):
+    """eos_token_id for a setting: [] (none), None (the generation config's), or [the most likely token]."""
+    if use_eos == "top":
+        return [_most_likely_first_token(target)]
+    return None if use_eos else []
+
+
 def _check(target, drafter, setting, **kw):
     temperature, top_k, top_p, gamma, max_new, use_eos = SETTINGS[setting]
     options = dict(gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new,
-                   eos_token_id=None if use_eos else [], samples=N, seed=1234, alpha=ALPHA)
+                   eos_token_id=_eos_option(target, use_eos), samples=N, seed=1234, alpha=ALPHA)
     options.update(kw)
     return check_exactness(target, PROMPT, drafter, **options)
 
@@ -94,6 +141,7 @@ def _check(target, drafter, setting, **kw):
 # ---------------------------------------------------------------------------------------------- positives
 
 
+@positive()
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_method_is_exact(pair, name, setting):
@@ -104,7 +152,9 @@ def test_every_method_is_exact(pair, name, setting):
     assert result.passed, result.summary()
     assert result.p_value >= ALPHA
     assert result.detectable_tv < 0.12, result.summary()  # the check has power
-    if SETTINGS[setting][5]:
+    if SETTINGS[setting][5] == "top":
+        assert result.settings["eos"] == [_most_likely_first_token(target)] != [eos]
+    elif SETTINGS[setting][5]:
         assert result.settings["eos"] == [eos]
     if drafter is not None:  # drafts were both accepted and rejected: every verification path ran
         assert 0 < result.accepted < result.drafted, result.summary()
@@ -113,6 +163,7 @@ def test_every_method_is_exact(pair, name, setting):
         assert 0.1 < result.acceptance_rate < 0.95, result.summary()
 
 
+@positive()
 def test_conditional_mode_with_a_larger_vocabulary():
     """V=64, 3 tokens: 262 144 continuations, too many to enumerate; per-prefix next-token tests instead."""
     target = tiny("llama", hidden=16, layers=2, vocab=64, seed=5)
@@ -257,10 +308,11 @@ def test_memo_engine_draws_what_real_forwards_draw(pair):
     assert "forward" not in target.__dict__ and "forward" not in draft.__dict__  # unpatched afterwards
 
 
+@positive()  # does not assert PASS; counted anyway
 def test_result_to_dict_is_json(pair):
     target, draft, _ = pair
     result = check_exactness(target, PROMPT, specdec.DraftModel(draft), gamma=2, max_new_tokens=2, samples=200,
-                             eos_token_id=[])
+                             eos_token_id=[], alpha=ALPHA)
     data = json.loads(json.dumps(result.to_dict()))
     for key in ("method", "settings", "samples", "p_value", "tv", "tv_ci", "detectable_tv", "verdict"):
         assert key in data
@@ -343,12 +395,13 @@ def saved_pair(tmp_path_factory, pair):
     return root
 
 
+@positive(checks=2)
 def test_cli_verify_json_and_exit_code(saved_pair, capsys):
     from specdec.cli import main
 
     rc = main(["verify", "--target", str(saved_pair / "target"), "--draft", str(saved_pair / "draft"),
                "--drafter", "draft", "--drafter", "plain", "--prompt-ids", "1,2,3", "--samples", "400",
-               "--top-k", "5", "--eos", "none", "--dtype", "float64", "--json"])
+               "--top-k", "5", "--eos", "none", "--dtype", "float64", "--alpha", str(ALPHA), "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["passed"]
     assert [r["method"] for r in out["results"]] == ["draft", "plain"]

@@ -66,6 +66,7 @@ def test_compiled_other_architectures(arch):
 
 
 @pytest.mark.slow
+@pytest.mark.exactness_positive(checks=1, alpha=1e-4)
 def test_compiled_plain_and_sampling_are_exact(llama_pair):
     target, draft = llama_pair
     assert specdec.generate(target, LONG[:20], max_new_tokens=16, compile=True).tokens == \

@@ -36,11 +36,12 @@ class RecordingDraft(specdec.DraftModel):
 CACHES = pytest.mark.parametrize("compile", [False, "static"], ids=["dynamic-cache", "slot-cache"])
 
 
-def decode(target_seq, draft_seq, prompt_len, gamma, max_new_tokens, temperature=0.0, seed=0, compile=False):
+def decode(target_seq, draft_seq, prompt_len, gamma, max_new_tokens, temperature=0.0, seed=0, compile=False,
+           eos=()):
     target = ScriptedLM(one_hot_table(target_seq, V), V)
     drafter = RecordingDraft(ScriptedLM(one_hot_table(draft_seq, V), V))
     decoder = SpeculativeDecoder(target, drafter, gamma=gamma, max_new_tokens=max_new_tokens,
-                                 temperature=temperature, seed=seed, eos_token_id=[], compile=compile)
+                                 temperature=temperature, seed=seed, eos_token_id=list(eos), compile=compile)
     drafter.decoder = decoder
     tokens = list(decoder.stream(target_seq[:prompt_len]))
     return tokens, drafter.rounds, decoder, target
@@ -56,7 +57,8 @@ def test_rejection_at_each_position_then_caches_roll_back(gamma, reject_at, comp
     tokens, rounds, decoder, _ = decode(TARGET_SEQ, draft_seq, prompt_len, gamma, max_new_tokens=gamma + 1,
                                         compile=compile)
 
-    assert tokens == TARGET_SEQ[prompt_len : prompt_len + gamma + 1][: len(tokens)]
+    assert tokens == TARGET_SEQ[prompt_len : prompt_len + gamma + 1]  # all gamma + 1 tokens, none lost
+    assert len(rounds) == (1 if reject_at == gamma else 2)  # a rejection leaves room for a second round
     accepted, n, target_len, draft_len, _ = rounds[0]
     assert accepted == reject_at
     assert n == prompt_len + reject_at + 1  # accepted drafts + one recovered/bonus token
@@ -93,10 +95,37 @@ def test_many_rounds_with_scattered_disagreements_keep_invariants(compile):
 
 
 @CACHES
+@pytest.mark.parametrize("eos_at", [0, 1, 2, 3])
+def test_eos_inside_an_accepted_run_ends_the_output(eos_at, compile):
+    """Every draft agrees and the EOS is the (eos_at+1)-th new token: at eos_at < γ it is an accepted draft
+    with more accepted drafts (and a bonus token) after it in the same round; nothing after it is emitted."""
+    prompt_len, gamma = 4, 4
+    eos = TARGET_SEQ[prompt_len + eos_at]
+    assert eos not in TARGET_SEQ[prompt_len : prompt_len + eos_at]  # its first occurrence
+    tokens, rounds, decoder, _ = decode(TARGET_SEQ, TARGET_SEQ, prompt_len, gamma, max_new_tokens=20, eos=[eos],
+                                        compile=compile)
+    assert tokens == TARGET_SEQ[prompt_len : prompt_len + eos_at + 1]
+    assert rounds[0][0] == gamma  # the whole round was accepted, tokens after the EOS included
+    assert decoder.stats.new_tokens == eos_at + 1
+    assert decoder.last_token_source == "accepted"
+
+
+@CACHES
 def test_max_new_tokens_cut_drafts_fewer(compile):
     tokens, rounds, decoder, _ = decode(TARGET_SEQ, TARGET_SEQ, 4, gamma=4, max_new_tokens=7, compile=compile)
     assert len(tokens) == 7
     assert decoder.stats.gammas == [4, 1]  # 5 tokens, then only 2 remain: draft 1 + bonus
+    assert (decoder.stats.bonus, decoder.stats.target_only) == (2, 0)
+
+
+@CACHES
+def test_a_round_with_no_room_to_draft_is_a_target_round(compile):
+    tokens, _, decoder, _ = decode(TARGET_SEQ, TARGET_SEQ, 4, gamma=4, max_new_tokens=6, compile=compile)
+    assert tokens == TARGET_SEQ[4:10]
+    s = decoder.stats
+    assert s.gammas == [4, 0]  # 5 tokens, then only 1 remains: nothing drafted, the target's own token
+    assert (s.bonus, s.recovered, s.target_only) == (1, 0, 1)
+    assert decoder.last_token_source == "target"
 
 
 @CACHES

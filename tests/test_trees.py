@@ -299,6 +299,7 @@ def _first_token_counts(verify_fn, p, q, k, n, seed):
 DUP_P, DUP_Q = [0.42, 0.01, 0.57], [0.02, 0.62, 0.36]
 
 
+@pytest.mark.exactness_positive(checks=1, alpha=1e-4)
 def test_iid_children_with_duplicates_are_exact():
     counts = _first_token_counts(verify_tree, DUP_P, DUP_Q, k=4, n=3000, seed=5)
     assert multinomial_test(counts, DUP_P, alpha=1e-4).p_value >= 1e-4
@@ -326,6 +327,7 @@ def test_negative_control_softmax_q_for_top_k_children(pair):
     assert not result.passed and result.p_value < 1e-6, result.summary()
 
 
+@pytest.mark.exactness_positive(checks=1, alpha=1e-4)  # the correct run
 def test_negative_control_mask_lets_a_node_see_its_sibling():
     # a sharper random target (initializer_range 1.0) so that one extra visible token moves its logits a lot;
     # runs on the "cache" engine (the memo refuses rows whose position disagrees with what they see): 1000 draws

@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from specdec.decoding import verify_round
+from specdec.sampling import SamplingConfig
 from specdec.stats import best_gamma, expected_speedup, expected_tokens_per_pass
 from specdec.verify import acceptance_ratio, residual_distribution, verify_greedy, verify_sampled
 
@@ -88,7 +90,6 @@ def test_zero_target_probability_is_always_rejected():
 def test_greedy_verification_accepts_the_matching_prefix():
     logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 9.0], [1.0, 2.0, 0.0]])
     # target argmax per position: 1, 0, 2, 1
-    assert verify_greedy(torch.tensor([1, 0, 2]), logits) == verify_greedy(torch.tensor([1, 0, 2]), logits)
     v = verify_greedy(torch.tensor([1, 0, 2]), logits)
     assert (v.num_accepted, v.next_token, v.outcome) == (3, 1, "bonus")
     v = verify_greedy(torch.tensor([1, 2, 2]), logits)
@@ -96,6 +97,57 @@ def test_greedy_verification_accepts_the_matching_prefix():
     v = verify_greedy(torch.tensor([0, 0, 2]), logits)
     assert (v.num_accepted, v.next_token) == (0, 1)
     v = verify_greedy(torch.empty(0, dtype=torch.long), logits[:1])
+    assert (v.num_accepted, v.next_token) == (0, 1)
+
+
+def _greedy_by_hand(draft, logits):
+    """The greedy rule written as a loop: (accepted, next token) with the first-index argmax on ties."""
+    rows = logits.tolist()
+    best = [row.index(max(row)) for row in rows]
+    k = 0
+    while k < len(draft) and draft[k] == best[k]:
+        k += 1
+    return k, best[k]
+
+
+def test_greedy_verification_matches_the_rule_written_as_a_loop():
+    """Random drafts against random logits with many exact ties (integer logits in 0..2), so every accepted
+    length 0..γ and the tie-break (lowest token id, as torch.argmax and plain greedy decoding) are hit."""
+    gen = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(400):
+        gamma = int(torch.randint(0, 5, (), generator=gen))
+        logits = torch.randint(0, 3, (gamma + 1, 4), generator=gen).double()  # [γ+1, V]
+        best = logits.argmax(dim=-1)
+        draft = torch.where(torch.rand(gamma, generator=gen) < 0.7, best[:gamma],
+                            torch.randint(0, 4, (gamma,), generator=gen))  # [γ], mostly the argmax
+        v = verify_greedy(draft, logits)
+        k, nxt = _greedy_by_hand(draft.tolist(), logits)
+        assert (v.num_accepted, v.next_token) == (k, nxt), (draft, logits)
+        assert v.outcome == ("bonus" if k == gamma else "recovered")
+        assert verify_round(draft, None, logits, SamplingConfig(0.0), None) == v  # T = 0 routes here
+        seen.add((gamma, k))
+    assert {(4, k) for k in range(5)} <= seen
+
+
+def test_acceptance_is_strict_u_below_ratio(monkeypatch):
+    """u ~ U[0, 1) can be exactly 0.0; a draft token the target gives probability 0 must still be rejected
+    (u < ratio, never u <= ratio), and any positive ratio is then accepted. Forced with u = 0."""
+
+    def zeros(*size, generator=None, dtype=None, device=None, **kwargs):
+        return torch.zeros(*size, dtype=dtype, device=device)
+
+    monkeypatch.setattr(torch, "rand", zeros)
+    target = torch.tensor([[0.0, 1.0, 0.0], [1e-300, 0.5, 0.5], [0.2, 0.3, 0.5]], dtype=torch.float64)
+    # Point-mass draft: ratio = p(x). Position 0 drafts token 0 of probability 0: rejected even at u = 0.
+    v = verify_sampled(torch.tensor([0, 0]), None, target, None)
+    assert (v.num_accepted, v.next_token, v.outcome) == (0, 1, "recovered")
+    # A tiny positive ratio is accepted at u = 0 (position 1), then the bonus row is sampled.
+    v = verify_sampled(torch.tensor([1, 0]), None, target, None)
+    assert (v.num_accepted, v.outcome) == (2, "bonus")
+    # With draft probabilities: p = 0, q > 0 gives ratio 0, rejected.
+    draft = torch.tensor([[0.5, 0.5, 0.0]], dtype=torch.float64)
+    v = verify_sampled(torch.tensor([0]), draft, target[[0, 2]], None)
     assert (v.num_accepted, v.next_token) == (0, 1)
 
 

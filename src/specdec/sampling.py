@@ -39,31 +39,43 @@ class SamplingConfig:
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [n, V] -> warped probabilities [n, V] (float32, or float64 for float64 logits).
 
-        Same distribution as transformers' Temperature → TopK → TopP warpers followed by a softmax (a
-        test checks this), computed over the top-k (or sorted) candidates only: this runs for every
-        drafted token and every verification pass, and masking and sorting the whole vocabulary there
-        costs several times more on a CPU. (With exact ties at the k-th logit, HF keeps all tied tokens;
-        this keeps k.)
+        Temperature, then top-k, then top-p (transformers' order), computed over the top-k (or sorted)
+        candidates only: this runs for every drafted token and every verification pass, and masking and
+        sorting the whole vocabulary there costs several times more on a CPU.
+
+        Ties: tokens with equal logits are kept or dropped together, so the result depends on the logit
+        values only, never on token ids. Top-k keeps every token tied with the k-th largest (as transformers'
+        TopKLogitsWarper); top-p keeps a token while the mass of the tokens with a strictly larger logit is
+        below top_p (transformers keeps part of a tied group straddling that boundary, chosen by sort
+        order). Tests compare this with `specdec.exactness.warp.reference_warp` and with transformers.
         """
         if self.greedy:
             raise ConfigError("greedy decoding (temperature=0) has no sampling distribution; use argmax")
         scores = (logits if logits.dtype == torch.float64 else logits.float()) / self.temperature  # [n, V]
         vocab = scores.shape[-1]
+        top_k = self.top_k if self.top_k is not None and self.top_k < vocab else None
         top_p = self.top_p if self.top_p is not None and self.top_p < 1.0 else None
-        if self.top_k is not None and self.top_k < vocab:
-            values, index = scores.topk(self.top_k, dim=-1)  # [n, k], descending
+        if top_k is not None:
+            # One candidate more than k, to see whether the k-th is tied with the next.
+            values, index = scores.topk(top_k + 1, dim=-1)  # [n, k+1], descending
+            if any(a == b for a, b in values[:, top_k - 1 :].tolist()):  # rare: keep every tied token
+                values, index = scores.sort(dim=-1, descending=True)  # [n, V]
+                values = values.masked_fill(values < values[:, top_k - 1 : top_k], -math.inf)
+            else:
+                values, index = values[:, :top_k], index[:, :top_k]  # [n, k]
         elif top_p is not None:
             values, index = scores.sort(dim=-1, descending=True)  # [n, V]
         else:
             return torch.softmax(scores, dim=-1)
-        kept = torch.softmax(values, dim=-1)  # [n, k]
+        kept = torch.softmax(values, dim=-1)  # [n, k] (or [n, V]), descending
         if top_p is not None:
-            # Keep a candidate while the mass ranked strictly above it is below top_p (the first always).
-            above = kept.cumsum(dim=-1) - kept  # [n, k]
-            kept = kept * (above < top_p)
+            # Keep a candidate while the mass ranked above it is below top_p (the first always), and with
+            # it every candidate tied with the last one kept.
+            above = torch.nn.functional.pad(kept.cumsum(dim=-1)[:, :-1], (1, 0))  # [n, k], non-decreasing
+            last = (above < top_p).sum(dim=-1, keepdim=True) - 1  # [n, 1]: index of the last one kept
+            kept = kept * (values >= values.gather(-1, last))
             kept = kept / kept.sum(dim=-1, keepdim=True)
         return torch.zeros_like(scores).scatter_(-1, index, kept)  # [n, V]
-
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """probs [n, V] (non-negative, rows need not sum to 1) -> token ids [n], one draw per row.

@@ -17,6 +17,7 @@ class DecodeStats:
     accepted: int = 0
     recovered: int = 0  # rounds that ended in a correction of a rejected draft token
     bonus: int = 0  # rounds that ended in a bonus token after full acceptance
+    target_only: int = 0  # rounds that drafted nothing (γ' = 0): one token from the target alone
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
     gammas: list[int] = field(default_factory=list)  # γ' drafted in each round
@@ -77,11 +78,13 @@ class DecodeStats:
         self.drafted += gamma
         self.accepted += num_accepted
         self.gammas.append(gamma)
-        if gamma:
-            if outcome == "recovered":
-                self.recovered += 1
-            else:
-                self.bonus += 1
+        # Every round ends in exactly one of these, so recovered + bonus + target_only == rounds.
+        if not gamma:
+            self.target_only += 1
+        elif outcome == "recovered":
+            self.recovered += 1
+        else:
+            self.bonus += 1
         while len(self.drafted_at) < gamma:
             self.drafted_at.append(0)
             self.accepted_at.append(0)

@@ -6,7 +6,8 @@
     result.verdict, result.p_value, result.tv, result.tv_ci, result.detectable_tv, result.to_dict()
 
 The reference is computed exactly from the target (`reference`), the draws come from the real decode loop
-(`engine`), the statistics are in `gof`. `faulty` holds deliberately broken verifiers for negative controls.
+(`engine`), the statistics are in `gof`; `warp` holds the reference warp, written separately from the
+decoder's. `faulty` holds deliberately broken verifiers for negative controls.
 See docs/exactness.md.
 """
 
@@ -24,10 +25,11 @@ from specdec.exactness.gof import (
 )
 from specdec.exactness.reference import Enumeration, EnumerationTooLarge, enumerate_continuations, iter_conditionals
 from specdec.exactness.verifier import DEFAULT_ALPHA, MODES, ExactnessResult, check_exactness
+from specdec.exactness.warp import reference_warp
 
 __all__ = [
     "DEFAULT_ALPHA", "DEFAULT_POWER", "ENGINES", "MIN_EXPECTED", "MODES", "Draws", "Enumeration",
     "EnumerationTooLarge", "ExactnessResult", "MemoUnsupported", "TestOutcome", "check_exactness",
     "detectable_tv", "draw", "enumerate_continuations", "g_statistic", "iter_conditionals", "multinomial_test",
-    "pool_cells", "pooled_conditional_test", "power_at",
+    "pool_cells", "pooled_conditional_test", "power_at", "reference_warp",
 ]

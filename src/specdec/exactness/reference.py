@@ -7,9 +7,10 @@
 - `iter_conditionals`: the warped next-token distribution after each distinct prefix of given sequences
   (teacher forcing: one batched pass over the distinct sequences gives every position).
 
-Logits are warped in float64 with `SamplingConfig.warp`, the very warp the decoder uses. At temperature 0
-the distribution is the point mass on the argmax (first index on ties, as `torch.argmax` and the greedy
-verifier).
+Logits are warped in float64 by `specdec.exactness.warp.reference_warp`, the warp written from its
+definition, separately from the decoder's `SamplingConfig.warp` (the code under test), so a warp bug cannot
+hide by being on both sides. At temperature 0 the distribution is the point mass on the argmax (first index
+on ties, as `torch.argmax` and the greedy verifier).
 """
 
 from __future__ import annotations
@@ -21,17 +22,13 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from specdec.exactness.warp import reference_warp
 from specdec.sampling import SamplingConfig
 
 
-def warped(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """logits [b, V] -> the distribution the decoder samples from, float64 [b, V]."""
-    logits = logits.double()
-    if sampling.greedy:
-        out = torch.zeros_like(logits)
-        out[torch.arange(logits.shape[0]), logits.argmax(dim=-1)] = 1.0
-        return out
-    return sampling.warp(logits)
+def warped(logits: torch.Tensor, sampling: SamplingConfig) -> np.ndarray:
+    """logits [b, V] -> the distribution the decoder must sample from, float64 [b, V] (`reference_warp`)."""
+    return reference_warp(logits.double().numpy(), sampling.temperature, sampling.top_k, sampling.top_p)
 
 
 @torch.inference_mode()
@@ -97,7 +94,7 @@ def enumerate_continuations(
         last = depth + 1 == max_new_tokens
         for start in range(0, len(live), batch_size):
             chunk = live[start : start + batch_size]
-            probs = warped(_last_logits(model, [prompt + list(p) for p, _ in chunk]), sampling).numpy()
+            probs = warped(_last_logits(model, [prompt + list(p) for p, _ in chunk]), sampling)
             expanded += len(chunk)
             for (prefix, mass), row in zip(chunk, probs):
                 for token in np.flatnonzero(row > 0).tolist():
@@ -149,4 +146,4 @@ def iter_conditionals(
                     prefixes.append(h)
                     rows.append(logits[r, j])
             if prefixes:
-                yield prefixes, warped(torch.stack(rows), sampling).numpy()
+                yield prefixes, warped(torch.stack(rows), sampling)

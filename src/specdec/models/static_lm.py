@@ -189,10 +189,10 @@ def _run_model(model, input_ids, position_ids, slots, mask, cache, hidden: bool)
 def _draft_steps(model, tokens, slot0, cache, uniforms, gamma: int, sampling: SamplingConfig):
     """γ draft steps in one graph. tokens [2] = the last two committed tokens at slots slot0, slot0+1
     (re-writing the first is harmless: same token, same position); uniforms [γ] float64 (sampling only).
-    Returns proposed tokens [γ] and, when sampling, draft_probs [γ, V]."""
+    Returns proposed tokens [γ], draft_probs [γ, V] when sampling, and whether every logit was finite."""
     ids = tokens[None]  # [1, 2]
     slots = slot0 + torch.arange(2, device=tokens.device)  # [2]
-    logits, _, _ = _run_model(model, ids, slots[None], slots, None, cache, False)
+    logits, _, finite = _run_model(model, ids, slots[None], slots, None, cache, False)
     logits = logits[-1:]  # [1, V]
     out_tokens, out_probs = [], []
     slot = slots[-1:]  # [1]
@@ -208,9 +208,10 @@ def _draft_steps(model, tokens, slot0, cache, uniforms, gamma: int, sampling: Sa
         out_tokens.append(token)
         if i + 1 < gamma:
             slot = slot + 1
-            logits, _, _ = _run_model(model, token[None], slot[None], slot, None, cache, False)
+            logits, _, step_finite = _run_model(model, token[None], slot[None], slot, None, cache, False)
+            finite = finite & step_finite
     tokens_out = torch.cat(out_tokens)  # [γ]
-    return tokens_out, (torch.cat(out_probs) if out_probs else None)
+    return tokens_out, (torch.cat(out_probs) if out_probs else None), finite
 
 
 class StaticCausalLM:
@@ -411,9 +412,15 @@ class StaticCausalLM:
         key = ("draft", gamma, sampling, self.max_len)
         fn = self._fn(key, _draft_steps)
         t = time.perf_counter()
-        tokens, probs = fn(self.model, context[n - 2 : n].to(self.device).clone(),
-                           torch.tensor(start_slot, device=self.device), self.cache, uniforms, gamma, sampling)
+        tokens, probs, finite = fn(self.model, context[n - 2 : n].to(self.device).clone(),
+                                   torch.tensor(start_slot, device=self.device), self.cache, uniforms, gamma,
+                                   sampling)
         self.forward_s += time.perf_counter() - t
+        if not bool(finite):
+            raise NumericalError(
+                f"{type(self.model).__name__} produced NaN or infinite logits at positions "
+                f"{n - 2}..{n + gamma - 2} (drafting); this usually means float16 overflow or broken weights: load the "
+                "model in float32 or bfloat16")
         self.forwards += gamma
         self.length = n + gamma - 1  # context[:n] and the first γ-1 drafts
         return tokens, probs
