@@ -25,3 +25,16 @@ def build(name: str, target, draft):
     if isinstance(built, tuple):
         return built[0], dict(built[1])
     return built, {}
+
+
+#: Drafts with another tokenizer (tests/test_cross_vocab.py): a factory (draft, draft_tokenizer,
+#: target_tokenizer) -> Drafter, one line per method.
+CROSS_VOCAB_METHODS = {
+    "draft-tli": lambda draft, dtok, ttok: specdec.DraftModel(draft, tokenizer=dtok, target_tokenizer=ttok, method="tli"),
+    "draft-slem": lambda draft, dtok, ttok: specdec.DraftModel(draft, tokenizer=dtok, target_tokenizer=ttok, method="slem"),
+    "draft-auto": lambda draft, dtok, ttok: specdec.DraftModel(draft, tokenizer=dtok, target_tokenizer=ttok),
+}
+
+
+def build_cross_vocab(name: str, draft, draft_tokenizer, target_tokenizer):
+    return CROSS_VOCAB_METHODS[name](draft, draft_tokenizer, target_tokenizer)

@@ -1,4 +1,9 @@
-"""`DraftModel`: a smaller causal LM with the target's vocabulary proposes γ tokens autoregressively."""
+"""`DraftModel`: a smaller causal LM proposes γ tokens autoregressively.
+
+With the target's tokenizer this is the drafter itself. Given the draft's and the target's tokenizers
+(`DraftModel(draft, tokenizer=..., target_tokenizer=...)`) that differ, construction returns a
+`CrossVocabDraft` (drafters/cross_vocab.py), which translates between the two vocabularies.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,11 @@ from transformers import PreTrainedModel
 from specdec.drafters.base import Drafter, Proposal
 from specdec.models.causal_lm import CachedCausalLM
 from specdec.sampling import SamplingConfig, sample
+from specdec.vocab import check_tokenizer_fits, padded_widths_match, same_vocabulary
+
+#: DraftModel(method=...) for a draft with another tokenizer: pick by the shared vocabulary, token-level
+#: intersection (TLI), or string-level exact match (SLEM).
+CROSS_VOCAB_METHODS = ("auto", "tli", "slem")
 
 
 class DraftModel(Drafter):
@@ -17,9 +27,49 @@ class DraftModel(Drafter):
     distribution and hands those probabilities to verification.
     """
 
-    def __init__(self, model: PreTrainedModel):
+    def __new__(cls, model=None, tokenizer=None, target_tokenizer=None, method: str = "auto"):
+        if cls is DraftModel and (tokenizer is not None or target_tokenizer is not None):
+            if method not in CROSS_VOCAB_METHODS:
+                from specdec.errors import ConfigError
+
+                raise ConfigError(f"method must be one of {CROSS_VOCAB_METHODS}, got {method!r}")
+            if tokenizer is None or target_tokenizer is None or not same_vocabulary(tokenizer, target_tokenizer):
+                from specdec.drafters.cross_vocab import CrossVocabDraft
+
+                return super().__new__(CrossVocabDraft)
+        return super().__new__(cls)
+
+    def __init__(self, model: PreTrainedModel, tokenizer=None, target_tokenizer=None, method: str = "auto"):
         self.lm = CachedCausalLM(model)
         self.vocab_size = self.lm.vocab_size
+        # Rows of the target's logits when its LM head is padded to another width (None: same width), and
+        # the real vocabulary size when the shared tokenizer is known (rows past it are padding).
+        self._width: int | None = None
+        self._tokens: int | None = None
+        if tokenizer is not None:  # one tokenizer for both models (DraftModel.__new__ checked)
+            check_tokenizer_fits(tokenizer, self.lm.vocab_size, "draft")
+            self._tokens = len(tokenizer)
+
+    def match_target_vocab(self, target_vocab_size: int) -> bool:
+        if target_vocab_size == self.lm.vocab_size and self._tokens is None:
+            self._width = None
+            return True
+        if self._tokens is not None or padded_widths_match(self.lm.vocab_size, target_vocab_size):
+            self._width = target_vocab_size
+            return True
+        return False
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [1, V_draft] -> [1, V_target]: padding rows of either head get -inf."""
+        if self._width is None:
+            return logits
+        width, rows = self._width, logits.shape[-1]
+        fitted = logits[:, :width] if rows >= width else torch.nn.functional.pad(logits, (0, width - rows),
+                                                                              value=float("-inf"))
+        if self._tokens is not None and self._tokens < width:
+            fitted = fitted.clone()
+            fitted[:, self._tokens :] = float("-inf")
+        return fitted
 
     @property
     def forwards(self) -> int:
@@ -38,7 +88,7 @@ class DraftModel(Drafter):
     ) -> Proposal:
         # Catch up on committed tokens the cache has not seen: the last one, plus the final draft token
         # after a fully accepted round (the draft never fed its own last proposal).
-        logits = self.lm.forward(context[self.lm.length :], last_only=True)  # [1, V]
+        logits = self._fit(self.lm.forward(context[self.lm.length :], last_only=True))  # [1, V]
         tokens, probs = [], []
         for i in range(gamma):
             if sampling.greedy:
@@ -49,7 +99,7 @@ class DraftModel(Drafter):
                 probs.append(dist)
             tokens.append(token)
             if i + 1 < gamma:
-                logits = self.lm.forward(token, last_only=True)  # [1, V]
+                logits = self._fit(self.lm.forward(token, last_only=True))  # [1, V]
         return Proposal(
             tokens=torch.cat(tokens).to(context.device),  # [γ]
             draft_probs=torch.cat(probs).to(context.device) if probs else None,  # [γ, V]
