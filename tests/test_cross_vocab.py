@@ -324,3 +324,48 @@ def test_auto_picks_by_the_shared_vocabulary(tokenizers):
         assert specdec.DraftModel(small, tokenizer=letters_draft, target_tokenizer=letters_target).active == "slem"
     finally:
         cross_vocab.AUTO_MIN_SHARED = old
+
+
+# ------------------------------------------------------------------------------------------ CLI, bench
+
+
+@pytest.fixture(scope="module")
+def saved_cross_pair(tokenizers, tmp_path_factory):
+    """A target and a draft with another tokenizer, each saved with its own tokenizer."""
+    target_tok, draft_tok = tokenizers["merges"]
+    root = tmp_path_factory.mktemp("cross")
+    target = tiny("llama", vocab=len(target_tok), hidden=32, layers=2, dtype=torch.float32)
+    draft = transplant(target, len(draft_tok), vocab_mapping(draft_tok, target_tok).draft_to_target, noise=0.02)
+    for name, model, tok in (("target", target, target_tok), ("draft", draft, draft_tok)):
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return root, target, draft
+
+
+@pytest.mark.parametrize("drafter", ["draft", "draft-tli", "draft-slem"])
+def test_cli_generate_uses_the_drafts_own_tokenizer(saved_cross_pair, capsys, drafter):
+    from specdec.cli import main
+
+    root, target, _ = saved_cross_pair
+    code = main(["generate", "--target", str(root / "target"), "--draft", str(root / "draft"), "--drafter",
+                 drafter, "--draft-tokenizer", str(root / "draft"), "--prompt", CODE, "--max-new-tokens", "12"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    target_tok = stdlib_tokenizers()[0]
+    reference = target_tok.decode(hf_greedy(target, target_tok(CODE)["input_ids"], 12))
+    assert captured.out.rstrip("\n") == reference.rstrip("\n")
+
+
+def test_bench_runs_tli_slem_and_hf_universal_assisted_generation(saved_cross_pair, tokenizers):
+    from specdec.bench.runner import BenchSettings, run_benchmark
+    from specdec.bench.workloads import BenchPrompt
+
+    _, target, draft = saved_cross_pair
+    target_tok, draft_tok = tokenizers["merges"]
+    prompts = [BenchPrompt(name="p0", ids=target_tok(CODE)["input_ids"], text=CODE)]
+    settings = BenchSettings(methods=["plain", "draft-tli", "draft-slem", "hf-assisted"], gammas=[3],
+                             max_new_tokens=12, repeats=1, warmup=0)
+    results = run_benchmark(target, draft, prompts, settings, progress=False, tokenizers=(draft_tok, target_tok))
+    assert {c["label"] for c in results["configs"]} == {"plain", "draft-tli@3", "draft-slem@3", "hf-assisted@3"}
+    assert all(r["identical_to_hf_plain"] for r in results["runs"])
+    assert all(r["drafted"] > 0 for r in results["runs"] if r["method"] != "plain")

@@ -37,7 +37,11 @@ GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic")
 #: A run slower than this many times the fastest run of the same config and prompt is reported as stalled.
 SLOW_RUN_FACTOR = 3.0
 #: Methods that need the draft model.
-NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "hf-assisted", "hf-assisted-heuristic")
+NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "hf-assisted", "hf-assisted-heuristic",
+                     "draft-tli", "draft-tli-auto", "draft-tli-heuristic",
+                     "draft-slem", "draft-slem-auto", "draft-slem-heuristic")
+#: specdec kinds that draft with the draft model through its own tokenizer.
+CROSS_VOCAB_KINDS = ("draft-tli", "draft-slem")
 #: Suffixes of specdec methods whose γ a policy picks: gamma="auto", or transformers' +2/-1 heuristic.
 POLICY_SUFFIXES = ("-auto", "-heuristic")
 
@@ -259,9 +263,13 @@ class RunResult:
 class Bench:
     """The models, drafters and settings; `run(config, prompt_ids, seed)` does one generation."""
 
-    def __init__(self, target, draft, settings: BenchSettings, pad_token_id: int | None = None):
+    def __init__(self, target, draft, settings: BenchSettings, pad_token_id: int | None = None,
+                 tokenizers: tuple | None = None):
         from specdec.models.causal_lm import CachedCausalLM
 
+        # (draft tokenizer, target tokenizer) when the draft has its own vocabulary: the draft-tli/-slem
+        # drafters and HF's universal assisted generation translate between them.
+        self.tokenizers = tokenizers
         self.target, self.draft, self.settings = target, draft, settings
         self.device = str(next(target.parameters()).device)
         self.target_lm = CachedCausalLM(target)
@@ -276,8 +284,12 @@ class Bench:
         if kind not in self._drafters:
             from specdec.drafters import make_drafter
 
-            self._drafters[kind] = make_drafter(kind, target=self.target, draft=self.draft,
-                                                **self.settings.drafter_options.get(kind, {}))
+            options = dict(self.settings.drafter_options.get(kind, {}))
+            if kind in CROSS_VOCAB_KINDS or (kind == "draft" and self.tokenizers is not None):
+                if self.tokenizers is None:
+                    raise ConfigError(f"method {kind!r} needs the draft's tokenizer: pass --draft-tokenizer PATH")
+                options.update(draft_tokenizer=self.tokenizers[0], target_tokenizer=self.tokenizers[1])
+            self._drafters[kind] = make_drafter(kind, target=self.target, draft=self.draft, **options)
         return self._drafters[kind]
 
     def run(self, config: Config, prompt_ids: list[int], seed: int) -> RunResult:
@@ -320,6 +332,8 @@ class Bench:
             kwargs["prompt_lookup_num_tokens"] = config.gamma
         elif config.method in ("hf-assisted", "hf-assisted-heuristic"):
             kwargs["assistant_model"] = self.draft
+            if self.tokenizers is not None:  # universal assisted generation: HF translates through text
+                kwargs.update(assistant_tokenizer=self.tokenizers[0], tokenizer=self.tokenizers[1])
         return kwargs
 
     def _configure_assistant(self, config: Config) -> None:
@@ -384,8 +398,9 @@ def forward_costs(target, draft, prompt_ids: list[int], sizes: Sequence[int], re
 
     def measure(model, n: int) -> float:
         lm = CachedCausalLM(model)
-        ids = torch.tensor(prompt_ids, dtype=torch.long)
-        new = torch.tensor((list(prompt_ids) * (n // max(1, len(prompt_ids)) + 1))[:n], dtype=torch.long)
+        # Timing only: ids past a (cross-vocabulary) draft's embedding wrap around into it.
+        ids = torch.tensor(prompt_ids, dtype=torch.long) % lm.vocab_size
+        new = torch.tensor((list(prompt_ids) * (n // max(1, len(prompt_ids)) + 1))[:n], dtype=torch.long) % lm.vocab_size
         lm.prefill(ids)
         times = []
         for _ in range(repeats + 2):
@@ -409,7 +424,8 @@ def forward_costs(target, draft, prompt_ids: list[int], sizes: Sequence[int], re
 
 
 def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_id: int | None = None,
-                  progress: bool = True, on_run: Callable[[dict], None] | None = None) -> dict[str, Any]:
+                  progress: bool = True, on_run: Callable[[dict], None] | None = None,
+                  tokenizers: tuple | None = None) -> dict[str, Any]:
     """Run every config on every prompt; return raw runs, per-config summaries and outputs.
 
     `prompts`: `BenchPrompt`s (or anything with `.name` and `.ids`).
@@ -421,7 +437,7 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
     if settings.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {settings.warmup}")
     configs = make_configs(settings.methods, settings.gammas)
-    bench = Bench(target, draft, settings, pad_token_id)
+    bench = Bench(target, draft, settings, pad_token_id, tokenizers)
     _check_lengths(target, prompts, settings.max_new_tokens)
     reference_config = Config("hf-plain", None)
     need_reference = settings.greedy and reference_config not in configs
