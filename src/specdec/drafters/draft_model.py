@@ -27,8 +27,18 @@ class DraftModel(Drafter):
     distribution and hands those probabilities to verification.
     """
 
-    def __new__(cls, model=None, tokenizer=None, target_tokenizer=None, method: str = "auto"):
-        if cls is DraftModel and (tokenizer is not None or target_tokenizer is not None):
+    # Rows of the target's logits when its LM head is padded to another width (None: same width), and the
+    # real vocabulary size when the shared tokenizer is known (rows past it are padding).
+    _width: int | None = None
+    _tokens: int | None = None
+
+    def __new__(cls, *args, **kwargs):
+        if cls is not DraftModel:  # subclasses (LayerSkip, CrossVocabDraft...) build themselves
+            return super().__new__(cls)
+        named = dict(zip(("model", "tokenizer", "target_tokenizer", "method"), args)) | kwargs
+        tokenizer, target_tokenizer = named.get("tokenizer"), named.get("target_tokenizer")
+        method = named.get("method", "auto")
+        if tokenizer is not None or target_tokenizer is not None:
             if method not in CROSS_VOCAB_METHODS:
                 from specdec.errors import ConfigError
 
@@ -42,15 +52,13 @@ class DraftModel(Drafter):
     def __init__(self, model: PreTrainedModel, tokenizer=None, target_tokenizer=None, method: str = "auto"):
         self.lm = CachedCausalLM(model)
         self.vocab_size = self.lm.vocab_size
-        # Rows of the target's logits when its LM head is padded to another width (None: same width), and
-        # the real vocabulary size when the shared tokenizer is known (rows past it are padding).
-        self._width: int | None = None
-        self._tokens: int | None = None
+        self._width = self._tokens = None
         if tokenizer is not None:  # one tokenizer for both models (DraftModel.__new__ checked)
             check_tokenizer_fits(tokenizer, self.lm.vocab_size, "draft")
             self._tokens = len(tokenizer)
 
     def match_target_vocab(self, target_vocab_size: int) -> bool:
+        """Same width, or within LM-head padding (or one tokenizer given for both): fit rows to the target's."""
         if target_vocab_size == self.lm.vocab_size and self._tokens is None:
             self._width = None
             return True
