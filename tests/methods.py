@@ -30,9 +30,9 @@ def build(name: str, target, draft):
 #: Drafts with another tokenizer (tests/test_cross_vocab.py): a factory (draft, draft_tokenizer,
 #: target_tokenizer) -> Drafter, one line per method.
 CROSS_VOCAB_METHODS = {
-    "draft-tli": lambda draft, dtok, ttok: specdec.DraftModel(draft, tokenizer=dtok, target_tokenizer=ttok, method="tli"),
-    "draft-slem": lambda draft, dtok, ttok: specdec.DraftModel(draft, tokenizer=dtok, target_tokenizer=ttok, method="slem"),
-    "draft-auto": lambda draft, dtok, ttok: specdec.DraftModel(draft, tokenizer=dtok, target_tokenizer=ttok),
+    "draft-tli": lambda draft, dt, tt: specdec.DraftModel(draft, tokenizer=dt, target_tokenizer=tt, method="tli"),
+    "draft-slem": lambda draft, dt, tt: specdec.DraftModel(draft, tokenizer=dt, target_tokenizer=tt, method="slem"),
+    "draft-auto": lambda draft, dt, tt: specdec.DraftModel(draft, tokenizer=dt, target_tokenizer=tt),
 }
 
 

@@ -400,7 +400,8 @@ def forward_costs(target, draft, prompt_ids: list[int], sizes: Sequence[int], re
         lm = CachedCausalLM(model)
         # Timing only: ids past a (cross-vocabulary) draft's embedding wrap around into it.
         ids = torch.tensor(prompt_ids, dtype=torch.long) % lm.vocab_size
-        new = torch.tensor((list(prompt_ids) * (n // max(1, len(prompt_ids)) + 1))[:n], dtype=torch.long) % lm.vocab_size
+        new = torch.tensor((list(prompt_ids) * (n // max(1, len(prompt_ids)) + 1))[:n], dtype=torch.long)
+        new = new % lm.vocab_size
         lm.prefill(ids)
         times = []
         for _ in range(repeats + 2):

@@ -279,7 +279,7 @@ class CrossVocabDraft(DraftModel):
         special = self.mapping.draft_special
         for i in range(gamma):
             token = int(logits.argmax(dim=-1))
-            if token in special or token >= len(self.mapping.draft_bytes):
+            if token in special or token >= len(self.mapping.draft_bytes) or self.mapping.draft_bytes[token] is None:
                 break  # text ends here (EOS and the like are the target's to choose)
             drafted.append(token)
             if i + 1 < gamma:
