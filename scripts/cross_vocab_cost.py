@@ -17,6 +17,7 @@ import torch
 import specdec
 from specdec.bench.workloads import load_workload
 from specdec.loading import load
+from specdec.vocab import vocab_mapping
 
 
 def main() -> None:
@@ -30,7 +31,7 @@ def main() -> None:
     target, _, target_tok = specdec.load_default()
     draft, draft_tok = load(args.draft, dtype=torch.float32)
     prompts = load_workload("code", target_tok, args.num_prompts)
-    mapping = specdec.drafters.cross_vocab.vocab_mapping(draft_tok, target_tok)
+    mapping = vocab_mapping(draft_tok, target_tok)
     print(f"intersection: {mapping.summary()}")
     for method in ("tli", "slem"):
         per_round, per_pass, alphas, taus = [], [], [], []

@@ -32,7 +32,7 @@ from specdec.drafters.base import Proposal
 from specdec.drafters.draft_model import CROSS_VOCAB_METHODS, DraftModel
 from specdec.errors import ConfigError
 from specdec.sampling import SamplingConfig, sample
-from specdec.vocab import VocabMapping, check_tokenizer_fits, vocab_mapping
+from specdec.vocab import VocabMapping, check_tokenizer_fits, encode, vocab_mapping
 
 #: "auto" drafts with TLI when at least this share of the draft's vocabulary exists in the target's.
 AUTO_MIN_SHARED = 0.5
@@ -113,7 +113,7 @@ class _DraftStream:
             keep -= 1  # start the window on a character boundary inside the complete text
         start = self.ends[keep - 1] if keep else 0
         window = self.text[start:end]
-        ids = self.tokenizer(_text(window), add_special_tokens=False)["input_ids"] if window else []
+        ids = encode(self.tokenizer, _text(window)) if window else []
         draft_bytes = self.mapping.draft_bytes
         ends, offset = [], start
         for d in ids:
@@ -308,7 +308,7 @@ class CrossVocabDraft(DraftModel):
             data = data[: _utf8_complete(data)]
             if len(data) <= len(before):
                 return []
-            ids = self.target_tokenizer(_text(data), add_special_tokens=False)["input_ids"]
+            ids = encode(self.target_tokenizer, _text(data))
             if ids[:m] == tail[len(tail) - m :]:
                 return ids[m:]
         return []
