@@ -369,3 +369,23 @@ def test_bench_runs_tli_slem_and_hf_universal_assisted_generation(saved_cross_pa
     assert {c["label"] for c in results["configs"]} == {"plain", "draft-tli@3", "draft-slem@3", "hf-assisted@3"}
     assert all(r["identical_to_hf_plain"] for r in results["runs"])
     assert all(r["drafted"] > 0 for r in results["runs"] if r["method"] != "plain")
+
+
+def test_auto_tries_both_methods_then_keeps_one(tokenizers, targets):
+    target_tok, draft_tok = tokenizers["merges"]
+    target = targets["gpt2"]
+    draft = transplant(target, len(draft_tok), vocab_mapping(draft_tok, target_tok).draft_to_target, noise=0.02)
+    drafter = specdec.DraftModel(draft, tokenizer=draft_tok, target_tokenizer=target_tok)
+    used = []
+    original = drafter.propose
+
+    def spy(*args, **kwargs):
+        used.append(drafter.active)
+        return original(*args, **kwargs)
+
+    drafter.propose = spy
+    prompt = target_tok(CODE)["input_ids"]
+    out = specdec.generate(target, prompt, drafter=drafter, gamma=2, max_new_tokens=40)
+    assert out.tokens == hf_greedy(target, prompt, 40)
+    assert used[:8] == ["tli"] * 4 + ["slem"] * 4 and drafter._probe == {}
+    assert len(set(used[8:])) == 1  # decided for the rest of the request

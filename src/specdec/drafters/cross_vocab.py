@@ -12,9 +12,10 @@ returns one of these when the two tokenizers differ. Two exact ways to draft:
   are never edited), and those target tokens are proposed as a point mass (`draft_probs=None`): accepted
   with probability p(x), at T = 0 exactly when they are the target's own argmax. Works for any intersection.
 
-`method="auto"` drafts with TLI when at least `AUTO_MIN_SHARED` of the draft's vocabulary is shared, and
-switches to SLEM if the draft's probability mass inside the intersection turns out (measured per round) to
-be small.
+`method="auto"` drafts with SLEM when less than `AUTO_MIN_SHARED` of the draft's vocabulary is shared.
+Otherwise it measures: the first `AUTO_PROBE_ROUNDS` rounds of a request draft with TLI, the next as many
+with SLEM, and the rest with whichever accepted more tokens per round (TLI on a tie). Every round is exact
+whichever method drafts it, so switching between rounds keeps decoding exact.
 
 Both keep the draft's own token stream in step with the committed target text: every round the committed
 target tokens are turned into bytes, and the text after the last special token is re-tokenised by the draft's
@@ -34,13 +35,10 @@ from specdec.errors import ConfigError
 from specdec.sampling import SamplingConfig, sample
 from specdec.vocab import VocabMapping, check_tokenizer_fits, encode, vocab_mapping
 
-#: "auto" drafts with TLI when at least this share of the draft's vocabulary exists in the target's.
+#: "auto" considers TLI only when at least this share of the draft's vocabulary exists in the target's ...
 AUTO_MIN_SHARED = 0.5
-#: ... and switches to SLEM when the draft's mean probability mass inside the intersection (an exponential
-#: average over rounds, decay AUTO_DECAY) falls below AUTO_MIN_MASS after AUTO_MIN_ROUNDS rounds.
-AUTO_MIN_MASS = 0.5
-AUTO_DECAY = 0.9
-AUTO_MIN_ROUNDS = 8
+#: ... and then tries each method for this many rounds of a request before keeping the better one.
+AUTO_PROBE_ROUNDS = 4
 #: Draft tokens re-tokenised at the end of the committed text each round (the rest is kept as it was).
 LOOKBEHIND = 8
 #: Committed target tokens re-tokenised together with the draft's text to find where SLEM's proposal starts.
@@ -148,8 +146,7 @@ class CrossVocabDraft(DraftModel):
         self.mapping: VocabMapping | None = None
         self.active = "tli" if method == "auto" else method  # the method drafting now
         self.mapping_s = 0.0  # time spent translating between vocabularies in the current request
-        self._shared_mass = 1.0
-        self._rounds = 0
+        self._probe: dict[str, list[int]] = {"tli": [], "slem": []}  # accepted per round, while probing
         if target_tokenizer is not None:
             self.set_target_tokenizer(target_tokenizer)
 
@@ -184,7 +181,7 @@ class CrossVocabDraft(DraftModel):
         self._fed: list[int] = []  # the draft ids in the draft's KV cache, in order
         if self.method == "auto":
             self.active = "tli" if self.mapping.draft_coverage >= AUTO_MIN_SHARED else "slem"
-            self._shared_mass, self._rounds = 1.0, 0
+            self._probe = {"tli": [], "slem": []} if self.active == "tli" else {}
         self._stream = _DraftStream(self.mapping, self.tokenizer, per_token=self.active == "tli")
         self._sync(prompt_ids)
         ids = self._stream.ids
@@ -223,8 +220,10 @@ class CrossVocabDraft(DraftModel):
         return self._feed(ids[len(self._fed) :])
 
     def commit(self, context: torch.Tensor, num_accepted: int) -> None:
-        """Nothing to do now: the next `propose` re-syncs the draft's stream with the committed text (the
-        draft's cache is indexed by draft tokens, not by target positions)."""
+        """The next `propose` re-syncs the draft's stream with the committed text (the draft's cache is
+        indexed by draft tokens, not by target positions); "auto" counts the round."""
+        if self.method == "auto":
+            self._record_round(num_accepted)
 
     # -------------------------------------------------------------------------------------------- propose
 
@@ -255,8 +254,6 @@ class CrossVocabDraft(DraftModel):
         for i in range(gamma):
             start = time.perf_counter()
             target_logits = self._to_target(logits)  # [1, V_target]
-            if self.method == "auto":
-                self._measure_shared_mass(logits)
             self.mapping_s += time.perf_counter() - start
             if sampling.greedy:
                 token = target_logits.argmax(dim=-1)  # [1]
@@ -267,8 +264,6 @@ class CrossVocabDraft(DraftModel):
             tokens.append(token)
             if i + 1 < gamma:
                 logits = self._feed([int(t2d[int(token)])])  # [1, V_draft]
-        if self.method == "auto":
-            self._maybe_switch()
         return Proposal(
             tokens=torch.cat(tokens).to(context.device),  # [γ]
             draft_probs=torch.cat(probs).to(context.device) if probs else None,  # [γ, V_target]
@@ -315,13 +310,19 @@ class CrossVocabDraft(DraftModel):
 
     # ---------------------------------------------------------------------------------------------- auto
 
-    def _measure_shared_mass(self, logits: torch.Tensor) -> None:
-        """Running mean of the draft's probability inside the intersection (before renormalising)."""
-        shared = torch.logsumexp(logits[0, self._shared_draft].double(), 0) - torch.logsumexp(logits[0].double(), 0)
-        self._shared_mass = AUTO_DECAY * self._shared_mass + (1 - AUTO_DECAY) * float(shared.exp())
-
-    def _maybe_switch(self) -> None:
-        self._rounds += 1
-        if self._rounds >= AUTO_MIN_ROUNDS and self._shared_mass < AUTO_MIN_MASS:
-            self.active = "slem"  # the next sync rebuilds the stream as SLEM reads it
-            self._stream = _DraftStream(self.mapping, self.tokenizer, per_token=False)
+    def _record_round(self, num_accepted: int) -> None:
+        """auto: count what the drafting method got accepted; switch when its probe rounds are used up."""
+        if not self._probe:
+            return
+        self._probe[self.active].append(num_accepted)
+        if len(self._probe[self.active]) < AUTO_PROBE_ROUNDS:
+            return
+        if not self._probe["slem"]:
+            chosen = "slem"
+        else:
+            mean = {m: sum(v) / len(v) for m, v in self._probe.items()}
+            chosen = "tli" if mean["tli"] >= mean["slem"] else "slem"
+            self._probe = {}  # decided for the rest of the request
+        if chosen != self.active:  # the next sync rebuilds the stream the way the new method reads it
+            self.active = chosen
+            self._stream = _DraftStream(self.mapping, self.tokenizer, per_token=chosen == "tli")
