@@ -389,3 +389,28 @@ def test_auto_tries_both_methods_then_keeps_one(tokenizers, targets):
     assert out.tokens == hf_greedy(target, prompt, 40)
     assert used[:8] == ["tli"] * 4 + ["slem"] * 4 and drafter._probe == {}
     assert len(set(used[8:])) == 1  # decided for the rest of the request
+
+
+# ------------------------------------------------------------------------- the shipped cross-vocab draft
+
+
+@pytest.mark.parametrize("method", ["tli", "slem"])
+def test_shipped_cross_vocab_draft_with_the_default_target(method):
+    """Real trained models (float64): the 4096-token draft drafts for the 8192-token default target."""
+    from pathlib import Path
+
+    from specdec.default_pair import assets_present, load_default
+
+    path = Path(specdec.__file__).parent / "assets" / "cross_vocab_draft"
+    if not assets_present() or not (path / "model.safetensors").is_file():
+        pytest.skip("model assets not present")
+    target, _, target_tok = load_default()
+    draft, draft_tok = specdec.load(str(path))
+    target, draft = target.double(), draft.double()
+    mapping = vocab_mapping(draft_tok, target_tok)
+    assert mapping.size == 3934
+    prompt = target_tok("import os\n\n\ndef main(argv):\n    parser = ")["input_ids"]
+    drafter = specdec.DraftModel(draft, tokenizer=draft_tok, target_tokenizer=target_tok, method=method)
+    out = specdec.generate(target, prompt, drafter=drafter, gamma=3, max_new_tokens=40, eos_token_id=[])
+    assert out.tokens == hf_greedy(target, prompt, 40)
+    assert out.stats.acceptance_rate > 0.2, out.stats
