@@ -6,19 +6,21 @@
 
 from specdec.adaptive import AdaptiveGamma
 from specdec.decoding import DEFAULT_GAMMA, GenerationOutput, SpeculativeDecoder, generate, stream
-from specdec.drafters import Bigram, Drafter, DraftModel, LayerSkip, PromptLookup, Proposal
+from specdec.drafters import Bigram, Drafter, DraftModel, DraftTree, LayerSkip, MultiDraft, PromptLookup, Proposal
 from specdec.errors import (
     ConfigError,
     IncompatibleModelsError,
     ModelLoadError,
     NumericalError,
     PromptError,
+    ProposalError,
     SpecdecError,
     UnsupportedModelError,
 )
 from specdec.loading import load
 from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats, expected_speedup, expected_tokens_per_pass
+from specdec.tree import TreeMask
 from specdec.text import TextOutput, generate_text, stream_text
 
 __version__ = "0.1.0"
@@ -32,7 +34,7 @@ def load_default(*args, **kwargs):
 
 
 __all__ = [
-    "AdaptiveGamma", "Bigram", "LayerSkip", "PromptLookup",
+    "AdaptiveGamma", "Bigram", "DraftTree", "LayerSkip", "MultiDraft", "PromptLookup", "ProposalError", "TreeMask",
     "DEFAULT_GAMMA", "ConfigError", "DecodeStats", "DraftModel", "Drafter", "GenerationOutput",
     "IncompatibleModelsError", "ModelLoadError", "NumericalError", "PromptError", "Proposal",
     "SamplingConfig", "SpecdecError", "SpeculativeDecoder", "TextOutput", "UnsupportedModelError",

@@ -7,11 +7,13 @@ from specdec.drafters.bigram import Bigram
 from specdec.drafters.draft_model import DraftModel
 from specdec.drafters.layer_skip import LayerSkip
 from specdec.drafters.prompt_lookup import PromptLookup
+from specdec.drafters.tree import DraftTree, MultiDraft
 from specdec.errors import ConfigError
 
 #: Names accepted by `make_drafter` and the CLI's --drafter. "draft-tli" / "draft-slem": the draft model
 #: with its own tokenizer (--draft-tokenizer), by token-level intersection or string-level exact match.
-DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tli", "draft-slem")
+DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft", "draft-tli",
+                 "draft-slem")
 
 _TOKENIZERS = {"draft_tokenizer": "--draft-tokenizer", "target_tokenizer": "the target's tokenizer"}
 
@@ -23,6 +25,8 @@ _OPTIONS = {
     "prompt-lookup": {"ngram_max": "--ngram-max", "ngram_min": "--ngram-min"},
     "bigram": {"bigram_path": "--bigram"},
     "layer-skip": {"draft_layers": "--draft-layers"},
+    "draft-tree": {"tree_top_k": "--tree-top-k", "tree_depth": "--tree-depth", "max_nodes": "--max-nodes"},
+    "multi-draft": {"num_drafts": "--num-drafts", "replacement": "--replacement"},
 }
 
 
@@ -30,6 +34,8 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     """Build a drafter by name.
 
     "draft": the separate `draft` model. "prompt-lookup": n-gram lookup (ngram_max=3, ngram_min=1).
+    "draft-tree": an EAGLE-2-style token tree from `draft` (tree_top_k, tree_depth, max_nodes).
+    "multi-draft": num_drafts sampled chains from `draft` as a tree (replacement=True: SpecInfer).
     "draft-tli" / "draft-slem": the draft model with its own tokenizer (draft_tokenizer, and the target's
     target_tokenizer); "draft" with both tokenizers picks the method itself (same tokenizer: plain).
     "bigram": a bigram table loaded from bigram_path (a file saved by Bigram.save), or else built from the
@@ -57,6 +63,14 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
         method = {"draft": "auto", "draft-tli": "tli", "draft-slem": "slem"}[kind]
         return DraftModel(draft, tokenizer=options["draft_tokenizer"], target_tokenizer=options["target_tokenizer"],
                           method=method)
+    if kind in ("draft-tree", "multi-draft"):
+        if draft is None:
+            raise ConfigError(f"--drafter {kind} needs a draft model: pass --draft PATH (or draft=model)")
+        if kind == "multi-draft":
+            return MultiDraft(draft, num_drafts=options.get("num_drafts", 3),
+                              replacement=options.get("replacement", True))
+        tree = {"top_k": "tree_top_k", "depth": "tree_depth", "max_nodes": "max_nodes"}
+        return DraftTree(draft, **{arg: options[key] for arg, key in tree.items() if key in options})
     if kind == "prompt-lookup":
         return PromptLookup(max_ngram=options.get("ngram_max", 3), min_ngram=options.get("ngram_min", 1))
     if kind == "bigram":
@@ -71,5 +85,6 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
 
 
 __all__ = [
-    "DRAFTER_KINDS", "Bigram", "DraftModel", "Drafter", "LayerSkip", "PromptLookup", "Proposal", "make_drafter",
+    "DRAFTER_KINDS", "Bigram", "DraftModel", "DraftTree", "Drafter", "LayerSkip", "MultiDraft", "PromptLookup",
+    "Proposal", "make_drafter",
 ]

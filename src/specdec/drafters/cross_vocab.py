@@ -129,8 +129,9 @@ class _DraftStream:
 class CrossVocabDraft(DraftModel):
     """A draft model with its own tokenizer, drafting for a target with another (TLI or SLEM, exact)."""
 
-    def __init__(self, model, tokenizer=None, target_tokenizer=None, method: str = "auto"):
-        super().__init__(model)
+    def __init__(self, model, compile: bool | str | None = None, *, tokenizer=None, target_tokenizer=None,
+                 method: str = "auto"):
+        super().__init__(model)  # the eager adapter: the stream re-sync crops and re-feeds at any length
         if tokenizer is None:
             raise ConfigError(
                 "DraftModel(draft, target_tokenizer=...) also needs the draft's own tokenizer: pass "
@@ -149,6 +150,9 @@ class CrossVocabDraft(DraftModel):
         self._probe: dict[str, list[int]] = {"tli": [], "slem": []}  # accepted per round, while probing
         if target_tokenizer is not None:
             self.set_target_tokenizer(target_tokenizer)
+
+    def use_fast_path(self, mode: bool | str) -> None:
+        """Stays on the eager adapter (the slot-cache fast path is not wired for cross-vocabulary drafting)."""
 
     @property
     def name(self) -> str:

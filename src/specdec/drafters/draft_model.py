@@ -12,6 +12,7 @@ from transformers import PreTrainedModel
 
 from specdec.drafters.base import Drafter, Proposal
 from specdec.models.causal_lm import CachedCausalLM
+from specdec.models.static_lm import StaticCausalLM, fast_adapter
 from specdec.sampling import SamplingConfig, sample
 from specdec.vocab import check_tokenizer_fits, padded_widths_match, same_vocabulary
 
@@ -25,6 +26,13 @@ class DraftModel(Drafter):
 
     At temperature 0 it proposes its argmax (a point mass); at T > 0 it samples from its warped
     distribution and hands those probabilities to verification.
+
+    compile: None (default) follows the decoder: `generate(..., compile=True)` switches this drafter to the
+    fast path (a slot cache, and its γ draft steps as one compiled graph) and compile=False back to the eager
+    adapter. True / "static" / False pin it (see docs/fastpath.md).
+
+    tokenizer / target_tokenizer / method: see docs/cross_vocab.md. One tokenizer for both models lets the
+    LM heads differ in width (padding rows are never drafted).
     """
 
     # Rows of the target's logits when its LM head is padded to another width (None: same width), and the
@@ -35,9 +43,8 @@ class DraftModel(Drafter):
     def __new__(cls, *args, **kwargs):
         if cls is not DraftModel:  # subclasses (LayerSkip, CrossVocabDraft...) build themselves
             return super().__new__(cls)
-        named = dict(zip(("model", "tokenizer", "target_tokenizer", "method"), args)) | kwargs
-        tokenizer, target_tokenizer = named.get("tokenizer"), named.get("target_tokenizer")
-        method = named.get("method", "auto")
+        tokenizer, target_tokenizer = kwargs.get("tokenizer"), kwargs.get("target_tokenizer")
+        method = kwargs.get("method", "auto")
         if tokenizer is not None or target_tokenizer is not None:
             if method not in CROSS_VOCAB_METHODS:
                 from specdec.errors import ConfigError
@@ -49,8 +56,12 @@ class DraftModel(Drafter):
                 return super().__new__(CrossVocabDraft)
         return super().__new__(cls)
 
-    def __init__(self, model: PreTrainedModel, tokenizer=None, target_tokenizer=None, method: str = "auto"):
-        self.lm = CachedCausalLM(model)
+    def __init__(self, model: PreTrainedModel, compile: bool | str | None = None, *, tokenizer=None,
+                 target_tokenizer=None, method: str = "auto"):
+        self.model = model
+        self.compile = compile
+        self._adapters: dict[object, object] = {}
+        self.lm = self._adapter(compile or False)
         self.vocab_size = self.lm.vocab_size
         self._width = self._tokens = None
         if tokenizer is not None:  # one tokenizer for both models (DraftModel.__new__ checked)
@@ -79,6 +90,16 @@ class DraftModel(Drafter):
             fitted[:, self._tokens :] = float("-inf")
         return fitted
 
+    def _adapter(self, mode: bool | str):
+        if mode not in self._adapters:
+            self._adapters[mode] = fast_adapter(self.model, mode)
+        return self._adapters[mode]
+
+    def use_fast_path(self, mode: bool | str) -> None:
+        """Called by the decoder with its `compile` setting; a drafter built with compile=... keeps its own."""
+        if self.compile is None:
+            self.lm = self._adapter(mode)
+
     @property
     def forwards(self) -> int:
         return self.lm.forwards
@@ -94,6 +115,13 @@ class DraftModel(Drafter):
         sampling: SamplingConfig,
         generator: torch.Generator | None,
     ) -> Proposal:
+        n = context.shape[0]
+        if isinstance(self.lm, StaticCausalLM) and gamma > 0 and n >= 2 and self._width is None:
+            if self.lm.length < n - 2:
+                self.lm.forward(context[self.lm.length : n - 2])
+            tokens, draft_probs = self.lm.draft_steps(context, gamma, sampling, generator)  # [γ], [γ, V] | None
+            return Proposal(tokens=tokens.to(context.device),
+                            draft_probs=draft_probs.to(context.device) if draft_probs is not None else None)
         # Catch up on committed tokens the cache has not seen: the last one, plus the final draft token
         # after a fully accepted round (the draft never fed its own last proposal).
         logits = self._fit(self.lm.forward(context[self.lm.length :], last_only=True))  # [1, V]
