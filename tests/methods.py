@@ -40,3 +40,16 @@ def build(name: str, target, draft):
     if isinstance(built, tuple):
         return built[0], dict(built[1])
     return built, {}
+
+
+#: Drafts with another tokenizer (tests/test_cross_vocab.py): a factory (draft, draft_tokenizer,
+#: target_tokenizer) -> Drafter, one line per method.
+CROSS_VOCAB_METHODS = {
+    "draft-tli": lambda draft, dt, tt: specdec.DraftModel(draft, tokenizer=dt, target_tokenizer=tt, method="tli"),
+    "draft-slem": lambda draft, dt, tt: specdec.DraftModel(draft, tokenizer=dt, target_tokenizer=tt, method="slem"),
+    "draft-auto": lambda draft, dt, tt: specdec.DraftModel(draft, tokenizer=dt, target_tokenizer=tt),
+}
+
+
+def build_cross_vocab(name: str, draft, draft_tokenizer, target_tokenizer):
+    return CROSS_VOCAB_METHODS[name](draft, draft_tokenizer, target_tokenizer)

@@ -161,11 +161,14 @@ class SpeculativeDecoder:
                     f"drafter must be a specdec Drafter (e.g. specdec.DraftModel(model)), got "
                     f"{type(drafter).__name__}"
                 )
-            if drafter.vocab_size is not None and drafter.vocab_size != self.target.vocab_size:
+            if not drafter.match_target_vocab(self.target.vocab_size):
                 raise IncompatibleModelsError(
                     f"the drafter's vocabulary has {drafter.vocab_size} tokens but the target's has "
-                    f"{self.target.vocab_size}; speculative decoding needs the same tokenizer: pick a draft "
-                    "model from the target's family, or a model-free drafter (specdec.PromptLookup)"
+                    f"{self.target.vocab_size} (more than LM-head padding explains); speculative decoding "
+                    "needs the same tokenizer, or both tokenizers to translate between them: pass "
+                    "specdec.DraftModel(draft, tokenizer=draft_tokenizer, target_tokenizer=target_tokenizer) "
+                    "(CLI: --draft-tokenizer), pick a draft model from the target's family, or a model-free "
+                    "drafter (specdec.PromptLookup)"
                 )
         if drafter is not None and hasattr(drafter, "use_fast_path"):
             drafter.use_fast_path(compile)

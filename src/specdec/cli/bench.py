@@ -50,6 +50,10 @@ def register(subparsers) -> None:
     models.add_argument("--target", help="target model: local path or hub id (default: the shipped pair)")
     models.add_argument("--draft", help="draft model path or hub id, same tokenizer as the target "
                         "(default: the shipped pair's draft when --target is not given)")
+    models.add_argument("--draft-tokenizer", default=None, metavar="PATH",
+                        help="the draft's own tokenizer when it differs from the target's (default: the one "
+                        "saved with --draft, if it differs); enables draft-tli / draft-slem and makes "
+                        "hf-assisted HF's universal assisted generation")
     models.add_argument("--device", default="cpu", help="torch device: cpu or cuda (default cpu)")
     models.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (torch.set_num_threads; default: torch's choice). On a busy "
@@ -151,9 +155,13 @@ def run(args) -> int:
         device=args.device, forward_costs=not args.no_forward_costs,
     )
     pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+    from specdec.cli.generate import draft_tokenizer
+
+    draft_tok = draft_tokenizer(args, tokenizer) if draft is not None else None
     results = run_bench(target, draft, prompts, settings, out=args.out or "bench-results",
                         workload=args.prompts, progress=not args.no_progress, pad_token_id=pad,
-                        command=getattr(args, "command_line", None))
+                        command=getattr(args, "command_line", None),
+                        tokenizers=(draft_tok, tokenizer) if draft_tok is not None else None)
     print(markdown(results))
     print(f"\nresults: {results['results_json']}; plots: {', '.join(results['plots'].values())}")
     return 0

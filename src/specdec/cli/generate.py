@@ -18,6 +18,35 @@ def add_decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="random seed; same seed + inputs = same output")
 
 
+def add_draft_tokenizer_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft-tokenizer", default=None, metavar="PATH",
+                        help="the draft model's tokenizer when it is not the target's (default: the one saved "
+                        "with --draft, if any); a different one drafts by token-level intersection or string "
+                        "match (--drafter draft-tli / draft-slem; 'draft' picks)")
+
+
+def draft_tokenizer(args, target_tokenizer):
+    """The draft's tokenizer: --draft-tokenizer, else the one saved with --draft (None if absent or the same
+    vocabulary as the target's)."""
+    from specdec.errors import ModelLoadError
+    from specdec.loading import load_tokenizer
+    from specdec.vocab import same_vocabulary
+
+    path = getattr(args, "draft_tokenizer", None)
+    if path is None and getattr(args, "draft", None):
+        try:
+            found = load_tokenizer(args.draft)
+        except ModelLoadError:  # a draft saved without a tokenizer: assume the target's
+            return None
+    elif path is not None:
+        found = load_tokenizer(path)
+    else:
+        return None
+    if target_tokenizer is not None and same_vocabulary(found, target_tokenizer):
+        return None if path is None else found
+    return found
+
+
 def parse_gamma(value: str | None) -> int | str | None:
     if value is None:  # the decoder's default: 4, or a tree drafter's own depth
         return None
@@ -35,7 +64,9 @@ def register(subparsers) -> None:
         "prints α (acceptance rate), τ (tokens per target pass), tokens/s and target forwards.",
     )
     parser.add_argument("--target", help="target model: local path or hub id (default: the shipped pair)")
-    parser.add_argument("--draft", help="draft model path or hub id (same tokenizer as the target)")
+    parser.add_argument("--draft", help="draft model path or hub id (its own tokenizer, if it differs from the "
+                        "target's, is translated: see --draft-tokenizer)")
+    add_draft_tokenizer_arg(parser)
     parser.add_argument("--drafter", choices=DRAFTER_KINDS, default=None,
                         help="how to draft: 'draft' = the --draft model (default when --draft is given); "
                         "'prompt-lookup' = n-gram matches in the prompt and output; 'bigram' = a bigram table "
@@ -93,6 +124,10 @@ def run(args) -> int:
     kind = args.drafter or ("draft" if args.draft or (args.target is None and draft is not None) else None)
     options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
                "bigram_path": args.bigram, "head_path": args.head}
+    if kind in ("draft", "draft-tli", "draft-slem"):
+        draft_tok = draft_tokenizer(args, tokenizer)
+        if draft_tok is not None or kind != "draft":
+            options.update(draft_tokenizer=draft_tok, target_tokenizer=tokenizer)
     if kind is None and any(v is not None for v in options.values()):
         from specdec.errors import ConfigError
 

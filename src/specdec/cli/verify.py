@@ -20,7 +20,10 @@ def register(subparsers) -> None:
         "PASS/FAIL (FAIL when p < --alpha). Exits 1 if any method fails.",
     )
     parser.add_argument("--target", help="target model: local path or hub id (default: the shipped pair)")
-    parser.add_argument("--draft", help="draft model path or hub id (same tokenizer as the target)")
+    parser.add_argument("--draft", help="draft model path or hub id (another tokenizer: see --draft-tokenizer)")
+    from specdec.cli.generate import add_draft_tokenizer_arg
+
+    add_draft_tokenizer_arg(parser)
     parser.add_argument("--drafter", action="append", choices=("plain",) + tuple(DRAFTER_KINDS), default=None,
                         help="method to check; repeat to check several (default: 'draft' when a draft model is "
                         "available, else 'plain')")
@@ -111,6 +114,12 @@ def run(args) -> int:
     kinds = args.drafter or (["draft"] if draft is not None else ["plain"])
     options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
                "bigram_path": args.bigram}
+    if draft is not None:
+        from specdec.cli.generate import draft_tokenizer
+
+        draft_tok = draft_tokenizer(args, tokenizer)
+        if draft_tok is not None:
+            options.update(draft_tokenizer=draft_tok, target_tokenizer=tokenizer)
     console = Console(stderr=args.json, highlight=False)
     results = []
     for kind in dict.fromkeys(kinds):

@@ -12,13 +12,18 @@ from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.drafters.tree import DraftTree, MultiDraft
 from specdec.errors import ConfigError
 
-#: Names accepted by `make_drafter` and the CLI's --drafter.
+#: Names accepted by `make_drafter` and the CLI's --drafter. "draft-tli" / "draft-slem": the draft model
+#: with its own tokenizer (--draft-tokenizer), by token-level intersection or string-level exact match.
 DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft", "eagle", "eagle-chain",
-                 "medusa", "medusa-chain")
+                 "medusa", "medusa-chain", "draft-tli", "draft-slem")
+
+_TOKENIZERS = {"draft_tokenizer": "--draft-tokenizer", "target_tokenizer": "the target's tokenizer"}
 
 #: Options each kind accepts (make_drafter keyword -> CLI flag, for error messages).
 _OPTIONS = {
-    "draft": {},
+    "draft": dict(_TOKENIZERS),
+    "draft-tli": dict(_TOKENIZERS),
+    "draft-slem": dict(_TOKENIZERS),
     "prompt-lookup": {"ngram_max": "--ngram-max", "ngram_min": "--ngram-min"},
     "bigram": {"bigram_path": "--bigram"},
     "layer-skip": {"draft_layers": "--draft-layers"},
@@ -57,6 +62,8 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     "draft": the separate `draft` model. "prompt-lookup": n-gram lookup (ngram_max=3, ngram_min=1).
     "draft-tree": an EAGLE-2-style token tree from `draft` (tree_top_k, tree_depth, max_nodes).
     "multi-draft": num_drafts sampled chains from `draft` as a tree (replacement=True: SpecInfer).
+    "draft-tli" / "draft-slem": the draft model with its own tokenizer (draft_tokenizer, and the target's
+    target_tokenizer); "draft" with both tokenizers picks the method itself (same tokenizer: plain).
     "bigram": a bigram table loaded from bigram_path (a file saved by Bigram.save), or else built from the
     target's own one-token predictions (Bigram.from_model). "layer-skip": the target's first draft_layers
     decoder layers (default half of them). Options given as None are ignored; an option that does not apply
@@ -71,10 +78,17 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
             flag = next((opts[key] for opts in _OPTIONS.values() if key in opts), key)
             where = f"; it applies to {' / '.join(owners)}" if owners else ""
             raise ConfigError(f"option {flag} does not apply to --drafter {kind}{where}")
-    if kind == "draft":
+    if kind in ("draft", "draft-tli", "draft-slem"):
         if draft is None:
-            raise ConfigError("--drafter draft needs a draft model: pass --draft PATH (or draft=model)")
-        return DraftModel(draft)
+            raise ConfigError(f"--drafter {kind} needs a draft model: pass --draft PATH (or draft=model)")
+        if kind == "draft" and "draft_tokenizer" not in options:
+            return DraftModel(draft)
+        if "draft_tokenizer" not in options or "target_tokenizer" not in options:
+            raise ConfigError(f"--drafter {kind} needs the draft's tokenizer (--draft-tokenizer PATH) and the "
+                              "target's (draft_tokenizer=..., target_tokenizer=...)")
+        method = {"draft": "auto", "draft-tli": "tli", "draft-slem": "slem"}[kind]
+        return DraftModel(draft, tokenizer=options["draft_tokenizer"], target_tokenizer=options["target_tokenizer"],
+                          method=method)
     if kind in ("draft-tree", "multi-draft"):
         if draft is None:
             raise ConfigError(f"--drafter {kind} needs a draft model: pass --draft PATH (or draft=model)")

@@ -66,6 +66,11 @@ class Drafter(ABC):
         deterministically with `draft_probs=None`. Both keep decoding exact.
         """
 
+    def match_target_vocab(self, target_vocab_size: int) -> bool:
+        """Prepare to draft for a target whose logits are `target_vocab_size` wide; False if this drafter's
+        tokens cannot be the target's. Default: the widths must be equal (or the drafter has none)."""
+        return self.vocab_size is None or self.vocab_size == target_vocab_size
+
     def commit(self, context: torch.Tensor, num_accepted: int) -> None:
         """The round is over: context [n'] is the new committed context, whose last token is the
         recovered or bonus token and whose `num_accepted` tokens before it are accepted drafts.
