@@ -2,26 +2,49 @@
 
     out = specdec.generate(target, prompt_ids, drafter=specdec.DraftModel(draft), gamma=4)
     out.tokens, out.stats.acceptance_rate, out.stats.mean_accepted_tokens
+
+Public names are imported on first use (PEP 562), so `import specdec` and `specdec --help` do not load
+torch or transformers until something needs them.
 """
 
-from specdec.adaptive import AdaptiveGamma
-from specdec.decoding import DEFAULT_GAMMA, GenerationOutput, SpeculativeDecoder, generate, stream
-from specdec.drafters import Bigram, Drafter, DraftModel, LayerSkip, PromptLookup, Proposal
-from specdec.errors import (
-    ConfigError,
-    IncompatibleModelsError,
-    ModelLoadError,
-    NumericalError,
-    PromptError,
-    SpecdecError,
-    UnsupportedModelError,
-)
-from specdec.loading import load
-from specdec.sampling import SamplingConfig
-from specdec.stats import DecodeStats, expected_speedup, expected_tokens_per_pass
-from specdec.text import TextOutput, generate_text, stream_text
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+
+#: public name -> module that defines it
+_EXPORTS = {
+    "AdaptiveGamma": "specdec.adaptive",
+    "HeuristicGamma": "specdec.adaptive",
+    "DEFAULT_GAMMA": "specdec.decoding",
+    "GenerationOutput": "specdec.decoding",
+    "SpeculativeDecoder": "specdec.decoding",
+    "generate": "specdec.decoding",
+    "stream": "specdec.decoding",
+    "Bigram": "specdec.drafters",
+    "Drafter": "specdec.drafters",
+    "DraftModel": "specdec.drafters",
+    "LayerSkip": "specdec.drafters",
+    "PromptLookup": "specdec.drafters",
+    "Proposal": "specdec.drafters",
+    "ConfigError": "specdec.errors",
+    "IncompatibleModelsError": "specdec.errors",
+    "ModelLoadError": "specdec.errors",
+    "NumericalError": "specdec.errors",
+    "PromptError": "specdec.errors",
+    "SpecdecError": "specdec.errors",
+    "UnsupportedModelError": "specdec.errors",
+    "load": "specdec.loading",
+    "SamplingConfig": "specdec.sampling",
+    "DecodeStats": "specdec.stats",
+    "expected_speedup": "specdec.stats",
+    "expected_tokens_per_pass": "specdec.stats",
+    "TextOutput": "specdec.text",
+    "generate_text": "specdec.text",
+    "stream_text": "specdec.text",
+    "set_threads": "specdec.threads",
+}
 
 
 def load_default(*args, **kwargs):
@@ -31,11 +54,17 @@ def load_default(*args, **kwargs):
     return _load_default(*args, **kwargs)
 
 
-__all__ = [
-    "AdaptiveGamma", "Bigram", "LayerSkip", "PromptLookup",
-    "DEFAULT_GAMMA", "ConfigError", "DecodeStats", "DraftModel", "Drafter", "GenerationOutput",
-    "IncompatibleModelsError", "ModelLoadError", "NumericalError", "PromptError", "Proposal",
-    "SamplingConfig", "SpecdecError", "SpeculativeDecoder", "TextOutput", "UnsupportedModelError",
-    "expected_speedup", "expected_tokens_per_pass", "generate", "generate_text", "load", "load_default",
-    "stream", "stream_text",
-]
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+__all__ = sorted([*_EXPORTS, "load_default"])

@@ -23,6 +23,7 @@ def parse_gamma(value: str) -> int | str:
 
 def register(subparsers) -> None:
     from specdec.drafters import DRAFTER_KINDS
+    from specdec.threads import add_threads_arg
 
     parser = subparsers.add_parser(
         "generate",
@@ -33,11 +34,12 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--target", help="target model: local path or hub id (default: the shipped pair)")
     parser.add_argument("--draft", help="draft model path or hub id (same tokenizer as the target)")
-    parser.add_argument("--drafter", choices=DRAFTER_KINDS, default=None,
-                        help="how to draft: 'draft' = the --draft model (default when --draft is given); "
-                        "'prompt-lookup' = n-gram matches in the prompt and output; 'bigram' = a bigram table "
-                        "(--bigram, or built from the target); 'layer-skip' = the target's first "
-                        "--draft-layers layers; no --draft and no --drafter = plain decoding")
+    parser.add_argument("--drafter", choices=("plain",) + tuple(DRAFTER_KINDS), default=None,
+                        help="how to draft: 'draft' = the draft model (the default when --draft is given or "
+                        "when the shipped pair is used, i.e. no --target); 'plain' = no drafting (plain "
+                        "decoding through the same loop); 'prompt-lookup' = n-gram matches in the prompt and "
+                        "output; 'bigram' = a bigram table (--bigram, or built from the target); 'layer-skip' = "
+                        "the target's first --draft-layers layers. With --target and no --draft: plain")
     parser.add_argument("--ngram-max", type=int, default=None,
                         help="prompt-lookup: longest n-gram matched (default 3)")
     parser.add_argument("--ngram-min", type=int, default=None,
@@ -51,25 +53,36 @@ def register(subparsers) -> None:
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default=None,
                         help="model dtype: float32, bfloat16, float16, float64, auto (default float32 on CPU)")
+    add_threads_arg(parser)
     parser.set_defaults(func=run)
 
 
 def load_models(args):
-    """(target, draft or None, tokenizer) from --target/--draft, or the default pair."""
-    import specdec
-    from specdec.loading import load, load_model
+    """(target, draft or None, tokenizer) from --target/--draft, or the default pair.
 
+    Checks --device and --threads first, and refuses a --draft whose own tokenizer differs from the target's.
+    """
+    import specdec
+    from specdec.loading import check_device, load, load_model
+    from specdec.threads import apply_threads
+    from specdec.tokenizer_check import check_draft_tokenizer_at
+
+    check_device(args.device)
+    apply_threads(args)
     if args.target is None:
         from specdec.loading import resolve_dtype
 
         dtype = resolve_dtype(getattr(args, "dtype", None), args.device)
         target, draft, tokenizer = specdec.load_default(
             device=args.device, **({} if dtype == "auto" else {"dtype": dtype}))
-        if args.draft is not None:
-            draft = load_model(args.draft, args.device, args.dtype)
-        return target, draft, tokenizer
-    target, tokenizer = load(args.target, args.device, args.dtype)
-    draft = load_model(args.draft, args.device, args.dtype) if args.draft else None
+        target_name = "the shipped default target"
+    else:
+        target, tokenizer = load(args.target, args.device, args.dtype)
+        draft, target_name = None, args.target
+    if args.draft is not None:
+        if getattr(args, "draft_tokenizer", None) is None:
+            check_draft_tokenizer_at(tokenizer, args.draft, target_name=target_name)
+        draft = load_model(args.draft, args.device, args.dtype)
     return target, draft, tokenizer
 
 
@@ -80,6 +93,7 @@ def run(args) -> int:
 
     target, draft, tokenizer = load_models(args)
     kind = args.drafter or ("draft" if args.draft or (args.target is None and draft is not None) else None)
+    kind = None if kind == "plain" else kind
     options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
                "bigram_path": args.bigram}
     if kind is None and any(v is not None for v in options.values()):

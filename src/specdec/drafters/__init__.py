@@ -1,13 +1,31 @@
-"""Drafters: every way of proposing tokens, behind one small interface (`Drafter`)."""
+"""Drafters: every way of proposing tokens, behind one small interface (`Drafter`).
+
+The classes are imported on first use, so the CLI can read `DRAFTER_KINDS` without loading torch.
+"""
 
 from __future__ import annotations
 
-from specdec.drafters.base import Drafter, Proposal
-from specdec.drafters.bigram import Bigram
-from specdec.drafters.draft_model import DraftModel
-from specdec.drafters.layer_skip import LayerSkip
-from specdec.drafters.prompt_lookup import PromptLookup
+import importlib
+
 from specdec.errors import ConfigError
+
+_CLASSES = {
+    "Drafter": "specdec.drafters.base",
+    "Proposal": "specdec.drafters.base",
+    "Bigram": "specdec.drafters.bigram",
+    "DraftModel": "specdec.drafters.draft_model",
+    "LayerSkip": "specdec.drafters.layer_skip",
+    "PromptLookup": "specdec.drafters.prompt_lookup",
+}
+
+
+def __getattr__(name: str):
+    module = _CLASSES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specdec.drafters' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 #: Names accepted by `make_drafter` and the CLI's --drafter.
 DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip")
@@ -30,6 +48,11 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     decoder layers (default half of them). Options given as None are ignored; an option that does not apply
     to `kind` is an error.
     """
+    from specdec.drafters.bigram import Bigram
+    from specdec.drafters.draft_model import DraftModel
+    from specdec.drafters.layer_skip import LayerSkip
+    from specdec.drafters.prompt_lookup import PromptLookup
+
     if kind not in _OPTIONS:
         raise ConfigError(f"unknown drafter {kind!r}; choose one of: {', '.join(DRAFTER_KINDS)}")
     options = {k: v for k, v in options.items() if v is not None}
