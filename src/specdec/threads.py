@@ -18,9 +18,9 @@ from specdec.errors import ConfigError
 DEFAULT_THREADS = 1
 
 
-def check_threads(threads: object) -> int:
+def check_threads(threads: object, name: str = "threads") -> int:
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ConfigError(f"threads must be an integer >= 1 (e.g. 1, or the number of free cores), got {threads!r}")
+        raise ConfigError(f"{name} must be an integer >= 1 (e.g. 1, or the number of free cores), got {threads!r}")
     return threads
 
 
@@ -47,6 +47,4 @@ def apply_threads(args: argparse.Namespace) -> None:
     threads = getattr(args, "threads", None)
     if threads is None:
         return
-    if isinstance(threads, int) and threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {threads}")
-    set_threads(threads)
+    set_threads(check_threads(threads, "--threads"))
