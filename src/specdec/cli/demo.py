@@ -140,7 +140,7 @@ def run(args) -> int:
 
     apply_threads(args)
     import specdec
-    from specdec.bench.candidates import CANDIDATES, Models, calibrate, timed_run
+    from specdec.bench.candidates import CANDIDATES, Models, calibrate
     from specdec.text import encode_prompt
 
     with console.status("loading the default model pair..."):
@@ -210,8 +210,8 @@ def run(args) -> int:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     runners = {
         "hf": lambda p: (_hf_generate(target, p, args.max_new_tokens, pad), None),
-        "plain": lambda p: _specdec(chosen.decoder(models, speculative=False, **greedy), p, timed_run),
-        "spec": lambda p: _specdec(chosen.decoder(models, **greedy), p, timed_run),
+        "plain": lambda p: _specdec(chosen.decoder(models, speculative=False, **greedy), p),
+        "spec": lambda p: _specdec(chosen.decoder(models, **greedy), p),
     }
     rows = []
     with console.status("timing HF generate, specdec plain and speculative decoding (greedy)...") as status:
@@ -258,11 +258,14 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
         return 0 if identical else 1
-    _show(console, chosen, rows, result, vs_hf, vs_plain)
+    _show(console, chosen, chosen.drafter(models)[1], rows, result, vs_hf, vs_plain)
     return 0 if identical else 1
 
 
-def _specdec(decoder, prompt_ids, timed_run):
+def _specdec(decoder, prompt_ids):
+    """((tokens, wall seconds), stats) of one specdec request."""
+    from specdec.bench.candidates import timed_run
+
     return timed_run(decoder, prompt_ids), decoder.stats
 
 
@@ -294,15 +297,16 @@ def _row(prompt, walls, outputs, stats, max_new_tokens):
     }
 
 
-def _show(console, chosen, rows, result, vs_hf, vs_plain) -> None:
+def _show(console, chosen, gamma, rows, result, vs_hf, vs_plain) -> None:
+    """The table, the summary, the two α's, theory vs measurement, and the line to quote. `gamma`: the
+    method's γ when it is fixed (the theory line applies), else its policy."""
     from rich.table import Table
 
     from specdec.stats import expected_speedup, expected_tokens_per_pass
 
-    table = Table(title=f"{chosen.name}: greedy, {result['max_new_tokens']} new tokens, median of "
-                        f"{result['repeats']} interleaved run(s) per prompt", box=None, pad_edge=False)
-    for column in ("prompt", "HF tok/s", "plain tok/s", "spec tok/s", "×HF", "×plain", "α", "τ", "passes",
-                   "same"):
+    table = Table(title=f"tokens/s and speedups of {chosen.name}: greedy, {result['max_new_tokens']} new tokens, "
+                        f"median of {result['repeats']} interleaved run(s) per prompt", box=None, pad_edge=False)
+    for column in ("prompt", "HF", "plain", "spec", "×HF", "×plain", "α", "τ", "passes", "same"):
         table.add_column(column, justify="left" if column == "prompt" else "right", no_wrap=True)
     for r in rows:
         tps = r["tokens_per_s"]
@@ -326,10 +330,8 @@ def _show(console, chosen, rows, result, vs_hf, vs_plain) -> None:
     console.print(f"[dim]Two α's: α = accepted ÷ drafted ({kept:.2f}, the share of draft tokens kept); per-token "
                   f"α = accepted ÷ tested ({tested:.2f}, the chance a draft token is accepted when the target "
                   "looks at it: drafts after a rejection are never tested). Theory uses the per-token α.[/]")
-    gammas = {round(r["mean_gamma"], 6) for r in rows}
     costs = [r["verify_pass_cost"] for r in rows if r["verify_pass_cost"]]
-    if len(gammas) == 1 and float(next(iter(gammas))).is_integer() and costs and "lookup" not in chosen.name:
-        gamma = int(next(iter(gammas)))
+    if isinstance(gamma, int) and costs and chosen.needs_draft:
         c = statistics.median(r["cost_ratio"] for r in rows)
         v = statistics.median(costs)
         ideal = expected_speedup(tested, gamma, c)
@@ -340,7 +342,8 @@ def _show(console, chosen, rows, result, vs_hf, vs_plain) -> None:
                       f"formula assumes 1 (with v: τ/(γc+v) = {with_v:.2f}x).[/]")
     elif costs:
         console.print(f"[dim]Theory vs measurement: Leviathan's τ/(γc+1) needs a fixed γ and a draft model; this "
-                      f"method varies γ. A target pass over the drafts costs v = {statistics.median(costs):.2f}x "
+                      f"method varies γ or has no draft model. A target pass over the drafts costs "
+                      f"v = {statistics.median(costs):.2f}x "
                       "a one-token pass here, which the formula takes as 1.[/]")
     console.rule()
     console.print(f"[bold]specdec: {vs_hf[0]:.2f}x faster than Hugging Face generate, {vs_plain[0]:.2f}x over plain "
