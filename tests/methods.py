@@ -3,6 +3,9 @@
 Adding a drafter or verification scheme to both suites is one line here: a name and a factory
 `(target, draft) -> Drafter | None` (None = plain decoding through the same loop), or
 `(target, draft) -> (Drafter, {decoder options})` for a method that also sets options such as gamma="auto".
+
+The fast path (slot KV cache) runs in both suites uncompiled (compile="static": the same code minus
+torch.compile, cheap to run everywhere); tests/test_fastpath.py runs it compiled on a few shapes.
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ METHODS = {
     "prompt-lookup": lambda target, draft: specdec.PromptLookup(max_ngram=3, min_ngram=1),
     "bigram": lambda target, draft: specdec.Bigram.from_model(target),
     "layer-skip": lambda target, draft: specdec.LayerSkip(target),  # first half of the target's layers
+    "draft-tree": lambda target, draft: specdec.DraftTree(draft, top_k=3, depth=4, max_nodes=8),
+    "multi-draft": lambda target, draft: specdec.MultiDraft(draft, num_drafts=3, replacement=True),
+    "multi-draft-norepl": lambda target, draft: specdec.MultiDraft(draft, num_drafts=3, replacement=False),
+    "plain-static": lambda target, draft: (None, {"compile": "static"}),
+    "draft-model-static": lambda target, draft: (specdec.DraftModel(draft), {"compile": "static"}),
 }
 
 

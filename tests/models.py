@@ -145,3 +145,49 @@ def tiny_tokenizer(vocab_size: int = 300):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(text, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+
+
+class PrefixScriptedLM(PreTrainedModel):
+    """A causal LM whose next-token distribution is `table(prefix) -> probs [V]` of the tokens a row sees.
+
+    The KV cache holds each token id as its "key" (one dummy layer), so a row's prefix is read back from
+    the cache through the attention mask: a 4D tree mask is honoured, and a cache that kept the wrong rows
+    after a tree commit shows up as a wrong prefix. Position ids must equal the prefix length − 1.
+    """
+
+    config_class = ScriptedConfig
+    base_model_prefix = "scripted"
+
+    def __init__(self, table, vocab_size: int = 8):
+        super().__init__(ScriptedConfig(vocab_size=vocab_size))
+        self.table = table
+        self.lm_head = nn.Linear(1, vocab_size, bias=False)
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def forward(self, input_ids=None, position_ids=None, past_key_values=None, use_cache=True,
+                logits_to_keep=0, attention_mask=None, **kwargs):
+        n = input_ids.shape[1]
+        ids = input_ids.to(torch.float64).view(1, 1, n, 1)
+        keys, _ = past_key_values.update(ids, ids, 0)  # [1, 1, L, 1]
+        tokens = keys.view(-1).long().tolist()
+        total = len(tokens)
+        if attention_mask is None:
+            visible = torch.ones(n, total, dtype=torch.bool).tril(total - n)
+        else:
+            visible = attention_mask[0, 0] == 0  # [n, L]
+        rows = []
+        for i in range(n):
+            prefix = tuple(t for t, v in zip(tokens, visible[i].tolist()) if v)
+            assert int(position_ids[0, i]) == len(prefix) - 1, "position id must be the prefix length - 1"
+            rows.append(torch.as_tensor(self.table(prefix), dtype=torch.float64))
+        logits = torch.stack(rows).clamp_min(1e-300).log()[None]  # [1, n, V]
+        if logits_to_keep == 1:
+            logits = logits[:, -1:]
+        return CausalLMOutputWithPast(logits=logits, past_key_values=past_key_values)
+
+
+def cached_tokens(cache) -> list[int]:
+    """The token ids a PrefixScriptedLM's cache holds."""
+    return cache.layers[0].keys.view(-1).long().tolist() if cache.get_seq_length() else []

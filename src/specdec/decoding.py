@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import operator
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -18,16 +19,21 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.drafters.base import Drafter, Proposal
-from specdec.errors import ConfigError, IncompatibleModelsError, PromptError
+from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError
 from specdec.models.causal_lm import CachedCausalLM, context_length
+from specdec.models.static_lm import DEFAULT_BUCKETS, StaticCausalLM, fast_adapter
 from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats
-from specdec.verify import Verdict, verify_greedy, verify_sampled
+from specdec.tree import TreeMask, first_branch, is_chain, validate_proposal
+from specdec.verify import Verdict, verify_greedy, verify_sampled, verify_tree
 
 DEFAULT_GAMMA = 4
 
 #: verify_fn(draft_tokens [γ], draft_probs [γ, V] | None, target_logits [γ+1, V], sampling, generator)
 VerifyFn = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, SamplingConfig, "torch.Generator | None"], Verdict]
+#: tree_verify_fn(proposal (tokens [N], draft_probs [N, V] | None, parents [N]), target_logits [N+1, V], sampling,
+#: generator) -> Verdict with the accepted path
+TreeVerifyFn = Callable[[Proposal, torch.Tensor, SamplingConfig, "torch.Generator | None"], Verdict]
 
 
 def verify_round(
@@ -157,7 +163,7 @@ class SpeculativeDecoder:
         target: PreTrainedModel | CachedCausalLM,
         drafter: Drafter | None = None,
         *,
-        gamma: int | str | object = DEFAULT_GAMMA,
+        gamma: int | str | object | None = None,
         max_new_tokens: int = 64,
         temperature: float = 0.0,
         top_k: int | None = None,
@@ -165,10 +171,19 @@ class SpeculativeDecoder:
         eos_token_id: int | Sequence[int] | None = None,
         seed: int | None = None,
         verify_fn: VerifyFn = verify_round,
+        tree_verify_fn: TreeVerifyFn = verify_tree,
+        compile: bool | str = False,
     ):
-        self.target = target if isinstance(target, CachedCausalLM) else CachedCausalLM(target)
+        if compile not in (False, True, "static"):
+            raise ConfigError(f"compile must be True, False or 'static' (the slot cache without torch.compile), "
+                              f"got {compile!r}")
+        self.compile = compile
+        is_adapter = isinstance(target, (CachedCausalLM, StaticCausalLM))
+        self.target = target if is_adapter else fast_adapter(target, compile)
         self.drafter = drafter
         self.sampling = SamplingConfig(temperature, top_k, top_p)
+        if gamma is None:  # a tree drafter's own depth, else the chain default
+            gamma = getattr(drafter, "default_gamma", None) or DEFAULT_GAMMA
         self.gamma_policy = _gamma_policy(gamma)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -185,6 +200,8 @@ class SpeculativeDecoder:
                     f"{self.target.vocab_size}; speculative decoding needs the same tokenizer: pick a draft "
                     "model from the target's family, or a model-free drafter (specdec.PromptLookup)"
                 )
+        if drafter is not None and hasattr(drafter, "use_fast_path"):
+            drafter.use_fast_path(compile)
         self.eos = _eos_ids(self.target.model, eos_token_id)
         self.generator = torch.Generator(device=self.target.device)
         seed = _check_seed(seed)
@@ -193,6 +210,8 @@ class SpeculativeDecoder:
         else:
             self.generator.manual_seed(seed)
         self.verify_fn = verify_fn
+        self.tree_verify_fn = tree_verify_fn
+        self._warned_chain_fallback = False
         self.stats = DecodeStats()
         # Where the token just yielded came from: "accepted" (a verified draft token), "recovered" (the
         # correction after a rejection), "bonus" (after full acceptance) or "target" (nothing was drafted).
@@ -207,10 +226,57 @@ class SpeculativeDecoder:
                 "shorten the prompt or lower max_new_tokens"
             )
 
+    def _check_tree(self, proposal: Proposal, gamma: int, n: int) -> Proposal:
+        """Validate a tree proposal before any target pass; fall back to its first branch (a chain) when
+        the target cannot score a tree now."""
+        capacity = getattr(self.target, "capacity", None) or context_length(self.target.model)
+        room = None if capacity is None else capacity - n  # cache slots left after the root
+        validate_proposal(proposal.tokens, proposal.draft_probs, proposal.parents, self.target.vocab_size, room)
+        depth = int(TreeMask.from_parents(proposal.parents).depths.max()) if len(proposal) else 0
+        if depth > gamma:
+            raise ProposalError(
+                f"the drafter proposed a tree {depth} deep but this round allows {gamma} tokens (gamma, capped by "
+                "the remaining max_new_tokens); a tree drafter must cap its depth at the gamma it is given"
+            )
+        if is_chain(proposal.parents):
+            return Proposal(proposal.tokens, proposal.draft_probs)
+        supports = getattr(self.target, "supports_tree", None)
+        if supports is not None and supports(len(proposal) + 1):
+            return proposal
+        if not self._warned_chain_fallback:
+            self._warned_chain_fallback = True
+            warnings.warn(
+                f"{type(self.target.model).__name__} cannot score this token tree in one pass (no 4D-mask "
+                "support, or a sliding-window cache would be exceeded): verifying each round's first branch "
+                "as a chain instead (exact, fewer tokens per pass)",
+                stacklevel=3,
+            )
+        first = first_branch(proposal.parents)  # [d] node indices
+        probs = proposal.draft_probs[first] if proposal.draft_probs is not None else None
+        return Proposal(proposal.tokens[first], probs)
+
+    def _plan_static(self, prompt_len: int) -> None:
+        """Size the slot caches for this request (or raise before any work) and fix the verification shapes:
+        a fixed γ pads every pass to γ+1 (one compiled shape), an adaptive one to DEFAULT_BUCKETS."""
+        fixed = isinstance(self.gamma_policy, FixedGamma)
+        widest = self.gamma_policy.gamma + 1 if fixed else DEFAULT_BUCKETS[-1]
+        tree_nodes = getattr(self.drafter, "max_nodes", None)  # a tree drafter: its node budget sets the width
+        if isinstance(tree_nodes, int):
+            widest = max(widest, tree_nodes + 1)
+        need = prompt_len + self.max_new_tokens + widest
+        if isinstance(self.target, StaticCausalLM):
+            self.target.buckets = (widest,) if fixed and self.drafter is not None else (
+                (1,) if self.drafter is None else DEFAULT_BUCKETS)
+            self.target.ensure_capacity(need)
+        draft_lm = getattr(self.drafter, "lm", None)
+        if isinstance(draft_lm, StaticCausalLM):
+            draft_lm.ensure_capacity(need)
+
     def stream(self, prompt_ids: Sequence[int] | torch.Tensor) -> Iterator[int]:
         """Yield each new token as soon as it is final."""
         prompt = _prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
         self._check_fits(prompt.shape[0])
+        self._plan_static(prompt.shape[0])
         device = self.target.device
         stats = self.stats = DecodeStats()
         start = time.perf_counter()
@@ -229,7 +295,7 @@ class SpeculativeDecoder:
 
         produced = 0
         while produced < self.max_new_tokens:
-            # 1. drafter.propose: at most γ tokens, and never more than fit under max_new_tokens.
+            # 1. drafter.propose: at most γ tokens (a tree at most γ deep), never more than fit under max_new_tokens.
             remaining = self.max_new_tokens - produced
             gamma = min(self.gamma_policy.choose(stats), remaining - 1) if self.drafter else 0
             t = time.perf_counter()
@@ -239,22 +305,40 @@ class SpeculativeDecoder:
                 else Proposal(context.new_empty(0))
             )
             stats.draft_s += time.perf_counter() - t
-            drafted = proposal.tokens[:gamma]  # [γ']
-            gamma = drafted.shape[0]
+            if proposal.parents is not None:
+                proposal = self._check_tree(proposal, gamma, n)  # a chain again if the target cannot do trees
 
-            # 2. target.score: the last committed token and the drafts in one pass.
-            t = time.perf_counter()
-            target_logits = self.target.forward(torch.cat([context[n - 1 : n], drafted]))  # [γ'+1, V]
-            stats.target_s += time.perf_counter() - t
+            if proposal.parents is None:
+                # 2-3. target.score + verify, chain: accepted prefix, then a recovered or bonus token.
+                drafted = proposal.tokens[:gamma]  # [γ']
+                gamma = drafted.shape[0]
+                t = time.perf_counter()
+                scores = self.target.score(torch.cat([context[n - 1 : n], drafted]))  # logits [γ'+1, V]
+                stats.target_s += time.perf_counter() - t
+                draft_probs = proposal.draft_probs[:gamma] if proposal.draft_probs is not None else None
+                verdict = self.verify_fn(drafted, draft_probs, scores.logits, self.sampling, self.generator)
+                k = verdict.num_accepted
+                accepted = drafted[:k]  # [k]
+                keep = None  # the accepted prefix: a crop
+            else:
+                # 2-3. target.score + verify, tree: every node in one pass, then the longest surviving path.
+                gamma = len(proposal)  # nodes drafted
+                t = time.perf_counter()
+                scores = self.target.score(torch.cat([context[n - 1 : n], proposal.tokens]),
+                                           tree=TreeMask.from_parents(proposal.parents))  # logits [N+1, V]
+                stats.target_s += time.perf_counter() - t
+                verdict = self.tree_verify_fn(proposal, scores.logits, self.sampling, self.generator)
+                k = verdict.num_accepted
+                path = torch.tensor(verdict.path, dtype=torch.long)  # [k] node indices
+                accepted = proposal.tokens[path.to(proposal.tokens.device)]  # [k]
+                keep = torch.cat([torch.zeros(1, dtype=torch.long), path + 1])  # [k+1] rows: root + path
 
-            # 3. verify: accepted prefix, then a recovered or bonus token.
-            draft_probs = proposal.draft_probs[:gamma] if proposal.draft_probs is not None else None
-            verdict = self.verify_fn(drafted, draft_probs, target_logits, self.sampling, self.generator)
-            k = verdict.num_accepted
-
-            # 4. commit: roll the target back to context + accepted drafts; append the next token.
-            self.target.crop(n + k)
-            context[n : n + k] = drafted[:k]
+            # 4. commit: the target keeps the root and the accepted drafts; append the next token.
+            if keep is None:
+                self.target.crop(n + k)
+            else:
+                self.target.commit(n - 1, keep)
+            context[n : n + k] = accepted
             context[n + k] = verdict.next_token
             new_tokens = context[n : n + k + 1].tolist()
             n += k + 1
@@ -284,18 +368,19 @@ def stream(
     target: PreTrainedModel,
     prompt_ids: Sequence[int] | torch.Tensor,
     drafter: Drafter | None = None,
-    gamma: int | str = DEFAULT_GAMMA,
+    gamma: int | str | None = None,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | None = None,
+    compile: bool | str = False,
 ) -> Iterator[int]:
     """Yield new token ids as soon as they are final (same arguments as `generate`)."""
     decoder = SpeculativeDecoder(
         target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed,
+        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed, compile=compile,
     )
     yield from decoder.stream(prompt_ids)
 
@@ -304,21 +389,27 @@ def generate(
     target: PreTrainedModel,
     prompt_ids: Sequence[int] | torch.Tensor,
     drafter: Drafter | None = None,
-    gamma: int | str = DEFAULT_GAMMA,
+    gamma: int | str | None = None,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | None = None,
+    compile: bool | str = False,
 ) -> GenerationOutput:
     """Continue `prompt_ids` with `target`, speculatively when a drafter is given; exact either way.
 
-    Returns the new tokens (up to and including an EOS) and the decoding statistics.
+    Returns the new tokens (up to and including an EOS) and the decoding statistics. `gamma` is the number
+    of draft tokens per round for a chain drafter (default 4); a tree drafter (`DraftTree`, `MultiDraft`)
+    uses its own depth by default, and an explicit `gamma` caps the tree's depth.
+    compile=True runs target and DraftModel on the fast path (slot KV cache, compiled fixed-shape passes;
+    the first call of each shape compiles, see docs/fastpath.md); "static" is the slot cache without
+    compiling. Models that cannot take it decode eagerly with a FastPathWarning; tokens never differ.
     """
     decoder = SpeculativeDecoder(
         target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed,
+        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed, compile=compile,
     )
     tokens = list(decoder.stream(prompt_ids))
     return GenerationOutput(tokens=tokens, stats=decoder.stats)

@@ -29,3 +29,7 @@ class ModelLoadError(SpecdecError, OSError):
 
 class NumericalError(SpecdecError, FloatingPointError):
     """A model produced NaN or infinite logits."""
+
+
+class ProposalError(SpecdecError, ValueError):
+    """A drafter returned a malformed proposal (tree shape, token ids, draft probabilities)."""

@@ -11,6 +11,12 @@ probabilities `target_probs` (p) at the γ+1 positions the target scored:
 A drafter that proposes deterministically (argmax, n-gram lookup) passes ``draft_probs=None``: its q is a
 point mass, so the ratio is p_i(x_i) and the residual is p_i with x_i removed.
 Greedy decoding (temperature 0) accepts exactly the prefix that matches the target's argmax.
+
+A tree (`verify_tree`) is walked from the root with one running target distribution r per visited node:
+its children are tried in order, child x accepted with probability min(1, r(x)/q(x)) where q is exactly
+the distribution that child was drawn from; after a rejection r ← norm(max(0, r − q)) and the next sibling
+is tried. All rejected: the recovered token is drawn from r. A leaf reached: the bonus token is drawn from
+the target there. Greedy: the longest path that follows the target's argmax.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import sample
+from specdec.sampling import SamplingConfig, sample
+from specdec.tree import children
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,8 @@ class Verdict:
     next_token: int
     # "recovered" when next_token corrects a rejected draft token, "bonus" when every draft was accepted.
     outcome: str
+    # Node indices of the accepted drafts (len num_accepted) for a tree; None for a chain (0..k-1).
+    path: tuple[int, ...] | None = None
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
@@ -88,3 +97,47 @@ def verify_sampled(
         residual = residual_distribution(target_probs[k], draft_row, int(draft_tokens[k]))  # [V]
         return Verdict(k, int(sample(residual[None], generator)), "recovered")
     return Verdict(k, int(sample(target_probs[gamma][None], generator)), "bonus")
+
+
+def verify_tree(
+    proposal,
+    target_logits: torch.Tensor,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """proposal (tokens [N], draft_probs [N, V] | None, parents [N]), target_logits [N+1, V] (row 0 = root,
+    row i+1 = node i) -> Verdict with the accepted `path` of node indices."""
+    tokens = proposal.tokens.tolist()
+    kids = children(proposal.parents)  # kids[u + 1]: children of node u, in order
+    if sampling.greedy:
+        argmax = target_logits.argmax(dim=-1).tolist()  # [N+1]
+        node, path = -1, []
+        while True:
+            target_token = argmax[node + 1]
+            match = next((c for c in kids[node + 1] if tokens[c] == target_token), None)
+            if match is None:
+                outcome = "recovered" if kids[node + 1] else "bonus"
+                return Verdict(len(path), target_token, outcome, tuple(path))
+            path.append(match)
+            node = match
+    target_probs = sampling.warp(target_logits)  # [N+1, V]
+    draft_probs = proposal.draft_probs
+    node, path = -1, []
+    while True:
+        running = target_probs[node + 1].double()  # r: [V]
+        if not kids[node + 1]:
+            return Verdict(len(path), int(sample(running[None], generator)), "bonus", tuple(path))
+        accepted = None
+        for child in kids[node + 1]:
+            x = tokens[child]
+            q = None if draft_probs is None else draft_probs[child].double()  # [V] | None (point mass)
+            qx = 1.0 if q is None else float(q[x])
+            u = float(torch.rand((), dtype=torch.float64, device=running.device, generator=generator))
+            if qx > 0 and u < float(running[x]) / qx:
+                accepted = child
+                break
+            running = residual_distribution(running, q, x)  # norm(max(0, r − q))
+        if accepted is None:
+            return Verdict(len(path), int(sample(running[None], generator)), "recovered", tuple(path))
+        path.append(accepted)
+        node = accepted

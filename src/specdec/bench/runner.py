@@ -31,20 +31,35 @@ from specdec.errors import ConfigError
 
 #: Peers: `transformers.generate` with no drafting, with the draft model as assistant (γ fixed, schedule
 #: "constant"), with HF's out-of-the-box assistant settings, and with HF's prompt lookup.
-HF_METHODS = ("hf-plain", "hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup")
+HF_METHODS = ("hf-plain", "hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup", "hf-plain-compiled")
 #: Methods whose γ is not set by --gamma (run once, not once per γ).
-GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic")
+GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic", "hf-plain-compiled", "draft-tree")
 #: A run slower than this many times the fastest run of the same config and prompt is reported as stalled.
 SLOW_RUN_FACTOR = 3.0
 #: Methods that need the draft model.
-NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "hf-assisted", "hf-assisted-heuristic")
+NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "hf-assisted", "hf-assisted-heuristic", "draft-tree",
+                     "multi-draft")
 #: Suffixes of specdec methods whose γ a policy picks: gamma="auto", or transformers' +2/-1 heuristic.
 POLICY_SUFFIXES = ("-auto", "-heuristic")
+#: A specdec method on the fast path (slot KV cache, compiled passes): "plain-compiled", "draft-compiled", ...
+COMPILED = "-compiled"
+#: Drafters whose fast path is measured (model-free drafters only compile the target).
+COMPILED_KINDS = ("draft", "prompt-lookup", "bigram")
+
+
+def is_compiled(method: str) -> bool:
+    return not method.startswith("hf-") and method.endswith(COMPILED)
+
+
+def _base(method: str) -> str:
+    """The method without its -compiled suffix."""
+    return method[: -len(COMPILED)] if is_compiled(method) else method
 
 
 def _policy_suffix(method: str) -> str | None:
     if method.startswith("hf-"):
         return None
+    method = _base(method)
     return next((suffix for suffix in POLICY_SUFFIXES if method.endswith(suffix)), None)
 
 
@@ -54,11 +69,13 @@ def available_methods() -> list[str]:
 
     names = ["plain", *DRAFTER_KINDS]
     names += [f"{kind}{suffix}" for suffix in POLICY_SUFFIXES for kind in DRAFTER_KINDS]
+    names += ["plain-compiled"] + [f"{kind}{suffix}-compiled" for suffix in ("", *POLICY_SUFFIXES)
+                                   for kind in COMPILED_KINDS if kind in DRAFTER_KINDS]
     return names + list(HF_METHODS)
 
 
 def is_gamma_free(method: str) -> bool:
-    return method in GAMMA_FREE or _policy_suffix(method) is not None
+    return _base(method) in GAMMA_FREE or method in GAMMA_FREE or _policy_suffix(method) is not None
 
 
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
@@ -120,10 +137,11 @@ class Config:
     @property
     def kind(self) -> str | None:
         """The specdec drafter kind, or None for plain / HF methods."""
-        if self.is_hf or self.method == "plain":
+        method = _base(self.method)
+        if self.is_hf or method == "plain":
             return None
-        suffix = _policy_suffix(self.method)
-        return self.method[: -len(suffix)] if suffix else self.method
+        suffix = _policy_suffix(method)
+        return method[: -len(suffix)] if suffix else method
 
 
 def make_configs(methods: Sequence[str], gammas: Sequence[int]) -> list[Config]:
@@ -265,20 +283,32 @@ class Bench:
         self.target, self.draft, self.settings = target, draft, settings
         self.device = str(next(target.parameters()).device)
         self.target_lm = CachedCausalLM(target)
+        self._target_fast = None
         self.pad_token_id = pad_token_id if pad_token_id is not None else _pad_id(target)
         self._drafters: dict[str, Any] = {}
         self._draft_generation_config = copy.deepcopy(draft.generation_config) if draft is not None else None
         for method in settings.methods:
-            if method in NEEDS_DRAFT_MODEL and draft is None:
+            if _base(method) in NEEDS_DRAFT_MODEL and draft is None:
                 raise ConfigError(f"method {method!r} needs a draft model: pass --draft PATH")
 
-    def drafter(self, kind: str):
-        if kind not in self._drafters:
+    def drafter(self, kind: str, compiled: bool = False):
+        key = (kind, compiled)
+        if key not in self._drafters:
             from specdec.drafters import make_drafter
 
-            self._drafters[kind] = make_drafter(kind, target=self.target, draft=self.draft,
-                                                **self.settings.drafter_options.get(kind, {}))
-        return self._drafters[kind]
+            self._drafters[key] = make_drafter(kind, target=self.target, draft=self.draft,
+                                               **self.settings.drafter_options.get(kind, {}))
+        return self._drafters[key]
+
+    def target_adapter(self, compiled: bool):
+        """The target's adapter: eager (CachedCausalLM) or the fast path (StaticCausalLM, compiled)."""
+        if not compiled:
+            return self.target_lm
+        if self._target_fast is None:
+            from specdec.models.static_lm import fast_adapter
+
+            self._target_fast = fast_adapter(self.target, True)
+        return self._target_fast
 
     def run(self, config: Config, prompt_ids: list[int], seed: int) -> RunResult:
         return self._run_hf(config, prompt_ids, seed) if config.is_hf else self._run_specdec(config, prompt_ids, seed)
@@ -287,17 +317,18 @@ class Bench:
         from specdec.decoding import SpeculativeDecoder
 
         s = self.settings
-        drafter = self.drafter(config.kind) if config.kind else None
+        compiled = is_compiled(config.method)
+        drafter = self.drafter(config.kind, compiled) if config.kind else None
         suffix = _policy_suffix(config.method)
         if suffix == "-heuristic":
             from specdec.adaptive import HeuristicGamma
 
             gamma = HeuristicGamma()
         else:
-            gamma = "auto" if suffix == "-auto" else (config.gamma or 1)
+            gamma = "auto" if suffix == "-auto" else config.gamma  # None: the drafter's default (a tree's depth)
         decoder = SpeculativeDecoder(
-            self.target_lm, drafter, gamma=gamma, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-            top_k=s.top_k, top_p=s.top_p, eos_token_id=[], seed=seed,
+            self.target_adapter(compiled), drafter, gamma=gamma, max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, eos_token_id=[], seed=seed, compile=compiled,
         )
         ids = torch.tensor(prompt_ids, dtype=torch.long)
         _sync(self.device)
@@ -320,6 +351,14 @@ class Bench:
             kwargs["prompt_lookup_num_tokens"] = config.gamma
         elif config.method in ("hf-assisted", "hf-assisted-heuristic"):
             kwargs["assistant_model"] = self.draft
+        elif config.method == "hf-plain-compiled":
+            # HF's own fast path: its static cache, and its automatic compile of the decoding forward, which
+            # it enables on CPUs only when asked (_compile_all_devices); cudagraphs do not apply on a CPU.
+            from transformers import CompileConfig
+
+            kwargs["cache_implementation"] = "static"
+            kwargs["compile_config"] = CompileConfig(fullgraph=True, dynamic=False, mode="default",
+                                                     _compile_all_devices=True)
         return kwargs
 
     def _configure_assistant(self, config: Config) -> None:
@@ -471,7 +510,7 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
     _add_speedups(summaries)
     costs = None
     if settings.forward_costs and prompts:
-        needs_draft = any(m in NEEDS_DRAFT_MODEL for m in settings.methods)
+        needs_draft = any(_base(m) in NEEDS_DRAFT_MODEL for m in settings.methods)
         costs = forward_costs(target, draft if needs_draft else None, list(prompts[0].ids),
                               [g + 1 for g in settings.gammas])
     return {

@@ -54,6 +54,10 @@ def register(subparsers) -> None:
     parser.add_argument("--dtype", default=None,
                         help="model dtype: float32, bfloat16, float16, float64, auto (default float32 on CPU)")
     add_threads_arg(parser)
+    parser.add_argument("--compile", action="store_true",
+                        help="the fast path: slot KV cache and compiled passes for target and draft model (the "
+                        "first run of each shape compiles, then inductor's disk cache makes later starts "
+                        "quick; same tokens; see docs/fastpath.md)")
     parser.set_defaults(func=run)
 
 
@@ -104,7 +108,14 @@ def run(args) -> int:
     decoder = SpeculativeDecoder(
         target, drafter, gamma=parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        compile=args.compile,
     )
+    if args.compile:
+        import logging
+
+        logging.getLogger("specdec.fastpath").setLevel(logging.INFO)  # say when a shape compiles
+        if not logging.getLogger().handlers:
+            logging.basicConfig(format="[specdec] %(message)s", stream=sys.stderr)
     for piece in detokenize(tokenizer, decoder.stream(encode_prompt(tokenizer, args.prompt))):
         sys.stdout.write(piece)
         sys.stdout.flush()

@@ -16,6 +16,8 @@ _CLASSES = {
     "DraftModel": "specdec.drafters.draft_model",
     "LayerSkip": "specdec.drafters.layer_skip",
     "PromptLookup": "specdec.drafters.prompt_lookup",
+    "DraftTree": "specdec.drafters.tree",
+    "MultiDraft": "specdec.drafters.tree",
 }
 
 
@@ -28,7 +30,7 @@ def __getattr__(name: str):
     return value
 
 #: Names accepted by `make_drafter` and the CLI's --drafter.
-DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip")
+DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft")
 
 #: Options each kind accepts (make_drafter keyword -> CLI flag, for error messages).
 _OPTIONS = {
@@ -36,6 +38,8 @@ _OPTIONS = {
     "prompt-lookup": {"ngram_max": "--ngram-max", "ngram_min": "--ngram-min"},
     "bigram": {"bigram_path": "--bigram"},
     "layer-skip": {"draft_layers": "--draft-layers"},
+    "draft-tree": {"tree_top_k": "--tree-top-k", "tree_depth": "--tree-depth", "max_nodes": "--max-nodes"},
+    "multi-draft": {"num_drafts": "--num-drafts", "replacement": "--replacement"},
 }
 
 
@@ -43,6 +47,8 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     """Build a drafter by name.
 
     "draft": the separate `draft` model. "prompt-lookup": n-gram lookup (ngram_max=3, ngram_min=1).
+    "draft-tree": an EAGLE-2-style token tree from `draft` (tree_top_k, tree_depth, max_nodes).
+    "multi-draft": num_drafts sampled chains from `draft` as a tree (replacement=True: SpecInfer).
     "bigram": a bigram table loaded from bigram_path (a file saved by Bigram.save), or else built from the
     target's own one-token predictions (Bigram.from_model). "layer-skip": the target's first draft_layers
     decoder layers (default half of them). Options given as None are ignored; an option that does not apply
@@ -52,6 +58,7 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     from specdec.drafters.draft_model import DraftModel
     from specdec.drafters.layer_skip import LayerSkip
     from specdec.drafters.prompt_lookup import PromptLookup
+    from specdec.drafters.tree import DraftTree, MultiDraft
 
     if kind not in _OPTIONS:
         raise ConfigError(f"unknown drafter {kind!r}; choose one of: {', '.join(DRAFTER_KINDS)}")
@@ -66,6 +73,14 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
         if draft is None:
             raise ConfigError("--drafter draft needs a draft model: pass --draft PATH (or draft=model)")
         return DraftModel(draft)
+    if kind in ("draft-tree", "multi-draft"):
+        if draft is None:
+            raise ConfigError(f"--drafter {kind} needs a draft model: pass --draft PATH (or draft=model)")
+        if kind == "multi-draft":
+            return MultiDraft(draft, num_drafts=options.get("num_drafts", 3),
+                              replacement=options.get("replacement", True))
+        tree = {"top_k": "tree_top_k", "depth": "tree_depth", "max_nodes": "max_nodes"}
+        return DraftTree(draft, **{arg: options[key] for arg, key in tree.items() if key in options})
     if kind == "prompt-lookup":
         return PromptLookup(max_ngram=options.get("ngram_max", 3), min_ngram=options.get("ngram_min", 1))
     if kind == "bigram":
@@ -80,5 +95,6 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
 
 
 __all__ = [
-    "DRAFTER_KINDS", "Bigram", "DraftModel", "Drafter", "LayerSkip", "PromptLookup", "Proposal", "make_drafter",
+    "DRAFTER_KINDS", "Bigram", "DraftModel", "DraftTree", "Drafter", "LayerSkip", "MultiDraft", "PromptLookup",
+    "Proposal", "make_drafter",
 ]

@@ -21,10 +21,16 @@ class Proposal:
 
     `draft_probs=None` means the proposal is deterministic (a point mass on each token), as for n-gram
     lookup or an argmax drafter; verification then uses q(x) = 1.
+
+    A tree: `parents[i]` is the index of node i's parent among the N tokens (−1 = the root, the last
+    committed token), nodes topologically ordered (parents[i] < i); `parents=None` is a chain
+    ([−1, 0, 1, ...]). draft_probs[i] is exactly the distribution node i was drawn from (for siblings drawn
+    without replacement: q with the earlier siblings removed); a one-hot row or None is a point mass.
     """
 
-    tokens: torch.Tensor  # [γ'] long
-    draft_probs: torch.Tensor | None = None  # [γ', V] float, rows sum to 1
+    tokens: torch.Tensor  # [N] long
+    draft_probs: torch.Tensor | None = None  # [N, V] float, rows sum to 1
+    parents: torch.Tensor | None = None  # [N] long, −1 = root; None = chain
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

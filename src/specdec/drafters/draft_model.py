@@ -7,6 +7,7 @@ from transformers import PreTrainedModel
 
 from specdec.drafters.base import Drafter, Proposal
 from specdec.models.causal_lm import CachedCausalLM
+from specdec.models.static_lm import StaticCausalLM, fast_adapter
 from specdec.sampling import SamplingConfig, sample
 
 
@@ -15,11 +16,28 @@ class DraftModel(Drafter):
 
     At temperature 0 it proposes its argmax (a point mass); at T > 0 it samples from its warped
     distribution and hands those probabilities to verification.
+
+    compile: None (default) follows the decoder: `generate(..., compile=True)` switches this drafter to the
+    fast path (a slot cache, and its γ draft steps as one compiled graph) and compile=False back to the eager
+    adapter. True / "static" / False pin it (see docs/fastpath.md).
     """
 
-    def __init__(self, model: PreTrainedModel):
-        self.lm = CachedCausalLM(model)
+    def __init__(self, model: PreTrainedModel, compile: bool | str | None = None):
+        self.model = model
+        self.compile = compile
+        self._adapters: dict[object, object] = {}
+        self.lm = self._adapter(compile or False)
         self.vocab_size = self.lm.vocab_size
+
+    def _adapter(self, mode: bool | str):
+        if mode not in self._adapters:
+            self._adapters[mode] = fast_adapter(self.model, mode)
+        return self._adapters[mode]
+
+    def use_fast_path(self, mode: bool | str) -> None:
+        """Called by the decoder with its `compile` setting; a drafter built with compile=... keeps its own."""
+        if self.compile is None:
+            self.lm = self._adapter(mode)
 
     @property
     def forwards(self) -> int:
@@ -36,6 +54,13 @@ class DraftModel(Drafter):
         sampling: SamplingConfig,
         generator: torch.Generator | None,
     ) -> Proposal:
+        n = context.shape[0]
+        if isinstance(self.lm, StaticCausalLM) and gamma > 0 and n >= 2:
+            if self.lm.length < n - 2:
+                self.lm.forward(context[self.lm.length : n - 2])
+            tokens, draft_probs = self.lm.draft_steps(context, gamma, sampling, generator)  # [γ], [γ, V] | None
+            return Proposal(tokens=tokens.to(context.device),
+                            draft_probs=draft_probs.to(context.device) if draft_probs is not None else None)
         # Catch up on committed tokens the cache has not seen: the last one, plus the final draft token
         # after a fully accepted round (the draft never fed its own last proposal).
         logits = self.lm.forward(context[self.lm.length :], last_only=True)  # [1, V]

@@ -73,6 +73,10 @@ class TokenCache(DynamicCache):
         if tokens_to_remove:
             del self.tokens[tokens_to_remove:]
 
+    def keep_rows(self, start: int, keep: list[int]) -> None:
+        """Tree commit: move entries start + keep[j] to start + j (the caller crops the rest)."""
+        self.tokens[start : start + len(keep)] = [self.tokens[start + j] for j in keep]
+
     def update(self, *args, **kwargs):
         raise MemoUnsupported(
             "a real model layer wrote into a memo TokenCache: this method calls model internals that the "
@@ -147,7 +151,8 @@ def _memo_forward(memo: _Memo) -> Callable:
     def forward(input_ids=None, position_ids=None, past_key_values=None, use_cache=None, logits_to_keep=0,
                 attention_mask=None, **kwargs):
         unusual = (
-            input_ids is None or input_ids.dim() != 2 or input_ids.shape[0] != 1 or attention_mask is not None
+            input_ids is None or input_ids.dim() != 2 or input_ids.shape[0] != 1
+            or (attention_mask is not None and (attention_mask.dim() != 4 or attention_mask.shape[:2] != (1, 1)))
             or any(k not in _STANDARD_KWARGS for k in kwargs) or kwargs.get("output_hidden_states")
             or kwargs.get("output_attentions") or not isinstance(logits_to_keep, int)
         )
@@ -156,7 +161,10 @@ def _memo_forward(memo: _Memo) -> Callable:
             if cache is None and use_cache is not False:  # HF would start a new cache and return it
                 cache = DynamicCache()
             token_cache = _as_token_cache(cache) if cache is not None else None
-            if cache is None or token_cache is not None:
+            if attention_mask is not None and token_cache is not None:  # a tree pass: one prefix per row
+                return _Output(_tree_rows(memo, token_cache, input_ids[0].tolist(), position_ids, attention_mask,
+                                          use_cache), token_cache)
+            if attention_mask is None and (cache is None or token_cache is not None):
                 prefix = token_cache.tokens if token_cache is not None else []
                 new = input_ids[0].tolist()
                 if position_ids is not None:
@@ -179,6 +187,24 @@ def _memo_forward(memo: _Memo) -> Callable:
                     use_cache=use_cache, logits_to_keep=logits_to_keep, attention_mask=attention_mask, **kwargs)
 
     return forward
+
+
+def _tree_rows(memo: _Memo, cache: TokenCache, new: list[int], position_ids, attention_mask, use_cache) -> torch.Tensor:
+    """Logits [1, M, V] of a 4D-masked pass: row i continues the tokens it may attend to (mask entry 0)."""
+    tokens = cache.tokens + new
+    visible = attention_mask[0, 0] == 0  # [M, L+M]
+    if visible.shape[1] != len(tokens):
+        raise MemoUnsupported(f"a {tuple(attention_mask.shape)} mask does not cover the {len(tokens)} cached + new tokens")
+    positions = position_ids.view(-1).tolist() if position_ids is not None else None
+    rows = []
+    for i, allowed in enumerate(visible.tolist()):
+        prefix = [t for t, a in zip(tokens, allowed) if a]
+        if positions is not None and positions[i] != len(prefix) - 1:
+            raise MemoUnsupported(f"row {i} is at position {positions[i]} but sees {len(prefix)} tokens")
+        rows.append(memo.rows(prefix[:-1], prefix[-1:], 1))  # [1, 1, V]
+    if use_cache is not False:
+        cache.tokens.extend(new)
+    return torch.cat(rows, dim=1)
 
 
 def _snapshot_forward(real: Callable) -> Callable:

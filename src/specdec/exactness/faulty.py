@@ -14,8 +14,11 @@ import torch
 from specdec.decoding import verify_round
 from specdec.drafters.base import Proposal
 from specdec.drafters.draft_model import DraftModel
+from specdec.drafters.tree import DraftTree
+from specdec.models.causal_lm import CachedCausalLM
 from specdec.sampling import SamplingConfig, sample
-from specdec.verify import Verdict, acceptance_ratio, verify_sampled
+from specdec.tree import TreeMask, children
+from specdec.verify import Verdict, acceptance_ratio, residual_distribution, verify_sampled
 
 
 def _accept(draft_tokens, draft_probs, target_probs, generator) -> int:
@@ -140,3 +143,73 @@ FAULTY_VERIFIERS = {
     "bonus_wrong_position": bonus_wrong_position,
     "target_unwarped": target_unwarped,
 }
+
+
+# ------------------------------------------------------------------------------------------- token trees
+
+
+def tree_duplicates_skipped(proposal, target_logits, sampling, generator) -> Verdict:
+    """BUG (tree verifier): an i.i.d. child whose token equals an already rejected sibling's is skipped
+    without trying it and without its residual update (only the same *node* may be skipped)."""
+    _sampled_only("tree_duplicates_skipped")(sampling)
+    tokens = proposal.tokens.tolist()
+    kids = children(proposal.parents)
+    p = sampling.warp(target_logits)
+    node, path = -1, []
+    while True:
+        running = p[node + 1].double()
+        if not kids[node + 1]:
+            return Verdict(len(path), int(sample(running[None], generator)), "bonus", tuple(path))
+        accepted, rejected = None, set()
+        for child in kids[node + 1]:
+            x = tokens[child]
+            if x in rejected:
+                continue  # the bug
+            q = None if proposal.draft_probs is None else proposal.draft_probs[child].double()
+            qx = 1.0 if q is None else float(q[x])
+            if float(torch.rand((), dtype=torch.float64, generator=generator)) < float(running[x]) / qx:
+                accepted = child
+                break
+            rejected.add(x)
+            running = residual_distribution(running, q, x)
+        if accepted is None:
+            return Verdict(len(path), int(sample(running[None], generator)), "recovered", tuple(path))
+        path.append(accepted)
+        node = accepted
+
+
+class SoftmaxQDraftTree(DraftTree):
+    """BUG (a drafter): proposes the deterministic top-k tree but reports the draft's warped softmax at each
+    node's parent as draft_probs, as if the children had been sampled from it (they are a point mass)."""
+
+    def propose(self, context, gamma, sampling, generator) -> Proposal:
+        proposal = super().propose(context, gamma, sampling, generator)
+        if sampling.greedy or not len(proposal):
+            return proposal
+        root = context[-1:]
+        start = self.lm.length
+        root_q = sampling.warp(self.lm.forward(root, last_only=True))  # [1, V]
+        self.lm.crop(start)
+        tokens, parents = proposal.tokens.tolist(), proposal.parents.tolist()
+        node_q = sampling.warp(self._node_logits(root, tokens, parents, list(range(len(tokens)))))  # [N, V]
+        rows = [root_q[0] if p < 0 else node_q[p] for p in parents]
+        return Proposal(proposal.tokens, torch.stack(rows), proposal.parents)
+
+    @property
+    def name(self) -> str:
+        return "SoftmaxQDraftTree(faulty)"
+
+
+class SiblingVisibleLM(CachedCausalLM):
+    """BUG (a target adapter): the tree mask also lets each node attend to its previous sibling."""
+
+    def score(self, input_ids, *, tree=None, hidden=False):
+        if tree is not None:
+            ancestors = tree.ancestors.clone()
+            parent_row = [int(ancestors[i, :i].nonzero().max()) if i else -1 for i in range(tree.size)]
+            for i in range(1, tree.size):
+                earlier = [j for j in range(1, i) if parent_row[j] == parent_row[i]]
+                if earlier:
+                    ancestors[i, earlier[-1]] = True  # the bug
+            tree = TreeMask(tree.depths, ancestors)
+        return super().score(input_ids, tree=tree, hidden=hidden)

@@ -30,7 +30,8 @@ import torch
 from scipy import sparse
 from transformers import PreTrainedModel
 
-from specdec.decoding import DEFAULT_GAMMA, SpeculativeDecoder, VerifyFn, _eos_ids, verify_round
+from specdec.decoding import DEFAULT_GAMMA, SpeculativeDecoder, TreeVerifyFn, VerifyFn, _eos_ids, verify_round
+from specdec.verify import verify_tree
 from specdec.drafters.base import Drafter
 from specdec.errors import ConfigError
 from specdec.exactness.engine import Draws, draw, find_models, torch_threads
@@ -159,9 +160,11 @@ def check_exactness(
     mode: str = "auto",
     engine: str = "auto",
     verify_fn: VerifyFn = verify_round,
+    tree_verify_fn: TreeVerifyFn = verify_tree,
     max_enumeration: int = MAX_ENUMERATION,
     node_min: int = NODE_MIN,
     threads: int | None = 1,
+    compile: bool | str = False,
 ) -> ExactnessResult:
     """Check that `drafter` (+ γ, warp, EOS, max_new_tokens) samples continuations of `prompt_ids` exactly
     from the warped `target`. Deterministic for a given seed (except with timing-driven policies such as
@@ -173,11 +176,12 @@ def check_exactness(
     with torch_threads(threads):
         return _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p, eos_token_id,
                       max_new_tokens, samples, seed, alpha, power, mode, engine, verify_fn, max_enumeration,
-                      node_min)
+                      node_min, tree_verify_fn, compile)
 
 
 def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p, eos_token_id, max_new_tokens,
-           samples, seed, alpha, power, mode, engine, verify_fn, max_enumeration, node_min) -> ExactnessResult:
+           samples, seed, alpha, power, mode, engine, verify_fn, max_enumeration, node_min,
+           tree_verify_fn=verify_tree, compile=False) -> ExactnessResult:
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
     if not 0.0 < alpha < 1.0:
@@ -211,6 +215,7 @@ def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p
         return SpeculativeDecoder(
             target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
             top_p=top_p, eos_token_id=sorted(eos), seed=seed, verify_fn=verify_fn,
+            tree_verify_fn=tree_verify_fn, compile=compile,
         )
 
     # Precompute (batched) what the draws will ask the models for, when that is cheaper than lazy misses:
@@ -250,6 +255,8 @@ def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p
     }
     if verify_fn is not verify_round:
         settings["verify_fn"] = getattr(verify_fn, "__name__", type(verify_fn).__name__)
+    if tree_verify_fn is not verify_tree:
+        settings["tree_verify_fn"] = getattr(tree_verify_fn, "__name__", type(tree_verify_fn).__name__)
     if method is None:
         method = "plain" if drafter is None else drafter.name
     return ExactnessResult(

@@ -4,16 +4,29 @@ The adapter owns a `transformers.DynamicCache`. Tokens are appended at explicit 
 length), so no model file is forked and no config is touched: the model sees an ordinary incremental call.
 Rolling back after a rejection crops the cache (`DynamicCache.crop` takes the negative count to drop);
 nothing is ever recomputed from the prompt.
+
+A token tree is scored in one pass with a 4D additive attention mask (each row sees the cache and its own
+ancestors) and per-row position ids (cache length + depth); `commit` then keeps only the accepted path by
+copying its rows down the sequence axis of every layer and cropping the rest. Whether a model honours a 4D
+mask is probed once per model (tree pass vs one chain pass per branch); where it does not, or where a
+sliding-window cache would be exceeded, `supports_tree` says no and the decoder falls back to chains.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
+import weakref
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specdec.errors import NumericalError, UnsupportedModelError
+from specdec.models.base import Scores
+from specdec.tree import TreeMask
+
+#: model -> True/False: does a tree pass with a 4D mask match per-branch chain passes? (probed once)
+_TREE_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def vocab_size(model: PreTrainedModel) -> int:
@@ -77,28 +90,48 @@ class CachedCausalLM:
     def forward(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """Append input_ids [n] to the cache; return logits [n, V] (or [1, V] with last_only)."""
         start = time.perf_counter()
-        logits = self._run(input_ids, last_only)
+        logits, _ = self._run(input_ids, last_only)
         self.forwards += 1
         self.forward_s += time.perf_counter() - start
         return logits
 
-    def prefill(self, input_ids: torch.Tensor) -> None:
-        """Cache input_ids [n] without keeping their logits (n may be 0); not a decoding forward."""
-        if input_ids.shape[-1]:
-            start = time.perf_counter()
-            self._run(input_ids, last_only=True)
-            self.prefill_s += time.perf_counter() - start
+    def score(self, input_ids: torch.Tensor, *, tree: TreeMask | None = None, hidden: bool = False) -> Scores:
+        """Append input_ids [M] (a chain, or a tree whose row 0 is the root); logits [M, V] (+ hidden [M, H])."""
+        start = time.perf_counter()
+        logits, states = self._run(input_ids, False, tree=tree, hidden=hidden)
+        self.forwards += 1
+        self.forward_s += time.perf_counter() - start
+        return Scores(logits, states)
+
+    def prefill(self, input_ids: torch.Tensor, hidden: bool = False) -> torch.Tensor | None:
+        """Cache input_ids [n] without keeping their logits (n may be 0); not a decoding forward.
+        With hidden=True return their final hidden states [n, H]."""
+        if not input_ids.shape[-1]:
+            return None
+        start = time.perf_counter()
+        _, states = self._run(input_ids, last_only=not hidden, hidden=hidden)
+        self.prefill_s += time.perf_counter() - start
+        return states
 
     @torch.inference_mode()
-    def _run(self, input_ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+    def _run(self, input_ids: torch.Tensor, last_only: bool, tree: TreeMask | None = None,
+             hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = input_ids.shape[-1]
-        positions = torch.arange(self.length, self.length + n, device=self.device)  # [n]
+        kwargs = {}
+        if tree is None:
+            positions = torch.arange(self.length, self.length + n, device=self.device)  # [n]
+        else:
+            positions = (self.length + tree.depths).to(self.device)  # [M]
+            kwargs["attention_mask"] = tree.additive(self.length, self.model.dtype, self.device)  # [1, 1, M, L+M]
+        if hidden:
+            kwargs["output_hidden_states"] = True
         out = self.model(
             input_ids=input_ids.view(1, n).to(self.device),
             position_ids=positions[None],
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
+            **kwargs,
         )
         self.cache = out.past_key_values
         self.length += n
@@ -111,10 +144,75 @@ class CachedCausalLM:
                 f"{self.length - n}..{self.length - 1}; this usually means float16 overflow or broken "
                 "weights: load the model in float32 or bfloat16"
             )
-        return logits
+        states = out.hidden_states[-1][0] if hidden else None  # [n, H]
+        return logits, states
 
     def crop(self, length: int) -> None:
         """Roll the cache back to its first `length` tokens."""
         if length < self.length:
             self.cache.crop(length - self.length)
             self.length = length
+
+    @torch.inference_mode()
+    def commit(self, start: int, keep: torch.Tensor) -> None:
+        """After a score that began at slot `start`, keep rows keep [k] (increasing, relative to start) at
+        slots start..start+k−1; length = start + k. A prefix keep (0, 1, ..., k−1) is a crop."""
+        k = int(keep.shape[0])
+        keep_list = keep.tolist()
+        if keep_list != list(range(k)) and hasattr(self.cache, "keep_rows"):
+            self.cache.keep_rows(start, keep_list)  # a cache that stores something else than keys/values
+        elif keep_list != list(range(k)):
+            index = (start + keep).to(self.device)  # [k]
+            for layer in self.cache.layers:
+                # [B, heads, seq, head_dim]: move the kept rows down, then crop the tail.
+                layer.keys[:, :, start : start + k] = layer.keys.index_select(2, index)
+                layer.values[:, :, start : start + k] = layer.values.index_select(2, index)
+        self.crop(start + k)
+
+    def supports_tree(self, num_rows: int, warn: bool = True) -> bool:
+        """Can a tree of `num_rows` rows (root included) be scored now? Probed once per model; False past a
+        sliding window (the 4D mask would let rows see keys the window must hide)."""
+        window = _sliding_window(self.model)
+        if window is not None and self.length + num_rows > window:
+            return False
+        supported = _TREE_PROBES.get(self.model)
+        if supported is None:
+            supported = _TREE_PROBES[self.model] = _probe_tree(self.model, self.device)
+            if not supported and warn:
+                warnings.warn(
+                    f"{type(self.model).__name__} does not honour a 4D attention mask (a tree pass disagrees "
+                    "with per-branch passes), so token trees are verified as chains (the first branch) with "
+                    "this model; use a Llama/Qwen2/Mistral-style target for tree drafting",
+                    stacklevel=3,
+                )
+        return supported
+
+
+def _sliding_window(model: PreTrainedModel) -> int | None:
+    config = model.config.get_text_config()
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or window <= 0 or getattr(config, "use_sliding_window", True) is False:
+        return None
+    return window
+
+
+@torch.inference_mode()
+def _probe_tree(model: PreTrainedModel, device: torch.device) -> bool:
+    """Score a small tree (two branches of depth 2 under a 3-token context) in one pass with a 4D mask and
+    compare every row with a plain chain pass along its branch."""
+    vocab = vocab_size(model)
+    context = torch.tensor([1, 2, 3], device=device) % vocab  # [3]; the last token is the root
+    tokens = torch.tensor([4, 5, 6, 7], device=device) % vocab  # nodes 0..3
+    parents = torch.tensor([-1, -1, 0, 1])  # branches root-0-2 and root-1-3
+    probe = CachedCausalLM(model)
+    probe.prefill(context[:-1])
+    tree_logits = probe.score(torch.cat([context[-1:], tokens]), tree=TreeMask.from_parents(parents)).logits
+    for branch in ([0, 2], [1, 3]):
+        chain = CachedCausalLM(model)
+        chain.prefill(context[:-1])
+        logits = chain.forward(torch.cat([context[-1:], tokens[branch]]))  # [3, V]
+        rows = [0] + [i + 1 for i in branch]
+        tol = 1e-4 * max(1.0, float(logits.abs().max()))
+        if not torch.allclose(tree_logits[rows], logits, atol=tol, rtol=1e-3):
+            return False
+    return True

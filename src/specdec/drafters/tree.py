@@ -1,0 +1,210 @@
+"""Drafters that propose token trees from a draft model: `DraftTree` (EAGLE-2-style dynamic top-k tree)
+and `MultiDraft` (k sampled chains: SpecInfer with replacement, recursive rejection sampling without).
+
+Both keep the draft model's KV cache at the committed context (context[:n−1]) between rounds. A round
+costs `depth` draft passes whatever the tree's width: the first pass catches up on the committed tokens
+and yields the root's distribution, each later pass scores every node expanded so far in one tree pass
+(4D mask, `CachedCausalLM.score(tree=...)`) and is cropped away again.
+
+What each node's q is (the verifier needs exactly the distribution the node was drawn from):
+- DraftTree: every node is a deterministic function of the draft's outputs → a point mass (draft_probs None),
+  exact at any temperature.
+- MultiDraft at T > 0, replacement=True: the k root children are i.i.d. draws from q, every row = q.
+  replacement=False: the root children are drawn without replacement, row i = q with the earlier siblings
+  removed and renormalised. Below the root each draft is a chain sampled from the draft (row = q there).
+- MultiDraft at T = 0: the top-k root children, each continued by the draft's argmax (point masses).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec.drafters.base import Drafter, Proposal
+from specdec.errors import ConfigError
+from specdec.models.causal_lm import CachedCausalLM
+from specdec.sampling import SamplingConfig, sample
+from specdec.tree import TreeMask
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+class _TreeDrafter(Drafter):
+    """A draft model with its own KV cache that can score the nodes of a tree it is growing."""
+
+    def __init__(self, model: PreTrainedModel):
+        self.lm = CachedCausalLM(model)
+        self.vocab_size = self.lm.vocab_size
+
+    @property
+    def forwards(self) -> int:
+        return self.lm.forwards
+
+    def reset(self, prompt_ids: torch.Tensor) -> None:
+        self.lm.reset()
+        self.lm.prefill(prompt_ids[:-1])  # the last prompt token is the first round's root
+
+    def commit(self, context: torch.Tensor, num_accepted: int) -> None:
+        self.lm.crop(min(self.lm.length, context.shape[0] - 1))
+
+    def _root_logits(self, context: torch.Tensor) -> torch.Tensor:
+        """Catch up on the committed tokens; the draft's logits after context [n]: [V]. Cache: context[:n−1]."""
+        logits = self.lm.forward(context[self.lm.length :], last_only=True)  # [1, V]
+        self.lm.crop(context.shape[0] - 1)
+        return logits[0]
+
+    def _node_logits(self, root: torch.Tensor, tokens: list[int], parents: list[int], rows: list[int]) -> torch.Tensor:
+        """Draft logits after each node in `rows` of the tree (tokens, parents) under `root` [1]: [len(rows), V].
+        One tree pass, cropped away afterwards."""
+        start = self.lm.length
+        ids = torch.cat([root, torch.tensor(tokens, dtype=torch.long, device=root.device)])  # [M]
+        if self.lm.supports_tree(ids.shape[0], warn=False):
+            logits = self.lm.score(ids, tree=TreeMask.from_parents(torch.tensor(parents))).logits  # [M, V]
+            self.lm.crop(start)
+            return logits[[r + 1 for r in rows]]
+        out = []  # no 4D-mask support: one chain pass per wanted node
+        for r in rows:
+            path = [r]
+            while parents[path[-1]] >= 0:
+                path.append(parents[path[-1]])
+            out.append(self.lm.forward(ids[[0] + [p + 1 for p in reversed(path)]], last_only=True))
+            self.lm.crop(start)
+        return torch.cat(out)
+
+
+class DraftTree(_TreeDrafter):
+    """EAGLE-2-style dynamic tree from a draft model.
+
+    Each level expands the `top_k` best frontier nodes (by cumulative draft log-probability) into their
+    top_k children; after `depth` levels the `max_nodes` best nodes overall are kept (a connected tree,
+    since a child never scores above its parent). Children are deterministic (point masses), so
+    verification is exact at any temperature. At T > 0 the scores are the draft's warped probabilities.
+    `gamma` caps the depth (it defaults to `depth` when generate's gamma is left unset).
+    """
+
+    def __init__(self, draft_model: PreTrainedModel, top_k: int = 4, depth: int = 6, max_nodes: int = 24):
+        super().__init__(draft_model)
+        self.top_k = _positive_int("top_k", top_k)
+        self.depth = _positive_int("depth", depth)
+        self.max_nodes = _positive_int("max_nodes", max_nodes)
+        self.default_gamma = self.depth
+
+    @property
+    def name(self) -> str:
+        return f"DraftTree(top_k={self.top_k}, depth={self.depth}, max_nodes={self.max_nodes})"
+
+    @staticmethod
+    def _log_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        if sampling.greedy:
+            return torch.log_softmax(logits.double(), dim=-1)
+        return sampling.warp(logits).double().log()  # −inf outside top-k / top-p
+
+    def propose(self, context, gamma, sampling, generator) -> Proposal:
+        depth = min(self.depth, gamma)
+        root = context[-1:]  # [1]
+        log_probs = self._log_probs(self._root_logits(context)[None], sampling)  # [1, V]
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+
+        def add_children(parent_nodes: list[int], log_probs: torch.Tensor) -> list[int]:
+            """Add the top_k children of each parent; return the new nodes."""
+            values, index = log_probs.topk(min(self.top_k, log_probs.shape[-1]), dim=-1)  # [F, k]
+            base = torch.tensor([scores[p] if p >= 0 else 0.0 for p in parent_nodes], dtype=torch.float64)
+            cumulative = (base[:, None] + values).tolist()
+            new = []
+            for f, parent in enumerate(parent_nodes):
+                for j, token in enumerate(index[f].tolist()):
+                    if cumulative[f][j] > float("-inf"):
+                        new.append(len(tokens))
+                        tokens.append(token)
+                        parents.append(parent)
+                        scores.append(cumulative[f][j])
+            return new
+
+        frontier = add_children([-1], log_probs)
+        expanded: list[int] = []  # nodes whose draft logits were needed, ancestor-closed, in creation order
+        for _ in range(1, depth):
+            frontier = sorted(frontier, key=lambda i: (-scores[i], i))[: self.top_k]
+            if not frontier:
+                break
+            expanded.extend(sorted(frontier))
+            where = {node: row for row, node in enumerate(expanded)}
+            logits = self._node_logits(
+                root, [tokens[e] for e in expanded], [where.get(parents[e], -1) for e in expanded],
+                [where[f] for f in sorted(frontier)],
+            )  # [F, V]
+            frontier = add_children(sorted(frontier), self._log_probs(logits, sampling))
+
+        keep = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[: self.max_nodes])
+        new_index = {node: i for i, node in enumerate(keep)}
+        return Proposal(
+            tokens=torch.tensor([tokens[i] for i in keep], dtype=torch.long, device=context.device),  # [N]
+            draft_probs=None,  # point masses
+            parents=torch.tensor([new_index.get(parents[i], -1) for i in keep], dtype=torch.long),  # [N]
+        )
+
+
+class MultiDraft(_TreeDrafter):
+    """`num_drafts` draft chains of length gamma verified together as a tree.
+
+    At T > 0 the first tokens are drawn i.i.d. from the draft's warped q (`replacement=True`, SpecInfer's
+    multi-step speculative sampling) or without replacement (`replacement=False`, recursive rejection
+    sampling); each chain then continues by sampling. At T = 0 the first tokens are the draft's top-k and
+    each chain continues by argmax. Chains are kept as separate branches (identical sampled prefixes are
+    not merged: with replacement, each duplicate is its own i.i.d. draw and must be tried on its own).
+    """
+
+    def __init__(self, draft_model: PreTrainedModel, num_drafts: int = 3, replacement: bool = True):
+        super().__init__(draft_model)
+        self.num_drafts = _positive_int("num_drafts", num_drafts)
+        if not isinstance(replacement, bool):
+            raise ConfigError(f"replacement must be True or False, got {replacement!r}")
+        self.replacement = replacement
+
+    @property
+    def name(self) -> str:
+        return f"MultiDraft(num_drafts={self.num_drafts}, replacement={self.replacement})"
+
+    def _first_tokens(self, logits: torch.Tensor, sampling, generator) -> tuple[list[int], list[torch.Tensor] | None]:
+        k = self.num_drafts
+        if sampling.greedy:
+            return logits.topk(min(k, logits.shape[-1])).indices.tolist(), None
+        q = sampling.warp(logits[None])[0]  # [V]
+        if self.replacement:
+            return sample(q.expand(k, -1), generator).tolist(), [q] * k
+        tokens, rows = [], []
+        for _ in range(min(k, int((q > 0).sum()))):
+            token = int(sample(q[None], generator))
+            tokens.append(token)
+            rows.append(q)
+            q = q.clone()
+            q[token] = 0.0
+            q = q / q.sum()  # the next sibling is drawn from q without the tokens already drawn
+        return tokens, rows
+
+    def propose(self, context, gamma, sampling, generator) -> Proposal:
+        root = context[-1:]  # [1]
+        tokens, rows = self._first_tokens(self._root_logits(context), sampling, generator)
+        parents = [-1] * len(tokens)
+        leaves = list(range(len(tokens)))
+        for _ in range(1, gamma):
+            logits = self._node_logits(root, tokens, parents, leaves)  # [k, V]
+            if sampling.greedy:
+                nxt = logits.argmax(dim=-1).tolist()
+            else:
+                q = sampling.warp(logits)  # [k, V]
+                nxt = sample(q, generator).tolist()
+                rows.extend(q.unbind(0))
+            parents.extend(leaves)
+            leaves = list(range(len(tokens), len(tokens) + len(nxt)))
+            tokens.extend(nxt)
+        return Proposal(
+            tokens=torch.tensor(tokens, dtype=torch.long, device=context.device),  # [N]
+            draft_probs=torch.stack(rows).to(context.device) if rows is not None else None,  # [N, V]
+            parents=torch.tensor(parents, dtype=torch.long),  # [N]
+        )

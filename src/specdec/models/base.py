@@ -1,0 +1,50 @@
+"""What every model adapter offers the decode loop (the eager `CachedCausalLM` and any compiled one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from specdec.tree import TreeMask
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One scoring pass: logits [M, V] and, when asked, the final hidden states [M, H] (rows as logits)."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor | None = None
+
+
+@runtime_checkable
+class ModelAdapter(Protocol):
+    """A causal LM plus the KV cache it owns. `length` tokens are in the cache."""
+
+    model: PreTrainedModel
+    vocab_size: int
+    device: torch.device
+    length: int
+    forwards: int  # decoding passes (score and forward) since reset; prefill not counted
+    forward_s: float
+    prefill_s: float
+
+    def reset(self) -> None: ...
+
+    def prefill(self, input_ids: torch.Tensor, hidden: bool = False) -> torch.Tensor | None:
+        """Cache input_ids [n]; return their hidden states [n, H] when asked."""
+
+    def forward(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Append input_ids [n]; return logits [n or 1, V]."""
+
+    def crop(self, length: int) -> None: ...
+
+    def score(self, input_ids: torch.Tensor, *, tree: TreeMask | None = None, hidden: bool = False) -> Scores:
+        """Append input_ids [M] at slots length..length+M−1 (a chain, or a tree: row 0 the root)."""
+
+    def commit(self, start: int, keep: torch.Tensor) -> None:
+        """Keep rows keep [k] (increasing, relative to `start`) of the last score at slots start..start+k−1."""

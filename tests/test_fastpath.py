@@ -1,0 +1,168 @@
+"""The fast path: slot KV cache (StaticCausalLM) and compiled passes, token-identical to plain greedy decoding.
+
+The suites in test_greedy_equality / test_exactness run the slot cache uncompiled (methods.py "*-static");
+here it runs compiled on few shapes (each shape costs seconds to compile on a CPU; the compiled callables are
+shared by every test through the model objects of one module-scoped fixture), plus the tree pass, commit,
+hidden states, fallbacks and errors on the eager slot cache.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from models import hf_greedy, perturbed, tiny
+
+import specdec
+from specdec.errors import PromptError
+from specdec.models.causal_lm import CachedCausalLM
+from specdec.models.static_lm import _COMPILED, FastPathWarning, StaticCausalLM, TreeMask
+
+LONG = [(i * 37 + 11) % 96 for i in range(120)]
+
+
+@pytest.fixture(scope="module")
+def llama_pair():
+    target = tiny("llama", hidden=32, layers=2)
+    return target, perturbed(target, 0.1)
+
+
+def test_compiled_draft_model_is_token_identical_and_compiles_each_shape_once(llama_pair):
+    target, draft = llama_pair
+    for prompt in (LONG[:20], LONG[:37]):
+        out = specdec.generate(target, prompt, drafter=specdec.DraftModel(draft), gamma=3, max_new_tokens=24,
+                               compile=True)
+        assert out.tokens == hf_greedy(target, prompt, 24)
+        assert 0 < out.stats.accepted < out.stats.drafted
+    # one verification shape (γ+1 = 4 rows) for the target, one γ=3 graph for the draft: both reused by the
+    # second request, and by the short last rounds (padded to the compiled shapes)
+    assert sorted(_COMPILED[target].fns) == [("pass", 4, 256, False, False)]
+    assert [k[:2] for k in _COMPILED[draft].fns] == [("draft", 3)]
+
+
+def test_compiled_draft_model_max_new_tokens_cut_and_eos(llama_pair):
+    target, draft = llama_pair
+    free = hf_greedy(target, LONG[:20], 24)
+    eos = free[5]
+    out = specdec.generate(target, LONG[:20], drafter=specdec.DraftModel(draft), gamma=3, max_new_tokens=24,
+                           eos_token_id=eos, compile=True)
+    assert out.tokens == free[: free.index(eos) + 1]
+    out = specdec.generate(target, LONG[:20], drafter=specdec.DraftModel(draft), gamma=3, max_new_tokens=2,
+                           compile=True)
+    assert out.tokens == free[:2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2", "mistral", "gemma"])
+def test_compiled_other_architectures(arch):
+    target = tiny(arch, hidden=32, layers=2)
+    draft = perturbed(target, 0.2 if arch == "gemma" else 0.1)
+    out = specdec.generate(target, LONG[:20], drafter=specdec.DraftModel(draft), gamma=3, max_new_tokens=24,
+                           compile=True)
+    assert out.tokens == hf_greedy(target, LONG[:20], 24)
+
+
+@pytest.mark.slow
+def test_compiled_plain_and_sampling_are_exact(llama_pair):
+    target, draft = llama_pair
+    assert specdec.generate(target, LONG[:20], max_new_tokens=16, compile=True).tokens == \
+        hf_greedy(target, LONG[:20], 16)
+    small = tiny("llama", hidden=16, layers=2, vocab=8, seed=3)
+    result = specdec.check_exactness(small, [1, 2, 1], specdec.DraftModel(perturbed(small, 0.3, seed=11)),
+                                     gamma=2, temperature=1.0, top_k=6, top_p=0.9, max_new_tokens=3,
+                                     samples=3000, seed=7, alpha=1e-4, eos_token_id=[], compile=True)
+    assert result.passed, result.summary()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "mistral", "gemma"])
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_slot_cache_greedy_equality(arch, gamma):
+    target = tiny(arch, hidden=32, layers=2)
+    draft = perturbed(target, 0.2 if arch == "gemma" else 0.1)
+    for prompt in ([7], LONG[:40]):
+        out = specdec.generate(target, prompt, drafter=specdec.DraftModel(draft), gamma=gamma,
+                               max_new_tokens=20, compile="static")
+        assert out.tokens == hf_greedy(target, prompt, 20)
+
+
+def test_sliding_window_model_falls_back_with_one_warning_and_same_tokens():
+    target = tiny("mistral", hidden=32, layers=2, sliding_window=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        decoder = specdec.SpeculativeDecoder(target, specdec.DraftModel(perturbed(target, 0.1)), gamma=4,
+                                             max_new_tokens=30, compile=True)
+        tokens = list(decoder.stream(LONG[:30]))
+    assert isinstance(decoder.target, CachedCausalLM)
+    messages = {str(w.message) for w in caught if issubclass(w.category, FastPathWarning)}
+    assert len(messages) == 1 and "sliding-window" in messages.pop()
+    assert tokens == hf_greedy(target, LONG[:30], 30)
+
+
+def test_prompt_longer_than_the_static_cache_fails_before_any_work():
+    target = tiny("llama", hidden=32, layers=2)
+    lm = StaticCausalLM(target, compile=False, max_len=48)
+    decoder = specdec.SpeculativeDecoder(lm, None, max_new_tokens=16)
+    with pytest.raises(PromptError, match="48") as info:
+        list(decoder.stream(LONG[:40]))
+    assert "max_len" in str(info.value)
+    assert lm.length == 0 and lm.prefill_s == 0.0  # nothing ran
+
+
+def test_bad_compile_value_is_a_config_error():
+    with pytest.raises(specdec.SpecdecError, match="compile"):
+        specdec.generate(tiny("llama"), [1, 2], compile="yes")
+
+
+def _lm(target):
+    lm = StaticCausalLM(target, compile=False)
+    lm.ensure_capacity(64)
+    return lm
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma"])
+def test_tree_pass_matches_per_branch_chain_passes(arch):
+    target = tiny(arch, hidden=32, layers=2)
+    prompt = torch.tensor(LONG[:12])
+    # root r, children a (1) and b (2), a's child c (3), b's child d (4): branches r-a-c and r-b-d
+    tokens = torch.tensor([LONG[12], 5, 9, 17, 33])
+    parents = torch.tensor([-1, -1, 0, 1])
+    tree = TreeMask.from_parents(parents)
+    lm = _lm(target)
+    lm.prefill(prompt)
+    scores = lm.score(tokens, tree=tree, hidden=True)
+    for branch in ([0, 1, 3], [0, 2, 4]):
+        ref = _lm(target)
+        ref.prefill(prompt)
+        chain = ref.score(tokens[branch], hidden=True)
+        torch.testing.assert_close(scores.logits[branch], chain.logits, rtol=0, atol=1e-10)
+        torch.testing.assert_close(scores.hidden[branch], chain.hidden, rtol=0, atol=1e-10)
+    # keep the path b-d (rows 0, 2, 4): the cache then continues exactly like a chain through it
+    start = 12
+    lm.commit(start, torch.tensor([0, 2, 4]))
+    assert lm.length == start + 3
+    nxt = lm.forward(torch.tensor([41]))
+    chain = _lm(target)
+    chain.prefill(torch.cat([prompt, tokens[[0, 2, 4]]]))
+    torch.testing.assert_close(nxt, chain.forward(torch.tensor([41])), rtol=0, atol=1e-10)
+
+
+def test_hidden_states_feed_the_lm_head():
+    target = tiny("llama", hidden=32, layers=2)
+    lm = _lm(target)
+    lm.prefill(torch.tensor(LONG[:10]))
+    scores = lm.score(torch.tensor(LONG[10:14]), hidden=True)
+    with torch.inference_mode():
+        torch.testing.assert_close(target.get_output_embeddings()(scores.hidden), scores.logits)
+
+
+def test_chain_commit_is_a_crop_and_matches_the_eager_adapter():
+    target = tiny("qwen2", hidden=32, layers=2)
+    lm, eager = _lm(target), CachedCausalLM(target)
+    for a in (lm, eager):
+        a.prefill(torch.tensor(LONG[:10]))
+    torch.testing.assert_close(lm.forward(torch.tensor(LONG[10:15])), eager.forward(torch.tensor(LONG[10:15])))
+    lm.commit(10, torch.arange(2))
+    eager.crop(12)
+    assert lm.length == eager.length == 12
+    torch.testing.assert_close(lm.forward(torch.tensor([3, 4])), eager.forward(torch.tensor([3, 4])))
