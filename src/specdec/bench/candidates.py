@@ -32,12 +32,14 @@ class Models:
     adapters: dict[str, Any] = field(default_factory=dict)  # one per decode path, built on first use
 
     def adapter(self, path: str = "eager") -> Any:
+        """The target adapter of a decode path: "eager" (CachedCausalLM) or "compiled" (the fast path's slot
+        cache with compiled passes; eager, with a warning, where the model or machine cannot take it)."""
         if path not in self.adapters:
-            if path != "eager":
-                raise ConfigError(f"unknown decode path {path!r}")
-            from specdec.models.causal_lm import CachedCausalLM
+            from specdec.models.static_lm import fast_adapter
 
-            self.adapters[path] = CachedCausalLM(self.target)
+            if path not in ("eager", "compiled"):
+                raise ConfigError(f"unknown decode path {path!r}")
+            self.adapters[path] = fast_adapter(self.target, path == "compiled")
         return self.adapters[path]
 
 
@@ -50,7 +52,9 @@ class Candidate:
     drafter: Callable[[Models], tuple[Any, Any]]
     needs_draft: bool = False
     target: Callable[[Models], Any] = lambda models: models.adapter("eager")
+    options: tuple[tuple[str, Any], ...] = ()  # extra SpeculativeDecoder options, for plain and speculative alike
     setup_note: str | None = None  # said on screen before its first use when that is slow (e.g. a compile)
+    opt_in: str | None = None  # the demo flag that adds it to the measured choice (setup too slow by default)
 
     def available(self, models: Models) -> bool:
         return models.draft is not None or not self.needs_draft
@@ -60,7 +64,7 @@ class Candidate:
         from specdec.decoding import SpeculativeDecoder
 
         drafter, gamma = self.drafter(models) if speculative else (None, 1)
-        return SpeculativeDecoder(self.target(models), drafter, gamma=gamma, **settings)
+        return SpeculativeDecoder(self.target(models), drafter, gamma=gamma, **dict(self.options), **settings)
 
 
 def _draft_model(gamma_policy: Callable[[], Any]) -> Callable[[Models], tuple[Any, Any]]:
@@ -75,6 +79,13 @@ def _heuristic():
     from specdec.adaptive import HeuristicGamma
 
     return HeuristicGamma()
+
+
+def _draft_tree(models: Models):
+    from specdec.drafters import DraftTree
+
+    tree = DraftTree(models.draft)
+    return tree, tree.depth
 
 
 def _prompt_lookup(models: Models):
@@ -93,6 +104,13 @@ CANDIDATES: list[Candidate] = [
               _draft_model(lambda: "auto"), needs_draft=True),
     Candidate("prompt-lookup-auto", "prompt lookup (n-grams of the prompt and output), gamma='auto'",
               _prompt_lookup),
+    Candidate("draft-tree", "draft model proposing a token tree (EAGLE-2-style, top-k 4, depth 6, 24 nodes)",
+              _draft_tree, needs_draft=True),
+    Candidate("draft-g3-compiled", "draft model, γ = 3, on the fast path (slot KV cache, compiled passes)",
+              _draft_model(lambda: 3), needs_draft=True, target=lambda models: models.adapter("compiled"),
+              options=(("compile", True),), opt_in="--compile",
+              setup_note="compiling the target's and the draft's passes (once per shape; about a minute on a "
+              "busy 2-core CPU, less once inductor's disk cache is warm)..."),
 ]
 
 

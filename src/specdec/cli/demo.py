@@ -38,7 +38,10 @@ def register(subparsers) -> None:
                         f"3: rewrite a function; default {STREAMED})")
     parser.add_argument("--method", default="auto",
                         help="the method to show: 'auto' (default: measured on this machine), or one of "
-                        "draft-g3, draft-heuristic, draft-auto, prompt-lookup-auto")
+                        "draft-g3, draft-heuristic, draft-auto, prompt-lookup-auto, draft-tree, draft-g3-compiled")
+    parser.add_argument("--compile", action="store_true",
+                        help="also measure the compiled fast path when choosing the method (it compiles first: "
+                        "about a minute on a busy 2-core CPU)")
     parser.add_argument("--gamma", default=None,
                         help="shortcut for the draft model with this fixed γ (an integer >= 1) or 'auto'")
     parser.add_argument("--repeats", type=int, default=2,
@@ -171,7 +174,8 @@ def run(args) -> int:
         chosen = fixed
         console.print(f"Method: [bold]{chosen.name}[/] ({chosen.summary}), as asked.")
     else:
-        candidates = [c for c in CANDIDATES if c.available(models)]
+        candidates = [c for c in CANDIDATES if c.available(models) and (c.opt_in is None or args.compile)]
+        skipped = [c for c in CANDIDATES if c.opt_in and not args.compile]
         with console.status(f"choosing the method: timing {len(candidates)} exact methods against plain decoding "
                             f"on {len(calibration_prompts)} held-out prompts that are not shown below..."):
             calibration = calibrate(models, candidates, [p.ids for p in calibration_prompts],
@@ -183,6 +187,8 @@ def run(args) -> int:
         for c in candidates:
             mark = "[bold]→[/]" if c is chosen else " "
             console.print(f"  {mark} {c.name:<20} {calibration.score(c.name):5.2f}x  [dim]{c.summary}[/]")
+        for c in skipped:
+            console.print(f"    {c.name:<20}   not measured  [dim]{c.summary}; add it with {c.opt_in}[/]")
     if chosen.setup_note and fixed is not None:
         console.print(f"[dim]{chosen.setup_note}[/]")
 
