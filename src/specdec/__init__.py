@@ -48,6 +48,7 @@ _EXPORTS = {
     "generate_text": "specdec.text",
     "stream_text": "specdec.text",
     "set_threads": "specdec.threads",
+    "check_exactness": "specdec.exactness",
 }
 
 
