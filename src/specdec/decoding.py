@@ -9,9 +9,10 @@ Plain decoding is the same loop with nothing drafted.
 
 from __future__ import annotations
 
+import operator
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -91,25 +92,58 @@ def _eos_ids(target: PreTrainedModel, eos_token_id: int | Sequence[int] | None) 
         eos_token_id = getattr(config, "eos_token_id", None)
         if eos_token_id is None:
             return frozenset()
-    if isinstance(eos_token_id, int):
-        return frozenset([eos_token_id])
-    return frozenset(int(t) for t in eos_token_id)
+    return frozenset(_int_list(eos_token_id, "eos_token_id", "an int, a list of ints, None (the target's "
+                               "generation_config) or [] (never stop early)"))
+
+
+def _int_list(value: object, name: str, expected: str) -> list[int]:
+    """`value` (an int or a sequence of ints, numpy/torch integers included) as a list of ints."""
+    scalar = not isinstance(value, Iterable) or getattr(value, "ndim", 1) == 0
+    items = [value] if scalar else value
+    try:
+        if isinstance(value, (str, bytes)) or any(isinstance(v, bool) for v in items):
+            raise TypeError
+        return [operator.index(v) for v in items]
+    except TypeError:
+        raise ConfigError(f"{name} must be {expected}, got {value!r}") from None
+
+
+def _check_seed(seed: object) -> int | None:
+    if seed is None:
+        return None
+    try:
+        if isinstance(seed, bool):
+            raise TypeError
+        return operator.index(seed)
+    except TypeError:
+        raise ConfigError(f"seed must be an integer or None, got {seed!r}") from None
 
 
 def _prompt_tensor(prompt_ids: Sequence[int] | torch.Tensor, vocab: int) -> torch.Tensor:
+    if isinstance(prompt_ids, Mapping):  # a tokenizer's BatchEncoding: use its input_ids
+        if "input_ids" not in prompt_ids:
+            raise PromptError("prompt_ids is a mapping without 'input_ids'; pass tokenizer(text).input_ids")
+        prompt_ids = prompt_ids["input_ids"]
+    if isinstance(prompt_ids, str):
+        raise PromptError("prompt_ids must be token ids, not a string: use specdec.generate_text for text")
+    if not isinstance(prompt_ids, torch.Tensor):
+        try:
+            prompt_ids = torch.tensor(list(prompt_ids), dtype=torch.long)
+        except (TypeError, ValueError, RuntimeError):
+            raise PromptError(
+                f"prompt_ids must be a list of ints or a 1-D integer tensor, got {type(prompt_ids).__name__} "
+                f"{str(prompt_ids)[:60]}; pass tokenizer(text).input_ids"
+            ) from None
     if isinstance(prompt_ids, torch.Tensor):
         if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
             prompt_ids = prompt_ids[0]
         if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point:
             raise PromptError(
-                f"prompt_ids must be a 1-D integer tensor or a list of ints, got a tensor of shape "
-                f"{tuple(prompt_ids.shape)} and dtype {prompt_ids.dtype}; pass tokenizer(text).input_ids"
+                f"prompt_ids must be one sequence (a 1-D integer tensor, a list of ints, or a batch of one), "
+                f"got shape {tuple(prompt_ids.shape)} and dtype {prompt_ids.dtype}; decode one prompt at a "
+                "time: pass tokenizer(text).input_ids"
             )
         ids = prompt_ids.detach().to("cpu", torch.long)
-    elif isinstance(prompt_ids, str):
-        raise PromptError("prompt_ids must be token ids, not a string: use specdec.generate_text for text")
-    else:
-        ids = torch.tensor(list(prompt_ids), dtype=torch.long)
     if ids.numel() == 0:
         raise PromptError("the prompt is empty: pass at least one token id (e.g. the BOS token)")
     bad = (ids < 0) | (ids >= vocab)
@@ -174,10 +208,11 @@ class SpeculativeDecoder:
             drafter.use_fast_path(compile)
         self.eos = _eos_ids(self.target.model, eos_token_id)
         self.generator = torch.Generator(device=self.target.device)
+        seed = _check_seed(seed)
         if seed is None:
             self.generator.seed()
         else:
-            self.generator.manual_seed(int(seed))
+            self.generator.manual_seed(seed)
         self.verify_fn = verify_fn
         self.tree_verify_fn = tree_verify_fn
         self._warned_chain_fallback = False

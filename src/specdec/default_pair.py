@@ -39,6 +39,9 @@ def load_default(
 
     Raises ModelLoadError when the assets are missing (e.g. a source checkout without them).
     """
+    from specdec.loading import check_device
+
+    check_device(device)
     base = Path(root) if root is not None else ASSETS_DIR
     missing = [rel for rel in REQUIRED if not (base / rel).is_file()]
     if missing:

@@ -55,6 +55,7 @@ def parse_gamma(value: str | None) -> int | str | None:
 
 def register(subparsers) -> None:
     from specdec.drafters import DRAFTER_KINDS
+    from specdec.threads import add_threads_arg
 
     parser = subparsers.add_parser(
         "generate",
@@ -67,13 +68,15 @@ def register(subparsers) -> None:
     parser.add_argument("--draft", help="draft model path or hub id (its own tokenizer, if it differs from the "
                         "target's, is translated: see --draft-tokenizer)")
     add_draft_tokenizer_arg(parser)
-    parser.add_argument("--drafter", choices=DRAFTER_KINDS, default=None,
-                        help="how to draft: 'draft' = the --draft model (default when --draft is given); "
-                        "'prompt-lookup' = n-gram matches in the prompt and output; 'bigram' = a bigram table "
-                        "(--bigram, or built from the target); 'layer-skip' = the target's first "
-                        "--draft-layers layers; 'eagle' / 'medusa' = draft heads on the target's features (a tree; "
-                        "'-chain' for one branch), --head or the heads shipped for the default target; no --draft "
-                        "and no --drafter = plain decoding")
+    parser.add_argument("--drafter", choices=("plain",) + tuple(DRAFTER_KINDS), default=None,
+                        help="how to draft: 'draft' = the draft model (the default when --draft is given or "
+                        "when the shipped pair is used, i.e. no --target); 'plain' = no drafting (plain "
+                        "decoding through the same loop); 'prompt-lookup' = n-gram matches in the prompt and "
+                        "output; 'bigram' = a bigram table (--bigram, or built from the target); 'layer-skip' = "
+                        "the target's first --draft-layers layers; 'draft-tree' / 'multi-draft' = token trees "
+                        "from the draft model; 'eagle' / 'medusa' = draft heads on the target's features (a tree; "
+                        "'-chain' for one branch), --head or the heads shipped for the default target; "
+                        "'draft-tli' / 'draft-slem' = a draft with another tokenizer. With --target and no --draft: plain")
     parser.add_argument("--ngram-max", type=int, default=None,
                         help="prompt-lookup: longest n-gram matched (default 3)")
     parser.add_argument("--ngram-min", type=int, default=None,
@@ -89,6 +92,7 @@ def register(subparsers) -> None:
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default=None,
                         help="model dtype: float32, bfloat16, float16, float64, auto (default float32 on CPU)")
+    add_threads_arg(parser)
     parser.add_argument("--compile", action="store_true",
                         help="the fast path: slot KV cache and compiled passes for target and draft model (the "
                         "first run of each shape compiles, then inductor's disk cache makes later starts "
@@ -97,21 +101,31 @@ def register(subparsers) -> None:
 
 
 def load_models(args):
-    """(target, draft or None, tokenizer) from --target/--draft, or the default pair."""
-    import specdec
-    from specdec.loading import load, load_model
+    """(target, draft or None, tokenizer) from --target/--draft, or the default pair.
 
+    Checks --device and --threads first, and refuses a --draft whose own tokenizer differs from the target's.
+    """
+    import specdec
+    from specdec.loading import check_device, load, load_model
+    from specdec.threads import apply_threads
+    from specdec.tokenizer_check import check_draft_tokenizer_at
+
+    check_device(args.device)
+    apply_threads(args)
     if args.target is None:
         from specdec.loading import resolve_dtype
 
         dtype = resolve_dtype(getattr(args, "dtype", None), args.device)
         target, draft, tokenizer = specdec.load_default(
             device=args.device, **({} if dtype == "auto" else {"dtype": dtype}))
-        if args.draft is not None:
-            draft = load_model(args.draft, args.device, args.dtype)
-        return target, draft, tokenizer
-    target, tokenizer = load(args.target, args.device, args.dtype)
-    draft = load_model(args.draft, args.device, args.dtype) if args.draft else None
+        target_name = "the shipped default target"
+    else:
+        target, tokenizer = load(args.target, args.device, args.dtype)
+        draft, target_name = None, args.target
+    if args.draft is not None:
+        if getattr(args, "draft_tokenizer", None) is None:
+            check_draft_tokenizer_at(tokenizer, args.draft, target_name=target_name)
+        draft = load_model(args.draft, args.device, args.dtype)
     return target, draft, tokenizer
 
 
@@ -122,6 +136,7 @@ def run(args) -> int:
 
     target, draft, tokenizer = load_models(args)
     kind = args.drafter or ("draft" if args.draft or (args.target is None and draft is not None) else None)
+    kind = None if kind == "plain" else kind
     options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
                "bigram_path": args.bigram, "head_path": args.head}
     if kind in ("draft", "draft-tli", "draft-slem"):

@@ -1,16 +1,36 @@
-"""Drafters: every way of proposing tokens, behind one small interface (`Drafter`)."""
+"""Drafters: every way of proposing tokens, behind one small interface (`Drafter`).
+
+The classes are imported on first use, so the CLI can read `DRAFTER_KINDS` without loading torch.
+"""
 
 from __future__ import annotations
 
-from specdec.drafters.base import Drafter, Proposal
-from specdec.drafters.bigram import Bigram
-from specdec.drafters.draft_model import DraftModel
-from specdec.drafters.eagle import Eagle
-from specdec.drafters.layer_skip import LayerSkip
-from specdec.drafters.medusa import Medusa
-from specdec.drafters.prompt_lookup import PromptLookup
-from specdec.drafters.tree import DraftTree, MultiDraft
+import importlib
+
 from specdec.errors import ConfigError
+
+_CLASSES = {
+    "Drafter": "specdec.drafters.base",
+    "Proposal": "specdec.drafters.base",
+    "Bigram": "specdec.drafters.bigram",
+    "DraftModel": "specdec.drafters.draft_model",
+    "LayerSkip": "specdec.drafters.layer_skip",
+    "PromptLookup": "specdec.drafters.prompt_lookup",
+    "DraftTree": "specdec.drafters.tree",
+    "MultiDraft": "specdec.drafters.tree",
+    "Eagle": "specdec.drafters.eagle",
+    "Medusa": "specdec.drafters.medusa",
+}
+
+
+def __getattr__(name: str):
+    module = _CLASSES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specdec.drafters' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 #: Names accepted by `make_drafter` and the CLI's --drafter. "draft-tli" / "draft-slem": the draft model
 #: with its own tokenizer (--draft-tokenizer), by token-level intersection or string-level exact match.
@@ -42,7 +62,8 @@ EAGLE_TREE = {"top_k": 4, "depth": 8, "max_nodes": 24}
 def _head_drafter(kind: str, target, head_path) -> Drafter:
     """An Eagle / Medusa drafter from a saved head, or the head shipped for the default target."""
     from specdec.default_pair import load_default_heads
-    from specdec.drafters.medusa import DEFAULT_TREE
+    from specdec.drafters.eagle import Eagle
+    from specdec.drafters.medusa import DEFAULT_TREE, Medusa
     from specdec.heads import EagleHead, MedusaHeads
 
     family = kind.split("-")[0]
@@ -69,6 +90,12 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     decoder layers (default half of them). Options given as None are ignored; an option that does not apply
     to `kind` is an error.
     """
+    from specdec.drafters.bigram import Bigram
+    from specdec.drafters.draft_model import DraftModel
+    from specdec.drafters.layer_skip import LayerSkip
+    from specdec.drafters.prompt_lookup import PromptLookup
+    from specdec.drafters.tree import DraftTree, MultiDraft
+
     if kind not in _OPTIONS:
         raise ConfigError(f"unknown drafter {kind!r}; choose one of: {', '.join(DRAFTER_KINDS)}")
     options = {k: v for k, v in options.items() if v is not None}
