@@ -5,6 +5,7 @@
 """
 
 from specdec.adaptive import AdaptiveGamma
+from specdec.batch import BatchDecoder, generate_batch
 from specdec.decoding import DEFAULT_GAMMA, GenerationOutput, SpeculativeDecoder, generate, stream
 from specdec.drafters import Bigram, Drafter, DraftModel, LayerSkip, PromptLookup, Proposal
 from specdec.errors import (
@@ -32,10 +33,10 @@ def load_default(*args, **kwargs):
 
 
 __all__ = [
-    "AdaptiveGamma", "Bigram", "LayerSkip", "PromptLookup",
+    "AdaptiveGamma", "BatchDecoder", "Bigram", "LayerSkip", "PromptLookup",
     "DEFAULT_GAMMA", "ConfigError", "DecodeStats", "DraftModel", "Drafter", "GenerationOutput",
     "IncompatibleModelsError", "ModelLoadError", "NumericalError", "PromptError", "Proposal",
     "SamplingConfig", "SpecdecError", "SpeculativeDecoder", "TextOutput", "UnsupportedModelError",
-    "expected_speedup", "expected_tokens_per_pass", "generate", "generate_text", "load", "load_default",
+    "expected_speedup", "expected_tokens_per_pass", "generate", "generate_batch", "generate_text", "load", "load_default",
     "stream", "stream_text",
 ]

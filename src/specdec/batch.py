@@ -161,10 +161,11 @@ class BatchDecoder:
             self.draft_lm.remove_rows(keep)
 
     # -- one round ------------------------------------------------------------------------------------
-    def step(self, gamma_cap: int | None = None) -> list[RowEvent]:
+    def step(self, gamma_cap: int | dict[object, int | None] | None = None) -> list[RowEvent]:
         """One round for every row: propose, score, verify, commit, emit. Finished rows are removed.
 
-        gamma_cap: an upper bound on every row's γ this round (the server's load-based choice; 0 = plain).
+        gamma_cap: an upper bound on every row's γ this round (the server's load-based choice; 0 = plain),
+        or a dict from row key to its own bound (None: not bounded).
         """
         if not self.rows:
             return []
@@ -173,8 +174,9 @@ class BatchDecoder:
         for row in rows:
             remaining = row.max_new_tokens - row.produced
             gamma = min(row.gamma_policy.choose(row.stats), remaining - 1) if self.drafter is not None else 0
-            if gamma_cap is not None:
-                gamma = min(gamma, gamma_cap)
+            cap = gamma_cap.get(row.key) if isinstance(gamma_cap, dict) else gamma_cap
+            if cap is not None:
+                gamma = min(gamma, cap)
             gammas.append(max(0, gamma))
 
         # 1. drafters propose.
