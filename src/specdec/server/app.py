@@ -82,8 +82,7 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
     limit = context_length(target)
     vocab = vocab_size(target)
     created = int(time.time())
-    if chat_template is not None:
-        tokenizer.chat_template = chat_template
+    chat_template = chat_template or getattr(tokenizer, "chat_template", None)  # the caller's tokenizer is not changed
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -299,11 +298,12 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
         for m in messages:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise APIError("each message must be an object with string 'role' and 'content'", param="messages")
-        if not getattr(tokenizer, "chat_template", None):
+        if not chat_template:
             raise APIError("this model's tokenizer has no chat template; use /v1/completions with a plain prompt, "
                            "or start the server with --chat-template FILE", param="messages",
                            code="no_chat_template")
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        encoded = tokenizer.apply_chat_template(messages, chat_template=chat_template, add_generation_prompt=True,
+                                                tokenize=True)
         ids = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
         ids = check_ids(ids, "messages")
         sampling = parse_sampling(body, chat=True)
