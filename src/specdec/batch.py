@@ -106,7 +106,34 @@ class BatchDecoder:
         return [row.key for row in self.rows]
 
     # -- rows join and leave --------------------------------------------------------------------------
-    def add(
+    def add(self, key: object, prompt_ids: Sequence[int] | torch.Tensor, **options) -> None:
+        """Prefill a new row and splice it into the batch; the others' caches are untouched.
+
+        options: as `specdec.generate` (gamma, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed).
+        """
+        self.add_many([(key, prompt_ids, options)])
+
+    def add_many(self, requests: Sequence[tuple[object, Sequence[int] | torch.Tensor, dict]]) -> None:
+        """Add several rows (key, prompt_ids, options) with one batched prefill. Raises before prefilling
+        anything if one request is invalid (call `check` first to reject requests one by one)."""
+        rows = [self.check(key, prompt, **options) for key, prompt, options in requests]
+        if not rows:
+            return
+        start = time.perf_counter()
+        prefixes = [row.context[: row.n - 1] for row in rows]
+        self.target.add_rows(prefixes)
+        if self.draft_lm is not None:
+            self.draft_lm.add_rows(prefixes)
+        elif self.drafter is not None:
+            for row in rows:
+                row.drafter = copy.copy(self.drafter)  # model-free drafters: reset() gives the copy its own state
+                row.drafter.reset(row.context[: row.n])
+        prefill_s = time.perf_counter() - start
+        for row in rows:
+            row.stats.prefill_s = prefill_s
+        self.rows.extend(rows)
+
+    def check(
         self,
         key: object,
         prompt_ids: Sequence[int] | torch.Tensor,
@@ -118,8 +145,8 @@ class BatchDecoder:
         top_p: float | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         seed: int | None = None,
-    ) -> None:
-        """Prefill a new row (alone) and splice it into the batch; the others' caches are untouched."""
+    ) -> Row:
+        """Validate one request and build its (not yet prefilled) row; raises a SpecdecError if invalid."""
         sampling = SamplingConfig(temperature, top_k, top_p)
         policy = _gamma_policy(gamma)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -138,16 +165,7 @@ class BatchDecoder:
             generator.manual_seed(int(seed))
         context = torch.empty(n + max_new_tokens + 1, dtype=torch.long, device=self.target.device)
         context[:n] = prompt
-        row = Row(key, context, n, max_new_tokens, sampling, generator, policy, _eos_ids(self.model, eos_token_id))
-        start = time.perf_counter()
-        self.target.add_row(context[: n - 1])
-        if self.draft_lm is not None:
-            self.draft_lm.add_row(context[: n - 1])
-        elif self.drafter is not None:
-            row.drafter = copy.copy(self.drafter)  # model-free drafters: reset() gives the copy its own state
-            row.drafter.reset(context[:n])
-        row.stats.prefill_s = time.perf_counter() - start
-        self.rows.append(row)
+        return Row(key, context, n, max_new_tokens, sampling, generator, policy, _eos_ids(self.model, eos_token_id))
 
     def remove(self, keys: Sequence[object]) -> None:
         """Drop the rows with these keys (finished, cancelled, failed) between rounds."""
@@ -319,9 +337,9 @@ def generate_batch(
     if len(seeds) != len(prompts):
         raise ConfigError(f"got {len(seeds)} seeds for {len(prompts)} prompts; pass one seed or one per prompt")
     decoder = BatchDecoder(target, drafter)
-    for i, prompt in enumerate(prompts):
-        decoder.add(i, prompt, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
-                    top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seeds[i])
+    options = dict(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                   eos_token_id=eos_token_id)
+    decoder.add_many([(i, prompt, {**options, "seed": seeds[i]}) for i, prompt in enumerate(prompts)])
     stats = {row.key: row.stats for row in decoder.rows}
     tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
     while len(decoder):

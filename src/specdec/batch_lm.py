@@ -57,6 +57,7 @@ class BatchedCausalLM:
         self.forwards = 0
         self.forward_s = 0.0
         self.prefill_s = 0.0
+        self.max_holes = 0.25  # compact once more than this fraction of the cache's slots are holes
 
     # -- shape ----------------------------------------------------------------------------------------
     @property
@@ -73,43 +74,34 @@ class BatchedCausalLM:
         return self.valid.sum(dim=1)
 
     # -- rows join and leave --------------------------------------------------------------------------
-    @torch.inference_mode()
     def add_row(self, input_ids: torch.Tensor) -> None:
-        """Append a row whose cache holds input_ids [n] (n may be 0): prefilled alone, then spliced in."""
-        n = int(input_ids.shape[0])
-        if n:
-            start = time.perf_counter()
-            out = self.model(
-                input_ids=input_ids.view(1, n).to(self.device),
-                position_ids=torch.arange(n, device=self.device)[None],
-                past_key_values=DynamicCache(),
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            layers = out.past_key_values.layers
-            row_keys = [layer.keys for layer in layers]  # each [1, H, n, D]
-            row_values = [layer.values for layer in layers]
-            self.prefill_s += time.perf_counter() - start
-        if not self.keys:
-            if not n:  # nothing cached yet anywhere: the layers appear with the first forward
-                self.valid = torch.cat([self.valid, self.valid.new_zeros(1, self.slots)])
-                return
-            self.keys = [k.new_zeros(self.rows, *k.shape[1:2], 0, k.shape[3]) for k in row_keys]
-            self.values = [v.new_zeros(self.rows, *v.shape[1:2], 0, v.shape[3]) for v in row_values]
-        width = max(self.slots, n)
+        """Append a row whose cache holds input_ids [n] (n may be 0)."""
+        self.add_rows([input_ids])
+
+    @torch.inference_mode()
+    def add_rows(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Append rows whose caches hold inputs[i] [n_i]: prefilled together in one forward of their own
+        (right-padded), then spliced in. The existing rows' caches are not recomputed."""
+        start = time.perf_counter()
+        fresh = BatchedCausalLM(self.model)
+        fresh.valid = self.valid.new_zeros(len(inputs), 0)
+        if any(x.shape[0] for x in inputs):
+            fresh.forward(inputs, last_only=True)
+            fresh.forwards, fresh.forward_s = 0, 0.0
+        if fresh.keys and not self.keys:
+            self.keys = [k.new_zeros(self.rows, k.shape[1], 0, k.shape[3]) for k in fresh.keys]
+            self.values = [v.new_zeros(self.rows, v.shape[1], 0, v.shape[3]) for v in fresh.values]
+        width = max(self.slots, fresh.slots)
         self._pad_left(width)
-        row_valid = self.valid.new_zeros(1, width)  # [1, S]
-        row_valid[0, width - n :] = True
-        for layer in range(len(self.keys)):
-            k, v = self.keys[layer], self.values[layer]
-            new_k = k.new_zeros(1, k.shape[1], width, k.shape[3])
-            new_v = v.new_zeros(1, v.shape[1], width, v.shape[3])
-            if n:
-                new_k[:, :, width - n :] = row_keys[layer]
-                new_v[:, :, width - n :] = row_values[layer]
-            self.keys[layer] = torch.cat([k, new_k])
-            self.values[layer] = torch.cat([v, new_v])
-        self.valid = torch.cat([self.valid, row_valid])
+        fresh._pad_left(width)
+        if self.keys:
+            if not fresh.keys:  # every new row is empty
+                fresh.keys = [k.new_zeros(fresh.rows, k.shape[1], width, k.shape[3]) for k in self.keys]
+                fresh.values = [v.new_zeros(fresh.rows, v.shape[1], width, v.shape[3]) for v in self.values]
+            self.keys = [torch.cat([a, b]) for a, b in zip(self.keys, fresh.keys)]
+            self.values = [torch.cat([a, b]) for a, b in zip(self.values, fresh.values)]
+        self.valid = torch.cat([self.valid, fresh.valid])
+        self.prefill_s += time.perf_counter() - start
 
     def remove_rows(self, keep: Sequence[int]) -> None:
         """Keep only the rows at indices `keep` (in that order); the others' caches are dropped."""
@@ -132,10 +124,11 @@ class BatchedCausalLM:
 
     # -- decoding -------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    def forward(self, inputs: Sequence[torch.Tensor], last_only: bool = False) -> torch.Tensor:
         """Append inputs[i] [n_i] (n_i may be 0) to row i; return logits [B, W, V], W = max n_i.
 
-        Row i's logits are meaningful at [i, :n_i] only. The cache keeps exactly the real inputs.
+        Row i's logits are meaningful at [i, :n_i] only (last_only: [B, 1, V] of the last column, for a
+        prefill that needs none). The cache keeps exactly the real inputs.
         """
         start = time.perf_counter()
         rows = self.rows
@@ -158,6 +151,7 @@ class BatchedCausalLM:
             attention_mask=attention_mask,
             past_key_values=cache,
             use_cache=True,
+            logits_to_keep=1 if last_only else 0,
         )
         layers = out.past_key_values.layers
         self.keys = [layer.keys for layer in layers]
@@ -183,10 +177,21 @@ class BatchedCausalLM:
         return cache
 
     def crop(self, lengths: Sequence[int] | torch.Tensor) -> None:
-        """Roll row i back to its first lengths[i] tokens (slots past them become holes), then compact."""
+        """Roll row i back to its first lengths[i] tokens: the slots past them become holes.
+
+        Trailing slots that no row uses are dropped at once (a slice); the cache is compacted (one gather
+        per layer) only once holes make up more than `max_holes` of it, so most rounds copy nothing.
+        """
         keep = torch.as_tensor(lengths, device=self.device)[:, None]  # [B, 1]
         self.valid = self.valid & (self.valid.long().cumsum(dim=1) <= keep)
-        self.compact()
+        used = self.valid.any(dim=0).nonzero()
+        width = int(used.max()) + 1 if used.numel() else 0
+        if width < self.slots:
+            self.valid = self.valid[:, :width]
+            self.keys = [k[:, :, :width] for k in self.keys]
+            self.values = [v[:, :, :width] for v in self.values]
+        if self.rows and self.slots and 1 - float(self.valid.sum()) / self.valid.numel() > self.max_holes:
+            self.compact()
 
     def compact(self) -> None:
         """Gather each row's valid slots to the right end of a cache as wide as the longest row."""

@@ -18,8 +18,8 @@ import math
 
 
 def batch_bucket(batch: int) -> int:
-    """Exact sizes up to 8, then powers of two (round time is close to linear in between)."""
-    return batch if batch <= 8 else 1 << math.ceil(math.log2(batch))
+    """Powers of two (round time is close to linear in between; fewer buckets, less exploration)."""
+    return 1 << math.ceil(math.log2(max(batch, 1)))
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:

@@ -135,22 +135,33 @@ class Scheduler:
                 return out
 
     def _admit(self) -> None:
+        """Move queued requests into free batch slots: validate each, then one batched prefill for all."""
         self.waiting.extend(self._drain_incoming())
-        while self.waiting and len(self.active) < self.max_batch:
+        admitted, rows = [], []
+        while self.waiting and len(self.active) + len(admitted) < self.max_batch:
             request = self.waiting.pop(0)
             with self._lock:
                 if request.id in self._cancelled:
                     self._cancelled.discard(request.id)
                     continue
             try:
-                self.decoder.add(request.id, request.prompt_ids, **request.options)
+                rows.append((request.id, request.prompt_ids, request.options))
+                self.decoder.check(*rows[-1][:2], **request.options)
             except SpecdecError as exc:
+                rows.pop()
                 request.push(Failed(400, str(exc)))
                 continue
-            except Exception as exc:  # noqa: BLE001 (a broken request must not stop the loop)
-                log.exception("prefill failed for request %s", request.id)
+            admitted.append(request)
+        if not admitted:
+            return
+        try:
+            self.decoder.add_many(rows)
+        except Exception as exc:  # noqa: BLE001 (a broken prefill must not stop the loop)
+            log.exception("prefill failed")
+            for request in admitted:
                 request.push(Failed(500, f"prefill failed: {type(exc).__name__}: {exc}"))
-                continue
+            return
+        for request in admitted:
             self.active[request.id] = request
             self.metrics.prompt_tokens.inc(len(request.prompt_ids))
 
