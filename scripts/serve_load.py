@@ -57,7 +57,9 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--serve-args", default="", help="extra `specdec serve` arguments")
-    parser.add_argument("--warmup", type=int, default=1, help="requests sent (one at a time) before measuring")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="waves of --clients concurrent requests sent before measuring (so the allocator's "
+                        "high-water mark for this concurrency is reached before RSS is read)")
     parser.add_argument("--json", default=None, help="also write the report here")
     args = parser.parse_args()
 
@@ -88,8 +90,14 @@ def main() -> int:
             time.sleep(0.2)
         model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
-        for i in range(args.warmup):
-            client.completions.create(model=model, prompt=prompts[i % len(prompts)], max_tokens=16, temperature=0)
+        for _ in range(args.warmup):
+            wave = [threading.Thread(target=client.completions.create, kwargs=dict(
+                model=model, prompt=prompts[i % len(prompts)], max_tokens=args.max_tokens, temperature=0))
+                for i in range(args.clients)]
+            for t in wave:
+                t.start()
+            for t in wave:
+                t.join()
         rss_before = rss_mb(server.pid)
         metrics_before = httpx.get(url + "/metrics").text
 

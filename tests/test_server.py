@@ -293,3 +293,18 @@ def test_graceful_shutdown_finishes_in_flight_requests(pair, tokenizer):
         server.stop()
         assert future.result().usage.completion_tokens == 60
     assert not server.app.state.scheduler.thread.is_alive()
+
+
+def test_cli_serve_builds_the_default_pair_app():
+    from specdec.cli import build_parser
+    from specdec.cli.serve import build_app
+    from specdec.default_pair import assets_present
+
+    if not assets_present():
+        pytest.skip("default pair assets not present")
+    args = build_parser().parse_args(["serve", "--port", "0", "--gamma", "3"])
+    app = build_app(args)
+    scheduler = app.state.scheduler
+    assert scheduler.speculative and scheduler.max_gamma == 3 and not scheduler.thread.is_alive()
+    args = build_parser().parse_args(["serve", "--drafter", "none"])
+    assert not build_app(args).state.scheduler.speculative
