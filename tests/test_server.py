@@ -308,3 +308,17 @@ def test_cli_serve_builds_the_default_pair_app():
     assert scheduler.speculative and scheduler.max_gamma == 3 and not scheduler.thread.is_alive()
     args = build_parser().parse_args(["serve", "--drafter", "none"])
     assert not build_app(args).state.scheduler.speculative
+
+
+def test_a_round_that_fails_as_a_whole_fails_its_rows_and_serving_goes_on(live):
+    scheduler = live.app.state.scheduler
+
+    def broken_step(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    scheduler.decoder.step = broken_step  # the scheduler replaces the decoder after a failed round
+    with pytest.raises(openai.InternalServerError) as info:
+        live.client.completions.create(model="tiny", prompt=prompt_ids(6), max_tokens=5, temperature=0)
+    assert "injected failure" in str(info.value)
+    out = live.client.completions.create(model="tiny", prompt=prompt_ids(6), max_tokens=5, temperature=0)
+    assert out.usage.completion_tokens == 5

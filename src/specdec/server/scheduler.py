@@ -64,6 +64,7 @@ class Request:
 class Scheduler:
     def __init__(self, target, drafter=None, *, max_batch: int = 64, max_gamma: int = 4,
                  metrics: Metrics | None = None, adaptive_gamma: bool = True):
+        self._models = (target, drafter)
         self.decoder = BatchDecoder(target, drafter)
         self.speculative = drafter is not None
         self.max_batch = max_batch
@@ -187,7 +188,7 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 (the round as a whole failed: fail its rows, keep serving)
             log.exception("decoding round failed")
             keys = self.decoder.keys
-            self.decoder.remove(keys)
+            self.decoder = BatchDecoder(*self._models)  # its caches may be half-updated: start clean
             for rid in keys:
                 self.active.pop(rid).push(Failed(500, f"decoding failed: {type(exc).__name__}: {exc}"))
             return
