@@ -43,6 +43,42 @@ def check_batchable(model: PreTrainedModel) -> None:
         )
 
 
+class _SlotLayer(DynamicLayer):
+    """A `DynamicLayer` that appends into the spare capacity of preallocated buffers [B, H, capacity, D]
+    instead of concatenating (which copies the whole cache on every forward)."""
+
+    def __init__(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, used: int):
+        super().__init__()
+        self.key_buffer, self.value_buffer, self.used = key_buffer, value_buffer, used
+        self.dtype, self.device = key_buffer.dtype, key_buffer.device
+        self.is_initialized = True
+        self.keys, self.values = key_buffer[:, :, :used], value_buffer[:, :, :used]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        n = key_states.shape[-2]
+        if self.used + n > self.key_buffer.shape[2]:
+            capacity = max(2 * self.key_buffer.shape[2], self.used + n + 64)
+            self.key_buffer = _with_capacity(self.key_buffer[:, :, : self.used], capacity)
+            self.value_buffer = _with_capacity(self.value_buffer[:, :, : self.used], capacity)
+        self.key_buffer[:, :, self.used : self.used + n] = key_states
+        self.value_buffer[:, :, self.used : self.used + n] = value_states
+        self.used += n
+        self.keys, self.values = self.key_buffer[:, :, : self.used], self.value_buffer[:, :, : self.used]
+        return self.keys, self.values
+
+
+def _with_capacity(states: torch.Tensor, capacity: int) -> torch.Tensor:
+    """states [B, H, S, D] copied into the front of a new buffer [B, H, capacity, D]."""
+    buffer = states.new_empty(*states.shape[:2], capacity, states.shape[3])
+    buffer[:, :, : states.shape[2]] = states
+    return buffer
+
+
+def _is_prefix_view(states: torch.Tensor, buffer: torch.Tensor | None) -> bool:
+    return (buffer is not None and states.data_ptr() == buffer.data_ptr() and states.stride() == buffer.stride()
+            and states.shape[:2] == buffer.shape[:2] and states.shape[2] <= buffer.shape[2])
+
+
 class BatchedCausalLM:
     """A causal LM over a batch of rows with their own lengths. `lengths[i]` tokens are cached for row i."""
 
@@ -53,6 +89,9 @@ class BatchedCausalLM:
         self.device = next(model.parameters()).device
         self.keys: list[torch.Tensor] = []  # per layer [B, H, S, D]
         self.values: list[torch.Tensor] = []
+        # Per layer, the buffers self.keys / self.values are prefix views of when they are (appends go there).
+        self.key_buffers: list[torch.Tensor | None] = []
+        self.value_buffers: list[torch.Tensor | None] = []
         self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [B, S]
         self.forwards = 0
         self.forward_s = 0.0
@@ -156,6 +195,8 @@ class BatchedCausalLM:
         layers = out.past_key_values.layers
         self.keys = [layer.keys for layer in layers]
         self.values = [layer.values for layer in layers]
+        self.key_buffers = [getattr(layer, "key_buffer", None) for layer in layers]
+        self.value_buffers = [getattr(layer, "value_buffer", None) for layer in layers]
         self.valid = torch.cat([self.valid, steps[None] < counts[:, None]], dim=1)  # [B, S + W]
         logits = out.logits  # [B, W, V]
         if logits.dtype not in (torch.float32, torch.float64):
@@ -165,14 +206,18 @@ class BatchedCausalLM:
         return logits
 
     def _dynamic_cache(self) -> DynamicCache:
+        """A DynamicCache over this batch's states whose layers append in place (spare capacity is reused
+        while the states are a prefix view of their buffer; after a gather or splice, a new buffer)."""
         cache = DynamicCache()
         if self.keys:
             layers = []
-            for k, v in zip(self.keys, self.values):
-                layer = DynamicLayer()
-                layer.lazy_initialization(k, v)
-                layer.keys, layer.values = k, v
-                layers.append(layer)
+            for i, (k, v) in enumerate(zip(self.keys, self.values)):
+                kb = self.key_buffers[i] if i < len(self.key_buffers) else None
+                vb = self.value_buffers[i] if i < len(self.value_buffers) else None
+                if not (_is_prefix_view(k, kb) and _is_prefix_view(v, vb)):
+                    capacity = k.shape[2] + 64
+                    kb, vb = _with_capacity(k, capacity), _with_capacity(v, capacity)
+                layers.append(_SlotLayer(kb, vb, k.shape[2]))
             cache.layers = layers
         return cache
 
