@@ -232,6 +232,7 @@ BAD = {
     "n > 1": ({"model": "tiny", "prompt": "x", "n": 2}, "n"),
     "logprobs": ({"model": "tiny", "prompt": "x", "logprobs": 3}, "logprobs"),
     "bad speculative": ({"model": "tiny", "prompt": "x", "speculative": {"gamma": -1}}, "speculative.gamma"),
+    "method not served": ({"model": "tiny", "prompt": "x", "speculative": {"method": "eagle"}}, "speculative.method"),
 }
 
 

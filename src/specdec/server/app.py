@@ -80,6 +80,8 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
     scheduler = Scheduler(target, drafter, max_batch=max_batch, max_gamma=max_gamma, metrics=metrics,
                           adaptive_gamma=adaptive_gamma)
     limit = context_length(target)
+    served_method = {"DraftModel": "draft", "PromptLookup": "prompt-lookup", "Bigram": "bigram"}.get(
+        type(drafter).__name__, type(drafter).__name__) if drafter is not None else "none"
     vocab = vocab_size(target)
     created = int(time.time())
     chat_template = chat_template or getattr(tokenizer, "chat_template", None)  # the caller's tokenizer is not changed
@@ -160,6 +162,10 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
         if not scheduler.accepting:
             raise APIError("the server is shutting down; retry against another instance", status=503,
                            type_="server_error", code="shutting_down")
+        method = sampling.extra.get("method")
+        if method not in (None, "none", served_method):
+            raise APIError(f"'speculative.method' {method!r} is not served here; this server drafts with "
+                           f"{served_method!r} (or send \"none\" for plain decoding)", param="speculative.method")
         gamma = FixedGamma(0) if sampling.plain else (sampling.gamma or max_gamma)
         options = dict(gamma=gamma, max_new_tokens=max_new, temperature=sampling.temperature,
                        top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed)
