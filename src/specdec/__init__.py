@@ -22,6 +22,8 @@ _EXPORTS = {
     "SpeculativeDecoder": "specdec.decoding",
     "generate": "specdec.decoding",
     "stream": "specdec.decoding",
+    "BatchDecoder": "specdec.batch",
+    "generate_batch": "specdec.batch",
     "Bigram": "specdec.drafters",
     "DraftTree": "specdec.drafters",
     "MultiDraft": "specdec.drafters",

@@ -12,7 +12,7 @@ import shlex
 import sys
 
 # Order shown in --help. Adding a subcommand: a module here with `register(subparsers)`.
-COMMANDS = ["generate", "demo", "bench", "verify", "train", "distill", "train-head", "export"]
+COMMANDS = ["generate", "demo", "bench", "verify", "train", "distill", "train-head", "export", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:
