@@ -1,6 +1,6 @@
 """Per-round overhead of the decode loop: all work except the two models' forward passes, as a percentage
 of one target forward. Usage: python scripts/overhead.py [--default] (default: random Llama pair of
-realistic width; --default: the shipped default pair)."""
+realistic width; --default: the shipped default pair; --compile: on the fast path)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--default", action="store_true")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--compile", action="store_true",
+                        help="the fast path (the draft's warp/argmax then runs inside its compiled graph and "
+                        "counts as draft forward time)")
     args = parser.parse_args()
     target, draft = (specdec.load_default()[:2]) if args.default else random_pair()
     prompt = list(range(10, 110))
@@ -34,7 +37,7 @@ def main() -> None:
         for r in range(args.repeats + 1):
             drafter = specdec.DraftModel(draft)
             dec = SpeculativeDecoder(target, drafter, gamma=4, max_new_tokens=128, temperature=temperature,
-                                     seed=r, eos_token_id=[], **extra)
+                                     seed=r, eos_token_id=[], compile=args.compile, **extra)
             list(dec.stream(prompt))
             s = dec.stats
             forwards_s = s.prefill_s + dec.target.forward_s + drafter.lm.forward_s + drafter.lm.prefill_s

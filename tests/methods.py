@@ -11,6 +11,7 @@ torch.compile, cheap to run everywhere); tests/test_fastpath.py runs it compiled
 from __future__ import annotations
 
 import specdec
+import specdec.drafters.medusa
 
 METHODS = {
     "plain": lambda target, draft: None,
@@ -24,6 +25,12 @@ METHODS = {
     "multi-draft-norepl": lambda target, draft: specdec.MultiDraft(draft, num_drafts=3, replacement=False),
     "plain-static": lambda target, draft: (None, {"compile": "static"}),
     "draft-model-static": lambda target, draft: (specdec.DraftModel(draft), {"compile": "static"}),
+    # Untrained heads (exactness does not depend on training); they read the target's own features.
+    # EAGLE-2 dynamic tree and Medusa static tree (point-mass children).
+    "eagle": lambda target, draft: specdec.Eagle(target, specdec.EagleHead.init(target, seed=0), top_k=2, depth=4,
+                                                 max_nodes=8),
+    "medusa": lambda target, draft: specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=4, seed=0),
+                                                   tree=specdec.drafters.medusa.DEFAULT_TREE),
 }
 
 
@@ -33,3 +40,16 @@ def build(name: str, target, draft):
     if isinstance(built, tuple):
         return built[0], dict(built[1])
     return built, {}
+
+
+#: Drafts with another tokenizer (tests/test_cross_vocab.py): a factory (draft, draft_tokenizer,
+#: target_tokenizer) -> Drafter, one line per method.
+CROSS_VOCAB_METHODS = {
+    "draft-tli": lambda draft, dt, tt: specdec.DraftModel(draft, tokenizer=dt, target_tokenizer=tt, method="tli"),
+    "draft-slem": lambda draft, dt, tt: specdec.DraftModel(draft, tokenizer=dt, target_tokenizer=tt, method="slem"),
+    "draft-auto": lambda draft, dt, tt: specdec.DraftModel(draft, tokenizer=dt, target_tokenizer=tt),
+}
+
+
+def build_cross_vocab(name: str, draft, draft_tokenizer, target_tokenizer):
+    return CROSS_VOCAB_METHODS[name](draft, draft_tokenizer, target_tokenizer)

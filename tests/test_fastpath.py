@@ -15,10 +15,11 @@ import torch
 from models import hf_greedy, perturbed, tiny
 
 import specdec
-import specdec.exactness
 from specdec.errors import PromptError
+from specdec.exactness import check_exactness
 from specdec.models.causal_lm import CachedCausalLM
-from specdec.models.static_lm import _COMPILED, FastPathWarning, StaticCausalLM, TreeMask
+from specdec.models.static_lm import _COMPILED, FastPathWarning, StaticCausalLM
+from specdec.tree import TreeMask
 
 LONG = [(i * 37 + 11) % 96 for i in range(120)]
 
@@ -71,9 +72,9 @@ def test_compiled_plain_and_sampling_are_exact(llama_pair):
     assert specdec.generate(target, LONG[:20], max_new_tokens=16, compile=True).tokens == \
         hf_greedy(target, LONG[:20], 16)
     small = tiny("llama", hidden=16, layers=2, vocab=8, seed=3)
-    result = specdec.exactness.check_exactness(
-        small, [1, 2, 1], specdec.DraftModel(perturbed(small, 0.3, seed=11)), gamma=2, temperature=1.0, top_k=6,
-        top_p=0.9, max_new_tokens=3, samples=3000, seed=7, alpha=1e-4, eos_token_id=[], compile=True)
+    result = check_exactness(small, [1, 2, 1], specdec.DraftModel(perturbed(small, 0.3, seed=11)),
+                              gamma=2, temperature=1.0, top_k=6, top_p=0.9, max_new_tokens=3, samples=3000,
+                              seed=7, alpha=1e-4, eos_token_id=[], compile=True)
     assert result.passed, result.summary()
 
 
@@ -168,3 +169,17 @@ def test_chain_commit_is_a_crop_and_matches_the_eager_adapter():
     eager.crop(12)
     assert lm.length == eager.length == 12
     torch.testing.assert_close(lm.forward(torch.tensor([3, 4])), eager.forward(torch.tensor([3, 4])))
+
+
+def test_bench_knows_the_compiled_methods():
+    from specdec.bench.runner import Config, is_gamma_free, make_configs, parse_methods
+
+    methods = parse_methods("plain-compiled,draft-compiled,prompt-lookup-compiled,hf-plain-compiled")
+    configs = make_configs(methods, [3, 4])
+    assert [c.label for c in configs] == ["plain-compiled", "draft-compiled@3", "draft-compiled@4",
+                                          "prompt-lookup-compiled@3", "prompt-lookup-compiled@4",
+                                          "hf-plain-compiled"]
+    assert Config("draft-compiled", 4).kind == "draft" and Config("plain-compiled", None).kind is None
+    assert is_gamma_free("draft-auto-compiled") and not is_gamma_free("draft-compiled")
+    with pytest.raises(specdec.ConfigError):
+        parse_methods("hf-assisted-compiled")

@@ -314,7 +314,8 @@ def test_negative_control_duplicates_end_to_end_has_the_hook(pair):
     """The same broken verifier through the decode loop (check_exactness's tree_verify_fn); the bias of this
     bug is small on the toy pair (TV ≈ 0.04), so only a loose bound is asserted here."""
     target, draft = pair
-    result = _check(target, specdec.MultiDraft(tiny("llama", hidden=16, layers=2, vocab=V, seed=7), num_drafts=8),
+    unrelated = tiny("llama", hidden=16, layers=2, vocab=V, seed=7)
+    result = _check(target, specdec.MultiDraft(unrelated, num_drafts=8, replacement=True),
                     gamma=1, max_new_tokens=2, tree_verify_fn=tree_duplicates_skipped)
     assert result.settings["tree_verify_fn"] == "tree_duplicates_skipped"
     assert result.p_value < 0.01, result.summary()
@@ -337,3 +338,29 @@ def test_negative_control_mask_lets_a_node_see_its_sibling():
     assert not result.passed and result.p_value < 1e-6, result.summary()
     correct = _check(target, specdec.DraftTree(draft, top_k=4, depth=2, max_nodes=8), max_new_tokens=2)
     assert correct.passed, correct.summary()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "mistral", "gemma"])
+def test_hidden_states_feed_the_lm_head(arch):
+    """score(..., hidden=True) returns the final hidden state that the LM head turns into the logits."""
+    model = tiny(arch, hidden=32, layers=2)
+    lm = CachedCausalLM(model)
+    prefill_hidden = lm.prefill(torch.tensor([5, 9, 14]), hidden=True)  # [3, H]
+    assert prefill_hidden.shape == (3, 32)
+    scores = lm.score(torch.tensor([3, 7, 8]), tree=TreeMask.from_parents(torch.tensor([-1, -1])), hidden=True)
+    assert scores.hidden.shape == (3, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model.get_output_embeddings()(scores.hidden), scores.logits)
+
+
+def test_sliding_window_past_the_window_falls_back_to_chains_with_one_warning():
+    from models import hf_greedy
+
+    target = tiny("mistral", hidden=32, layers=2, sliding_window=16)
+    drafter = specdec.DraftTree(perturbed(target, 0.1), top_k=2, depth=3, max_nodes=6)
+    prompt = [(i * 37 + 11) % 96 for i in range(30)]  # already past the window
+    with pytest.warns(UserWarning, match="first branch") as record:
+        out = specdec.generate(target, prompt, drafter=drafter, max_new_tokens=12)
+    assert sum("first branch" in str(w.message) for w in record) == 1
+    assert out.tokens == hf_greedy(target, prompt, 12)
+    assert out.stats.drafted <= 3 * out.stats.rounds  # chains of at most depth 3

@@ -2,28 +2,76 @@
 
     out = specdec.generate(target, prompt_ids, drafter=specdec.DraftModel(draft), gamma=4)
     out.tokens, out.stats.acceptance_rate, out.stats.mean_accepted_tokens
+
+Public names are imported on first use (PEP 562), so `import specdec` and `specdec --help` do not load
+torch or transformers until something needs them.
 """
 
-from specdec.adaptive import AdaptiveGamma
-from specdec.decoding import DEFAULT_GAMMA, GenerationOutput, SpeculativeDecoder, generate, stream
-from specdec.drafters import Bigram, Drafter, DraftModel, DraftTree, LayerSkip, MultiDraft, PromptLookup, Proposal
-from specdec.errors import (
-    ConfigError,
-    IncompatibleModelsError,
-    ModelLoadError,
-    NumericalError,
-    PromptError,
-    ProposalError,
-    SpecdecError,
-    UnsupportedModelError,
-)
-from specdec.loading import load
-from specdec.sampling import SamplingConfig
-from specdec.stats import DecodeStats, expected_speedup, expected_tokens_per_pass
-from specdec.tree import TreeMask
-from specdec.text import TextOutput, generate_text, stream_text
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+
+#: public name -> module that defines it
+_EXPORTS = {
+    "AdaptiveGamma": "specdec.adaptive",
+    "HeuristicGamma": "specdec.adaptive",
+    "DEFAULT_GAMMA": "specdec.decoding",
+    "GenerationOutput": "specdec.decoding",
+    "SpeculativeDecoder": "specdec.decoding",
+    "generate": "specdec.decoding",
+    "stream": "specdec.decoding",
+    "BatchDecoder": "specdec.batch",
+    "generate_batch": "specdec.batch",
+    "Bigram": "specdec.drafters",
+    "DraftTree": "specdec.drafters",
+    "MultiDraft": "specdec.drafters",
+    "Eagle": "specdec.drafters",
+    "Medusa": "specdec.drafters",
+    "EagleHead": "specdec.heads",
+    "MedusaHeads": "specdec.heads",
+    "FastPathWarning": "specdec.models.static_lm",
+    "StaticCausalLM": "specdec.models.static_lm",
+    "TreeMask": "specdec.tree",
+    "ProposalError": "specdec.errors",
+    "Drafter": "specdec.drafters",
+    "DraftModel": "specdec.drafters",
+    "LayerSkip": "specdec.drafters",
+    "PromptLookup": "specdec.drafters",
+    "Proposal": "specdec.drafters",
+    "ConfigError": "specdec.errors",
+    "IncompatibleModelsError": "specdec.errors",
+    "ModelLoadError": "specdec.errors",
+    "NumericalError": "specdec.errors",
+    "PromptError": "specdec.errors",
+    "SpecdecError": "specdec.errors",
+    "UnsupportedModelError": "specdec.errors",
+    "load": "specdec.loading",
+    "SamplingConfig": "specdec.sampling",
+    "DecodeStats": "specdec.stats",
+    "expected_speedup": "specdec.stats",
+    "expected_tokens_per_pass": "specdec.stats",
+    "TextOutput": "specdec.text",
+    "generate_text": "specdec.text",
+    "stream_text": "specdec.text",
+    "set_threads": "specdec.threads",
+    "check_exactness": "specdec.exactness",
+}
+
+
+def load_default_heads(*args, **kwargs):
+    """{"eagle": EagleHead, "medusa": MedusaHeads}: the heads shipped for the default target."""
+    from specdec.default_pair import load_default_heads as _load_default_heads
+
+    return _load_default_heads(*args, **kwargs)
+
+
+def train_head(*args, **kwargs):
+    """Train an EAGLE head or Medusa heads on a frozen target (see specdec.training.heads.train_head)."""
+    from specdec.training.heads import train_head as _train_head
+
+    return _train_head(*args, **kwargs)
 
 
 def load_default(*args, **kwargs):
@@ -33,11 +81,17 @@ def load_default(*args, **kwargs):
     return _load_default(*args, **kwargs)
 
 
-__all__ = [
-    "AdaptiveGamma", "Bigram", "DraftTree", "LayerSkip", "MultiDraft", "PromptLookup", "ProposalError", "TreeMask",
-    "DEFAULT_GAMMA", "ConfigError", "DecodeStats", "DraftModel", "Drafter", "GenerationOutput",
-    "IncompatibleModelsError", "ModelLoadError", "NumericalError", "PromptError", "Proposal",
-    "SamplingConfig", "SpecdecError", "SpeculativeDecoder", "TextOutput", "UnsupportedModelError",
-    "expected_speedup", "expected_tokens_per_pass", "generate", "generate_text", "load", "load_default",
-    "stream", "stream_text",
-]
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+__all__ = sorted([*_EXPORTS, "load_default", "load_default_heads", "train_head"])

@@ -9,9 +9,10 @@ Plain decoding is the same loop with nothing drafted.
 
 from __future__ import annotations
 
+import operator
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -74,13 +75,14 @@ def _check_gamma(gamma: object) -> int:
     return gamma
 
 
-def _gamma_policy(gamma: object):
+def _gamma_policy(gamma: object, target: object = None, drafter: object = None):
     if hasattr(gamma, "choose") and hasattr(gamma, "update"):
         return gamma
     if gamma == "auto":
         from specdec.adaptive import AdaptiveGamma  # noqa: PLC0415 (optional policy, loaded on demand)
 
-        return AdaptiveGamma()
+        # One policy per (drafter, target, adapter) in this process: a reused drafter keeps its measured costs.
+        return AdaptiveGamma.for_pair(target, drafter) if drafter is not None else AdaptiveGamma()
     return FixedGamma(_check_gamma(gamma))
 
 
@@ -90,25 +92,58 @@ def _eos_ids(target: PreTrainedModel, eos_token_id: int | Sequence[int] | None) 
         eos_token_id = getattr(config, "eos_token_id", None)
         if eos_token_id is None:
             return frozenset()
-    if isinstance(eos_token_id, int):
-        return frozenset([eos_token_id])
-    return frozenset(int(t) for t in eos_token_id)
+    return frozenset(_int_list(eos_token_id, "eos_token_id", "an int, a list of ints, None (the target's "
+                               "generation_config) or [] (never stop early)"))
+
+
+def _int_list(value: object, name: str, expected: str) -> list[int]:
+    """`value` (an int or a sequence of ints, numpy/torch integers included) as a list of ints."""
+    scalar = not isinstance(value, Iterable) or getattr(value, "ndim", 1) == 0
+    items = [value] if scalar else value
+    try:
+        if isinstance(value, (str, bytes)) or any(isinstance(v, bool) for v in items):
+            raise TypeError
+        return [operator.index(v) for v in items]
+    except TypeError:
+        raise ConfigError(f"{name} must be {expected}, got {value!r}") from None
+
+
+def _check_seed(seed: object) -> int | None:
+    if seed is None:
+        return None
+    try:
+        if isinstance(seed, bool):
+            raise TypeError
+        return operator.index(seed)
+    except TypeError:
+        raise ConfigError(f"seed must be an integer or None, got {seed!r}") from None
 
 
 def _prompt_tensor(prompt_ids: Sequence[int] | torch.Tensor, vocab: int) -> torch.Tensor:
+    if isinstance(prompt_ids, Mapping):  # a tokenizer's BatchEncoding: use its input_ids
+        if "input_ids" not in prompt_ids:
+            raise PromptError("prompt_ids is a mapping without 'input_ids'; pass tokenizer(text).input_ids")
+        prompt_ids = prompt_ids["input_ids"]
+    if isinstance(prompt_ids, str):
+        raise PromptError("prompt_ids must be token ids, not a string: use specdec.generate_text for text")
+    if not isinstance(prompt_ids, torch.Tensor):
+        try:
+            prompt_ids = torch.tensor(list(prompt_ids), dtype=torch.long)
+        except (TypeError, ValueError, RuntimeError):
+            raise PromptError(
+                f"prompt_ids must be a list of ints or a 1-D integer tensor, got {type(prompt_ids).__name__} "
+                f"{str(prompt_ids)[:60]}; pass tokenizer(text).input_ids"
+            ) from None
     if isinstance(prompt_ids, torch.Tensor):
         if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
             prompt_ids = prompt_ids[0]
         if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point:
             raise PromptError(
-                f"prompt_ids must be a 1-D integer tensor or a list of ints, got a tensor of shape "
-                f"{tuple(prompt_ids.shape)} and dtype {prompt_ids.dtype}; pass tokenizer(text).input_ids"
+                f"prompt_ids must be one sequence (a 1-D integer tensor, a list of ints, or a batch of one), "
+                f"got shape {tuple(prompt_ids.shape)} and dtype {prompt_ids.dtype}; decode one prompt at a "
+                "time: pass tokenizer(text).input_ids"
             )
         ids = prompt_ids.detach().to("cpu", torch.long)
-    elif isinstance(prompt_ids, str):
-        raise PromptError("prompt_ids must be token ids, not a string: use specdec.generate_text for text")
-    else:
-        ids = torch.tensor(list(prompt_ids), dtype=torch.long)
     if ids.numel() == 0:
         raise PromptError("the prompt is empty: pass at least one token id (e.g. the BOS token)")
     bad = (ids < 0) | (ids >= vocab)
@@ -150,7 +185,7 @@ class SpeculativeDecoder:
         self.sampling = SamplingConfig(temperature, top_k, top_p)
         if gamma is None:  # a tree drafter's own depth, else the chain default
             gamma = getattr(drafter, "default_gamma", None) or DEFAULT_GAMMA
-        self.gamma_policy = _gamma_policy(gamma)
+        self.gamma_policy = _gamma_policy(gamma, self.target, drafter)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         self.max_new_tokens = max_new_tokens
@@ -160,20 +195,24 @@ class SpeculativeDecoder:
                     f"drafter must be a specdec Drafter (e.g. specdec.DraftModel(model)), got "
                     f"{type(drafter).__name__}"
                 )
-            if drafter.vocab_size is not None and drafter.vocab_size != self.target.vocab_size:
+            if not drafter.match_target_vocab(self.target.vocab_size):
                 raise IncompatibleModelsError(
                     f"the drafter's vocabulary has {drafter.vocab_size} tokens but the target's has "
-                    f"{self.target.vocab_size}; speculative decoding needs the same tokenizer: pick a draft "
-                    "model from the target's family, or a model-free drafter (specdec.PromptLookup)"
+                    f"{self.target.vocab_size} (more than LM-head padding explains); speculative decoding "
+                    "needs the same tokenizer, or both tokenizers to translate between them: pass "
+                    "specdec.DraftModel(draft, tokenizer=draft_tokenizer, target_tokenizer=target_tokenizer) "
+                    "(CLI: --draft-tokenizer), pick a draft model from the target's family, or a model-free "
+                    "drafter (specdec.PromptLookup)"
                 )
         if drafter is not None and hasattr(drafter, "use_fast_path"):
             drafter.use_fast_path(compile)
         self.eos = _eos_ids(self.target.model, eos_token_id)
         self.generator = torch.Generator(device=self.target.device)
+        seed = _check_seed(seed)
         if seed is None:
             self.generator.seed()
         else:
-            self.generator.manual_seed(int(seed))
+            self.generator.manual_seed(seed)
         self.verify_fn = verify_fn
         self.tree_verify_fn = tree_verify_fn
         self._warned_chain_fallback = False
@@ -205,8 +244,8 @@ class SpeculativeDecoder:
             )
         if is_chain(proposal.parents):
             return Proposal(proposal.tokens, proposal.draft_probs)
-        supports = getattr(self.target, "supports_tree", None)
-        if supports is not None and supports(len(proposal) + 1):
+        supports = getattr(self.target, "supports_tree", None)  # optional: an adapter without it can do trees
+        if supports is None or supports(len(proposal) + 1):
             return proposal
         if not self._warned_chain_fallback:
             self._warned_chain_fallback = True
@@ -226,6 +265,9 @@ class SpeculativeDecoder:
         fixed = isinstance(self.gamma_policy, FixedGamma)
         widest = self.gamma_policy.gamma + 1 if fixed else DEFAULT_BUCKETS[-1]
         tree_nodes = getattr(self.drafter, "max_nodes", None)  # a tree drafter: its node budget sets the width
+        num_drafts = getattr(self.drafter, "num_drafts", None)  # MultiDraft: k chains of γ
+        if isinstance(num_drafts, int) and tree_nodes is None:
+            tree_nodes = num_drafts * (self.gamma_policy.gamma if fixed else DEFAULT_BUCKETS[-1])
         if isinstance(tree_nodes, int):
             widest = max(widest, tree_nodes + 1)
         need = prompt_len + self.max_new_tokens + widest
@@ -250,11 +292,16 @@ class SpeculativeDecoder:
         context = torch.empty(prompt.shape[0] + self.max_new_tokens + 1, dtype=torch.long, device=device)
         n = prompt.shape[0]
         context[:n] = prompt
+        # Drafters that read the target's features (EAGLE, Medusa) get them for every committed token.
+        needs_hidden = self.drafter is not None and self.drafter.needs_hidden
         self.target.reset()
-        self.target.prefill(context[: n - 1])
+        prefill_hidden = self.target.prefill(context[: n - 1], hidden=needs_hidden)  # [n-1, H] | None
         if self.drafter is not None:
             t = time.perf_counter()
-            self.drafter.reset(context[:n])
+            if needs_hidden:
+                self.drafter.reset(context[:n], hidden=prefill_hidden)
+            else:
+                self.drafter.reset(context[:n])
             stats.draft_s += time.perf_counter() - t
         stats.prefill_s = time.perf_counter() - start
 
@@ -278,7 +325,7 @@ class SpeculativeDecoder:
                 drafted = proposal.tokens[:gamma]  # [γ']
                 gamma = drafted.shape[0]
                 t = time.perf_counter()
-                scores = self.target.score(torch.cat([context[n - 1 : n], drafted]))  # logits [γ'+1, V]
+                scores = self.target.score(torch.cat([context[n - 1 : n], drafted]), hidden=needs_hidden)  # [γ'+1, V]
                 stats.target_s += time.perf_counter() - t
                 draft_probs = proposal.draft_probs[:gamma] if proposal.draft_probs is not None else None
                 verdict = self.verify_fn(drafted, draft_probs, scores.logits, self.sampling, self.generator)
@@ -290,7 +337,7 @@ class SpeculativeDecoder:
                 gamma = len(proposal)  # nodes drafted
                 t = time.perf_counter()
                 scores = self.target.score(torch.cat([context[n - 1 : n], proposal.tokens]),
-                                           tree=TreeMask.from_parents(proposal.parents))  # logits [N+1, V]
+                                           tree=TreeMask.from_parents(proposal.parents), hidden=needs_hidden)  # [N+1, V]
                 stats.target_s += time.perf_counter() - t
                 verdict = self.tree_verify_fn(proposal, scores.logits, self.sampling, self.generator)
                 k = verdict.num_accepted
@@ -310,7 +357,11 @@ class SpeculativeDecoder:
             stats.record_round(gamma, k, verdict.outcome)
             if self.drafter is not None:
                 t = time.perf_counter()
-                self.drafter.commit(context[:n], k)
+                if needs_hidden:  # features of the root and the accepted drafts only: [k+1, H]
+                    rows = scores.hidden[: k + 1] if keep is None else scores.hidden[keep.to(scores.hidden.device)]
+                    self.drafter.commit(context[:n], k, hidden=rows)
+                else:
+                    self.drafter.commit(context[:n], k)
                 stats.draft_s += time.perf_counter() - t
             self.gamma_policy.update(stats)
 

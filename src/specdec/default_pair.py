@@ -39,6 +39,9 @@ def load_default(
 
     Raises ModelLoadError when the assets are missing (e.g. a source checkout without them).
     """
+    from specdec.loading import check_device
+
+    check_device(device)
     base = Path(root) if root is not None else ASSETS_DIR
     missing = [rel for rel in REQUIRED if not (base / rel).is_file()]
     if missing:
@@ -52,3 +55,23 @@ def load_default(
     target = _load_model(base / "target", device, dtype)
     draft = _load_model(base / "draft", device, dtype)
     return target, draft, tokenizer
+
+
+HEAD_DIRS = {"eagle": "eagle", "medusa": "medusa"}
+
+
+def load_default_heads(target: Any = None, root: Path | None = None) -> dict[str, Any]:
+    """{"eagle": EagleHead, "medusa": MedusaHeads} trained for the default target (loaded if not given)."""
+    from specdec.heads import EagleHead, MedusaHeads
+
+    base = Path(root) if root is not None else ASSETS_DIR
+    if target is None:
+        target, _, _ = load_default(root=base)
+    missing = [name for name in HEAD_DIRS.values() if not (base / name / "model.safetensors").is_file()]
+    if missing:
+        raise ModelLoadError(
+            f"default heads missing under {base}: {', '.join(missing)}; reinstall specdec, or train them with "
+            "`specdec train-head --kind eagle|medusa --target default` (see the cards in assets/default)"
+        )
+    return {"eagle": EagleHead.load(base / HEAD_DIRS["eagle"], target),
+            "medusa": MedusaHeads.load(base / HEAD_DIRS["medusa"], target)}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.errors import ModelLoadError
+from specdec.errors import ConfigError, ModelLoadError
 
 _DTYPES = {"auto": "auto", "float32": torch.float32, "float64": torch.float64,
            "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -23,6 +23,22 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype |
         return _DTYPES[dtype]
     except KeyError:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(_DTYPES)}") from None
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """`device` as a torch.device, or a ConfigError when torch does not know it or cannot use it here."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"unknown device {str(device)!r}; use cpu, cuda, cuda:0 or mps (--device cpu)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device {str(device)!r} is not available: this torch ({torch.__version__}) has no CUDA support or "
+            "sees no GPU; use cpu (--device cpu), or install a CUDA build of torch"
+        )
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device {str(device)!r} is not available on this machine; use cpu (--device cpu)")
+    return dev
 
 
 @contextmanager
@@ -43,6 +59,7 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype |
     """AutoModelForCausalLM.from_pretrained(path), in eval mode on `device`."""
     from transformers import AutoModelForCausalLM
 
+    check_device(device)
     try:
         with _no_progress_bars():
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype, device))

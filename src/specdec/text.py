@@ -43,8 +43,15 @@ def detokenize(tokenizer, tokens: Iterable[int]) -> Iterator[str]:
             prefix, read = read, len(ids)
 
 
+def _pair_tokenizers(drafter, tokenizer) -> None:
+    """A draft with its own tokenizer (DraftModel(draft, tokenizer=...)) translates to this target's."""
+    if getattr(drafter, "target_tokenizer", False) is None and hasattr(drafter, "set_target_tokenizer"):
+        drafter.set_target_tokenizer(tokenizer)
+
+
 def stream_text(target, tokenizer, prompt: str, drafter=None, **kwargs) -> Iterator[str]:
     """Yield pieces of the continuation of `prompt` as tokens become final (kwargs: as `generate`)."""
+    _pair_tokenizers(drafter, tokenizer)
     decoder = SpeculativeDecoder(target, drafter, **kwargs)
     yield from detokenize(tokenizer, decoder.stream(encode_prompt(tokenizer, prompt)))
 
@@ -53,7 +60,10 @@ def generate_text(target, tokenizer, prompt: str, drafter=None, **kwargs) -> Tex
     """Continue `prompt` (a string); returns the continuation text, its tokens and the stats.
 
     Keyword arguments are those of `specdec.generate` (gamma, max_new_tokens, temperature, ...).
+    A draft with another tokenizer, `specdec.DraftModel(draft, tokenizer=draft_tokenizer)`, is paired with
+    `tokenizer` here.
     """
+    _pair_tokenizers(drafter, tokenizer)
     decoder = SpeculativeDecoder(target, drafter, **kwargs)
     tokens = list(decoder.stream(encode_prompt(tokenizer, prompt)))
     return TextOutput(tokenizer.decode(tokens, skip_special_tokens=True), tokens, decoder.stats)

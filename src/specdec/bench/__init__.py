@@ -17,7 +17,7 @@ from specdec.bench.workloads import BUILTIN_WORKLOADS, BenchPrompt, load_workloa
 
 def run(target, draft, prompts: list[BenchPrompt], settings: BenchSettings, *, out: str | Path | None = None,
         workload: str | None = None, progress: bool = True, command: str | None = None,
-        pad_token_id: int | None = None) -> dict[str, Any]:
+        pad_token_id: int | None = None, tokenizers: tuple | None = None) -> dict[str, Any]:
     """Benchmark `settings.methods` on `prompts`; with `out`, write results.json and the plots there.
 
     Returns the results: settings, machine, per-config summaries, theory, every raw run and the outputs.
@@ -26,7 +26,8 @@ def run(target, draft, prompts: list[BenchPrompt], settings: BenchSettings, *, o
     from specdec.bench.runner import run_benchmark
     from specdec.bench.theory import compare
 
-    raw = run_benchmark(target, draft, prompts, settings, pad_token_id=pad_token_id, progress=progress)
+    raw = run_benchmark(target, draft, prompts, settings, pad_token_id=pad_token_id, progress=progress,
+                        tokenizers=tokenizers)
     results: dict[str, Any] = {
         "command": command if command is not None else command_line(),
         "machine": machine_info(settings.device),

@@ -238,6 +238,18 @@ def plot_tau(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def acceptance_note(results: dict[str, Any]) -> str | None:
+    """Why the acceptance-by-position plot is empty although drafting ran (None when it is not)."""
+    drafted = [s for s in results["configs"] if s["acceptance_by_position"]]
+    if not drafted:
+        return None
+    most = max(max(s.get("drafted_at") or [MIN_POSITION_SAMPLES]) for s in drafted)
+    if most >= MIN_POSITION_SAMPLES:
+        return None
+    return (f"too few drafts to plot: every draft position was tested at most {most} times "
+            f"(< {MIN_POSITION_SAMPLES});\nraise --num-prompts, --repeats or --max-new-tokens")
+
+
 def plot_acceptance(results: dict[str, Any], path: Path) -> None:
     """P(draft position i accepted) per method, at the largest γ run (or the method's own γ); positions
     drafted fewer than MIN_POSITION_SAMPLES times are left out."""
@@ -261,7 +273,8 @@ def plot_acceptance(results: dict[str, Any], path: Path) -> None:
                     color=line.get_color(), linewidth=1)
         drawn = True
     if not drawn:
-        ax.text(0.5, 0.5, "no drafting method was run", ha="center", va="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, acceptance_note(results) or "no drafting method was run", ha="center", va="center",
+                transform=ax.transAxes, wrap=True)
     else:
         ax.legend(fontsize=8)
     ax.set_ylim(0, 1.02)

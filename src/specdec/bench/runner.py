@@ -18,6 +18,7 @@ is timed by wrapping it on the instance for the duration of the run.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 import time
@@ -38,7 +39,10 @@ GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic", "hf-plain-compiled",
 SLOW_RUN_FACTOR = 3.0
 #: Methods that need the draft model.
 NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "hf-assisted", "hf-assisted-heuristic", "draft-tree",
-                     "multi-draft")
+                     "multi-draft", "draft-tli", "draft-tli-auto", "draft-tli-heuristic",
+                     "draft-slem", "draft-slem-auto", "draft-slem-heuristic")
+#: specdec kinds that draft with the draft model through its own tokenizer.
+CROSS_VOCAB_KINDS = ("draft-tli", "draft-slem")
 #: Suffixes of specdec methods whose γ a policy picks: gamma="auto", or transformers' +2/-1 heuristic.
 POLICY_SUFFIXES = ("-auto", "-heuristic")
 #: A specdec method on the fast path (slot KV cache, compiled passes): "plain-compiled", "draft-compiled", ...
@@ -277,9 +281,13 @@ class RunResult:
 class Bench:
     """The models, drafters and settings; `run(config, prompt_ids, seed)` does one generation."""
 
-    def __init__(self, target, draft, settings: BenchSettings, pad_token_id: int | None = None):
+    def __init__(self, target, draft, settings: BenchSettings, pad_token_id: int | None = None,
+                 tokenizers: tuple | None = None):
         from specdec.models.causal_lm import CachedCausalLM
 
+        # (draft tokenizer, target tokenizer) when the draft has its own vocabulary: the draft-tli/-slem
+        # drafters and HF's universal assisted generation translate between them.
+        self.tokenizers = tokenizers
         self.target, self.draft, self.settings = target, draft, settings
         self.device = str(next(target.parameters()).device)
         self.target_lm = CachedCausalLM(target)
@@ -296,8 +304,12 @@ class Bench:
         if key not in self._drafters:
             from specdec.drafters import make_drafter
 
-            self._drafters[key] = make_drafter(kind, target=self.target, draft=self.draft,
-                                               **self.settings.drafter_options.get(kind, {}))
+            options = dict(self.settings.drafter_options.get(kind, {}))
+            if kind in CROSS_VOCAB_KINDS or (kind == "draft" and self.tokenizers is not None):
+                if self.tokenizers is None:
+                    raise ConfigError(f"method {kind!r} needs the draft's tokenizer: pass --draft-tokenizer PATH")
+                options.update(draft_tokenizer=self.tokenizers[0], target_tokenizer=self.tokenizers[1])
+            self._drafters[key] = make_drafter(kind, target=self.target, draft=self.draft, **options)
         return self._drafters[key]
 
     def target_adapter(self, compiled: bool):
@@ -351,14 +363,17 @@ class Bench:
             kwargs["prompt_lookup_num_tokens"] = config.gamma
         elif config.method in ("hf-assisted", "hf-assisted-heuristic"):
             kwargs["assistant_model"] = self.draft
+            if self.tokenizers is not None:  # universal assisted generation: HF translates through text
+                kwargs.update(assistant_tokenizer=self.tokenizers[0], tokenizer=self.tokenizers[1])
         elif config.method == "hf-plain-compiled":
             # HF's own fast path: its static cache, and its automatic compile of the decoding forward, which
             # it enables on CPUs only when asked (_compile_all_devices); cudagraphs do not apply on a CPU.
             from transformers import CompileConfig
 
+            compile_config = CompileConfig()  # HF's defaults (the bench's timing hooks need fullgraph=False)
+            compile_config._compile_all_devices = True  # a class attribute HF reads, not an init argument
             kwargs["cache_implementation"] = "static"
-            kwargs["compile_config"] = CompileConfig(fullgraph=True, dynamic=False, mode="default",
-                                                     _compile_all_devices=True)
+            kwargs["compile_config"] = compile_config
         return kwargs
 
     def _configure_assistant(self, config: Config) -> None:
@@ -392,14 +407,22 @@ class Bench:
         mask = torch.ones_like(ids)
         assistant = self.draft if "assistant_model" in kwargs else None
         torch.manual_seed(seed)
-        with HFCounter(self.target, assistant, self.device) as counter, torch.inference_mode():
+        # The timing hooks would run inside HF's compiled call and recompile it every step: none there.
+        hooked = config.method != "hf-plain-compiled"
+        counter = HFCounter(self.target, assistant, self.device)
+        with counter if hooked else contextlib.nullcontext(), torch.inference_mode():
             _sync(self.device)
             start = time.perf_counter()
             out = self.target.generate(ids, attention_mask=mask, **kwargs)
             _sync(self.device)
             wall = time.perf_counter() - start
         tokens = out[0, ids.shape[1]:].tolist()
-        stats = counter.stats(ids.shape[1], out.shape[1])
+        if hooked:
+            stats = counter.stats(ids.shape[1], out.shape[1])
+        else:  # one forward per token; no per-call timings
+            from specdec.stats import DecodeStats
+
+            stats = DecodeStats(new_tokens=len(tokens), target_forwards=len(tokens))
         stats.wall_s = wall
         return RunResult(tokens, wall, stats, max(0, stats.target_forwards - 1), stats.prefill_s)
 
@@ -423,8 +446,10 @@ def forward_costs(target, draft, prompt_ids: list[int], sizes: Sequence[int], re
 
     def measure(model, n: int) -> float:
         lm = CachedCausalLM(model)
-        ids = torch.tensor(prompt_ids, dtype=torch.long)
+        # Timing only: ids past a (cross-vocabulary) draft's embedding wrap around into it.
+        ids = torch.tensor(prompt_ids, dtype=torch.long) % lm.vocab_size
         new = torch.tensor((list(prompt_ids) * (n // max(1, len(prompt_ids)) + 1))[:n], dtype=torch.long)
+        new = new % lm.vocab_size
         lm.prefill(ids)
         times = []
         for _ in range(repeats + 2):
@@ -448,7 +473,8 @@ def forward_costs(target, draft, prompt_ids: list[int], sizes: Sequence[int], re
 
 
 def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_id: int | None = None,
-                  progress: bool = True, on_run: Callable[[dict], None] | None = None) -> dict[str, Any]:
+                  progress: bool = True, on_run: Callable[[dict], None] | None = None,
+                  tokenizers: tuple | None = None) -> dict[str, Any]:
     """Run every config on every prompt; return raw runs, per-config summaries and outputs.
 
     `prompts`: `BenchPrompt`s (or anything with `.name` and `.ids`).
@@ -460,7 +486,7 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
     if settings.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {settings.warmup}")
     configs = make_configs(settings.methods, settings.gammas)
-    bench = Bench(target, draft, settings, pad_token_id)
+    bench = Bench(target, draft, settings, pad_token_id, tokenizers)
     _check_lengths(target, prompts, settings.max_new_tokens)
     reference_config = Config("hf-plain", None)
     need_reference = settings.greedy and reference_config not in configs

@@ -12,7 +12,7 @@ import shlex
 import sys
 
 # Order shown in --help. Adding a subcommand: a module here with `register(subparsers)`.
-COMMANDS = ["generate", "demo", "bench", "verify", "train", "distill"]
+COMMANDS = ["generate", "demo", "bench", "verify", "train", "distill", "train-head", "export", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,9 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"specdec.cli.{name}")
+            module = importlib.import_module(f"specdec.cli.{name.replace('-', '_')}")
         except ModuleNotFoundError as exc:  # a subcommand still being built
-            if exc.name != f"specdec.cli.{name}":
+            if exc.name != f"specdec.cli.{name.replace('-', '_')}":
                 raise
             continue
         module.register(subparsers)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.cli.train import add_loop_args, loop_config
+from specdec.cli.train import DefaultsHelpFormatter, add_loop_args, loop_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "the held-out acceptance proxy (T=0 argmax agreement, T=1 sum-min) before and after, and "
             "saves the distilled draft (16-bit safetensors + tokenizer) to --out."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--target", required=True, help="directory of the trained target model")
     p.add_argument("--draft", required=True, help="directory of the trained draft model (starting point; has the tokenizer)")

@@ -8,8 +8,9 @@ import sys
 
 def add_decoding_args(parser: argparse.ArgumentParser) -> None:
     """Sampling and speculation options shared by generate, demo, verify and bench."""
-    parser.add_argument("--gamma", default="4",
-                        help="draft tokens per round: an integer >= 1, or 'auto' to adapt it (default 4)")
+    parser.add_argument("--gamma", default=None,
+                        help="draft tokens per round: an integer >= 1, or 'auto' to adapt it (default 4; for "
+                        "--drafter draft-tree the tree's depth, which an explicit --gamma caps)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     parser.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (default off)")
@@ -17,12 +18,44 @@ def add_decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="random seed; same seed + inputs = same output")
 
 
-def parse_gamma(value: str) -> int | str:
+def add_draft_tokenizer_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft-tokenizer", default=None, metavar="PATH",
+                        help="the draft model's tokenizer when it is not the target's (default: the one saved "
+                        "with --draft, if any); a different one drafts by token-level intersection or string "
+                        "match (--drafter draft-tli / draft-slem; 'draft' picks)")
+
+
+def draft_tokenizer(args, target_tokenizer):
+    """The draft's tokenizer: --draft-tokenizer, else the one saved with --draft (None if absent or the same
+    vocabulary as the target's)."""
+    from specdec.errors import ModelLoadError
+    from specdec.loading import load_tokenizer
+    from specdec.vocab import same_vocabulary
+
+    path = getattr(args, "draft_tokenizer", None)
+    if path is None and getattr(args, "draft", None):
+        try:
+            found = load_tokenizer(args.draft)
+        except ModelLoadError:  # a draft saved without a tokenizer: assume the target's
+            return None
+    elif path is not None:
+        found = load_tokenizer(path)
+    else:
+        return None
+    if target_tokenizer is not None and same_vocabulary(found, target_tokenizer):
+        return None if path is None else found
+    return found
+
+
+def parse_gamma(value: str | None) -> int | str | None:
+    if value is None:  # the decoder's default: 4, or a tree drafter's own depth
+        return None
     return value if value == "auto" else int(value) if value.lstrip("-").isdigit() else value
 
 
 def register(subparsers) -> None:
     from specdec.drafters import DRAFTER_KINDS
+    from specdec.threads import add_threads_arg
 
     parser = subparsers.add_parser(
         "generate",
@@ -32,12 +65,18 @@ def register(subparsers) -> None:
         "prints α (acceptance rate), τ (tokens per target pass), tokens/s and target forwards.",
     )
     parser.add_argument("--target", help="target model: local path or hub id (default: the shipped pair)")
-    parser.add_argument("--draft", help="draft model path or hub id (same tokenizer as the target)")
-    parser.add_argument("--drafter", choices=DRAFTER_KINDS, default=None,
-                        help="how to draft: 'draft' = the --draft model (default when --draft is given); "
-                        "'prompt-lookup' = n-gram matches in the prompt and output; 'bigram' = a bigram table "
-                        "(--bigram, or built from the target); 'layer-skip' = the target's first "
-                        "--draft-layers layers; no --draft and no --drafter = plain decoding")
+    parser.add_argument("--draft", help="draft model path or hub id (its own tokenizer, if it differs from the "
+                        "target's, is translated: see --draft-tokenizer)")
+    add_draft_tokenizer_arg(parser)
+    parser.add_argument("--drafter", choices=("plain",) + tuple(DRAFTER_KINDS), default=None,
+                        help="how to draft: 'draft' = the draft model (the default when --draft is given or "
+                        "when the shipped pair is used, i.e. no --target); 'plain' = no drafting (plain "
+                        "decoding through the same loop); 'prompt-lookup' = n-gram matches in the prompt and "
+                        "output; 'bigram' = a bigram table (--bigram, or built from the target); 'layer-skip' = "
+                        "the target's first --draft-layers layers; 'draft-tree' / 'multi-draft' = token trees "
+                        "from the draft model; 'eagle' / 'medusa' = draft heads on the target's features (a tree; "
+                        "'-chain' for one branch), --head or the heads shipped for the default target; "
+                        "'draft-tli' / 'draft-slem' = a draft with another tokenizer. With --target and no --draft: plain")
     parser.add_argument("--ngram-max", type=int, default=None,
                         help="prompt-lookup: longest n-gram matched (default 3)")
     parser.add_argument("--ngram-min", type=int, default=None,
@@ -46,11 +85,14 @@ def register(subparsers) -> None:
                         help="layer-skip: draft with the target's first K decoder layers (default half)")
     parser.add_argument("--bigram", default=None, metavar="PATH",
                         help="bigram: a table saved with specdec.Bigram.save (default: built from the target)")
+    parser.add_argument("--head", default=None, metavar="DIR",
+                        help="eagle / medusa: a head saved by `specdec train-head` (default: the shipped one)")
     parser.add_argument("--prompt", required=True, help="the text to continue")
     add_decoding_args(parser)
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default=None,
                         help="model dtype: float32, bfloat16, float16, float64, auto (default float32 on CPU)")
+    add_threads_arg(parser)
     parser.add_argument("--compile", action="store_true",
                         help="the fast path: slot KV cache and compiled passes for target and draft model (the "
                         "first run of each shape compiles, then inductor's disk cache makes later starts "
@@ -59,21 +101,31 @@ def register(subparsers) -> None:
 
 
 def load_models(args):
-    """(target, draft or None, tokenizer) from --target/--draft, or the default pair."""
-    import specdec
-    from specdec.loading import load, load_model
+    """(target, draft or None, tokenizer) from --target/--draft, or the default pair.
 
+    Checks --device and --threads first, and refuses a --draft whose own tokenizer differs from the target's.
+    """
+    import specdec
+    from specdec.loading import check_device, load, load_model
+    from specdec.threads import apply_threads
+    from specdec.tokenizer_check import check_draft_tokenizer_at
+
+    check_device(args.device)
+    apply_threads(args)
     if args.target is None:
         from specdec.loading import resolve_dtype
 
         dtype = resolve_dtype(getattr(args, "dtype", None), args.device)
         target, draft, tokenizer = specdec.load_default(
             device=args.device, **({} if dtype == "auto" else {"dtype": dtype}))
-        if args.draft is not None:
-            draft = load_model(args.draft, args.device, args.dtype)
-        return target, draft, tokenizer
-    target, tokenizer = load(args.target, args.device, args.dtype)
-    draft = load_model(args.draft, args.device, args.dtype) if args.draft else None
+        target_name = "the shipped default target"
+    else:
+        target, tokenizer = load(args.target, args.device, args.dtype)
+        draft, target_name = None, args.target
+    if args.draft is not None:
+        if getattr(args, "draft_tokenizer", None) is None:
+            check_draft_tokenizer_at(tokenizer, args.draft, target_name=target_name)
+        draft = load_model(args.draft, args.device, args.dtype)
     return target, draft, tokenizer
 
 
@@ -84,12 +136,17 @@ def run(args) -> int:
 
     target, draft, tokenizer = load_models(args)
     kind = args.drafter or ("draft" if args.draft or (args.target is None and draft is not None) else None)
+    kind = None if kind == "plain" else kind
     options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
-               "bigram_path": args.bigram}
+               "bigram_path": args.bigram, "head_path": args.head}
+    if kind in ("draft", "draft-tli", "draft-slem"):
+        draft_tok = draft_tokenizer(args, tokenizer)
+        if draft_tok is not None or kind != "draft":
+            options.update(draft_tokenizer=draft_tok, target_tokenizer=tokenizer)
     if kind is None and any(v is not None for v in options.values()):
         from specdec.errors import ConfigError
 
-        raise ConfigError("drafter options (--ngram-max, --ngram-min, --draft-layers, --bigram) need --drafter")
+        raise ConfigError("drafter options (--ngram-max, --ngram-min, --draft-layers, --bigram, --head) need --drafter")
     drafter = make_drafter(kind, target=target, draft=draft, **options) if kind else None
     decoder = SpeculativeDecoder(
         target, drafter, gamma=parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
@@ -106,7 +163,8 @@ def run(args) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
     s = decoder.stats
-    method = f"{kind} (γ={args.gamma})" if kind else "plain"
+    gamma = args.gamma if args.gamma is not None else getattr(drafter, "default_gamma", None) or 4
+    method = f"{kind} (γ={gamma})" if kind else "plain"
     print(
         f"\n[{method}] α={s.acceptance_rate:.3f} τ={s.mean_accepted_tokens:.2f} "
         f"{s.tokens_per_s:.1f} tokens/s, {s.new_tokens} tokens, {s.target_forwards} target forwards",

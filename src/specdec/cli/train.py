@@ -5,6 +5,15 @@ from __future__ import annotations
 import argparse
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" only where there is a default to show (not on required options, not None)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.required or action.default is None or isinstance(action.default, bool):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `train` subcommand."""
     p = subparsers.add_parser(
@@ -12,11 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="train a small Llama model on the Python standard library sources",
         description=(
             "Train a LlamaForCausalLM from scratch on the .py files of the running Python's standard "
-            "library (test packages excluded; ~3%% of files held out by a hash of their path for "
+            "library (test packages excluded; ~3% of files held out by a hash of their path for "
             "validation). Writes checkpoints to --out and, at the end, a 16-bit safetensors model plus "
             "tokenizer loadable with AutoModelForCausalLM/AutoTokenizer.from_pretrained(OUT)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--out", required=True, help="run directory (checkpoints, token cache, final model)")
     p.add_argument("--model-size", choices=["target", "draft"], default=None,

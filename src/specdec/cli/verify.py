@@ -8,6 +8,7 @@ import json
 def register(subparsers) -> None:
     from specdec.cli.generate import add_decoding_args
     from specdec.drafters import DRAFTER_KINDS
+    from specdec.threads import add_threads_arg
 
     parser = subparsers.add_parser(
         "verify",
@@ -20,7 +21,10 @@ def register(subparsers) -> None:
         "PASS/FAIL (FAIL when p < --alpha). Exits 1 if any method fails.",
     )
     parser.add_argument("--target", help="target model: local path or hub id (default: the shipped pair)")
-    parser.add_argument("--draft", help="draft model path or hub id (same tokenizer as the target)")
+    parser.add_argument("--draft", help="draft model path or hub id (another tokenizer: see --draft-tokenizer)")
+    from specdec.cli.generate import add_draft_tokenizer_arg
+
+    add_draft_tokenizer_arg(parser)
     parser.add_argument("--drafter", action="append", choices=("plain",) + tuple(DRAFTER_KINDS), default=None,
                         help="method to check; repeat to check several (default: 'draft' when a draft model is "
                         "available, else 'plain')")
@@ -50,6 +54,7 @@ def register(subparsers) -> None:
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default=None,
                         help="model dtype: float32, bfloat16, float16, float64, auto (default float32 on CPU)")
+    add_threads_arg(parser)
     parser.set_defaults(func=run, temperature=1.0, max_new_tokens=3, seed=0)
     # The shared decoding options document generate's defaults; state verify's own.
     own = {"max_new_tokens": "continuation length L checked (default 3; all continuations are enumerated "
@@ -73,18 +78,23 @@ def _ids(text: str, what: str) -> list[int]:
 def _load(args):
     """(target, draft or None, tokenizer or None); the tokenizer is only needed for --prompt."""
     import specdec
-    from specdec.loading import load, load_model
+    from specdec.loading import check_device, load_model, load_tokenizer
+    from specdec.threads import apply_threads
+    from specdec.tokenizer_check import check_draft_tokenizer_at
 
+    check_device(args.device)
+    apply_threads(args)
     if args.target is None:
         target, draft, tokenizer = specdec.load_default(device=args.device)
-        if args.draft is not None:
-            draft = load_model(args.draft, args.device, args.dtype)
-        return target, draft, tokenizer
-    if args.prompt is not None:
-        target, tokenizer = load(args.target, args.device, args.dtype)
+        target_name = "the shipped default target"
     else:
-        target, tokenizer = load_model(args.target, args.device, args.dtype), None
-    draft = load_model(args.draft, args.device, args.dtype) if args.draft else None
+        target = load_model(args.target, args.device, args.dtype)
+        draft, target_name = None, args.target
+        tokenizer = load_tokenizer(args.target) if args.prompt is not None else None
+    if args.draft is not None:
+        if tokenizer is not None and getattr(args, "draft_tokenizer", None) is None:
+            check_draft_tokenizer_at(tokenizer, args.draft, target_name=target_name)
+        draft = load_model(args.draft, args.device, args.dtype)
     return target, draft, tokenizer
 
 
@@ -111,6 +121,12 @@ def run(args) -> int:
     kinds = args.drafter or (["draft"] if draft is not None else ["plain"])
     options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
                "bigram_path": args.bigram}
+    if draft is not None:
+        from specdec.cli.generate import draft_tokenizer
+
+        draft_tok = draft_tokenizer(args, tokenizer)
+        if draft_tok is not None:
+            options.update(draft_tokenizer=draft_tok, target_tokenizer=tokenizer)
     console = Console(stderr=args.json, highlight=False)
     results = []
     for kind in dict.fromkeys(kinds):

@@ -1,27 +1,80 @@
-"""Drafters: every way of proposing tokens, behind one small interface (`Drafter`)."""
+"""Drafters: every way of proposing tokens, behind one small interface (`Drafter`).
+
+The classes are imported on first use, so the CLI can read `DRAFTER_KINDS` without loading torch.
+"""
 
 from __future__ import annotations
 
-from specdec.drafters.base import Drafter, Proposal
-from specdec.drafters.bigram import Bigram
-from specdec.drafters.draft_model import DraftModel
-from specdec.drafters.layer_skip import LayerSkip
-from specdec.drafters.prompt_lookup import PromptLookup
-from specdec.drafters.tree import DraftTree, MultiDraft
+import importlib
+
 from specdec.errors import ConfigError
 
-#: Names accepted by `make_drafter` and the CLI's --drafter.
-DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft")
+_CLASSES = {
+    "Drafter": "specdec.drafters.base",
+    "Proposal": "specdec.drafters.base",
+    "Bigram": "specdec.drafters.bigram",
+    "DraftModel": "specdec.drafters.draft_model",
+    "LayerSkip": "specdec.drafters.layer_skip",
+    "PromptLookup": "specdec.drafters.prompt_lookup",
+    "DraftTree": "specdec.drafters.tree",
+    "MultiDraft": "specdec.drafters.tree",
+    "Eagle": "specdec.drafters.eagle",
+    "Medusa": "specdec.drafters.medusa",
+}
+
+
+def __getattr__(name: str):
+    module = _CLASSES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specdec.drafters' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+#: Names accepted by `make_drafter` and the CLI's --drafter. "draft-tli" / "draft-slem": the draft model
+#: with its own tokenizer (--draft-tokenizer), by token-level intersection or string-level exact match.
+DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft", "eagle", "eagle-chain",
+                 "medusa", "medusa-chain", "draft-tli", "draft-slem")
+
+_TOKENIZERS = {"draft_tokenizer": "--draft-tokenizer", "target_tokenizer": "the target's tokenizer"}
 
 #: Options each kind accepts (make_drafter keyword -> CLI flag, for error messages).
 _OPTIONS = {
-    "draft": {},
+    "draft": dict(_TOKENIZERS),
+    "draft-tli": dict(_TOKENIZERS),
+    "draft-slem": dict(_TOKENIZERS),
     "prompt-lookup": {"ngram_max": "--ngram-max", "ngram_min": "--ngram-min"},
     "bigram": {"bigram_path": "--bigram"},
     "layer-skip": {"draft_layers": "--draft-layers"},
     "draft-tree": {"tree_top_k": "--tree-top-k", "tree_depth": "--tree-depth", "max_nodes": "--max-nodes"},
     "multi-draft": {"num_drafts": "--num-drafts", "replacement": "--replacement"},
+    "eagle": {"head_path": "--head"},
+    "eagle-chain": {"head_path": "--head"},
+    "medusa": {"head_path": "--head"},
+    "medusa-chain": {"head_path": "--head"},
 }
+
+#: EAGLE-2 tree shape used by the "eagle" kind (per level: expand the `top_k` best nodes; keep `max_nodes`).
+EAGLE_TREE = {"top_k": 4, "depth": 8, "max_nodes": 24}
+
+
+def _head_drafter(kind: str, target, head_path) -> Drafter:
+    """An Eagle / Medusa drafter from a saved head, or the head shipped for the default target."""
+    from specdec.default_pair import load_default_heads
+    from specdec.drafters.eagle import Eagle
+    from specdec.drafters.medusa import DEFAULT_TREE, Medusa
+    from specdec.heads import EagleHead, MedusaHeads
+
+    family = kind.split("-")[0]
+    if head_path is not None:
+        head = (EagleHead if family == "eagle" else MedusaHeads).load(head_path, target)
+    else:
+        head = load_default_heads(target)[family]  # IncompatibleModelsError unless target is the default one
+    chain = kind.endswith("-chain")
+    if family == "eagle":
+        return Eagle(target, head) if chain else Eagle(target, head, **EAGLE_TREE)
+    return Medusa(target, head) if chain else Medusa(target, head, tree=DEFAULT_TREE)
 
 
 def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
@@ -30,11 +83,19 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     "draft": the separate `draft` model. "prompt-lookup": n-gram lookup (ngram_max=3, ngram_min=1).
     "draft-tree": an EAGLE-2-style token tree from `draft` (tree_top_k, tree_depth, max_nodes).
     "multi-draft": num_drafts sampled chains from `draft` as a tree (replacement=True: SpecInfer).
+    "draft-tli" / "draft-slem": the draft model with its own tokenizer (draft_tokenizer, and the target's
+    target_tokenizer); "draft" with both tokenizers picks the method itself (same tokenizer: plain).
     "bigram": a bigram table loaded from bigram_path (a file saved by Bigram.save), or else built from the
     target's own one-token predictions (Bigram.from_model). "layer-skip": the target's first draft_layers
     decoder layers (default half of them). Options given as None are ignored; an option that does not apply
     to `kind` is an error.
     """
+    from specdec.drafters.bigram import Bigram
+    from specdec.drafters.draft_model import DraftModel
+    from specdec.drafters.layer_skip import LayerSkip
+    from specdec.drafters.prompt_lookup import PromptLookup
+    from specdec.drafters.tree import DraftTree, MultiDraft
+
     if kind not in _OPTIONS:
         raise ConfigError(f"unknown drafter {kind!r}; choose one of: {', '.join(DRAFTER_KINDS)}")
     options = {k: v for k, v in options.items() if v is not None}
@@ -44,16 +105,23 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
             flag = next((opts[key] for opts in _OPTIONS.values() if key in opts), key)
             where = f"; it applies to {' / '.join(owners)}" if owners else ""
             raise ConfigError(f"option {flag} does not apply to --drafter {kind}{where}")
-    if kind == "draft":
+    if kind in ("draft", "draft-tli", "draft-slem"):
         if draft is None:
-            raise ConfigError("--drafter draft needs a draft model: pass --draft PATH (or draft=model)")
-        return DraftModel(draft)
+            raise ConfigError(f"--drafter {kind} needs a draft model: pass --draft PATH (or draft=model)")
+        if kind == "draft" and "draft_tokenizer" not in options:
+            return DraftModel(draft)
+        if "draft_tokenizer" not in options or "target_tokenizer" not in options:
+            raise ConfigError(f"--drafter {kind} needs the draft's tokenizer (--draft-tokenizer PATH) and the "
+                              "target's (draft_tokenizer=..., target_tokenizer=...)")
+        method = {"draft": "auto", "draft-tli": "tli", "draft-slem": "slem"}[kind]
+        return DraftModel(draft, tokenizer=options["draft_tokenizer"], target_tokenizer=options["target_tokenizer"],
+                          method=method)
     if kind in ("draft-tree", "multi-draft"):
         if draft is None:
             raise ConfigError(f"--drafter {kind} needs a draft model: pass --draft PATH (or draft=model)")
         if kind == "multi-draft":
             return MultiDraft(draft, num_drafts=options.get("num_drafts", 3),
-                              replacement=options.get("replacement", True))
+                              replacement=options.get("replacement", False))
         tree = {"top_k": "tree_top_k", "depth": "tree_depth", "max_nodes": "max_nodes"}
         return DraftTree(draft, **{arg: options[key] for arg, key in tree.items() if key in options})
     if kind == "prompt-lookup":
@@ -65,11 +133,13 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
             raise ConfigError("--drafter bigram needs the target (to build the table) or --bigram PATH")
         return Bigram.from_model(target)
     if target is None:
-        raise ConfigError("--drafter layer-skip needs the target model (target=model)")
+        raise ConfigError(f"--drafter {kind} needs the target model (target=model)")
+    if kind in ("eagle", "eagle-chain", "medusa", "medusa-chain"):
+        return _head_drafter(kind, target, options.get("head_path"))
     return LayerSkip(target, num_layers=options.get("draft_layers"))
 
 
 __all__ = [
-    "DRAFTER_KINDS", "Bigram", "DraftModel", "DraftTree", "Drafter", "LayerSkip", "MultiDraft", "PromptLookup",
-    "Proposal", "make_drafter",
+    "DRAFTER_KINDS", "Bigram", "DraftModel", "DraftTree", "Drafter", "Eagle", "LayerSkip", "Medusa", "MultiDraft",
+    "PromptLookup", "Proposal", "make_drafter",
 ]

@@ -42,6 +42,12 @@ class Drafter(ABC):
     #: Width of `draft_probs` rows (must equal the target's); None for drafters without a vocabulary.
     vocab_size: int | None = None
 
+    #: True for drafters that read the target's final hidden states (EAGLE, Medusa). The decoder then
+    #: calls `reset(prompt_ids, hidden=[n-1, H])` (features of prompt_ids[:-1]) and, after each round,
+    #: `commit(context, num_accepted, hidden=[k+1, H])` (features of the root and the accepted drafts,
+    #: i.e. of the tokens context[n_old-1 : n_new-1]); features of rejected drafts are never passed.
+    needs_hidden: bool = False
+
     def reset(self, prompt_ids: torch.Tensor) -> None:
         """Start a new request whose prompt is prompt_ids [n]. Default: nothing to reset."""
 
@@ -59,6 +65,11 @@ class Drafter(ABC):
         `sampling.warp(...)` of your distribution and return it as `draft_probs`, or propose
         deterministically with `draft_probs=None`. Both keep decoding exact.
         """
+
+    def match_target_vocab(self, target_vocab_size: int) -> bool:
+        """Prepare to draft for a target whose logits are `target_vocab_size` wide; False if this drafter's
+        tokens cannot be the target's. Default: the widths must be equal (or the drafter has none)."""
+        return self.vocab_size is None or self.vocab_size == target_vocab_size
 
     def commit(self, context: torch.Tensor, num_accepted: int) -> None:
         """The round is over: context [n'] is the new committed context, whose last token is the

@@ -1,4 +1,9 @@
-"""`DraftModel`: a smaller causal LM with the target's vocabulary proposes γ tokens autoregressively."""
+"""`DraftModel`: a smaller causal LM proposes γ tokens autoregressively.
+
+With the target's tokenizer this is the drafter itself. Given the draft's and the target's tokenizers
+(`DraftModel(draft, tokenizer=..., target_tokenizer=...)`) that differ, construction returns a
+`CrossVocabDraft` (drafters/cross_vocab.py), which translates between the two vocabularies.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,11 @@ from specdec.drafters.base import Drafter, Proposal
 from specdec.models.causal_lm import CachedCausalLM
 from specdec.models.static_lm import StaticCausalLM, fast_adapter
 from specdec.sampling import SamplingConfig, sample
+from specdec.vocab import check_tokenizer_fits, padded_widths_match, same_vocabulary
+
+#: DraftModel(method=...) for a draft with another tokenizer: pick by the shared vocabulary, token-level
+#: intersection (TLI), or string-level exact match (SLEM).
+CROSS_VOCAB_METHODS = ("auto", "tli", "slem")
 
 
 class DraftModel(Drafter):
@@ -20,14 +30,65 @@ class DraftModel(Drafter):
     compile: None (default) follows the decoder: `generate(..., compile=True)` switches this drafter to the
     fast path (a slot cache, and its γ draft steps as one compiled graph) and compile=False back to the eager
     adapter. True / "static" / False pin it (see docs/fastpath.md).
+
+    tokenizer / target_tokenizer / method: see docs/cross_vocab.md. One tokenizer for both models lets the
+    LM heads differ in width (padding rows are never drafted).
     """
 
-    def __init__(self, model: PreTrainedModel, compile: bool | str | None = None):
+    # Rows of the target's logits when its LM head is padded to another width (None: same width), and the
+    # real vocabulary size when the shared tokenizer is known (rows past it are padding).
+    _width: int | None = None
+    _tokens: int | None = None
+
+    def __new__(cls, *args, **kwargs):
+        if cls is not DraftModel:  # subclasses (LayerSkip, CrossVocabDraft...) build themselves
+            return super().__new__(cls)
+        tokenizer, target_tokenizer = kwargs.get("tokenizer"), kwargs.get("target_tokenizer")
+        method = kwargs.get("method", "auto")
+        if tokenizer is not None or target_tokenizer is not None:
+            if method not in CROSS_VOCAB_METHODS:
+                from specdec.errors import ConfigError
+
+                raise ConfigError(f"method must be one of {CROSS_VOCAB_METHODS}, got {method!r}")
+            if tokenizer is None or target_tokenizer is None or not same_vocabulary(tokenizer, target_tokenizer):
+                from specdec.drafters.cross_vocab import CrossVocabDraft
+
+                return super().__new__(CrossVocabDraft)
+        return super().__new__(cls)
+
+    def __init__(self, model: PreTrainedModel, compile: bool | str | None = None, *, tokenizer=None,
+                 target_tokenizer=None, method: str = "auto"):
         self.model = model
         self.compile = compile
         self._adapters: dict[object, object] = {}
         self.lm = self._adapter(compile or False)
         self.vocab_size = self.lm.vocab_size
+        self._width = self._tokens = None
+        if tokenizer is not None:  # one tokenizer for both models (DraftModel.__new__ checked)
+            check_tokenizer_fits(tokenizer, self.lm.vocab_size, "draft")
+            self._tokens = len(tokenizer)
+
+    def match_target_vocab(self, target_vocab_size: int) -> bool:
+        """Same width, or within LM-head padding (or one tokenizer given for both): fit rows to the target's."""
+        if target_vocab_size == self.lm.vocab_size and self._tokens is None:
+            self._width = None
+            return True
+        if self._tokens is not None or padded_widths_match(self.lm.vocab_size, target_vocab_size):
+            self._width = target_vocab_size
+            return True
+        return False
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [1, V_draft] -> [1, V_target]: padding rows of either head get -inf."""
+        if self._width is None:
+            return logits
+        width, rows = self._width, logits.shape[-1]
+        fitted = logits[:, :width] if rows >= width else torch.nn.functional.pad(logits, (0, width - rows),
+                                                                              value=float("-inf"))
+        if self._tokens is not None and self._tokens < width:
+            fitted = fitted.clone()
+            fitted[:, self._tokens :] = float("-inf")
+        return fitted
 
     def _adapter(self, mode: bool | str):
         if mode not in self._adapters:
@@ -55,7 +116,7 @@ class DraftModel(Drafter):
         generator: torch.Generator | None,
     ) -> Proposal:
         n = context.shape[0]
-        if isinstance(self.lm, StaticCausalLM) and gamma > 0 and n >= 2:
+        if isinstance(self.lm, StaticCausalLM) and gamma > 0 and n >= 2 and self._width is None:
             if self.lm.length < n - 2:
                 self.lm.forward(context[self.lm.length : n - 2])
             tokens, draft_probs = self.lm.draft_steps(context, gamma, sampling, generator)  # [γ], [γ, V] | None
@@ -63,7 +124,7 @@ class DraftModel(Drafter):
                             draft_probs=draft_probs.to(context.device) if draft_probs is not None else None)
         # Catch up on committed tokens the cache has not seen: the last one, plus the final draft token
         # after a fully accepted round (the draft never fed its own last proposal).
-        logits = self.lm.forward(context[self.lm.length :], last_only=True)  # [1, V]
+        logits = self._fit(self.lm.forward(context[self.lm.length :], last_only=True))  # [1, V]
         tokens, probs = [], []
         for i in range(gamma):
             if sampling.greedy:
@@ -74,7 +135,7 @@ class DraftModel(Drafter):
                 probs.append(dist)
             tokens.append(token)
             if i + 1 < gamma:
-                logits = self.lm.forward(token, last_only=True)  # [1, V]
+                logits = self._fit(self.lm.forward(token, last_only=True))  # [1, V]
         return Proposal(
             tokens=torch.cat(tokens).to(context.device),  # [γ]
             draft_probs=torch.cat(probs).to(context.device) if probs else None,  # [γ, V]

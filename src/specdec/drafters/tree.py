@@ -3,8 +3,9 @@ and `MultiDraft` (k sampled chains: SpecInfer with replacement, recursive reject
 
 Both keep the draft model's KV cache at the committed context (context[:n−1]) between rounds. A round
 costs `depth` draft passes whatever the tree's width: the first pass catches up on the committed tokens
-and yields the root's distribution, each later pass scores every node expanded so far in one tree pass
-(4D mask, `CachedCausalLM.score(tree=...)`) and is cropped away again.
+and yields the root's distribution; DraftTree then appends one level per pass (rows see their ancestors
+already in the cache, `CachedCausalLM.score_visible`), MultiDraft re-scores its chains in one tree pass
+per step (`CachedCausalLM.score(tree=...)`). The tree rows are cropped away at the end.
 
 What each node's q is (the verifier needs exactly the distribution the node was drawn from):
 - DraftTree: every node is a deterministic function of the draft's outputs → a point mass (draft_probs None),
@@ -83,10 +84,12 @@ class DraftTree(_TreeDrafter):
     top_k children; after `depth` levels the `max_nodes` best nodes overall are kept (a connected tree,
     since a child never scores above its parent). Children are deterministic (point masses), so
     verification is exact at any temperature. At T > 0 the scores are the draft's warped probabilities.
-    `gamma` caps the depth (it defaults to `depth` when generate's gamma is left unset).
+    `gamma` caps the depth (it defaults to `depth` when generate's gamma is left unset). The defaults
+    (top_k=2, depth=6, max_nodes=12) had the best tokens/s of the trees measured on the default pair on a
+    2-core CPU (BENCHMARKS.md, "Token trees"); wider trees raise τ but cost more than they gain there.
     """
 
-    def __init__(self, draft_model: PreTrainedModel, top_k: int = 4, depth: int = 6, max_nodes: int = 24):
+    def __init__(self, draft_model: PreTrainedModel, top_k: int = 2, depth: int = 6, max_nodes: int = 12):
         super().__init__(draft_model)
         self.top_k = _positive_int("top_k", top_k)
         self.depth = _positive_int("depth", depth)
@@ -105,11 +108,13 @@ class DraftTree(_TreeDrafter):
 
     def propose(self, context, gamma, sampling, generator) -> Proposal:
         depth = min(self.depth, gamma)
-        root = context[-1:]  # [1]
-        log_probs = self._log_probs(self._root_logits(context)[None], sampling)  # [1, V]
+        n = context.shape[0]
+        # Catch up and keep the root in the cache (slot n − 1); each level then feeds only its frontier.
+        root_logits = self.lm.forward(context[self.lm.length :], last_only=True)[0]  # [V]
         tokens: list[int] = []
         parents: list[int] = []
         scores: list[float] = []
+        slot: dict[int, int] = {}  # node -> its cache slot once fed
 
         def add_children(parent_nodes: list[int], log_probs: torch.Tensor) -> list[int]:
             """Add the top_k children of each parent; return the new nodes."""
@@ -126,19 +131,14 @@ class DraftTree(_TreeDrafter):
                         scores.append(cumulative[f][j])
             return new
 
-        frontier = add_children([-1], log_probs)
-        expanded: list[int] = []  # nodes whose draft logits were needed, ancestor-closed, in creation order
-        for _ in range(1, depth):
-            frontier = sorted(frontier, key=lambda i: (-scores[i], i))[: self.top_k]
+        frontier = add_children([-1], self._log_probs(root_logits[None], sampling))
+        for level in range(1, depth):
+            frontier = sorted(sorted(frontier, key=lambda i: (-scores[i], i))[: self.top_k])
             if not frontier:
                 break
-            expanded.extend(sorted(frontier))
-            where = {node: row for row, node in enumerate(expanded)}
-            logits = self._node_logits(
-                root, [tokens[e] for e in expanded], [where.get(parents[e], -1) for e in expanded],
-                [where[f] for f in sorted(frontier)],
-            )  # [F, V]
-            frontier = add_children(sorted(frontier), self._log_probs(logits, sampling))
+            logits = self._feed_level(frontier, tokens, parents, slot, n, level)  # [F, V]
+            frontier = add_children(frontier, self._log_probs(logits, sampling))
+        self.lm.crop(n - 1)
 
         keep = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[: self.max_nodes])
         new_index = {node: i for i, node in enumerate(keep)}
@@ -147,6 +147,35 @@ class DraftTree(_TreeDrafter):
             draft_probs=None,  # point masses
             parents=torch.tensor([new_index.get(parents[i], -1) for i in keep], dtype=torch.long),  # [N]
         )
+
+    def _feed_level(self, frontier, tokens, parents, slot, n, level) -> torch.Tensor:
+        """Append the frontier nodes (all at depth `level`) to the draft cache, each seeing the committed
+        context, the root and its own ancestors; their logits [F, V]."""
+        length = self.lm.length
+        m = len(frontier)
+        visible = torch.zeros(m, length + m, dtype=torch.bool)  # [F, L+F]
+        visible[:, :n] = True  # context[:n], the root included
+        for row, node in enumerate(frontier):
+            visible[row, length + row] = True
+            ancestor = parents[node]
+            while ancestor >= 0:
+                visible[row, slot[ancestor]] = True
+                ancestor = parents[ancestor]
+            slot[node] = length + row
+        ids = torch.tensor([tokens[i] for i in frontier], dtype=torch.long)
+        positions = torch.full((m,), n - 1 + level, dtype=torch.long)
+        if self.lm.supports_tree(m + 1, warn=False):
+            return self.lm.score_visible(ids, positions, visible)
+        logits = []  # no 4D-mask support: one chain pass per frontier node, then re-append it plainly
+        for row, node in enumerate(frontier):
+            path = [node]
+            while parents[path[-1]] >= 0:
+                path.append(parents[path[-1]])
+            start = self.lm.length
+            self.lm.crop(n)
+            logits.append(self.lm.forward(torch.tensor([tokens[p] for p in reversed(path)]), last_only=True))
+            self.lm.crop(min(start, self.lm.length))
+        return torch.cat(logits)
 
 
 class MultiDraft(_TreeDrafter):
@@ -157,9 +186,11 @@ class MultiDraft(_TreeDrafter):
     sampling); each chain then continues by sampling. At T = 0 the first tokens are the draft's top-k and
     each chain continues by argmax. Chains are kept as separate branches (identical sampled prefixes are
     not merged: with replacement, each duplicate is its own i.i.d. draw and must be tried on its own).
+    Default replacement=False: distinct first tokens accepted more often than i.i.d. ones on the default
+    pair at T = 1 (BENCHMARKS.md, "Token trees").
     """
 
-    def __init__(self, draft_model: PreTrainedModel, num_drafts: int = 3, replacement: bool = True):
+    def __init__(self, draft_model: PreTrainedModel, num_drafts: int = 3, replacement: bool = False):
         super().__init__(draft_model)
         self.num_drafts = _positive_int("num_drafts", num_drafts)
         if not isinstance(replacement, bool):

@@ -213,3 +213,63 @@ class SiblingVisibleLM(CachedCausalLM):
                     ancestors[i, earlier[-1]] = True  # the bug
             tree = TreeMask(tree.depths, ancestors)
         return super().score(input_ids, tree=tree, hidden=hidden)
+
+
+# ------------------------------------------------------------------------------ cross-vocabulary drafts
+
+
+def _cross_vocab_base():
+    from specdec.drafters.cross_vocab import CrossVocabDraft  # noqa: PLC0415 (only these controls need it)
+
+    return CrossVocabDraft
+
+
+class UnnormalisedIntersection(_cross_vocab_base()):
+    """BUG (TLI): the draft's probabilities are restricted to the shared tokens but not renormalised: it
+    samples from the renormalised restriction (as TLI does) and reports the unnormalised one as q, so every
+    ratio p/q is too large by 1 / (the draft's mass inside the intersection)."""
+
+    def _propose_tli(self, logits, context, gamma, sampling, generator) -> Proposal:
+        if sampling.greedy:
+            return super()._propose_tli(logits, context, gamma, sampling, generator)
+        tokens, probs = [], []
+        for i in range(gamma):
+            dist = sampling.warp(self._to_target(logits))  # [1, V_target]: the TLI distribution, sampled
+            token = int(sample(dist, generator))
+            inside = sampling.warp(logits)[0, self._shared_draft].sum()  # the draft's mass on shared tokens
+            tokens.append(token)
+            probs.append(dist[0] * inside)  # ... but reported without renormalising
+            if i + 1 < gamma:
+                logits = self._feed([int(self.mapping.target_to_draft[token])])
+        return Proposal(torch.tensor(tokens, device=context.device), torch.stack(probs).to(context.device))
+
+    @property
+    def name(self) -> str:
+        return "UnnormalisedIntersection(faulty)"
+
+
+class OutsideIntersection(_cross_vocab_base()):
+    """BUG (TLI): the draft samples from its whole vocabulary and proposes a draft-only token as the target
+    token its text starts with, while reporting the intersection's renormalised q, which never counts the
+    draft-only tokens' mass."""
+
+    def _propose_tli(self, logits, context, gamma, sampling, generator) -> Proposal:
+        if sampling.greedy:
+            return super()._propose_tli(logits, context, gamma, sampling, generator)
+        d2t = self.mapping.draft_to_target
+        tokens, probs = [], []
+        for i in range(gamma):
+            draft_token = int(sample(sampling.warp(logits), generator))
+            target_token = int(d2t[draft_token])
+            if target_token < 0:  # outside the intersection: pass it off as its first target token
+                text = self.mapping.draft_bytes[draft_token].decode("utf-8", errors="replace")
+                target_token = self.target_tokenizer(text, add_special_tokens=False)["input_ids"][0]
+            tokens.append(target_token)
+            probs.append(sampling.warp(self._to_target(logits))[0])  # the TLI q, blind to draft-only mass
+            if i + 1 < gamma:
+                logits = self._feed([draft_token])
+        return Proposal(torch.tensor(tokens, device=context.device), torch.stack(probs).to(context.device))
+
+    @property
+    def name(self) -> str:
+        return "OutsideIntersection(faulty)"

@@ -249,7 +249,7 @@ def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p
     timings["test_s"] = time.perf_counter() - t
 
     settings = {
-        "gamma": gamma if isinstance(gamma, (int, str)) else type(gamma).__name__,
+        "gamma": gamma if isinstance(gamma, (int, str)) else "default" if gamma is None else type(gamma).__name__,
         "temperature": temperature, "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens,
         "eos": sorted(eos), "prompt_length": len(prompt), "seed": seed, "alpha": alpha,
     }

@@ -113,12 +113,28 @@ class CachedCausalLM:
         self.prefill_s += time.perf_counter() - start
         return states
 
+    def score_visible(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """Append input_ids [m] at position ids positions [m]; row i attends to the cache slots and new rows
+        where visible [m, length+m] is True. Logits [m, V]. (A drafter growing a tree level by level feeds
+        only the new level; its rows see earlier levels already in the cache.)"""
+        start = time.perf_counter()
+        mask = torch.zeros(visible.shape, dtype=self.model.dtype)
+        mask.masked_fill_(~visible, torch.finfo(self.model.dtype).min)
+        logits, _ = self._run(input_ids, False, positions=positions, mask=mask[None, None])
+        self.forwards += 1
+        self.forward_s += time.perf_counter() - start
+        return logits
+
     @torch.inference_mode()
     def _run(self, input_ids: torch.Tensor, last_only: bool, tree: TreeMask | None = None,
-             hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+             hidden: bool = False, positions: torch.Tensor | None = None,
+             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = input_ids.shape[-1]
         kwargs = {}
-        if tree is None:
+        if mask is not None:
+            kwargs["attention_mask"] = mask.to(self.device)  # [1, 1, n, L+n]
+            positions = positions.to(self.device)
+        elif tree is None:
             positions = torch.arange(self.length, self.length + n, device=self.device)  # [n]
         else:
             positions = (self.length + tree.depths).to(self.device)  # [M]

@@ -1,0 +1,350 @@
+"""Batched speculative decoding: the same round as `decoding.py`, over rows that join and leave.
+
+    rows' drafters propose  →  target scores every row in one pass  →  verify each row  →  commit each row
+
+Each row is one request with its own prompt, sampling settings, random generator, γ policy, EOS set and
+statistics. Rows accept different numbers of tokens each round; `BatchedCausalLM` keeps per-row cache
+lengths (docs/batching.md). Verification is `decoding.verify_round` on the row's own slice of the logits,
+with the row's own generator, so a row draws the same random numbers as the same request decoded alone.
+
+Drafters: a `DraftModel` is batched (one draft forward per step for all rows, its own `BatchedCausalLM`);
+model-free drafters (prompt lookup, bigram) get one copy per row. Other drafters are refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec.batch_lm import BatchedCausalLM, check_finite
+from specdec.decoding import (
+    DEFAULT_GAMMA,
+    GenerationOutput,
+    _eos_ids,
+    _gamma_policy,
+    _prompt_tensor,
+    verify_round,
+)
+from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.bigram import Bigram
+from specdec.drafters.draft_model import DraftModel
+from specdec.drafters.prompt_lookup import PromptLookup
+from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, SpecdecError
+from specdec.models.causal_lm import context_length
+from specdec.sampling import SamplingConfig, sample
+from specdec.stats import DecodeStats
+
+
+@dataclass
+class Row:
+    """One request in the batch."""
+
+    key: object
+    context: torch.Tensor  # [n0 + max_new_tokens + 1]; context[:n] is committed
+    n: int
+    max_new_tokens: int
+    sampling: SamplingConfig
+    generator: torch.Generator
+    gamma_policy: object
+    eos: frozenset[int]
+    drafter: Drafter | None = None  # a model-free drafter's per-row copy
+    produced: int = 0
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class RowEvent:
+    """What one round produced for one row."""
+
+    key: object
+    tokens: list[int]  # new final tokens (cut after an EOS)
+    accepted: int  # how many of them were accepted drafts
+    drafted: int
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" (EOS) or "length"
+    error: SpecdecError | None = None  # decoding failed for this row only; it has been removed
+
+
+class BatchDecoder:
+    """Continuous batching of speculative decoding: `add` rows, run `step` rounds, rows leave when done."""
+
+    def __init__(self, target: PreTrainedModel, drafter: Drafter | None = None):
+        self.target = BatchedCausalLM(target)
+        self.model = target
+        self.limit = context_length(target)
+        if drafter is not None and not isinstance(drafter, Drafter):
+            raise ConfigError(
+                f"drafter must be a specdec Drafter (e.g. specdec.DraftModel(model)), got {type(drafter).__name__}"
+            )
+        if drafter is not None and drafter.vocab_size is not None and drafter.vocab_size != self.target.vocab_size:
+            raise IncompatibleModelsError(
+                f"the drafter's vocabulary has {drafter.vocab_size} tokens but the target's has "
+                f"{self.target.vocab_size}; speculative decoding needs the same tokenizer"
+            )
+        self.drafter = drafter
+        self.draft_lm: BatchedCausalLM | None = None
+        if type(drafter) is DraftModel:  # subclasses (LayerSkip) run their own model code
+            self.draft_lm = BatchedCausalLM(drafter.lm.model)
+        elif drafter is not None and not isinstance(drafter, (PromptLookup, Bigram)):
+            raise ConfigError(
+                f"{drafter.name} cannot be batched yet; batched decoding supports DraftModel, PromptLookup and "
+                "Bigram: use one of them, or specdec.generate for one request at a time"
+            )
+        self.rows: list[Row] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def keys(self) -> list[object]:
+        return [row.key for row in self.rows]
+
+    # -- rows join and leave --------------------------------------------------------------------------
+    def add(self, key: object, prompt_ids: Sequence[int] | torch.Tensor, **options) -> None:
+        """Prefill a new row and splice it into the batch; the others' caches are untouched.
+
+        options: as `specdec.generate` (gamma, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed).
+        """
+        self.add_many([(key, prompt_ids, options)])
+
+    def add_many(self, requests: Sequence[tuple[object, Sequence[int] | torch.Tensor, dict]]) -> None:
+        """Add several rows (key, prompt_ids, options) with one batched prefill. Raises before prefilling
+        anything if one request is invalid (call `check` first to reject requests one by one)."""
+        rows = [self.check(key, prompt, **options) for key, prompt, options in requests]
+        if not rows:
+            return
+        start = time.perf_counter()
+        prefixes = [row.context[: row.n - 1] for row in rows]
+        self.target.add_rows(prefixes)
+        if self.draft_lm is not None:
+            self.draft_lm.add_rows(prefixes)
+        elif self.drafter is not None:
+            for row in rows:
+                row.drafter = copy.copy(self.drafter)  # model-free drafters: reset() gives the copy its own state
+                row.drafter.reset(row.context[: row.n])
+        prefill_s = time.perf_counter() - start
+        for row in rows:
+            row.stats.prefill_s = prefill_s
+        self.rows.extend(rows)
+
+    def check(
+        self,
+        key: object,
+        prompt_ids: Sequence[int] | torch.Tensor,
+        *,
+        gamma: int | str | object = DEFAULT_GAMMA,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        seed: int | None = None,
+    ) -> Row:
+        """Validate one request and build its (not yet prefilled) row; raises a SpecdecError if invalid."""
+        sampling = SamplingConfig(temperature, top_k, top_p)
+        policy = _gamma_policy(gamma)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        prompt = _prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
+        n = prompt.shape[0]
+        if self.limit is not None and n + max_new_tokens > self.limit:
+            raise PromptError(
+                f"prompt ({n} tokens) + max_new_tokens ({max_new_tokens}) = {n + max_new_tokens} exceeds the "
+                f"target's context of {self.limit} tokens; shorten the prompt or lower max_new_tokens"
+            )
+        generator = torch.Generator(device=self.target.device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(int(seed))
+        context = torch.empty(n + max_new_tokens + 1, dtype=torch.long, device=self.target.device)
+        context[:n] = prompt
+        return Row(key, context, n, max_new_tokens, sampling, generator, policy, _eos_ids(self.model, eos_token_id))
+
+    def remove(self, keys: Sequence[object]) -> None:
+        """Drop the rows with these keys (finished, cancelled, failed) between rounds."""
+        drop = set(keys)
+        keep = [i for i, row in enumerate(self.rows) if row.key not in drop]
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        self.target.remove_rows(keep)
+        if self.draft_lm is not None:
+            self.draft_lm.remove_rows(keep)
+
+    # -- one round ------------------------------------------------------------------------------------
+    def step(self, gamma_cap: int | dict[object, int | None] | None = None) -> list[RowEvent]:
+        """One round for every row: propose, score, verify, commit, emit. Finished rows are removed.
+
+        gamma_cap: an upper bound on every row's γ this round (the server's load-based choice; 0 = plain),
+        or a dict from row key to its own bound (None: not bounded).
+        """
+        if not self.rows:
+            return []
+        rows = self.rows
+        gammas = []
+        for row in rows:
+            remaining = row.max_new_tokens - row.produced
+            gamma = min(row.gamma_policy.choose(row.stats), remaining - 1) if self.drafter is not None else 0
+            cap = gamma_cap.get(row.key) if isinstance(gamma_cap, dict) else gamma_cap
+            if cap is not None:
+                gamma = min(gamma, cap)
+            gammas.append(max(0, gamma))
+
+        # 1. drafters propose.
+        t = time.perf_counter()
+        proposals = self._propose(rows, gammas)
+        draft_s = time.perf_counter() - t
+
+        # 2. target scores every row: its last committed token and its drafts.
+        t = time.perf_counter()
+        inputs = [torch.cat([row.context[row.n - 1 : row.n], p.tokens]) for row, p in zip(rows, proposals)]
+        target_logits = self.target.forward(inputs)  # [B, W, V]
+        target_s = time.perf_counter() - t
+
+        events, failed, kept_lengths = [], [], []
+        for i, (row, proposal) in enumerate(zip(rows, proposals)):
+            gamma = len(proposal)
+            logits = target_logits[i, : gamma + 1]  # [γ+1, V]
+            try:
+                check_finite(logits, self.model, f"request {row.key!r}")
+                # 3. verify this row with its own generator.
+                verdict = verify_round(proposal.tokens, proposal.draft_probs, logits, row.sampling, row.generator)
+            except SpecdecError as exc:
+                failed.append(row.key)
+                kept_lengths.append(row.n - 1)
+                events.append(RowEvent(row.key, [], 0, gamma, True, None, exc))
+                continue
+            k = verdict.num_accepted
+            # 4. commit: the target keeps context + accepted drafts; append the next token.
+            kept_lengths.append(row.n + k)
+            row.context[row.n : row.n + k] = proposal.tokens[:k]
+            row.context[row.n + k] = verdict.next_token
+            new_tokens = row.context[row.n : row.n + k + 1].tolist()
+            row.n += k + 1
+            stats = row.stats
+            stats.record_round(gamma, k, verdict.outcome)
+            stats.target_s += target_s
+            stats.draft_s += draft_s
+            stats.target_forwards += 1
+            if row.drafter is not None:
+                row.drafter.commit(row.context[: row.n], k)
+            row.gamma_policy.update(stats)
+            # 5. emit, stopping at the first EOS or max_new_tokens.
+            emitted, reason = [], None
+            for token in new_tokens:
+                emitted.append(token)
+                row.produced += 1
+                if token in row.eos:
+                    reason = "stop"
+                    break
+                if row.produced >= row.max_new_tokens:
+                    reason = "length"
+                    break
+            stats.new_tokens = row.produced
+            stats.wall_s = time.perf_counter() - row.started
+            events.append(RowEvent(row.key, emitted, min(k, len(emitted)), gamma, reason is not None, reason))
+
+        self.target.crop(kept_lengths)
+        if self.draft_lm is not None:
+            # The draft cache may cover at most context[:n-1] of each row (it catches up when it proposes).
+            lengths = self.draft_lm.lengths.tolist()
+            self.draft_lm.crop([min(length, row.n - 1) for length, row in zip(lengths, rows)])
+        done = [e.key for e in events if e.finished]
+        self.remove(done)
+        return events
+
+    def _propose(self, rows: list[Row], gammas: list[int]) -> list[Proposal]:
+        empty = Proposal(torch.empty(0, dtype=torch.long, device=self.target.device))
+        if self.drafter is None or not any(gammas):
+            return [empty for _ in rows]
+        if self.draft_lm is None:  # per-row model-free drafters
+            out = []
+            for row, gamma in zip(rows, gammas):
+                if gamma == 0:
+                    out.append(empty)
+                    continue
+                p = row.drafter.propose(row.context[: row.n], gamma, row.sampling, row.generator)
+                gamma = min(gamma, len(p))
+                out.append(Proposal(p.tokens[:gamma], None if p.draft_probs is None else p.draft_probs[:gamma]))
+            return out
+        return self._propose_draft_model(rows, gammas)
+
+    def _propose_draft_model(self, rows: list[Row], gammas: list[int]) -> list[Proposal]:
+        """DraftModel.propose for every row at once: one batched draft forward per draft position."""
+        lm = self.draft_lm
+        lengths = lm.lengths.tolist()
+        # Catch up on committed tokens the draft cache has not seen (rows not drafting feed nothing).
+        inputs = [row.context[length : row.n] if g else row.context[:0] for row, length, g in zip(rows, lengths, gammas)]
+        logits = lm.forward(inputs)  # [B, W, V]
+        last = torch.stack([logits[i, max(0, x.shape[0] - 1)] for i, x in enumerate(inputs)])  # [B, V]
+        tokens: list[list[torch.Tensor]] = [[] for _ in rows]
+        probs: list[list[torch.Tensor]] = [[] for _ in rows]
+        for step in range(max(gammas)):
+            feed = []
+            for i, row in enumerate(rows):
+                if step >= gammas[i]:
+                    feed.append(row.context[:0])
+                    continue
+                row_logits = last[i : i + 1]  # [1, V]
+                if row.sampling.greedy:
+                    token = row_logits.argmax(dim=-1)  # [1]
+                else:
+                    dist = row.sampling.warp(row_logits)  # [1, V]
+                    token = sample(dist, row.generator)  # [1]
+                    probs[i].append(dist)
+                tokens[i].append(token)
+                feed.append(token if step + 1 < gammas[i] else row.context[:0])
+            if step + 1 < max(gammas):
+                last = lm.forward(feed)[:, 0]  # [B, V]
+        out = []
+        for i, row in enumerate(rows):
+            if not tokens[i]:
+                out.append(Proposal(row.context[:0]))
+                continue
+            out.append(Proposal(torch.cat(tokens[i]), torch.cat(probs[i]) if probs[i] else None))
+            row.stats.draft_forwards = row.stats.draft_forwards + gammas[i]
+        return out
+
+
+def generate_batch(
+    target: PreTrainedModel,
+    prompts: Sequence[Sequence[int] | torch.Tensor],
+    drafter: Drafter | None = None,
+    gamma: int | str = DEFAULT_GAMMA,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    seed: int | Sequence[int] | None = None,
+) -> list[GenerationOutput]:
+    """`specdec.generate` for several prompts at once, batched: one output per prompt, in order.
+
+    Each output is what `generate` gives for that prompt alone (token-identical at temperature 0; at T > 0
+    exactly distributed, and with the same seed the same draws as a lone request). `seed`: one seed for
+    every row, or one per prompt.
+    """
+    if isinstance(prompts, torch.Tensor) and prompts.dim() == 1:
+        raise PromptError("generate_batch takes a list of prompts; for a single prompt use specdec.generate")
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(prompts)
+    if len(seeds) != len(prompts):
+        raise ConfigError(f"got {len(seeds)} seeds for {len(prompts)} prompts; pass one seed or one per prompt")
+    decoder = BatchDecoder(target, drafter)
+    options = dict(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                   eos_token_id=eos_token_id)
+    decoder.add_many([(i, prompt, {**options, "seed": seeds[i]}) for i, prompt in enumerate(prompts)])
+    stats = {row.key: row.stats for row in decoder.rows}
+    tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    while len(decoder):
+        for event in decoder.step():
+            if event.error is not None:
+                raise event.error
+            tokens[event.key].extend(event.tokens)
+    return [GenerationOutput(tokens=tokens[i], stats=stats[i]) for i in range(len(prompts))]

@@ -1,0 +1,270 @@
+"""`BatchedCausalLM`: one causal LM and one KV cache shared by rows of different lengths.
+
+Layout (docs/batching.md): the cache is a tensor per layer of shape [B, H, S, D] over S shared *slots*.
+`valid [B, S]` says which slots hold a token of that row; a row's tokens are its valid slots in slot order,
+so its i-th valid slot holds its i-th token and is fed at position id i. A forward appends W slots to every
+row (rows with fewer inputs are padded at the end); afterwards only each row's real inputs stay valid.
+Rolling a row back (`crop`) turns its trailing slots into holes; `compact` gathers every row's valid slots
+to the right end of a shorter cache (one index copy per layer), so holes never accumulate.
+
+The model sees ordinary HF inputs: input_ids [B, W], position_ids [B, W] (each row's own lengths), a 2-D
+attention mask [B, S + W] over the slots and a `DynamicCache`; causality is by slot, which is the order of
+each row's tokens. No model file is forked and nothing is stored on the config.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+from specdec.errors import NumericalError, UnsupportedModelError
+from specdec.models.causal_lm import check_rollback_support, vocab_size
+
+
+def check_batchable(model: PreTrainedModel) -> None:
+    """Raise unless every attention layer of `model` is full causal attention (no sliding window)."""
+    check_rollback_support(model)
+    config = model.config.get_text_config()
+    layer_types = getattr(config, "layer_types", None) or []
+    windowed = getattr(config, "sliding_window", None) and (
+        not layer_types or any("sliding" in str(t) for t in layer_types)
+    )
+    if getattr(config, "use_sliding_window", True) is False:
+        windowed = False
+    if windowed:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} uses sliding-window attention, which batched decoding does not support "
+            "(its window is counted in cache slots, and batched rows leave holes); decode its requests one "
+            "at a time with specdec.generate"
+        )
+
+
+class _SlotLayer(DynamicLayer):
+    """A `DynamicLayer` that appends into the spare capacity of preallocated buffers [B, H, capacity, D]
+    instead of concatenating (which copies the whole cache on every forward)."""
+
+    def __init__(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, used: int):
+        super().__init__()
+        self.key_buffer, self.value_buffer, self.used = key_buffer, value_buffer, used
+        self.dtype, self.device = key_buffer.dtype, key_buffer.device
+        self.is_initialized = True
+        self.keys, self.values = key_buffer[:, :, :used], value_buffer[:, :, :used]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        n = key_states.shape[-2]
+        if self.used + n > self.key_buffer.shape[2]:
+            capacity = max(2 * self.key_buffer.shape[2], self.used + n + 64)
+            self.key_buffer = _with_capacity(self.key_buffer[:, :, : self.used], capacity)
+            self.value_buffer = _with_capacity(self.value_buffer[:, :, : self.used], capacity)
+        self.key_buffer[:, :, self.used : self.used + n] = key_states
+        self.value_buffer[:, :, self.used : self.used + n] = value_states
+        self.used += n
+        self.keys, self.values = self.key_buffer[:, :, : self.used], self.value_buffer[:, :, : self.used]
+        return self.keys, self.values
+
+
+def _with_capacity(states: torch.Tensor, capacity: int) -> torch.Tensor:
+    """states [B, H, S, D] copied into the front of a new buffer [B, H, capacity, D]."""
+    buffer = states.new_empty(*states.shape[:2], capacity, states.shape[3])
+    buffer[:, :, : states.shape[2]] = states
+    return buffer
+
+
+def _is_prefix_view(states: torch.Tensor, buffer: torch.Tensor | None) -> bool:
+    return (buffer is not None and states.data_ptr() == buffer.data_ptr() and states.stride() == buffer.stride()
+            and states.shape[:2] == buffer.shape[:2] and states.shape[2] <= buffer.shape[2])
+
+
+class BatchedCausalLM:
+    """A causal LM over a batch of rows with their own lengths. `lengths[i]` tokens are cached for row i."""
+
+    def __init__(self, model: PreTrainedModel):
+        check_batchable(model)
+        self.model = model
+        self.vocab_size = vocab_size(model)
+        self.device = next(model.parameters()).device
+        self.keys: list[torch.Tensor] = []  # per layer [B, H, S, D]
+        self.values: list[torch.Tensor] = []
+        # Per layer, the buffers self.keys / self.values are prefix views of when they are (appends go there).
+        self.key_buffers: list[torch.Tensor | None] = []
+        self.value_buffers: list[torch.Tensor | None] = []
+        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [B, S]
+        self.forwards = 0
+        self.forward_s = 0.0
+        self.prefill_s = 0.0
+        self.max_holes = 0.25  # compact once more than this fraction of the cache's slots are holes
+
+    # -- shape ----------------------------------------------------------------------------------------
+    @property
+    def rows(self) -> int:
+        return int(self.valid.shape[0])
+
+    @property
+    def slots(self) -> int:
+        return int(self.valid.shape[1])
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Tokens cached per row: [B] long."""
+        return self.valid.sum(dim=1)
+
+    # -- rows join and leave --------------------------------------------------------------------------
+    def add_row(self, input_ids: torch.Tensor) -> None:
+        """Append a row whose cache holds input_ids [n] (n may be 0)."""
+        self.add_rows([input_ids])
+
+    @torch.inference_mode()
+    def add_rows(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Append rows whose caches hold inputs[i] [n_i]: prefilled together in one forward of their own
+        (right-padded), then spliced in. The existing rows' caches are not recomputed."""
+        start = time.perf_counter()
+        fresh = BatchedCausalLM(self.model)
+        fresh.valid = self.valid.new_zeros(len(inputs), 0)
+        if any(x.shape[0] for x in inputs):
+            fresh.forward(inputs, last_only=True)
+            fresh.forwards, fresh.forward_s = 0, 0.0
+        if fresh.keys and not self.keys:
+            self.keys = [k.new_zeros(self.rows, k.shape[1], 0, k.shape[3]) for k in fresh.keys]
+            self.values = [v.new_zeros(self.rows, v.shape[1], 0, v.shape[3]) for v in fresh.values]
+        width = max(self.slots, fresh.slots)
+        self._pad_left(width)
+        fresh._pad_left(width)
+        if self.keys:
+            if not fresh.keys:  # every new row is empty
+                fresh.keys = [k.new_zeros(fresh.rows, k.shape[1], width, k.shape[3]) for k in self.keys]
+                fresh.values = [v.new_zeros(fresh.rows, v.shape[1], width, v.shape[3]) for v in self.values]
+            self.keys = [torch.cat([a, b]) for a, b in zip(self.keys, fresh.keys)]
+            self.values = [torch.cat([a, b]) for a, b in zip(self.values, fresh.values)]
+        self.valid = torch.cat([self.valid, fresh.valid])
+        self.prefill_s += time.perf_counter() - start
+
+    def remove_rows(self, keep: Sequence[int]) -> None:
+        """Keep only the rows at indices `keep` (in that order); the others' caches are dropped."""
+        index = torch.as_tensor(list(keep), dtype=torch.long, device=self.device)
+        self.valid = self.valid.index_select(0, index)
+        self.keys = [k.index_select(0, index) for k in self.keys]
+        self.values = [v.index_select(0, index) for v in self.values]
+        self.compact()
+
+    def _pad_left(self, width: int) -> None:
+        """Prepend holes so that every row has `width` slots."""
+        extra = width - self.slots
+        if extra <= 0:
+            return
+        self.valid = torch.cat([self.valid.new_zeros(self.rows, extra), self.valid], dim=1)
+        for layer in range(len(self.keys)):
+            k, v = self.keys[layer], self.values[layer]
+            self.keys[layer] = torch.cat([k.new_zeros(*k.shape[:2], extra, k.shape[3]), k], dim=2)
+            self.values[layer] = torch.cat([v.new_zeros(*v.shape[:2], extra, v.shape[3]), v], dim=2)
+
+    # -- decoding -------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, inputs: Sequence[torch.Tensor], last_only: bool = False) -> torch.Tensor:
+        """Append inputs[i] [n_i] (n_i may be 0) to row i; return logits [B, W, V], W = max n_i.
+
+        Row i's logits are meaningful at [i, :n_i] only (last_only: [B, 1, V] of the last column, for a
+        prefill that needs none). The cache keeps exactly the real inputs.
+        """
+        start = time.perf_counter()
+        rows = self.rows
+        counts = torch.tensor([int(x.shape[0]) for x in inputs], device=self.device)  # [B]
+        width = max(1, int(counts.max()) if rows else 1)
+        input_ids = torch.zeros(rows, width, dtype=torch.long, device=self.device)  # [B, W], padded with 0
+        for i, ids in enumerate(inputs):
+            input_ids[i, : ids.shape[0]] = ids
+        steps = torch.arange(width, device=self.device)  # [W]
+        position_ids = self.lengths[:, None] + steps[None]  # [B, W]
+        # Padding inputs sit after a row's real inputs, so causality already hides them from the real ones;
+        # they stay visible to themselves so that no query row is fully masked (NaNs would spread via V).
+        attention_mask = torch.cat(
+            [self.valid, self.valid.new_ones(rows, width)], dim=1
+        ).long()  # [B, S + W]
+        cache = self._dynamic_cache()
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+        )
+        layers = out.past_key_values.layers
+        self.keys = [layer.keys for layer in layers]
+        self.values = [layer.values for layer in layers]
+        self.key_buffers = [getattr(layer, "key_buffer", None) for layer in layers]
+        self.value_buffers = [getattr(layer, "value_buffer", None) for layer in layers]
+        self.valid = torch.cat([self.valid, steps[None] < counts[:, None]], dim=1)  # [B, S + W]
+        logits = out.logits  # [B, W, V]
+        if logits.dtype not in (torch.float32, torch.float64):
+            logits = logits.float()
+        self.forwards += 1
+        self.forward_s += time.perf_counter() - start
+        return logits
+
+    def _dynamic_cache(self) -> DynamicCache:
+        """A DynamicCache over this batch's states whose layers append in place (spare capacity is reused
+        while the states are a prefix view of their buffer; after a gather or splice, a new buffer)."""
+        cache = DynamicCache()
+        if self.keys:
+            layers = []
+            for i, (k, v) in enumerate(zip(self.keys, self.values)):
+                kb = self.key_buffers[i] if i < len(self.key_buffers) else None
+                vb = self.value_buffers[i] if i < len(self.value_buffers) else None
+                if not (_is_prefix_view(k, kb) and _is_prefix_view(v, vb)):
+                    capacity = k.shape[2] + 64
+                    kb, vb = _with_capacity(k, capacity), _with_capacity(v, capacity)
+                layers.append(_SlotLayer(kb, vb, k.shape[2]))
+            cache.layers = layers
+        return cache
+
+    def crop(self, lengths: Sequence[int] | torch.Tensor) -> None:
+        """Roll row i back to its first lengths[i] tokens: the slots past them become holes.
+
+        Trailing slots that no row uses are dropped at once (a slice); the cache is compacted (one gather
+        per layer) only once holes make up more than `max_holes` of it, so most rounds copy nothing.
+        """
+        keep = torch.as_tensor(lengths, device=self.device)[:, None]  # [B, 1]
+        self.valid = self.valid & (self.valid.long().cumsum(dim=1) <= keep)
+        used = self.valid.any(dim=0).nonzero()
+        width = int(used.max()) + 1 if used.numel() else 0
+        if width < self.slots:
+            self.valid = self.valid[:, :width]
+            self.keys = [k[:, :, :width] for k in self.keys]
+            self.values = [v[:, :, :width] for v in self.values]
+        if self.rows and self.slots and 1 - float(self.valid.sum()) / self.valid.numel() > self.max_holes:
+            self.compact()
+
+    def compact(self) -> None:
+        """Gather each row's valid slots to the right end of a cache as wide as the longest row."""
+        if not self.rows:
+            self.valid = self.valid[:, :0]
+            self.keys, self.values = [], []
+            return
+        lengths = self.lengths  # [B]
+        width = int(lengths.max())
+        if width == self.slots and bool(self.valid[:, self.slots - width :].eq(
+            torch.arange(width, device=self.device)[None] >= (width - lengths)[:, None]
+        ).all()):
+            return  # already right-aligned without holes
+        # Sort key: holes first, then valid slots in order; take the last `width` of each row.
+        order = torch.argsort(self.valid.long() * (1 + torch.arange(self.slots, device=self.device)), dim=1, stable=True)
+        index = order[:, self.slots - width :]  # [B, width]
+        new_valid = torch.arange(width, device=self.device)[None] >= (width - lengths)[:, None]  # [B, width]
+        for layer in range(len(self.keys)):
+            k, v = self.keys[layer], self.values[layer]  # [B, H, S, D]
+            gather = index[:, None, :, None].expand(k.shape[0], k.shape[1], width, k.shape[3])
+            self.keys[layer] = k.gather(2, gather)
+            self.values[layer] = v.gather(2, gather)
+        self.valid = new_valid
+
+
+def check_finite(logits: torch.Tensor, model: PreTrainedModel, what: str) -> None:
+    if not bool(torch.isfinite(logits).all()):
+        raise NumericalError(
+            f"{type(model).__name__} produced NaN or infinite logits for {what}; this usually means float16 "
+            "overflow or broken weights: load the model in float32 or bfloat16"
+        )

@@ -1,0 +1,165 @@
+"""Candidate exact decoding methods for `specdec demo`, and the short calibration that picks one by measurement.
+
+A candidate is one entry of `CANDIDATES`: how to build the drafter and the γ policy for one request, and
+(optionally) which target adapter it decodes with, so that a method with its own fast path (a compiled
+target, token trees, EAGLE heads) is one more entry, and the demo's "plain" baseline runs on the same path
+as the method it is compared with. Every candidate must be exact: in `tests/methods.py` too.
+
+`calibrate` times every available candidate against plain decoding on a few held-out prompts that the demo
+does not show, interleaved, and `choose` keeps the fastest (geometric mean of the speedups over the
+prompts, so that one prompt cannot dominate).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec.errors import ConfigError
+
+
+@dataclass
+class Models:
+    """What candidates build from: the models, the tokenizer, and adapters shared across runs."""
+
+    target: Any
+    draft: Any | None
+    tokenizer: Any
+    adapters: dict[str, Any] = field(default_factory=dict)  # one per decode path, built on first use
+
+    def adapter(self, path: str = "eager") -> Any:
+        """The target adapter of a decode path: "eager" (CachedCausalLM) or "compiled" (the fast path's slot
+        cache with compiled passes; eager, with a warning, where the model or machine cannot take it)."""
+        if path not in self.adapters:
+            from specdec.models.static_lm import fast_adapter
+
+            if path not in ("eager", "compiled"):
+                raise ConfigError(f"unknown decode path {path!r}")
+            self.adapters[path] = fast_adapter(self.target, path == "compiled")
+        return self.adapters[path]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One exact method. `drafter(models)` -> (drafter, gamma) for a single request (fresh state each time)."""
+
+    name: str  # accepted by `specdec demo --method`
+    summary: str  # one line shown on screen
+    drafter: Callable[[Models], tuple[Any, Any]]
+    needs_draft: bool = False
+    target: Callable[[Models], Any] = lambda models: models.adapter("eager")
+    options: tuple[tuple[str, Any], ...] = ()  # extra SpeculativeDecoder options, for plain and speculative alike
+    setup_note: str | None = None  # said on screen before its first use when that is slow (e.g. a compile)
+    opt_in: str | None = None  # the demo flag that adds it to the measured choice (setup too slow by default)
+
+    def available(self, models: Models) -> bool:
+        return models.draft is not None or not self.needs_draft
+
+    def decoder(self, models: Models, *, speculative: bool = True, **settings):
+        """A SpeculativeDecoder for one request: this method's, or plain decoding on the same target path."""
+        from specdec.decoding import SpeculativeDecoder
+
+        drafter, gamma = self.drafter(models) if speculative else (None, 1)
+        return SpeculativeDecoder(self.target(models), drafter, gamma=gamma, **dict(self.options), **settings)
+
+
+def _draft_model(gamma_policy: Callable[[], Any]) -> Callable[[Models], tuple[Any, Any]]:
+    def build(models: Models):
+        from specdec.drafters import DraftModel
+
+        return DraftModel(models.draft), gamma_policy()
+    return build
+
+
+def _heuristic():
+    from specdec.adaptive import HeuristicGamma
+
+    return HeuristicGamma()
+
+
+def _draft_tree(models: Models):
+    from specdec.drafters import DraftTree
+
+    tree = DraftTree(models.draft)
+    return tree, tree.depth
+
+
+def _prompt_lookup(models: Models):
+    from specdec.drafters import PromptLookup
+
+    return PromptLookup(), "auto"
+
+
+#: The registry. A method that lands later (a compiled fast path, `specdec.DraftTree`, EAGLE heads) is one
+#: more entry here, with `target=` for its own decode path and `setup_note=` when its first use is slow.
+CANDIDATES: list[Candidate] = [
+    Candidate("draft-g3", "draft model, γ = 3", _draft_model(lambda: 3), needs_draft=True),
+    Candidate("draft-heuristic", "draft model, γ +2/−1 schedule (transformers' heuristic)",
+              _draft_model(_heuristic), needs_draft=True),
+    Candidate("draft-auto", "draft model, γ chosen each round from measured α and cost (gamma='auto')",
+              _draft_model(lambda: "auto"), needs_draft=True),
+    Candidate("prompt-lookup-auto", "prompt lookup (n-grams of the prompt and output), gamma='auto'",
+              _prompt_lookup),
+    Candidate("draft-tree", "draft model proposing a token tree (EAGLE-2-style, top-k 4, depth 6, 24 nodes)",
+              _draft_tree, needs_draft=True),
+    Candidate("draft-g3-compiled", "draft model, γ = 3, on the fast path (slot KV cache, compiled passes)",
+              _draft_model(lambda: 3), needs_draft=True, target=lambda models: models.adapter("compiled"),
+              options=(("compile", True),), opt_in="--compile",
+              setup_note="compiling the target's and the draft's passes (once per shape; about a minute on a "
+              "busy 2-core CPU, less once inductor's disk cache is warm)..."),
+]
+
+
+def get_candidate(name: str, candidates: Sequence[Candidate] = CANDIDATES) -> Candidate:
+    for candidate in candidates:
+        if candidate.name == name:
+            return candidate
+    raise ConfigError(f"unknown method {name!r}; choose one of: {', '.join(c.name for c in candidates)}")
+
+
+def timed_run(decoder, prompt_ids: Sequence[int]) -> tuple[list[int], float]:
+    """(tokens, wall seconds) of one request, prefill included."""
+    start = time.perf_counter()
+    tokens = list(decoder.stream(prompt_ids))
+    return tokens, time.perf_counter() - start
+
+
+@dataclass
+class Calibration:
+    """Speedup over plain decoding of each candidate, per calibration prompt, and the geometric mean."""
+
+    speedups: dict[str, list[float]]
+
+    def score(self, name: str) -> float:
+        values = self.speedups[name]
+        return math.exp(statistics.fmean(math.log(v) for v in values))
+
+    def best(self) -> str:
+        return max(self.speedups, key=self.score)
+
+
+def calibrate(models: Models, candidates: Sequence[Candidate], prompts: Sequence[Sequence[int]],
+              max_new_tokens: int = 64, on_setup: Callable[[str], None] | None = None) -> Calibration:
+    """Time each candidate against plain decoding on its own path (greedy, EOS off), once per prompt after an
+    untimed warm-up of each; the order of the methods is rotated from prompt to prompt."""
+    settings = dict(max_new_tokens=max_new_tokens, temperature=0.0, eos_token_id=[], seed=0)
+    for candidate in candidates:  # warm-up (and any one-off setup, e.g. a compile) outside the timings
+        if candidate.setup_note and on_setup:
+            on_setup(candidate.setup_note)
+        timed_run(candidate.decoder(models, **settings), prompts[0])
+        timed_run(candidate.decoder(models, speculative=False, **settings), prompts[0])
+    speedups: dict[str, list[float]] = {c.name: [] for c in candidates}
+    for i, prompt in enumerate(prompts):
+        order = list(candidates[i % len(candidates):]) + list(candidates[: i % len(candidates)])
+        plain: dict[int, float] = {}
+        for candidate in order:
+            path = id(candidate.target(models))
+            if path not in plain:
+                plain[path] = timed_run(candidate.decoder(models, speculative=False, **settings), prompt)[1]
+            wall = timed_run(candidate.decoder(models, **settings), prompt)[1]
+            speedups[candidate.name].append(plain[path] / wall)
+    return Calibration(speedups)

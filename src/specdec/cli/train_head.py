@@ -1,0 +1,67 @@
+"""`specdec train-head`: train an EAGLE head or Medusa heads on a frozen target's own features."""
+
+from __future__ import annotations
+
+import argparse
+
+from specdec.cli.train import add_loop_args, loop_config
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `train-head` subcommand."""
+    p = subparsers.add_parser(
+        "train-head",
+        help="train an EAGLE head or Medusa heads for a target (drafters that read the target's features)",
+        description=(
+            "Train a draft head on the frozen --target's last hidden states (output_hidden_states): an EAGLE "
+            "head (one decoder layer of the target's family; feature regression + soft labels, unrolled on its "
+            "own features) or Medusa heads (residual blocks predicting t+2..t+k+1). Reports the held-out loss "
+            "and the teacher-forced acceptance proxy per draft depth; saves OUT/head (config.json + "
+            "model.safetensors), loadable with specdec.EagleHead.load / specdec.MedusaHeads.load."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--kind", choices=["eagle", "medusa"], required=True, help="which head to train")
+    p.add_argument("--target", default="default",
+                   help="target model directory or hub id, or 'default' for the shipped default target")
+    p.add_argument("--out", required=True, help="run directory (checkpoints, token cache, report, OUT/head)")
+    p.add_argument("--data", default=None,
+                   help="a .txt file (documents separated by blank lines) or .jsonl file with a \"text\" field; "
+                        "default: the Python stdlib corpus")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps")
+    p.add_argument("--batch-size", type=int, default=4, help="sequences per step")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
+    p.add_argument("--ttt-steps", type=int, default=3,
+                   help="EAGLE: passes per step (1 teacher-forced + unrolls on the head's own features)")
+    p.add_argument("--num-heads", type=int, default=4, help="Medusa: number of heads (tokens drafted per round)")
+    p.add_argument("--noise", type=float, default=0.2, help="EAGLE: uniform noise on input features (x their RMS)")
+    add_loop_args(p, warmup_steps=30, weight_decay=0.0, eval_every=100,
+                  eval_tokens_help="held-out tokens for the loss and acceptance proxy", seed_help="seed (init, data order)")
+    p.set_defaults(func=run, eval_tokens=16384)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of `specdec train-head`."""
+    from pathlib import Path
+
+    from specdec.training.heads import HeadTrainConfig, train_head
+
+    loop = loop_config(args)
+    if args.target == "default":
+        import specdec
+
+        target, _, tokenizer = specdec.load_default()
+    else:
+        from specdec.loading import load
+
+        target, tokenizer = load(args.target, "cpu", "float32")
+    cfg = HeadTrainConfig(
+        kind=args.kind, out=Path(args.out), loop=loop, data=args.data, batch_size=args.batch_size,
+        seq_len=args.seq_len, ttt_steps=args.ttt_steps, num_heads=args.num_heads, noise=args.noise,
+        device=args.device, eval_tokens=args.eval_tokens, save_dtype=args.save_dtype, resume=args.resume,
+    )
+    report = train_head(cfg, target, tokenizer)
+    final = report["final"]
+    print("held-out: " + ", ".join(f"{k}={v:.4f}" for k, v in final.items()))
+    print(f"CPU minutes: {report['cpu_minutes']:.1f}; saved {args.out}/head")
+    return 0

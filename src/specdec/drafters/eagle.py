@@ -1,0 +1,178 @@
+"""`Eagle`: draft with an EAGLE head that reads the target's own features.
+
+Bookkeeping. Row t of the head's KV cache was computed from (embed(x_{t+1}), f_t), where f_t is the
+target's feature at position t. Between rounds the cache holds only rows computed from *target*
+features (`rows` of them); features the target produced in the last round but the head has not
+consumed yet wait in `pending`. A round:
+
+1. propose: feed the pending rows (one head pass), then draft from the last output, feeding the head's
+   own predicted features back in (chain: argmax; tree: EAGLE-2's dynamic top-k expansion);
+2. commit: drop every row computed from drafted features (crop to `rows`) and queue the target's
+   features of the root and the accepted path (the decoder passes exactly those, so features of
+   rejected nodes never reach the head).
+
+Every draft token is a deterministic function of the committed context (argmax / top-k), i.e. a point
+mass, so verification is exact at any temperature.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specdec.drafters.base import Drafter, Proposal
+from specdec.errors import ConfigError
+from specdec.heads import EagleHead
+from specdec.sampling import SamplingConfig
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"Eagle {name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+class Eagle(Drafter):
+    """EAGLE drafter. `top_k=1` drafts a chain of γ tokens; `top_k > 1` an EAGLE-2 dynamic tree of at most
+    `max_nodes` nodes and `depth` levels (needs a decoder with tree verification)."""
+
+    needs_hidden = True
+
+    def __init__(self, target, head: EagleHead, top_k: int = 1, depth: int = 6, max_nodes: int = 32):
+        model: PreTrainedModel = target if isinstance(target, PreTrainedModel) else target.model  # or an adapter
+        if not isinstance(head, EagleHead):
+            raise ConfigError(f"Eagle needs a specdec.EagleHead, got {type(head).__name__}; build one with "
+                              "specdec.EagleHead.init(target) or load one with specdec.EagleHead.load(path, target)")
+        from specdec.heads.common import check_target
+
+        check_target(head.signature, model, "the given EagleHead")
+        self.head = head.eval()
+        self.embed = model.get_input_embeddings()
+        self.lm_head = model.get_output_embeddings()
+        self.vocab_size = int(self.lm_head.weight.shape[0])
+        self.top_k = _positive("top_k", top_k)
+        self.depth = _positive("depth", depth)
+        self.max_nodes = _positive("max_nodes", max_nodes)
+        self._forwards = 0
+        self.reset(torch.zeros(1, dtype=torch.long))
+
+    @property
+    def forwards(self) -> int:
+        return self._forwards
+
+    def reset(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+        """hidden [n-1, H]: the target's features of prompt_ids[:-1]."""
+        self.cache = DynamicCache()
+        self.rows = 0  # head cache rows computed from target features (positions 0..rows-1)
+        h = self.head.hidden_size
+        param = self.lm_head.weight
+        self.pending = torch.empty(0, h, dtype=param.dtype, device=param.device) if hidden is None else hidden  # [m, H]
+        self._forwards = 0
+
+    def commit(self, context: torch.Tensor, num_accepted: int, hidden: torch.Tensor | None = None) -> None:
+        """hidden [k+1, H]: the target's features of the root and the accepted path."""
+        extra = self.cache.get_seq_length() - self.rows  # rows computed from drafted features are stale
+        if extra > 0:
+            self.cache.crop(-extra)
+        if hidden is not None:
+            self.pending = torch.cat([self.pending, hidden.to(self.pending.dtype)])
+
+    def _step(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One head pass: tokens [m], features [m, H], positions [m] -> predicted features [m, H]."""
+        self._forwards += 1
+        embeds = self.embed(tokens.to(self.embed.weight.device))[None]  # [1, m, H]
+        out = self.head(embeds, features[None].to(embeds.dtype), positions[None], attention_mask=mask, cache=self.cache)
+        return out[0]
+
+    def _catch_up(self, context: torch.Tensor) -> torch.Tensor | None:
+        """Feed the pending target features; return the head's prediction of f_{n-1} [H] (None: no features)."""
+        n = context.shape[0]
+        m = self.pending.shape[0]
+        if m == 0:
+            return None
+        if self.rows + m != n - 1:
+            raise ConfigError(
+                f"Eagle holds target features of {self.rows + m} positions but the context has {n} tokens "
+                f"(expected {n - 1}); drive it through specdec's decoder, which passes the features each round"
+            )
+        positions = torch.arange(self.rows, n - 1, device=self.pending.device)  # [m]
+        out = self._step(context[self.rows + 1 : n], self.pending, positions)  # [m, H]
+        self.rows = n - 1
+        self.pending = self.pending[:0]
+        return out[-1]
+
+    @torch.inference_mode()
+    def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal:
+        feature = self._catch_up(context)  # [H]
+        if feature is None:
+            return Proposal(context.new_empty(0))
+        if self.top_k == 1:
+            return self._chain(feature, gamma, context)
+        return self._tree(feature, gamma, context)
+
+    def _chain(self, feature: torch.Tensor, gamma: int, context: torch.Tensor) -> Proposal:
+        n = context.shape[0]
+        tokens = []
+        for i in range(gamma):
+            token = self.lm_head(feature).argmax(-1, keepdim=True)  # [1]
+            tokens.append(token)
+            if i + 1 < gamma:
+                position = torch.tensor([n - 1 + i], device=feature.device)
+                feature = self._step(token, feature[None], position)[0]  # [H]
+        return Proposal(torch.cat(tokens).to(context.device))
+
+    def _tree(self, feature: torch.Tensor, gamma: int, context: torch.Tensor) -> Proposal:
+        """EAGLE-2: expand the `top_k` best frontier nodes per level by cumulative draft log-prob, keep the
+        best `max_nodes` nodes (a parent always outscores its child, so the kept set is a subtree)."""
+        n = context.shape[0]
+        k = self.top_k
+        device = feature.device
+        logp = torch.log_softmax(self.lm_head(feature).float(), -1)  # [V]
+        top = logp.topk(k)
+        tokens = [top.indices]  # per level: [k] (level 0) or [k*k]
+        scores = [top.values]
+        parents = [torch.full((k,), -1, dtype=torch.long, device=device)]
+        offset = 0  # index of the current level's first node among all nodes
+        frontier = torch.arange(k, device=device)  # indices (within the level) of the nodes to expand
+        frontier_features = feature[None].expand(k, -1)  # [k, H] features each frontier node is drafted from
+        frontier_ids = torch.arange(k, device=device)  # global ids of frontier nodes
+        ancestors = torch.eye(k, dtype=torch.bool, device=device)  # [k, k] over draft rows fed so far
+        fed = 0  # draft rows fed into the head cache this round
+        for level in range(1, min(self.depth, gamma)):
+            level_tokens = tokens[-1][frontier]  # [k]
+            # Attention of the k new rows: every target row, and its own chain of drafted rows.
+            rows_mask = torch.zeros(k, fed + k, dtype=torch.bool, device=device)
+            if fed:
+                rows_mask[:, :fed] = ancestors_of_frontier
+            rows_mask[:, fed:] = torch.eye(k, dtype=torch.bool, device=device)
+            full = torch.cat([torch.ones(k, self.rows, dtype=torch.bool, device=device), rows_mask], dim=1)
+            mask = torch.zeros(full.shape, dtype=frontier_features.dtype, device=device)
+            mask.masked_fill_(~full, torch.finfo(mask.dtype).min)
+            positions = torch.full((k,), n - 1 + level - 1, device=device)
+            out = self._step(level_tokens, frontier_features, positions, mask[None, None])  # [k, H]
+            fed_rows = rows_mask
+            fed += k
+            logp = torch.log_softmax(self.lm_head(out).float(), -1)  # [k, V]
+            child = logp.topk(k, dim=-1)  # [k, k]
+            # A child scores strictly below its parent, so the best-scored nodes always form a subtree.
+            cumulative = scores[-1][frontier][:, None] + child.values - 1e-6  # [k, k]
+            tokens.append(child.indices.reshape(-1))
+            scores.append(cumulative.reshape(-1))
+            parents.append(frontier_ids.repeat_interleave(k))
+            offset += tokens[-2].shape[0]
+            best = cumulative.reshape(-1).topk(k).indices  # [k] within this level
+            frontier = best
+            frontier_ids = offset + best
+            frontier_features = out[best // k]
+            ancestors_of_frontier = fed_rows[best // k]  # [k, fed]
+        all_tokens = torch.cat(tokens)
+        all_scores = torch.cat(scores)
+        all_parents = torch.cat(parents)
+        keep = all_scores.topk(min(self.max_nodes, all_scores.shape[0])).indices.sort().values  # topological order
+        remap = torch.full((all_tokens.shape[0],), -1, dtype=torch.long, device=device)
+        remap[keep] = torch.arange(keep.shape[0], device=device)
+        kept_parents = all_parents[keep]
+        kept_parents = torch.where(kept_parents >= 0, remap[kept_parents.clamp(min=0)], kept_parents)
+        return Proposal(all_tokens[keep].to(context.device), None, kept_parents.to(context.device))

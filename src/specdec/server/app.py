@@ -1,0 +1,318 @@
+"""The FastAPI app: OpenAI's /v1/completions and /v1/chat/completions over the batched scheduler.
+
+Handlers validate, tokenize, enqueue a `Request` and turn its events into a JSON body or an SSE stream
+(`data: {json}\\n\\n` chunks, an optional usage chunk with empty `choices`, then `data: [DONE]`). They never
+touch a model. A client that goes away cancels its row (freed at the next round boundary).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from specdec.decoding import FixedGamma
+from specdec.models.causal_lm import context_length, vocab_size
+from specdec.server.metrics import Metrics
+from specdec.server.protocol import APIError, Sampling, parse_sampling
+from specdec.server.scheduler import Failed, Finished, Request, Scheduler
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+DEFAULT_CHAT_MAX_TOKENS = 512
+
+
+class TextAssembler:
+    """Tokens in, text deltas out; holds back what could still turn into a stop string or a split character."""
+
+    def __init__(self, tokenizer, stops: list[str]):
+        self.tokenizer, self.stops = tokenizer, stops
+        self.tokens: list[int] = []
+        self.emitted = 0  # characters of the decoded text already sent
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.text = ""
+
+    def add(self, tokens: list[int]) -> tuple[str, bool]:
+        """(new text safe to send, whether a stop string ended the completion)."""
+        self.tokens.extend(tokens)
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        hits = [i for i in (text.find(s, max(0, self.emitted - self.hold)) for s in self.stops) if i >= 0]
+        if hits:
+            self.text = text[: min(hits)]
+            delta = self.text[self.emitted :]
+            self.emitted = len(self.text)
+            return delta, True
+        self.text = text
+        safe = len(text) - (1 if text.endswith("\ufffd") else 0) - self.hold
+        if safe <= self.emitted:
+            return "", False
+        delta = text[self.emitted : safe]
+        self.emitted = safe
+        return delta, False
+
+    def finish(self) -> str:
+        delta = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        return delta
+
+
+def _usage(prompt_tokens: int, request: Request) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": request.completion_tokens,
+        "total_tokens": prompt_tokens + request.completion_tokens,
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": request.accepted,
+            "rejected_prediction_tokens": request.drafted - request.accepted,
+        },
+    }
+
+
+def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", max_batch: int = 64,
+               max_gamma: int = 4, adaptive_gamma: bool = True, max_body_bytes: int = 1 << 20,
+               drain_s: float = 10.0, chat_template: str | None = None) -> FastAPI:
+    metrics = Metrics()
+    scheduler = Scheduler(target, drafter, max_batch=max_batch, max_gamma=max_gamma, metrics=metrics,
+                          adaptive_gamma=adaptive_gamma)
+    limit = context_length(target)
+    served_method = {"DraftModel": "draft", "PromptLookup": "prompt-lookup", "Bigram": "bigram"}.get(
+        type(drafter).__name__, type(drafter).__name__) if drafter is not None else "none"
+    vocab = vocab_size(target)
+    created = int(time.time())
+    chat_template = chat_template or getattr(tokenizer, "chat_template", None)  # the caller's tokenizer is not changed
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        scheduler.start()
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, scheduler.stop, drain_s)
+
+    app = FastAPI(title="specdec", lifespan=lifespan)
+    app.state.scheduler = scheduler
+    app.state.metrics = metrics
+
+    @app.exception_handler(APIError)
+    async def api_error(_request, exc: APIError):
+        metrics.request_errors.labels(status=str(exc.status)).inc()
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok" if scheduler.accepting and scheduler.thread.is_alive() else "stopping",
+                **scheduler.load}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list",
+                "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "specdec"}]}
+
+    async def read_body(http: HTTPRequest) -> dict:
+        declared = http.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+            raise APIError(f"request body of {declared} bytes exceeds the limit of {max_body_bytes}; send a "
+                           "shorter prompt", code="request_too_large")
+        raw = await http.body()
+        if len(raw) > max_body_bytes:
+            raise APIError(f"request body exceeds the limit of {max_body_bytes} bytes; send a shorter prompt",
+                           code="request_too_large")
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise APIError(f"the request body is not valid JSON ({exc}); send a JSON object",
+                           code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise APIError("the request body must be a JSON object", code="invalid_json")
+        model = body.get("model")
+        if model is not None and model != model_name:
+            raise APIError(f"unknown model {model!r}; this server serves {model_name!r} (see GET /v1/models)",
+                           param="model", code="model_not_found")
+        return body
+
+    def check_ids(ids: list[int], param: str) -> list[int]:
+        if not ids:
+            raise APIError(f"'{param}' is empty; send at least one token of text", param=param)
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise APIError(f"token id {bad[0]!r} in '{param}' is outside the vocabulary [0, {vocab}); "
+                           "tokenize with this model's tokenizer", param=param, code="invalid_token_id")
+        return ids
+
+    def budget(n: int, sampling: Sampling, default: int) -> int:
+        if limit is not None and n >= limit:
+            raise APIError(f"the prompt has {n} tokens, the model's context is {limit}; shorten the prompt",
+                           param="prompt", code="context_length_exceeded")
+        if sampling.max_tokens is None:
+            return default if limit is None else min(default, limit - n)
+        if limit is not None and n + sampling.max_tokens > limit:
+            raise APIError(f"prompt ({n} tokens) + max_tokens ({sampling.max_tokens}) exceeds the model's context "
+                           f"of {limit} tokens; lower max_tokens or shorten the prompt", param="max_tokens",
+                           code="context_length_exceeded")
+        return sampling.max_tokens
+
+    def submit(ids: list[int], sampling: Sampling, max_new: int) -> Request:
+        if not scheduler.accepting:
+            raise APIError("the server is shutting down; retry against another instance", status=503,
+                           type_="server_error", code="shutting_down")
+        method = sampling.extra.get("method")
+        if method not in (None, "none", served_method):
+            raise APIError(f"'speculative.method' {method!r} is not served here; this server drafts with "
+                           f"{served_method!r} (or send \"none\" for plain decoding)", param="speculative.method")
+        gamma = FixedGamma(0) if sampling.plain else (sampling.gamma or max_gamma)
+        options = dict(gamma=gamma, max_new_tokens=max_new, temperature=sampling.temperature,
+                       top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed)
+        # A seeded sampled request keeps a fixed γ (its draws then reproduce); so does an explicit gamma.
+        adaptive = sampling.gamma is None and not (sampling.seed is not None and sampling.temperature > 0)
+        request = Request(ids, options, asyncio.get_running_loop(), adaptive=adaptive)
+        scheduler.submit(request)
+        return request
+
+    async def respond(http: HTTPRequest, ids: list[int], sampling: Sampling, max_new: int, chat: bool):
+        request = submit(ids, sampling, max_new)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        obj = "chat.completion" if chat else "text_completion"
+        assembler = TextAssembler(tokenizer, sampling.stop)
+        try:
+            first = await request.events.get()
+        except asyncio.CancelledError:
+            scheduler.cancel(request.id)
+            raise
+        if isinstance(first, Failed):
+            raise APIError(first.message, status=first.status,
+                           type_="server_error" if first.status >= 500 else "invalid_request_error")
+
+        def choice(text: str | None, finish: str | None, stream: bool) -> dict:
+            if chat:
+                key = "delta" if stream else "message"
+                content = {"content": text} if stream else {"role": "assistant", "content": text}
+                if stream and text is None:
+                    content = {}
+                return {"index": 0, key: content, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+        if not sampling.stream:
+            item, finish = first, None
+            try:
+                while True:
+                    if isinstance(item, list):
+                        _, stopped = assembler.add(item)
+                        if stopped:
+                            scheduler.cancel(request.id)
+                            finish = "stop"
+                            break
+                    elif isinstance(item, Finished):
+                        assembler.finish()
+                        finish = item.reason
+                        break
+                    else:
+                        raise APIError(item.message, status=item.status, type_="server_error")
+                    item = await request.events.get()
+            except asyncio.CancelledError:
+                scheduler.cancel(request.id)
+                raise
+            return {"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
+                    "choices": [choice(assembler.text, finish, False)], "usage": _usage(len(ids), request)}
+
+        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choices: list, usage=None) -> str:
+            data = {"id": rid, "object": chunk_obj, "created": int(time.time()), "model": model_name,
+                    "choices": choices}
+            if sampling.include_usage:
+                data["usage"] = usage
+            return f"data: {json.dumps(data)}\n\n"
+
+        async def events():
+            done = False
+            try:
+                if chat:
+                    yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None}])
+                item, finish = first, None
+                while True:
+                    if isinstance(item, list):
+                        delta, stopped = assembler.add(item)
+                        if delta:
+                            yield chunk([choice(delta, None, True)])
+                        if stopped:
+                            scheduler.cancel(request.id)
+                            finish = "stop"
+                            break
+                    elif isinstance(item, Finished):
+                        delta = assembler.finish()
+                        if delta:
+                            yield chunk([choice(delta, None, True)])
+                        finish = item.reason
+                        break
+                    else:
+                        metrics.request_errors.labels(status=str(item.status)).inc()
+                        error = APIError(item.message, status=item.status, type_="server_error")
+                        yield f"data: {json.dumps(error.body())}\n\n"
+                        yield "data: [DONE]\n\n"
+                        done = True
+                        return
+                    item = await request.events.get()
+                done = True
+                yield chunk([choice(None, finish, True)])
+                if sampling.include_usage:
+                    yield chunk([], _usage(len(ids), request))
+                yield "data: [DONE]\n\n"
+            finally:
+                if not done:  # the client went away: free the row at the next round boundary
+                    scheduler.cancel(request.id)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.post("/v1/completions")
+    async def completions(http: HTTPRequest):
+        body = await read_body(http)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if prompt is None or prompt == "" or prompt == []:
+            raise APIError("'prompt' is required: a string or a list of token ids", param="prompt")
+        if isinstance(prompt, str):
+            ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+            if not ids and tokenizer.bos_token_id is not None:
+                ids = [tokenizer.bos_token_id]
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+        elif isinstance(prompt, list):
+            raise APIError("only one prompt per request is supported; send a string or one list of token ids",
+                           param="prompt")
+        else:
+            raise APIError("'prompt' must be a string or a list of token ids", param="prompt")
+        ids = check_ids(ids, "prompt")
+        sampling = parse_sampling(body, chat=False)
+        return await respond(http, ids, sampling, budget(len(ids), sampling, DEFAULT_MAX_TOKENS), chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: HTTPRequest):
+        body = await read_body(http)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise APIError("'messages' is required: a non-empty list of {role, content} objects", param="messages")
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise APIError("each message must be an object with string 'role' and 'content'", param="messages")
+        if not chat_template:
+            raise APIError("this model's tokenizer has no chat template; use /v1/completions with a plain prompt, "
+                           "or start the server with --chat-template FILE", param="messages",
+                           code="no_chat_template")
+        encoded = tokenizer.apply_chat_template(messages, chat_template=chat_template, add_generation_prompt=True,
+                                                tokenize=True)
+        ids = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        ids = check_ids(ids, "messages")
+        sampling = parse_sampling(body, chat=True)
+        return await respond(http, ids, sampling, budget(len(ids), sampling, DEFAULT_CHAT_MAX_TOKENS), chat=True)
+
+    return app

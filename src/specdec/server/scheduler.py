@@ -1,0 +1,235 @@
+"""The scheduler thread: the only code that touches the models. Handlers enqueue and read events.
+
+Loop: admit queued requests into free batch slots (prefill alone, splice in) → drop cancelled rows → pick
+the round's γ cap from measured goodput → `BatchDecoder.step` → hand each row's new tokens to its request
+(thread-safe, onto the request's asyncio queue) → metrics. A row whose decoding fails is removed with an
+error for its request alone; a failure of the whole round fails the rows in it and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from specdec.batch import BatchDecoder
+from specdec.errors import SpecdecError
+from specdec.server.goodput import GoodputGamma
+from specdec.server.metrics import Metrics
+
+log = logging.getLogger("specdec.serve")
+
+
+@dataclass
+class Finished:
+    reason: str  # "stop" | "length" | "cancelled"
+
+
+@dataclass
+class Failed:
+    status: int
+    message: str
+
+
+@dataclass
+class Request:
+    """One generation request, as the scheduler sees it."""
+
+    prompt_ids: list[int]
+    options: dict  # BatchDecoder.add keyword arguments (max_new_tokens, temperature, ..., gamma, seed)
+    loop: asyncio.AbstractEventLoop
+    adaptive: bool = True  # may the load-based γ cap lower this row's γ (False keeps seeded draws reproducible)
+    id: int = field(default_factory=itertools.count().__next__)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    arrived: float = field(default_factory=time.perf_counter)
+    # Filled by the scheduler as the request runs (read by the handler once finished).
+    drafted: int = 0
+    accepted: int = 0
+    completion_tokens: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    def push(self, item) -> None:
+        """Thread-safe: deliver a list of tokens, a Finished or a Failed to the handler."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
+            pass
+
+
+class Scheduler:
+    def __init__(self, target, drafter=None, *, max_batch: int = 64, max_gamma: int = 4,
+                 metrics: Metrics | None = None, adaptive_gamma: bool = True):
+        self._models = (target, drafter)
+        self.decoder = BatchDecoder(target, drafter)
+        self.speculative = drafter is not None
+        self.max_batch = max_batch
+        self.max_gamma = max_gamma if self.speculative else 0
+        self.policy = GoodputGamma(self.max_gamma) if adaptive_gamma else None
+        self.metrics = metrics or Metrics()
+        self.incoming: queue.Queue[Request] = queue.Queue()
+        self.waiting: list[Request] = []
+        self.active: dict[int, Request] = {}
+        self._cancelled: set[int] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.accepting = True
+        self.thread = threading.Thread(target=self._run, name="specdec-scheduler", daemon=True)
+        self.rounds = 0
+
+    # -- called from handlers (event-loop thread) -----------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, request: Request) -> None:
+        self.incoming.put(request)
+        self._wake.set()
+
+    def cancel(self, request_id: int) -> None:
+        """Free this request's row at the next round boundary (client disconnected, stop string seen)."""
+        with self._lock:
+            self._cancelled.add(request_id)
+        self._wake.set()
+
+    def stop(self, drain_s: float = 0.0) -> None:
+        """Stop admitting; let running rows finish for up to drain_s seconds; cancel the rest; join."""
+        self.accepting = False
+        deadline = time.monotonic() + drain_s
+        while (self.active or self.waiting or not self.incoming.empty()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._stop.set()
+        self._wake.set()
+        self.thread.join(timeout=30)
+
+    @property
+    def load(self) -> dict:
+        return {"running": len(self.active), "waiting": len(self.waiting) + self.incoming.qsize()}
+
+    # -- the scheduler thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._admit()
+            self._drop_cancelled()
+            self.metrics.running.set(len(self.active))
+            self.metrics.waiting.set(len(self.waiting))
+            if not self.active:
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            self._round()
+        for request in [*self.active.values(), *self.waiting, *self._drain_incoming()]:
+            request.push(Failed(503, "the server is shutting down; retry against another instance"))
+        self.active.clear()
+        self.waiting.clear()
+
+    def _drain_incoming(self) -> list[Request]:
+        out = []
+        while True:
+            try:
+                out.append(self.incoming.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _admit(self) -> None:
+        """Move queued requests into free batch slots: validate each, then one batched prefill for all."""
+        self.waiting.extend(self._drain_incoming())
+        admitted, rows = [], []
+        while self.waiting and len(self.active) + len(admitted) < self.max_batch:
+            request = self.waiting.pop(0)
+            with self._lock:
+                if request.id in self._cancelled:
+                    self._cancelled.discard(request.id)
+                    continue
+            try:
+                rows.append((request.id, request.prompt_ids, request.options))
+                self.decoder.check(*rows[-1][:2], **request.options)
+            except SpecdecError as exc:
+                rows.pop()
+                request.push(Failed(400, str(exc)))
+                continue
+            admitted.append(request)
+        if not admitted:
+            return
+        try:
+            self.decoder.add_many(rows)
+        except Exception as exc:  # noqa: BLE001 (a broken prefill must not stop the loop)
+            log.exception("prefill failed")
+            for request in admitted:
+                request.push(Failed(500, f"prefill failed: {type(exc).__name__}: {exc}"))
+            return
+        for request in admitted:
+            self.active[request.id] = request
+            self.metrics.prompt_tokens.inc(len(request.prompt_ids))
+
+    def _drop_cancelled(self) -> None:
+        with self._lock:
+            cancelled, self._cancelled = self._cancelled, set()
+        gone = [rid for rid in cancelled if rid in self.active]
+        if gone:
+            self.decoder.remove(gone)
+            for rid in gone:
+                self.active.pop(rid).push(Finished("cancelled"))
+        self.waiting = [r for r in self.waiting if r.id not in cancelled]
+        with self._lock:  # ids not seen yet (still in `incoming`) stay cancelled for _admit
+            self._cancelled |= {rid for rid in cancelled if rid not in self.active and rid not in gone}
+
+    def _round(self) -> None:
+        batch = len(self.decoder)
+        gamma = self.policy.choose(batch) if self.policy is not None else self.max_gamma
+        caps = {row.key: (gamma if self.active[row.key].adaptive else None) for row in self.decoder.rows}
+        start = time.perf_counter()
+        try:
+            events = self.decoder.step(gamma_cap=caps)
+        except Exception as exc:  # noqa: BLE001 (the round as a whole failed: fail its rows, keep serving)
+            log.exception("decoding round failed")
+            keys = self.decoder.keys
+            self.decoder = BatchDecoder(*self._models)  # its caches may be half-updated: start clean
+            for rid in keys:
+                self.active.pop(rid).push(Failed(500, f"decoding failed: {type(exc).__name__}: {exc}"))
+            return
+        seconds = time.perf_counter() - start
+        now = time.perf_counter()
+        self.rounds += 1
+        m = self.metrics
+        m.batch_size.observe(batch)
+        m.round_seconds.observe(seconds)
+        m.gamma.set(gamma)
+        m.gamma_chosen.observe(gamma)
+        accepted_total = rejected_total = 0
+        for event in events:
+            request = self.active.get(event.key)
+            if request is None:
+                continue
+            if event.error is not None:
+                self.active.pop(event.key)
+                request.push(Failed(500, f"decoding failed for this request: {event.error}"))
+                continue
+            m.record_round(event.drafted, event.accepted)
+            request.drafted += event.drafted
+            request.accepted += event.accepted
+            accepted_total += event.accepted
+            rejected_total += 1 if event.accepted < event.drafted else 0
+            if event.tokens:
+                if request.first_token_at is None:
+                    request.first_token_at = now
+                    m.ttft.observe(now - request.arrived)
+                else:
+                    gap = (now - request.last_token_at) / len(event.tokens)
+                    for _ in event.tokens:
+                        m.itl.observe(gap)
+                request.last_token_at = now
+                request.completion_tokens += len(event.tokens)
+                m.generation_tokens.inc(len(event.tokens))
+                request.push(event.tokens)
+            if event.finished:
+                self.active.pop(event.key)
+                m.requests.labels(finished_reason=event.finish_reason).inc()
+                m.e2e.observe(now - request.arrived)
+                request.push(Finished(event.finish_reason))
+        if self.policy is not None:
+            self.policy.update(batch, gamma, seconds, accepted_total, rejected_total)

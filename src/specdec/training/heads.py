@@ -1,0 +1,262 @@
+"""Training EAGLE and Medusa heads on a frozen target's own features (`specdec.train_head`).
+
+Every step runs the frozen target over a batch of windows with ``output_hidden_states`` and takes its
+last hidden states (the input of its LM head) as features f and its logits as soft labels.
+
+* **EAGLE** (EAGLE-1 loss, EAGLE-3 "training-time test"): row t reads (embed(x_{t+1}), f_t) and must
+  predict f_{t+1}: SmoothL1 to f_{t+1} plus 0.1 x soft cross-entropy of lm_head(prediction) against the
+  target's distribution at t+1. Inputs get uniform noise. The head is then unrolled `ttt_steps - 1`
+  more times the way it drafts: at unroll j, row t reads its own prediction from unroll j-1 at t-1 and
+  attends to the true rows up to t-j plus its own chain of predicted rows (a 4D mask over the head's
+  cache), so it learns to continue from its own features. Step j's loss is weighted 0.8^j.
+* **Medusa**: head k reads f_t and is fit (soft cross-entropy) to the target's distribution at t+k,
+  i.e. of token t+k+1; weights 0.8^(k-1).
+
+The held-out report gives the loss and the teacher-forced acceptance proxy per draft depth: the share of
+positions where the head's argmax equals the target's argmax at that depth (EAGLE: depth j = unroll j).
+Data: the stdlib corpus (the default target's training split) or a text / JSONL file (`--data`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from specdec.errors import ConfigError
+from specdec.heads import EagleHead, MedusaHeads
+from specdec.training.data import cached_tokens, sample_batch, sequential_batches
+from specdec.training.loop import LoopConfig, run_loop
+from specdec.training.train import hardware_summary, resolve_device
+
+KINDS = ("eagle", "medusa")
+
+
+@dataclass
+class HeadTrainConfig:
+    """Everything one `specdec train-head` run depends on."""
+
+    kind: str
+    out: Path
+    loop: LoopConfig
+    data: str | None = None  # None: the stdlib corpus; else a .txt or .jsonl file ("text" field)
+    batch_size: int = 8
+    seq_len: int = 256
+    ttt_steps: int = 3  # EAGLE: 1 teacher-forced pass + unrolls on its own features
+    num_heads: int = 4  # Medusa
+    noise: float = 0.2  # EAGLE: uniform noise amplitude on input features (x feature RMS)
+    device: str = "cpu"
+    eval_tokens: int = 16384
+    save_dtype: str = "float16"
+    resume: bool = False
+
+
+# -- data ----------------------------------------------------------------------------------------------------
+
+def _file_texts(path: Path) -> list[str]:
+    if not path.is_file():
+        raise ConfigError(f"--data {path} does not exist; pass a .txt file, a .jsonl file with a \"text\" field, "
+                          "or omit --data for the stdlib corpus")
+    raw = path.read_text(encoding="utf-8", errors="ignore")
+    if path.suffix != ".jsonl":
+        return [t for t in raw.split("\n\n") if t.strip()]
+    texts = []
+    for i, line in enumerate(raw.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            texts.append(str(json.loads(line)["text"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"--data {path}: line {i + 1} is not a JSON object with a \"text\" field ({exc})") from exc
+    return texts
+
+
+def token_streams(tokenizer: Any, data: str | None, cache_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out) token streams; a file's last ~3% of documents are held out."""
+    if data is None:
+        return cached_tokens(tokenizer, "train", cache_dir), cached_tokens(tokenizer, "heldout", cache_dir)
+    from specdec.training.tokenizer import encode_corpus
+
+    texts = _file_texts(Path(data))
+    if len(texts) < 2:
+        raise ConfigError(f"--data {data} has fewer than 2 documents; it needs a train and a held-out part")
+    cut = max(1, len(texts) - max(1, len(texts) * 3 // 100))
+    return encode_corpus(tokenizer, texts[:cut]), encode_corpus(tokenizer, texts[cut:])
+
+
+# -- features and losses -------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def target_features(target, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features [B, L, H], logits [B, L, V]) of the frozen target on batch [B, L]."""
+    out = target(input_ids=batch, output_hidden_states=True)
+    return out.hidden_states[-1], out.logits.float()
+
+
+def soft_ce(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of -sum p_target log q: rows [..., V]."""
+    return -(torch.softmax(target_logits, -1) * torch.log_softmax(logits.float(), -1)).sum(-1).mean()
+
+
+def _unroll_mask(n: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Additive mask [1, 1, n, (step+1) n] for unroll `step`: row t sees true rows <= t-step and, for
+    each earlier unroll s in 1..step, that unroll's row t-step+s (its own chain)."""
+    t = torch.arange(n, device=device)
+    allowed = [t[None, :] <= (t[:, None] - step)]  # [n, n] true rows
+    for s in range(1, step + 1):
+        allowed.append(t[None, :] == (t[:, None] - step + s))
+    allowed = torch.cat(allowed, dim=1)  # [n, (step+1) n]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def eagle_unrolls(head: EagleHead, target, batch: torch.Tensor, steps: int, noise: float):
+    """Per unroll j: (predicted features [B, n, H], valid-from row j); plus targets (f_next, logits_next)."""
+    feats, logits = target_features(target, batch)
+    embeds = target.get_input_embeddings()(batch[:, 1:]).detach()  # [B, n, H], n = L - 1
+    f_in, f_next, logits_next = feats[:, :-1], feats[:, 1:], logits[:, 1:]
+    if noise > 0:
+        scale = f_in.pow(2).mean().sqrt()
+        f_in = f_in + (torch.rand_like(f_in) - 0.5) * noise * scale
+    b, n, _ = f_in.shape
+    positions = torch.arange(n, device=batch.device)[None].expand(b, n)
+    cache = DynamicCache()
+    preds = [head(embeds, f_in, positions, cache=cache)]
+    for j in range(1, steps):
+        shifted = torch.cat([torch.zeros_like(preds[-1][:, :1]), preds[-1][:, :-1]], dim=1)  # row t <- pred at t-1
+        mask = _unroll_mask(n, j, f_in.dtype, batch.device).expand(b, 1, n, (j + 1) * n)
+        preds.append(head(embeds, shifted, positions, attention_mask=mask, cache=cache))
+    return preds, f_next, logits_next
+
+
+def eagle_loss(head, target, batch, steps: int, noise: float) -> torch.Tensor:
+    preds, f_next, logits_next = eagle_unrolls(head, target, batch, steps, noise)
+    lm_head = target.get_output_embeddings()
+    total = 0.0
+    for j, pred in enumerate(preds):
+        p, f, lg = pred[:, j:], f_next[:, j:], logits_next[:, j:]
+        vloss = F.smooth_l1_loss(p.float(), f.float())
+        ploss = soft_ce(lm_head(p), lg)
+        total = total + 0.8**j * (vloss + 0.1 * ploss)
+    return total
+
+
+def medusa_loss(heads: MedusaHeads, target, batch) -> torch.Tensor:
+    feats, logits = target_features(target, batch)
+    lm_head = target.get_output_embeddings()
+    hidden = heads(feats)  # [K, B, L, H]
+    total = 0.0
+    for k in range(1, heads.num_heads + 1):
+        total = total + 0.8 ** (k - 1) * soft_ce(lm_head(hidden[k - 1][:, :-k]), logits[:, k:])
+    return total
+
+
+@torch.no_grad()
+def evaluate_head(kind: str, head, target, batches: list[torch.Tensor], steps: int) -> dict[str, float]:
+    """Held-out loss and teacher-forced acceptance proxy per depth (argmax agreement with the target)."""
+    was = head.training
+    head.eval()
+    lm_head = target.get_output_embeddings()
+    agree: dict[int, list[float]] = {}
+    losses = []
+    for batch in batches:
+        if kind == "eagle":
+            preds, _, logits_next = eagle_unrolls(head, target, batch, steps, 0.0)
+            losses.append(float(eagle_loss_from(preds, target, batch)))
+            for j, pred in enumerate(preds):
+                hit = lm_head(pred[:, j:]).argmax(-1) == logits_next[:, j:].argmax(-1)
+                agree.setdefault(j + 1, []).append(hit.float().mean().item())
+        else:
+            feats, logits = target_features(target, batch)
+            hidden = head(feats)
+            losses.append(float(medusa_loss(head, target, batch)))
+            for k in range(1, head.num_heads + 1):
+                hit = lm_head(hidden[k - 1][:, :-k]).argmax(-1) == logits[:, k:].argmax(-1)
+                agree.setdefault(k, []).append(hit.float().mean().item())
+    head.train(was)
+    metrics = {"heldout_loss": float(np.mean(losses))}
+    metrics.update({f"accept_d{d}": float(np.mean(v)) for d, v in sorted(agree.items())})
+    return metrics
+
+
+def eagle_loss_from(preds, target, batch) -> torch.Tensor:
+    """Held-out EAGLE loss of already computed unrolls (no noise)."""
+    feats, logits = target_features(target, batch)
+    lm_head = target.get_output_embeddings()
+    total = 0.0
+    for j, pred in enumerate(preds):
+        f, lg = feats[:, 1 + j:], logits[:, 1 + j:]
+        total = total + 0.8**j * (F.smooth_l1_loss(pred[:, j:].float(), f.float()) + 0.1 * soft_ce(lm_head(pred[:, j:]), lg))
+    return total
+
+
+def chain_tau(metrics: dict[str, float]) -> float:
+    """Teacher-forced proxy of τ for a chain as long as the depths measured: 1 + a1 + a1 a2 + ..."""
+    tau, run = 1.0, 1.0
+    for key in sorted(k for k in metrics if k.startswith("accept_d")):
+        run *= metrics[key]
+        tau += run
+    return tau
+
+
+# -- the run -------------------------------------------------------------------------------------------------
+
+def train_head(cfg: HeadTrainConfig, target, tokenizer, log=print) -> dict[str, Any]:
+    """Train a head of `cfg.kind` for the frozen `target`; save it to `cfg.out/head` and return the report."""
+    if cfg.kind not in KINDS:
+        raise ConfigError(f"--kind must be one of {', '.join(KINDS)}, got {cfg.kind!r}")
+    if cfg.ttt_steps < 1 or cfg.batch_size < 1 or cfg.seq_len < 8:
+        raise ConfigError("train-head needs --ttt-steps >= 1, --batch-size >= 1 and --seq-len >= 8")
+    device = resolve_device(cfg.device)
+    save_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.save_dtype]
+    out = Path(cfg.out)
+    target = target.to(device=device, dtype=torch.float32).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    torch.manual_seed(cfg.loop.seed)
+    if cfg.kind == "eagle":
+        head = EagleHead.init(target, seed=cfg.loop.seed)
+    else:
+        head = MedusaHeads.init(target, num_heads=cfg.num_heads, seed=cfg.loop.seed)
+    train_tokens, heldout_tokens = token_streams(tokenizer, cfg.data, out / "cache")
+    heldout = [b.to(device) for b in sequential_batches(heldout_tokens, 8, cfg.seq_len, cfg.eval_tokens)]
+    if not heldout:
+        raise ConfigError(f"held-out data has fewer than --seq-len {cfg.seq_len} tokens; lower --seq-len")
+
+    def loss_at(step: int) -> torch.Tensor:
+        batch = sample_batch(train_tokens, step, cfg.loop.seed, cfg.batch_size, cfg.seq_len).to(device)
+        if cfg.kind == "eagle":
+            return eagle_loss(head, target, batch, cfg.ttt_steps, cfg.noise)
+        return medusa_loss(head, target, batch)
+
+    def evaluate() -> dict[str, float]:
+        return evaluate_head(cfg.kind, head, target, heldout, cfg.ttt_steps)
+
+    meta = {"kind": cfg.kind, "data": cfg.data or "stdlib", "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
+            "ttt_steps": cfg.ttt_steps, "num_heads": cfg.num_heads, "noise": cfg.noise}
+    cpu0 = time.process_time()
+    summary = run_loop(head, cfg.loop, out, loss_at, evaluate, meta, cfg.resume, log, desc=f"train-head {cfg.kind}")
+    cpu_minutes = (time.process_time() - cpu0) / 60
+    final = summary["final"]
+    head.meta = {
+        "data": cfg.data or "python stdlib (train split)", "steps": cfg.loop.steps,
+        "train_tokens": cfg.loop.steps * cfg.batch_size * cfg.seq_len, "cpu_minutes_this_run": round(cpu_minutes, 1),
+        "heldout": final, "teacher_forced_chain_tau": chain_tau(final),
+        "settings": {**meta, "loop": asdict(cfg.loop)},
+    }
+    head.save(out / "head", dtype=save_dtype)
+    report = {"config": head.meta["settings"], "final": final, "history": summary["history"],
+              "cpu_minutes": cpu_minutes, "wall_seconds": summary["seconds"], "resumed_from": summary["resumed_from"],
+              "device": str(device), "hardware": hardware_summary()}
+    tmp = out / "report.json.tmp"
+    tmp.write_text(json.dumps(report, indent=2, default=str))
+    tmp.replace(out / "report.json")
+    return report

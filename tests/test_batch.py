@@ -1,0 +1,127 @@
+"""Batched speculative decoding: each row is what `specdec.generate` gives for that prompt alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import perturbed, tiny
+
+import specdec
+from specdec.batch import BatchDecoder, generate_batch
+
+LONG = [(i * 37 + 11) % 96 for i in range(120)]
+PROMPTS = [LONG[:20], [7], LONG[:45], LONG[3:9], LONG[:2]]
+ARCHS = ["llama", "qwen2", "gpt2"]
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    out = {}
+    for arch in ARCHS:
+        target = tiny(arch, hidden=32, layers=3)
+        out[arch] = (target, perturbed(target, 0.1))
+    return out
+
+
+DRAFTERS = {
+    "plain": lambda draft: None,
+    "draft-model": lambda draft: specdec.DraftModel(draft),
+    "prompt-lookup": lambda draft: specdec.PromptLookup(max_ngram=3, min_ngram=1),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("method", list(DRAFTERS))
+def test_greedy_rows_match_lone_requests(pairs, arch, method):
+    target, draft = pairs[arch]
+    make = DRAFTERS[method]
+    lone = [specdec.generate(target, p, drafter=make(draft), gamma=3, max_new_tokens=24) for p in PROMPTS]
+    batched = generate_batch(target, PROMPTS, drafter=make(draft), gamma=3, max_new_tokens=24)
+    for got, want in zip(batched, lone):
+        assert got.tokens == want.tokens
+        assert got.stats.accepted == want.stats.accepted  # same rounds, same ragged acceptance
+        assert got.stats.target_forwards == want.stats.target_forwards
+    if method != "plain":
+        accepted = [o.stats.accepted for o in batched]
+        assert len(set(accepted)) > 1  # rows really accepted different amounts
+
+
+@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup"])
+def test_sampled_rows_draw_what_a_lone_request_draws(pairs, method):
+    """T > 0 with top-k/top-p: a seeded row makes the same draws as the lone seeded request (exactness per row)."""
+    target, draft = pairs["llama"]
+    make = DRAFTERS[method]
+    opts = dict(gamma=4, max_new_tokens=20, temperature=0.9, top_k=40, top_p=0.9)
+    seeds = [11, 12, 13, 14, 15]
+    lone = [specdec.generate(target, p, drafter=make(draft), seed=s, **opts).tokens for p, s in zip(PROMPTS, seeds)]
+    batched = generate_batch(target, PROMPTS, drafter=make(draft), seed=seeds, **opts)
+    assert [o.tokens for o in batched] == lone
+    assert len({tuple(t) for t in lone}) == len(lone)
+
+
+def test_rows_join_and_leave_between_rounds(pairs):
+    """Continuous batching: rows added at different rounds and one cancelled; the others are unaffected."""
+    target, draft = pairs["llama"]
+    decoder = BatchDecoder(target, specdec.DraftModel(draft))
+    lone = {i: specdec.generate(target, p, drafter=specdec.DraftModel(draft), gamma=3, max_new_tokens=16 + i).tokens
+            for i, p in enumerate(PROMPTS)}
+    got = {i: [] for i in range(len(PROMPTS))}
+    pending = list(enumerate(PROMPTS))
+    rounds = 0
+    while pending or len(decoder):
+        if pending and rounds % 2 == 0:  # a new row every other round
+            i, prompt = pending.pop(0)
+            decoder.add(i, prompt, gamma=3, max_new_tokens=16 + i)
+        if rounds == 3:
+            decoder.remove([0])  # a client went away
+            cancelled = list(got[0])
+        for event in decoder.step():
+            got[event.key].extend(event.tokens)
+        rounds += 1
+        assert decoder.target.rows == len(decoder) == decoder.draft_lm.rows
+        # The invariant of the single-row loop, per row: the target caches context[:n-1], the draft at most that.
+        assert decoder.target.lengths.tolist() == [row.n - 1 for row in decoder.rows]
+        assert all(d <= row.n - 1 for d, row in zip(decoder.draft_lm.lengths.tolist(), decoder.rows))
+        assert decoder.target.slots <= max([row.n for row in decoder.rows], default=0) * 2 + 8  # holes stay bounded
+    assert got[0] == cancelled and lone[0][: len(cancelled)] == cancelled
+    for i in range(1, len(PROMPTS)):
+        assert got[i] == lone[i]
+
+
+def test_gamma_cap_backs_off_to_plain_decoding_and_stays_exact(pairs):
+    target, draft = pairs["llama"]
+    decoder = BatchDecoder(target, specdec.DraftModel(draft))
+    for i, prompt in enumerate(PROMPTS):
+        decoder.add(i, prompt, gamma=4, max_new_tokens=12)
+    got = {i: [] for i in range(len(PROMPTS))}
+    caps = [4, 0, 2, 0, 1]
+    step = 0
+    while len(decoder):
+        for event in decoder.step(gamma_cap=caps[step % len(caps)]):
+            assert event.drafted <= caps[step % len(caps)]
+            got[event.key].extend(event.tokens)
+        step += 1
+    for i, prompt in enumerate(PROMPTS):
+        assert got[i] == specdec.generate(target, prompt, max_new_tokens=12).tokens
+
+
+def test_eos_ends_one_row(pairs):
+    target, _ = pairs["llama"]
+    free = specdec.generate(target, PROMPTS[0], max_new_tokens=20).tokens
+    eos = free[5]
+    outs = generate_batch(target, PROMPTS[:3], max_new_tokens=20, eos_token_id=eos)
+    assert outs[0].tokens == free[: free.index(eos) + 1]
+    for out, prompt in zip(outs, PROMPTS[:3]):
+        assert out.tokens == specdec.generate(target, prompt, max_new_tokens=20, eos_token_id=eos).tokens
+
+
+def test_bad_inputs_raise_specdec_errors(pairs):
+    target, _ = pairs["llama"]
+    with pytest.raises(specdec.PromptError):
+        generate_batch(target, [[1, 2], [500]])
+    with pytest.raises(specdec.ConfigError):
+        generate_batch(target, [[1, 2]], drafter=specdec.LayerSkip(target))
+    with pytest.raises(specdec.ConfigError):
+        generate_batch(target, [[1], [2]], seed=[1])
+    with pytest.raises(specdec.PromptError):
+        generate_batch(target, torch.tensor([1, 2]))

@@ -1,0 +1,325 @@
+"""`specdec serve` on 127.0.0.1, driven by the official openai client (tiny float64 models, bounded time)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from models import perturbed, tiny, tiny_tokenizer
+
+import specdec
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx2")  # the HTTP client the openai package ships with
+uvicorn = pytest.importorskip("uvicorn")
+from specdec.server import create_app  # noqa: E402
+
+TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+POISON_FROM = 300  # the bare server's model has NaN position embeddings from here on
+
+
+class LiveServer:
+    def __init__(self, app):
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=30)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def pair(tokenizer):
+    target = tiny("llama", hidden=32, layers=2, vocab=len(tokenizer))
+    return target, perturbed(target, 0.1)
+
+
+@pytest.fixture(scope="module")
+def live(pair, tokenizer):
+    target, draft = pair
+    server = LiveServer(create_app(target, tokenizer, specdec.DraftModel(draft), model_name="tiny",
+                                   max_gamma=4, chat_template=TEMPLATE, max_body_bytes=64_000))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def bare(tokenizer):
+    """GPT-2 with NaN position embeddings past POISON_FROM (a request reaching them fails), no chat template."""
+    model = tiny("gpt2", hidden=32, layers=2, vocab=len(tokenizer))
+    with torch.no_grad():
+        model.transformer.wpe.weight[POISON_FROM:] = float("nan")
+    server = LiveServer(create_app(model, tokenizer, specdec.PromptLookup(), model_name="bare"))
+    yield server, model
+    server.stop()
+
+
+def lone_text(tokenizer, target, ids, drafter=None, **kw):
+    tokens = specdec.generate(target, ids, drafter=drafter, **kw).tokens
+    return tokenizer.decode(tokens, skip_special_tokens=True), tokens
+
+
+def prompt_ids(i: int, n: int = 12) -> list[int]:
+    return [(i * 31 + j * 7 + 3) % 250 for j in range(n + i % 5)]
+
+
+def metric(url: str, name: str, labels: str = "") -> float:
+    text = httpx.get(url + "/metrics").text
+    match = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_models_and_health(live):
+    assert [m.id for m in live.client.models.list().data] == ["tiny"]
+    assert httpx.get(live.url + "/health").json()["status"] == "ok"
+
+
+def test_completion_matches_lone_greedy_and_reports_drafts(live, pair, tokenizer):
+    target, draft = pair
+    out = live.client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=20, temperature=0)
+    ids = tokenizer("def add(a, b):")["input_ids"]
+    text, tokens = lone_text(tokenizer, target, ids, specdec.DraftModel(draft), gamma=4, max_new_tokens=20)
+    assert out.choices[0].text == text
+    assert out.choices[0].finish_reason == "length"
+    usage = out.usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), 20)
+    details = usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens >= 0
+
+
+def test_chat_uses_the_template(live, pair, tokenizer):
+    target, draft = pair
+    messages = [{"role": "user", "content": "print(i)"}]
+    out = live.client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
+    ids = tokenizer(TEMPLATE.replace("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}",
+                                     "user: print(i)\n"))["input_ids"]
+    text, _ = lone_text(tokenizer, target, ids, specdec.DraftModel(draft), max_new_tokens=12)
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content == text
+
+
+def test_streaming_with_usage(live, pair, tokenizer):
+    target, draft = pair
+    stream = live.client.completions.create(model="tiny", prompt=prompt_ids(3), max_tokens=25, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == lone_text(tokenizer, target, prompt_ids(3), specdec.DraftModel(draft), max_new_tokens=25)[0]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 25
+    assert all(c.usage is None for c in chunks[:-1])
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_chat_streaming_and_stop_string(live):
+    stream = live.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                                 max_tokens=30, temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    full = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert len(full) > 2
+    stop = full[2:4]
+    out = live.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                              max_tokens=30, temperature=0, stop=[stop])
+    assert out.choices[0].message.content == full[: full.index(stop)]
+    assert out.choices[0].finish_reason == "stop"
+
+
+def test_seed_reproduces_and_equals_the_lone_request(live, pair, tokenizer):
+    target, draft = pair
+    kw = dict(model="tiny", prompt=prompt_ids(1), max_tokens=16, temperature=1.0, top_p=0.9)
+    a = live.client.completions.create(seed=7, **kw).choices[0].text
+    b = live.client.completions.create(seed=7, **kw).choices[0].text
+    c = live.client.completions.create(seed=8, **kw).choices[0].text
+    lone, _ = lone_text(tokenizer, target, prompt_ids(1), specdec.DraftModel(draft), gamma=4, max_new_tokens=16,
+                        temperature=1.0, top_p=0.9, seed=7)
+    assert a == b == lone
+    assert c != a
+
+
+def test_32_concurrent_streams_each_get_the_lone_greedy_tokens(live, pair, tokenizer):
+    target, draft = pair
+    n = 32
+
+    def one(i):
+        stream = live.client.completions.create(model="tiny", prompt=prompt_ids(i), max_tokens=20 + i % 7,
+                                                temperature=0, stream=True)
+        return "".join(c.choices[0].text for c in stream if c.choices)
+
+    rounds_before = metric(live.url, "specdec:batch_size_count")
+    single_before = metric(live.url, "specdec:batch_size_bucket", '{le="1.0"}')
+    with ThreadPoolExecutor(n) as pool:
+        texts = list(pool.map(one, range(n)))
+    for i, text in enumerate(texts):
+        want, _ = lone_text(tokenizer, target, prompt_ids(i), specdec.DraftModel(draft), max_new_tokens=20 + i % 7)
+        assert text == want, i
+    rounds = metric(live.url, "specdec:batch_size_count") - rounds_before
+    single = metric(live.url, "specdec:batch_size_bucket", '{le="1.0"}') - single_before
+    assert rounds - single > 0  # some rounds decoded several requests together
+
+
+def test_disconnect_frees_the_row(live):
+    before = metric(live.url, "specdec:generation_tokens_total")
+    with httpx.stream("POST", live.url + "/v1/completions", json={
+        "model": "tiny", "prompt": prompt_ids(5), "max_tokens": 400, "temperature": 0, "stream": True,
+        "speculative": {"method": "none"},
+    }, timeout=30) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                break  # one chunk read, then the client goes away
+    deadline = time.monotonic() + 5
+    while httpx.get(live.url + "/health").json()["running"]:
+        assert time.monotonic() < deadline, "the disconnected row was not freed"
+        time.sleep(0.01)
+    assert metric(live.url, "specdec:generation_tokens_total") - before < 400
+
+
+def test_failing_request_gets_500_and_others_continue(bare, tokenizer):
+    server, model = bare
+    good_ids = prompt_ids(2)
+    want, _ = lone_text(tokenizer, model, good_ids, specdec.PromptLookup(), max_new_tokens=30)
+
+    def good():
+        return server.client.completions.create(model="bare", prompt=good_ids, max_tokens=30, temperature=0)
+
+    def poisoned():
+        return server.client.completions.create(model="bare", prompt=prompt_ids(0, POISON_FROM + 10), max_tokens=5)
+
+    with ThreadPoolExecutor(2) as pool:
+        ok, bad = pool.submit(good), pool.submit(poisoned)
+        with pytest.raises(openai.InternalServerError) as info:
+            bad.result()
+        assert ok.result().choices[0].text == want
+    assert "NaN" in info.value.body["message"] or "NaN" in str(info.value)
+    assert server.client.completions.create(model="bare", prompt=good_ids, max_tokens=30, temperature=0
+                                            ).choices[0].text == want
+
+
+def test_no_chat_template_is_a_clear_400(bare):
+    server, _ = bare
+    with pytest.raises(openai.BadRequestError) as info:
+        server.client.chat.completions.create(model="bare", messages=[{"role": "user", "content": "hi"}])
+    assert "chat template" in info.value.body["message"]
+
+
+BAD = {
+    "unknown model": ({"model": "gpt-9", "prompt": "x"}, "model"),
+    "missing prompt": ({"model": "tiny"}, "prompt"),
+    "negative temperature": ({"model": "tiny", "prompt": "x", "temperature": -0.5}, "temperature"),
+    "top_p zero": ({"model": "tiny", "prompt": "x", "top_p": 0}, "top_p"),
+    "top_p above one": ({"model": "tiny", "prompt": "x", "top_p": 1.5}, "top_p"),
+    "max_tokens zero": ({"model": "tiny", "prompt": "x", "max_tokens": 0}, "max_tokens"),
+    "past the context": ({"model": "tiny", "prompt": "x", "max_tokens": 100_000}, "max_tokens"),
+    "token id outside the vocabulary": ({"model": "tiny", "prompt": [1, 2, 10_000]}, "prompt"),
+    "n > 1": ({"model": "tiny", "prompt": "x", "n": 2}, "n"),
+    "logprobs": ({"model": "tiny", "prompt": "x", "logprobs": 3}, "logprobs"),
+    "bad speculative": ({"model": "tiny", "prompt": "x", "speculative": {"gamma": -1}}, "speculative.gamma"),
+    "method not served": ({"model": "tiny", "prompt": "x", "speculative": {"method": "eagle"}}, "speculative.method"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_request_gets_openai_error_body(live, case):
+    body, param = BAD[case]
+    response = httpx.post(live.url + "/v1/completions", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"x" * 70_000], ids=["malformed", "not-object", "oversized"])
+def test_malformed_or_oversized_body_is_400(live, raw):
+    response = httpx.post(live.url + "/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"]
+
+
+def test_bad_request_through_the_openai_client(live):
+    with pytest.raises(openai.BadRequestError) as info:
+        live.client.completions.create(model="tiny", prompt="x", temperature=-1)
+    assert info.value.body["param"] == "temperature"
+
+
+def test_metrics_counters_move(live):
+    names = ["specdec:request_success_total", "specdec:generation_tokens_total",
+             "specdec:spec_decode_num_drafts_total", "specdec:spec_decode_num_draft_tokens_total",
+             "specdec:spec_decode_num_accepted_tokens_total", "specdec:time_to_first_token_seconds_count",
+             "specdec:prompt_tokens_total"]
+    labels = {"specdec:request_success_total": '{finished_reason="length"}'}
+    before = {n: metric(live.url, n, labels.get(n, "")) for n in names}
+    out = live.client.completions.create(model="tiny", prompt=prompt_ids(9), max_tokens=10, temperature=0,
+                                         extra_body={"speculative": {"gamma": 3}})  # fixed γ, not load-adapted
+    after = {n: metric(live.url, n, labels.get(n, "")) for n in names}
+    assert after["specdec:request_success_total"] - before["specdec:request_success_total"] == 1
+    assert after["specdec:generation_tokens_total"] - before["specdec:generation_tokens_total"] == 10
+    assert after["specdec:prompt_tokens_total"] - before["specdec:prompt_tokens_total"] == len(prompt_ids(9))
+    drafted = after["specdec:spec_decode_num_draft_tokens_total"] - before["specdec:spec_decode_num_draft_tokens_total"]
+    accepted = after["specdec:spec_decode_num_accepted_tokens_total"] - before["specdec:spec_decode_num_accepted_tokens_total"]
+    details = out.usage.completion_tokens_details
+    assert (accepted, drafted - accepted) == (details.accepted_prediction_tokens, details.rejected_prediction_tokens)
+    assert after["specdec:spec_decode_num_drafts_total"] > before["specdec:spec_decode_num_drafts_total"]
+    assert after["specdec:time_to_first_token_seconds_count"] == before["specdec:time_to_first_token_seconds_count"] + 1
+    text = httpx.get(live.url + "/metrics").text
+    for name in ["specdec:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"}", "specdec:num_requests_running",
+                 "specdec:num_requests_waiting", "specdec:inter_token_latency_seconds_bucket", "specdec:gamma "]:
+        assert name in text
+
+
+def test_graceful_shutdown_finishes_in_flight_requests(pair, tokenizer):
+    target, draft = pair
+    server = LiveServer(create_app(target, tokenizer, specdec.DraftModel(draft), model_name="tiny"))
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(server.client.completions.create, model="tiny", prompt=prompt_ids(4),
+                             max_tokens=60, temperature=0)
+        time.sleep(0.05)
+        server.stop()
+        assert future.result().usage.completion_tokens == 60
+    assert not server.app.state.scheduler.thread.is_alive()
+
+
+def test_cli_serve_builds_the_default_pair_app():
+    from specdec.cli import build_parser
+    from specdec.cli.serve import build_app
+    from specdec.default_pair import assets_present
+
+    if not assets_present():
+        pytest.skip("default pair assets not present")
+    args = build_parser().parse_args(["serve", "--port", "0", "--gamma", "3"])
+    app = build_app(args)
+    scheduler = app.state.scheduler
+    assert scheduler.speculative and scheduler.max_gamma == 3 and not scheduler.thread.is_alive()
+    args = build_parser().parse_args(["serve", "--drafter", "none"])
+    assert not build_app(args).state.scheduler.speculative
+
+
+def test_a_round_that_fails_as_a_whole_fails_its_rows_and_serving_goes_on(live):
+    scheduler = live.app.state.scheduler
+
+    def broken_step(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    scheduler.decoder.step = broken_step  # the scheduler replaces the decoder after a failed round
+    with pytest.raises(openai.InternalServerError) as info:
+        live.client.completions.create(model="tiny", prompt=prompt_ids(6), max_tokens=5, temperature=0)
+    assert "injected failure" in str(info.value)
+    out = live.client.completions.create(model="tiny", prompt=prompt_ids(6), max_tokens=5, temperature=0)
+    assert out.usage.completion_tokens == 5
