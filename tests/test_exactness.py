@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from methods import METHODS, build
+from methods import CROSS_VOCAB_METHODS, METHODS, build
 from models import perturbed, tiny
 from scipy import stats
 
@@ -71,6 +71,9 @@ SETTINGS = {
 }
 
 
+CROSS_VOCAB_CHECKS = 3 * len(CROSS_VOCAB_METHODS)  # tests/test_cross_vocab.py: 3 settings per method
+
+
 def positive(checks: int = 1, alpha: float = ALPHA):
     """Declares a test (each of its parametrizations) to run `checks` statistical checks at level `alpha`
     that a correct implementation must pass: a false failure of each has probability <= alpha."""
@@ -79,10 +82,11 @@ def positive(checks: int = 1, alpha: float = ALPHA):
 
 #: Checks a correct implementation must pass: every setting for every method, the conditional-mode case,
 #: the JSON case and the CLI's two methods here; in tests/test_trees.py the duplicate-children case and the
-#: sibling-mask control's correct run; the compiled check in tests/test_fastpath.py.
+#: sibling-mask control's correct run; the compiled check in tests/test_fastpath.py; every setting of
+#: tests/test_cross_vocab.py for every cross-vocabulary method.
 #: `test_family_wise_false_failure_rate_is_bounded` counts the declared ones in the collected suite, and
 #: every test's actual checks are counted as it runs (conftest.py).
-POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + 2 + 1
+POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + 2 + 1 + CROSS_VOCAB_CHECKS
 #: Bonferroni bound on the chance that a correct implementation fails any of them.
 FWER_BOUND = POSITIVE_CHECKS * ALPHA
 
