@@ -177,6 +177,7 @@ def _check(target, drafter, prompt, setting, **kw):
                            samples=N, seed=1234, alpha=ALPHA, **kw)
 
 
+@pytest.mark.exactness_positive(checks=1, alpha=ALPHA)
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 @pytest.mark.parametrize("method", sorted(CROSS_VOCAB_METHODS))
 def test_cross_vocab_methods_are_exact(letters, method, setting):

@@ -9,13 +9,13 @@ warp bug shows here too (docs/testing.md).
 Thresholds and error rates
 - Positive checks (a correct method must PASS): N = 3000 draws each, FAIL when p < ALPHA = 1e-4. The
   Pearson chi-square p-value is calibrated at that level (1.15e-4 measured in 200 000 null simulations with
-  674 cells), so with POSITIVE_CHECKS = 4 settings x 11 methods in tests/methods.py + the conditional-mode
-  case + the JSON case + the CLI's 2 methods + 3 in test_trees.py / test_fastpath.py = 51 checks (+4 per
-  method added to the registry), the probability that a correct implementation fails any of them is at most
-  51 x 1e-4 = 0.51% (Bonferroni) for a random seed. Every test declares the positive checks it runs
-  (@positive, i.e. @pytest.mark.exactness_positive); an autouse fixture in conftest.py counts the checks
-  each test actually runs against that, and test_family_wise_false_failure_rate_is_bounded sums the
-  declarations of every test module. Seeds are
+  674 cells), so with POSITIVE_CHECKS = 4 settings x 13 methods in tests/methods.py + the conditional-mode
+  case + the JSON case + the CLI's 2 methods + 3 in test_trees.py / test_fastpath.py + 9 in
+  test_cross_vocab.py = 68 checks (+4 per method added to the registry), the probability that a correct
+  implementation fails any of them is at most 68 x 1e-4 = 0.68% (Bonferroni) for a random seed. Every
+  test declares the positive checks it runs (@positive, i.e. @pytest.mark.exactness_positive); an autouse
+  fixture in conftest.py counts the checks each test actually runs against that, and
+  test_family_wise_false_failure_rate_is_bounded sums the declarations of every test module. Seeds are
   fixed, so a given commit passes or fails deterministically (gamma="auto" excepted: its γ choices follow
   measured timings). Each positive check also asserts its power: every deviation of TV >= 0.12 on the
   test's cells is detected with probability >= 0.8 (typically 0.065-0.095 here).
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from methods import METHODS, build
+from methods import CROSS_VOCAB_METHODS, METHODS, build
 from models import perturbed, tiny
 from scipy import stats
 
@@ -71,6 +71,9 @@ SETTINGS = {
 }
 
 
+CROSS_VOCAB_CHECKS = 3 * len(CROSS_VOCAB_METHODS)  # tests/test_cross_vocab.py: 3 settings per method
+
+
 def positive(checks: int = 1, alpha: float = ALPHA):
     """Declares a test (each of its parametrizations) to run `checks` statistical checks at level `alpha`
     that a correct implementation must pass: a false failure of each has probability <= alpha."""
@@ -79,10 +82,11 @@ def positive(checks: int = 1, alpha: float = ALPHA):
 
 #: Checks a correct implementation must pass: every setting for every method, the conditional-mode case,
 #: the JSON case and the CLI's two methods here; in tests/test_trees.py the duplicate-children case and the
-#: sibling-mask control's correct run; the compiled check in tests/test_fastpath.py.
+#: sibling-mask control's correct run; the compiled check in tests/test_fastpath.py; every setting of
+#: tests/test_cross_vocab.py for every cross-vocabulary method.
 #: `test_family_wise_false_failure_rate_is_bounded` counts the declared ones in the collected suite, and
 #: every test's actual checks are counted as it runs (conftest.py).
-POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + 2 + 1
+POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + 2 + 1 + CROSS_VOCAB_CHECKS
 #: Bonferroni bound on the chance that a correct implementation fails any of them.
 FWER_BOUND = POSITIVE_CHECKS * ALPHA
 

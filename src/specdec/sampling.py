@@ -39,9 +39,10 @@ class SamplingConfig:
     def warp(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [n, V] -> warped probabilities [n, V] (float32, or float64 for float64 logits).
 
-        Temperature, then top-k, then top-p (transformers' order), computed over the top-k (or sorted)
-        candidates only: this runs for every drafted token and every verification pass, and masking and
-        sorting the whole vocabulary there costs several times more on a CPU.
+        Temperature, then top-k, then top-p (transformers' order). Only the top-k candidates are sorted
+        (the whole vocabulary only for top-p without top-k): this runs for every drafted token and every
+        verification pass, and sorting the whole vocabulary there costs several times more on a CPU. No
+        data-dependent branch, so it also runs inside torch.compile (the slot-cache draft graph).
 
         Ties: tokens with equal logits are kept or dropped together, so the result depends on the logit
         values only, never on token ids. Top-k keeps every token tied with the k-th largest (as transformers'
@@ -55,27 +56,26 @@ class SamplingConfig:
         vocab = scores.shape[-1]
         top_k = self.top_k if self.top_k is not None and self.top_k < vocab else None
         top_p = self.top_p if self.top_p is not None and self.top_p < 1.0 else None
-        if top_k is not None:
-            # One candidate more than k, to see whether the k-th is tied with the next.
-            values, index = scores.topk(top_k + 1, dim=-1)  # [n, k+1], descending
-            if any(a == b for a, b in values[:, top_k - 1 :].tolist()):  # rare: keep every tied token
-                values, index = scores.sort(dim=-1, descending=True)  # [n, V]
-                values = values.masked_fill(values < values[:, top_k - 1 : top_k], -math.inf)
-            else:
-                values, index = values[:, :top_k], index[:, :top_k]  # [n, k]
-        elif top_p is not None:
-            values, index = scores.sort(dim=-1, descending=True)  # [n, V]
-        else:
+        if top_k is None and top_p is None:
             return torch.softmax(scores, dim=-1)
-        kept = torch.softmax(values, dim=-1)  # [n, k] (or [n, V]), descending
+        # Candidates in descending order: the top k (tokens tied with the k-th beyond them are kept by the
+        # mask below), or the whole sorted vocabulary. No data-dependent branch: this also runs compiled.
+        if top_k is not None:
+            values, index = scores.topk(top_k, dim=-1)  # [n, k], descending
+            scores = scores.masked_fill(scores < values[:, -1:], -math.inf)  # every token tied with the k-th kept
+        else:
+            values, index = scores.sort(dim=-1, descending=True)  # [n, V]
+        probs = torch.softmax(scores, dim=-1)  # [n, V]
         if top_p is not None:
             # Keep a candidate while the mass ranked above it is below top_p (the first always), and with
-            # it every candidate tied with the last one kept.
+            # it every token tied with the last one kept.
+            kept = probs.gather(-1, index)  # [n, k], the candidates' probabilities
             above = torch.nn.functional.pad(kept.cumsum(dim=-1)[:, :-1], (1, 0))  # [n, k], non-decreasing
             last = (above < top_p).sum(dim=-1, keepdim=True) - 1  # [n, 1]: index of the last one kept
-            kept = kept * (values >= values.gather(-1, last))
-            kept = kept / kept.sum(dim=-1, keepdim=True)
-        return torch.zeros_like(scores).scatter_(-1, index, kept)  # [n, V]
+            probs = probs * (scores >= values.gather(-1, last))
+            probs = probs / probs.sum(dim=-1, keepdim=True)
+        return probs  # [n, V]
+
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """probs [n, V] (non-negative, rows need not sum to 1) -> token ids [n], one draw per row.
