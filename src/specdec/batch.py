@@ -25,6 +25,8 @@ from specdec.batch_lm import BatchedCausalLM, check_finite
 from specdec.decoding import (
     DEFAULT_GAMMA,
     GenerationOutput,
+    _check_fits,
+    _check_max_new_tokens,
     _eos_ids,
     _gamma_policy,
     _prompt_tensor,
@@ -149,15 +151,10 @@ class BatchDecoder:
         """Validate one request and build its (not yet prefilled) row; raises a SpecdecError if invalid."""
         sampling = SamplingConfig(temperature, top_k, top_p)
         policy = _gamma_policy(gamma)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        max_new_tokens = _check_max_new_tokens(max_new_tokens)
         prompt = _prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
         n = prompt.shape[0]
-        if self.limit is not None and n + max_new_tokens > self.limit:
-            raise PromptError(
-                f"prompt ({n} tokens) + max_new_tokens ({max_new_tokens}) = {n + max_new_tokens} exceeds the "
-                f"target's context of {self.limit} tokens; shorten the prompt or lower max_new_tokens"
-            )
+        _check_fits(n, max_new_tokens, self.limit)
         generator = torch.Generator(device=self.target.device)
         if seed is None:
             generator.seed()

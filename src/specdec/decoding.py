@@ -75,6 +75,21 @@ def _check_gamma(gamma: object) -> int:
     return gamma
 
 
+def _check_max_new_tokens(max_new_tokens: object) -> int:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    return max_new_tokens
+
+
+def _check_fits(prompt_len: int, max_new_tokens: int, limit: int | None) -> None:
+    """Raise before any work if the prompt plus every new token would pass the target's context `limit`."""
+    if limit is not None and prompt_len + max_new_tokens > limit:
+        raise PromptError(
+            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = {prompt_len + max_new_tokens} "
+            f"exceeds the target's context of {limit} tokens; shorten the prompt or lower max_new_tokens"
+        )
+
+
 def _gamma_policy(gamma: object, target: object = None, drafter: object = None):
     if hasattr(gamma, "choose") and hasattr(gamma, "update"):
         return gamma
@@ -186,9 +201,7 @@ class SpeculativeDecoder:
         if gamma is None:  # a tree drafter's own depth, else the chain default
             gamma = getattr(drafter, "default_gamma", None) or DEFAULT_GAMMA
         self.gamma_policy = _gamma_policy(gamma, self.target, drafter)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens = _check_max_new_tokens(max_new_tokens)
         if drafter is not None:
             if not isinstance(drafter, Drafter):
                 raise ConfigError(
@@ -222,13 +235,7 @@ class SpeculativeDecoder:
         self.last_token_source = ""
 
     def _check_fits(self, prompt_len: int) -> None:
-        limit = context_length(self.target.model)
-        if limit is not None and prompt_len + self.max_new_tokens > limit:
-            raise PromptError(
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({self.max_new_tokens}) = "
-                f"{prompt_len + self.max_new_tokens} exceeds the target's context of {limit} tokens; "
-                "shorten the prompt or lower max_new_tokens"
-            )
+        _check_fits(prompt_len, self.max_new_tokens, context_length(self.target.model))
 
     def _check_tree(self, proposal: Proposal, gamma: int, n: int) -> Proposal:
         """Validate a tree proposal before any target pass; fall back to its first branch (a chain) when
