@@ -125,3 +125,25 @@ def test_bad_inputs_raise_specdec_errors(pairs):
         generate_batch(target, [[1], [2]], seed=[1])
     with pytest.raises(specdec.PromptError):
         generate_batch(target, torch.tensor([1, 2]))
+
+
+def test_padding_never_reaches_positions_a_short_row_does_not_own():
+    """A short row prefilled beside a long one is padded to the long row's width; its padding columns must
+    not run past its own positions (here: NaN position embeddings from 40 on, as a model without positions
+    there would be). The long row fails alone; the short row decodes exactly as a lone request."""
+    model = tiny("gpt2", hidden=32, layers=2, vocab=96)
+    with torch.no_grad():
+        model.transformer.wpe.weight[40:] = float("nan")
+    short, long = [(j * 7 + 3) % 90 for j in range(8)], [(j * 5 + 1) % 90 for j in range(45)]
+    want = specdec.generate(model, short, max_new_tokens=12).tokens
+    decoder = BatchDecoder(model)
+    decoder.add_many([("short", short, {"max_new_tokens": 12}), ("long", long, {"max_new_tokens": 4})])
+    got, failed = [], []
+    while len(decoder):
+        for event in decoder.step():
+            if event.error is not None:
+                failed.append(event.key)
+            elif event.key == "short":
+                got += event.tokens
+    assert failed == ["long"]
+    assert got == want

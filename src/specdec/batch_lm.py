@@ -177,7 +177,11 @@ class BatchedCausalLM:
         for i, ids in enumerate(inputs):
             input_ids[i, : ids.shape[0]] = ids
         steps = torch.arange(width, device=self.device)  # [W]
-        position_ids = self.lengths[:, None] + steps[None]  # [B, W]
+        # Padding columns repeat the row's last real position: a padded row never reaches positions it does not
+        # own (past a short row's end a model may have no position embedding, or produce values that would
+        # sit in the row's cache as masked slots, where 0 * NaN still spreads through attention).
+        last = (self.lengths + counts - 1).clamp_min(0)  # [B]
+        position_ids = torch.minimum(self.lengths[:, None] + steps[None], last[:, None])  # [B, W]
         # Padding inputs sit after a row's real inputs, so causality already hides them from the real ones;
         # they stay visible to themselves so that no query row is fully masked (NaNs would spread via V).
         attention_mask = torch.cat(
