@@ -237,23 +237,24 @@ class SpeculativeDecoder:
     def _check_fits(self, prompt_len: int) -> None:
         _check_fits(prompt_len, self.max_new_tokens, context_length(self.target.model))
 
-    def _check_tree(self, proposal: Proposal, gamma: int, n: int) -> Proposal:
-        """Validate a tree proposal before any target pass; fall back to its first branch (a chain) when
-        the target cannot score a tree now."""
+    def _check_tree(self, proposal: Proposal, gamma: int, n: int) -> tuple[Proposal, TreeMask | None]:
+        """Validate a tree proposal before any target pass and build its mask; fall back to its first branch
+        (a chain, mask None) when the proposal is a chain or the target cannot score a tree now."""
         capacity = getattr(self.target, "capacity", None) or context_length(self.target.model)
         room = None if capacity is None else capacity - n  # cache slots left after the root
         validate_proposal(proposal.tokens, proposal.draft_probs, proposal.parents, self.target.vocab_size, room)
-        depth = int(TreeMask.from_parents(proposal.parents).depths.max()) if len(proposal) else 0
+        tree = TreeMask.from_parents(proposal.parents)  # [N+1] rows: the root and the nodes
+        depth = int(tree.depths.max())
         if depth > gamma:
             raise ProposalError(
                 f"the drafter proposed a tree {depth} deep but this round allows {gamma} tokens (gamma, capped by "
                 "the remaining max_new_tokens); a tree drafter must cap its depth at the gamma it is given"
             )
         if is_chain(proposal.parents):
-            return Proposal(proposal.tokens, proposal.draft_probs)
+            return Proposal(proposal.tokens, proposal.draft_probs), None
         supports = getattr(self.target, "supports_tree", None)  # optional: an adapter without it can do trees
         if supports is None or supports(len(proposal) + 1):
-            return proposal
+            return proposal, tree
         if not self._warned_chain_fallback:
             self._warned_chain_fallback = True
             warnings.warn(
@@ -264,7 +265,7 @@ class SpeculativeDecoder:
             )
         first = first_branch(proposal.parents)  # [d] node indices
         probs = proposal.draft_probs[first] if proposal.draft_probs is not None else None
-        return Proposal(proposal.tokens[first], probs)
+        return Proposal(proposal.tokens[first], probs), None
 
     def _plan_static(self, prompt_len: int) -> None:
         """Size the slot caches for this request (or raise before any work) and fix the verification shapes:
@@ -325,7 +326,7 @@ class SpeculativeDecoder:
             )
             stats.draft_s += time.perf_counter() - t
             if proposal.parents is not None:
-                proposal = self._check_tree(proposal, gamma, n)  # a chain again if the target cannot do trees
+                proposal, tree = self._check_tree(proposal, gamma, n)  # a chain again if the target cannot do trees
 
             if proposal.parents is None:
                 # 2-3. target.score + verify, chain: accepted prefix, then a recovered or bonus token.
@@ -344,7 +345,7 @@ class SpeculativeDecoder:
                 gamma = len(proposal)  # nodes drafted
                 t = time.perf_counter()
                 scores = self.target.score(torch.cat([context[n - 1 : n], proposal.tokens]),
-                                           tree=TreeMask.from_parents(proposal.parents), hidden=needs_hidden)  # [N+1, V]
+                                           tree=tree, hidden=needs_hidden)  # [N+1, V]
                 stats.target_s += time.perf_counter() - t
                 verdict = self.tree_verify_fn(proposal, scores.logits, self.sampling, self.generator)
                 k = verdict.num_accepted
