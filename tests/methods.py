@@ -18,11 +18,14 @@ METHODS = {
     "draft-model": lambda target, draft: specdec.DraftModel(draft),
     "draft-model-auto-gamma": lambda target, draft: (specdec.DraftModel(draft), {"gamma": "auto"}),
     "prompt-lookup": lambda target, draft: specdec.PromptLookup(max_ngram=3, min_ngram=1),
+    "prompt-lookup-branches": lambda target, draft: specdec.PromptLookup(max_ngram=3, min_ngram=1, branches=3),
     "bigram": lambda target, draft: specdec.Bigram.from_model(target),
     "layer-skip": lambda target, draft: specdec.LayerSkip(target),  # first half of the target's layers
     "draft-tree": lambda target, draft: specdec.DraftTree(draft, top_k=3, depth=4, max_nodes=8),
     "multi-draft": lambda target, draft: specdec.MultiDraft(draft, num_drafts=3, replacement=True),
     "multi-draft-norepl": lambda target, draft: specdec.MultiDraft(draft, num_drafts=3, replacement=False),
+    "multi-draft-spectr": lambda target, draft: specdec.MultiDraft(draft, num_drafts=3, scheme="spectr"),
+    "multi-draft-widths": lambda target, draft: specdec.MultiDraft(draft, widths=(2, 2), scheme="rrs"),
     "plain-static": lambda target, draft: (None, {"compile": "static"}),
     "draft-model-static": lambda target, draft: (specdec.DraftModel(draft), {"compile": "static"}),
     # Untrained heads (exactness does not depend on training); they read the target's own features.

@@ -374,10 +374,13 @@ def test_layer_skip_unsupported_models():
 def test_make_drafter_builds_every_kind(targets, tmp_path):
     target = targets["llama"]
     assert set(DRAFTER_KINDS) == {"draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft",
-                                  "eagle", "eagle-chain", "medusa", "medusa-chain", "draft-tli", "draft-slem"}
+                                  "eagle", "eagle-chain", "medusa", "medusa-chain", "draft-tli", "draft-slem",
+                                  "multi-draft-specinfer", "multi-draft-spectr"}
     tree = make_drafter("draft-tree", draft=target, tree_top_k=2, tree_depth=3, max_nodes=7)
     assert (tree.top_k, tree.depth, tree.max_nodes) == (2, 3, 7)
     assert make_drafter("multi-draft", draft=target, num_drafts=5, replacement=False).num_drafts == 5
+    assert make_drafter("multi-draft-spectr", draft=target, widths=(2, 3)).scheme == "spectr"
+    assert make_drafter("multi-draft-specinfer", draft=target, num_drafts=2).replacement
     lookup_drafter = make_drafter("prompt-lookup", target=target, ngram_max=4, ngram_min=2)
     assert (lookup_drafter.max_ngram, lookup_drafter.min_ngram) == (4, 2)
     assert make_drafter("layer-skip", target=target, draft_layers=3).num_layers == 3

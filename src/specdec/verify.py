@@ -17,6 +17,13 @@ its children are tried in order, child x accepted with probability min(1, r(x)/q
 the distribution that child was drawn from; after a rejection r ← norm(max(0, r − q)) and the next sibling
 is tried. All rejected: the recovered token is drawn from r. A leaf reached: the bonus token is drawn from
 the target there. Greedy: the longest path that follows the target's argmax.
+
+SpecTr's k-sequential selection (`Proposal.selection == "spectr"`, Sun et al. 2023) replaces that sibling
+rule at a node whose k >= 2 children are i.i.d. draws from one q: with β(ρ) = Σ_x min(q(x), p(x)/ρ) and
+the smallest ρ in [1, k] with ρ·β(ρ) >= 1 − (1 − β(ρ))^k, child x_i is accepted with probability
+min(1, p(x_i) / (ρ·q(x_i))), the first acceptance wins, no residual update between siblings; all rejected:
+the token is drawn from p_res = [p − min(q, p/ρ)·(1 − (1 − β)^k)/β] / (1 − β)^k. The emitted token has
+law p exactly; a node with one child is ordinary speculative sampling (ρ = 1).
 """
 
 from __future__ import annotations
@@ -99,6 +106,57 @@ def verify_sampled(
     return Verdict(k, int(sample(target_probs[gamma][None], generator)), "bonus")
 
 
+def kseq_rho(target_row: torch.Tensor, draft_row: torch.Tensor, k: int, iterations: int = 60) -> tuple[float, float]:
+    """SpecTr's ρ for k i.i.d. drafts from q = draft_row [V] against p = target_row [V] (float64): the smallest
+    ρ in [1, k] with ρ·β(ρ) >= 1 − (1 − β(ρ))^k, by bisection (the left side minus the right is
+    nondecreasing in ρ, <= 0 at ρ = 1 and >= 0 at ρ = k). Returns (ρ, β(ρ))."""
+    p, q = target_row.double(), draft_row.double()
+
+    def beta(rho: float) -> float:
+        return float(torch.minimum(q, p / rho).sum())
+
+    def valid(rho: float) -> bool:
+        b = beta(rho)
+        return rho * b >= 1.0 - (1.0 - b) ** k
+
+    lo, hi = 1.0, float(k)
+    if k <= 1 or valid(lo):
+        return lo, beta(lo)
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if valid(mid) else (mid, hi)
+    return hi, beta(hi)  # hi is always valid
+
+
+def kseq_residual(target_row: torch.Tensor, draft_row: torch.Tensor, rho: float, beta: float, k: int) -> torch.Tensor:
+    """SpecTr's fallback distribution after all k i.i.d. drafts were rejected: [V] (float64)."""
+    p, q = target_row.double(), draft_row.double()
+    miss = (1.0 - beta) ** k  # P(every draft rejected)
+    if not miss > 0:  # every draft is surely accepted (p == q); never sampled from
+        return p
+    kept = torch.minimum(q, p / rho) * ((1.0 - miss) / beta) if beta > 0 else torch.zeros_like(p)  # [V]
+    residual = (p - kept).clamp_min(0.0)  # >= 0 up to rounding when ρ is valid
+    total = residual.sum()
+    return residual / total if total > 0 else p
+
+
+def verify_kseq(
+    target_row: torch.Tensor, tokens: list[int], draft_row: torch.Tensor, generator: torch.Generator | None
+) -> tuple[int | None, torch.Tensor | None]:
+    """SpecTr k-sequential selection at one node: target_row [V] (p), the k sibling tokens (i.i.d. from
+    draft_row [V], q) in draw order -> (index of the accepted sibling, None) or (None, the distribution
+    [V] to draw the recovered token from)."""
+    k = len(tokens)
+    p, q = target_row.double(), draft_row.double()
+    rho, beta = kseq_rho(p, q, k)
+    for i, x in enumerate(tokens):
+        u = float(torch.rand((), dtype=torch.float64, device=p.device, generator=generator))
+        qx = float(q[x])
+        if qx > 0 and u * rho * qx < float(p[x]):  # u < p(x) / (ρ q(x))
+            return i, None
+    return None, kseq_residual(p, q, rho, beta, k)
+
+
 def verify_tree(
     proposal,
     target_logits: torch.Tensor,
@@ -122,11 +180,20 @@ def verify_tree(
             node = match
     target_probs = sampling.warp(target_logits)  # [N+1, V]
     draft_probs = proposal.draft_probs
+    kseq = proposal.selection == "spectr"
     node, path = -1, []
     while True:
         running = target_probs[node + 1].double()  # r: [V]
         if not kids[node + 1]:
             return Verdict(len(path), int(sample(running[None], generator)), "bonus", tuple(path))
+        if kseq and len(kids[node + 1]) > 1:  # SpecTr: the siblings are i.i.d. draws from one q
+            siblings = kids[node + 1]
+            index, residual = verify_kseq(running, [tokens[c] for c in siblings], draft_probs[siblings[0]], generator)
+            if index is None:
+                return Verdict(len(path), int(sample(residual[None], generator)), "recovered", tuple(path))
+            path.append(siblings[index])
+            node = siblings[index]
+            continue
         accepted = None
         for child in kids[node + 1]:
             x = tokens[child]

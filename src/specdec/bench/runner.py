@@ -39,7 +39,8 @@ GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic", "hf-plain-compiled",
 SLOW_RUN_FACTOR = 3.0
 #: Methods that need the draft model.
 NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "hf-assisted", "hf-assisted-heuristic", "draft-tree",
-                     "multi-draft", "draft-tli", "draft-tli-auto", "draft-tli-heuristic",
+                     "multi-draft", "multi-draft-specinfer", "multi-draft-spectr",
+                     "draft-tli", "draft-tli-auto", "draft-tli-heuristic",
                      "draft-slem", "draft-slem-auto", "draft-slem-heuristic")
 #: specdec kinds that draft with the draft model through its own tokenizer.
 CROSS_VOCAB_KINDS = ("draft-tli", "draft-slem")

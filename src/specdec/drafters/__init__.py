@@ -17,7 +17,7 @@ _CLASSES = {
     "LayerSkip": "specdec.drafters.layer_skip",
     "PromptLookup": "specdec.drafters.prompt_lookup",
     "DraftTree": "specdec.drafters.tree",
-    "MultiDraft": "specdec.drafters.tree",
+    "MultiDraft": "specdec.drafters.multi_draft",
     "Eagle": "specdec.drafters.eagle",
     "Medusa": "specdec.drafters.medusa",
 }
@@ -34,8 +34,10 @@ def __getattr__(name: str):
 
 #: Names accepted by `make_drafter` and the CLI's --drafter. "draft-tli" / "draft-slem": the draft model
 #: with its own tokenizer (--draft-tokenizer), by token-level intersection or string-level exact match.
+#: "multi-draft" is MultiDraft's default scheme (recursive rejection sampling); "multi-draft-specinfer" /
+#: "multi-draft-spectr" pick the other two schemes (so `specdec bench` can run them side by side).
 DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft", "eagle", "eagle-chain",
-                 "medusa", "medusa-chain", "draft-tli", "draft-slem")
+                 "medusa", "medusa-chain", "draft-tli", "draft-slem", "multi-draft-specinfer", "multi-draft-spectr")
 
 _TOKENIZERS = {"draft_tokenizer": "--draft-tokenizer", "target_tokenizer": "the target's tokenizer"}
 
@@ -44,11 +46,14 @@ _OPTIONS = {
     "draft": dict(_TOKENIZERS),
     "draft-tli": dict(_TOKENIZERS),
     "draft-slem": dict(_TOKENIZERS),
-    "prompt-lookup": {"ngram_max": "--ngram-max", "ngram_min": "--ngram-min"},
+    "prompt-lookup": {"ngram_max": "--ngram-max", "ngram_min": "--ngram-min", "lookup_branches": "--lookup-branches"},
     "bigram": {"bigram_path": "--bigram"},
     "layer-skip": {"draft_layers": "--draft-layers"},
     "draft-tree": {"tree_top_k": "--tree-top-k", "tree_depth": "--tree-depth", "max_nodes": "--max-nodes"},
-    "multi-draft": {"num_drafts": "--num-drafts", "replacement": "--replacement"},
+    "multi-draft": {"num_drafts": "--num-drafts", "replacement": "--replacement", "scheme": "--scheme",
+                    "widths": "--widths"},
+    "multi-draft-specinfer": {"num_drafts": "--num-drafts", "widths": "--widths"},
+    "multi-draft-spectr": {"num_drafts": "--num-drafts", "widths": "--widths"},
     "eagle": {"head_path": "--head"},
     "eagle-chain": {"head_path": "--head"},
     "medusa": {"head_path": "--head"},
@@ -81,8 +86,10 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     """Build a drafter by name.
 
     "draft": the separate `draft` model. "prompt-lookup": n-gram lookup (ngram_max=3, ngram_min=1).
+    "prompt-lookup" with lookup_branches=k proposes the continuations of k earlier matches as a tree.
     "draft-tree": an EAGLE-2-style token tree from `draft` (tree_top_k, tree_depth, max_nodes).
-    "multi-draft": num_drafts sampled chains from `draft` as a tree (replacement=True: SpecInfer).
+    "multi-draft": num_drafts sampled chains from `draft` as a tree (scheme "rrs" / "specinfer" / "spectr",
+    or replacement=True: SpecInfer; widths: children per node by level).
     "draft-tli" / "draft-slem": the draft model with its own tokenizer (draft_tokenizer, and the target's
     target_tokenizer); "draft" with both tokenizers picks the method itself (same tokenizer: plain).
     "bigram": a bigram table loaded from bigram_path (a file saved by Bigram.save), or else built from the
@@ -94,7 +101,8 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     from specdec.drafters.draft_model import DraftModel
     from specdec.drafters.layer_skip import LayerSkip
     from specdec.drafters.prompt_lookup import PromptLookup
-    from specdec.drafters.tree import DraftTree, MultiDraft
+    from specdec.drafters.multi_draft import MultiDraft
+    from specdec.drafters.tree import DraftTree
 
     if kind not in _OPTIONS:
         raise ConfigError(f"unknown drafter {kind!r}; choose one of: {', '.join(DRAFTER_KINDS)}")
@@ -116,16 +124,22 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
         method = {"draft": "auto", "draft-tli": "tli", "draft-slem": "slem"}[kind]
         return DraftModel(draft, tokenizer=options["draft_tokenizer"], target_tokenizer=options["target_tokenizer"],
                           method=method)
+    if kind in ("multi-draft-specinfer", "multi-draft-spectr"):
+        if draft is None:
+            raise ConfigError(f"--drafter {kind} needs a draft model: pass --draft PATH (or draft=model)")
+        return MultiDraft(draft, num_drafts=options.get("num_drafts", 3), scheme=kind.rsplit("-", 1)[1],
+                          widths=options.get("widths"))
     if kind in ("draft-tree", "multi-draft"):
         if draft is None:
             raise ConfigError(f"--drafter {kind} needs a draft model: pass --draft PATH (or draft=model)")
         if kind == "multi-draft":
-            return MultiDraft(draft, num_drafts=options.get("num_drafts", 3),
-                              replacement=options.get("replacement", False))
+            return MultiDraft(draft, num_drafts=options.get("num_drafts", 3), replacement=options.get("replacement"),
+                              scheme=options.get("scheme"), widths=options.get("widths"))
         tree = {"top_k": "tree_top_k", "depth": "tree_depth", "max_nodes": "max_nodes"}
         return DraftTree(draft, **{arg: options[key] for arg, key in tree.items() if key in options})
     if kind == "prompt-lookup":
-        return PromptLookup(max_ngram=options.get("ngram_max", 3), min_ngram=options.get("ngram_min", 1))
+        return PromptLookup(max_ngram=options.get("ngram_max", 3), min_ngram=options.get("ngram_min", 1),
+                            branches=options.get("lookup_branches", 1))
     if kind == "bigram":
         if "bigram_path" in options:
             return Bigram.load(options["bigram_path"])

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.errors import ProposalError
 from specdec.sampling import SamplingConfig
 
 
@@ -26,14 +27,32 @@ class Proposal:
     committed token), nodes topologically ordered (parents[i] < i); `parents=None` is a chain
     ([−1, 0, 1, ...]). draft_probs[i] is exactly the distribution node i was drawn from (for siblings drawn
     without replacement: q with the earlier siblings removed); a one-hot row or None is a point mass.
+
+    `selection` is how the verifier picks among a node's sibling children at T > 0 (at T = 0 it is ignored):
+    "sequential" (default: try them in order, r ← norm(max(0, r − q)) after each rejection; covers i.i.d.,
+    without-replacement and point-mass children through each node's q) or "spectr" (SpecTr's k-sequential
+    selection: the siblings are i.i.d. draws from one q, the rows of draft_probs; see verify.verify_kseq).
     """
 
     tokens: torch.Tensor  # [N] long
     draft_probs: torch.Tensor | None = None  # [N, V] float, rows sum to 1
     parents: torch.Tensor | None = None  # [N] long, −1 = root; None = chain
+    selection: str = "sequential"
+
+    def __post_init__(self) -> None:
+        if self.selection not in SELECTIONS:
+            raise ProposalError(f"Proposal.selection must be one of {', '.join(map(repr, SELECTIONS))}, got "
+                                f"{self.selection!r}")
+        if self.selection == "spectr" and self.draft_probs is None and len(self):
+            raise ProposalError("Proposal.selection='spectr' needs draft_probs (the q its i.i.d. siblings were drawn "
+                                "from); a deterministic proposal uses the default selection='sequential'")
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+
+#: Sibling selection rules the tree verifier knows (Proposal.selection).
+SELECTIONS = ("sequential", "spectr")
 
 
 class Drafter(ABC):

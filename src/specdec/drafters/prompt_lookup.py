@@ -16,6 +16,12 @@ Overlapping matches: if the match ends p tokens before the end of the context (p
 periodic continuation (draft[j] = draft[j - p]), which is what copying "the tokens that followed" means once
 the proposed tokens are part of the text. Disable with `extend_periodic=False` to propose only tokens that
 are already in the context.
+
+Branches (`branches=k > 1`): the continuations of up to k different earlier matches (the `k` most recent
+occurrences of each n-gram, longest n first) are proposed together as a token tree, identical prefixes
+merged into one node (a trie, so siblings are distinct tokens). Every node is still a deterministic
+function of the context, a point mass, so verification is exact at any temperature. With one distinct
+continuation the proposal is the same chain as with branches=1.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class PromptLookup(Drafter):
     max_ngram / min_ngram: the n-gram sizes tried, longest first (1 <= min_ngram <= max_ngram).
     num_pred_tokens: at most this many tokens per round (None: the γ the decode loop asks for).
     extend_periodic: continue an overlapping match periodically instead of stopping at the context's end.
+    branches: propose the continuations of up to this many earlier matches as a tree (default 1: a chain).
     """
 
     vocab_size = None  # no vocabulary of its own: any target works
@@ -49,6 +56,7 @@ class PromptLookup(Drafter):
         min_ngram: int = 1,
         num_pred_tokens: int | None = None,
         extend_periodic: bool = True,
+        branches: int = 1,
     ):
         self.max_ngram = _check_int("max_ngram", max_ngram, 1)
         self.min_ngram = _check_int("min_ngram", min_ngram, 1)
@@ -56,16 +64,21 @@ class PromptLookup(Drafter):
             raise ConfigError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram})")
         self.num_pred_tokens = None if num_pred_tokens is None else _check_int("num_pred_tokens", num_pred_tokens, 1)
         self.extend_periodic = bool(extend_periodic)
+        self.branches = _check_int("branches", branches, 1)
+        self.num_drafts = self.branches  # a tree of at most branches·γ nodes (the decoder sizes caches by it)
         self._tokens: list[int] = []  # the committed context seen so far, as Python ints
         # _index[n - min_ngram]: n-gram tuple -> e, the end (exclusive) of its most recent occurrence
         # that has a follower (e <= len(_tokens) - 1), so _tokens[e] is the token that followed it.
         self._index: list[dict[tuple[int, ...], int]] = []
+        # branches > 1: _recent[n - min_ngram]: n-gram -> the ends of its `branches` most recent occurrences.
+        self._recent: list[dict[tuple[int, ...], list[int]]] = []
         self.reset(torch.empty(0, dtype=torch.long))
 
     # -- index maintenance -------------------------------------------------------------------------
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self._tokens = []
         self._index = [{} for _ in range(self.min_ngram, self.max_ngram + 1)]
+        self._recent = [{} for _ in self._index] if self.branches > 1 else []
         self._extend(prompt_ids)
 
     def _extend(self, context: torch.Tensor) -> None:
@@ -74,6 +87,7 @@ class PromptLookup(Drafter):
         if context.shape[0] < old:  # a different (shorter) context: not ours, start over
             self._tokens, old = [], 0
             self._index = [{} for _ in range(self.min_ngram, self.max_ngram + 1)]
+            self._recent = [{} for _ in self._index] if self.branches > 1 else []
         if context.shape[0] == old:
             return
         tokens = self._tokens
@@ -84,6 +98,12 @@ class PromptLookup(Drafter):
         for n, index in zip(range(self.min_ngram, self.max_ngram + 1), self._index):
             for end in range(max(old, n), length):
                 index[tuple(tokens[end - n : end])] = end  # ascending: the most recent occurrence wins
+        for n, recent in zip(range(self.min_ngram, self.max_ngram + 1), self._recent):
+            for end in range(max(old, n), length):
+                ends = recent.setdefault(tuple(tokens[end - n : end]), [])
+                ends.append(end)
+                if len(ends) > self.branches:
+                    del ends[0]
 
     def commit(self, context: torch.Tensor, num_accepted: int) -> None:
         self._extend(context)
@@ -99,14 +119,34 @@ class PromptLookup(Drafter):
             end = self._index[n - self.min_ngram].get(tuple(tokens[length - n :]))
             if end is None:
                 continue
-            if not self.extend_periodic:
-                return tokens[end : min(end + gamma, length)]
-            period = length - end  # >= 1: the match ends before the context does
-            draft: list[int] = []
-            for j in range(gamma):
-                draft.append(tokens[end + j] if end + j < length else draft[j - period])
-            return draft
+            return self._continuation(end, gamma)
         return []
+
+    def _continuation(self, end: int, gamma: int) -> list[int]:
+        """Up to `gamma` tokens following the match that ends (exclusive) at `end`."""
+        tokens, length = self._tokens, len(self._tokens)
+        if not self.extend_periodic:
+            return tokens[end : min(end + gamma, length)]
+        period = length - end  # >= 1: the match ends before the context does
+        draft: list[int] = []
+        for j in range(gamma):
+            draft.append(tokens[end + j] if end + j < length else draft[j - period])
+        return draft
+
+    def match_branches(self, gamma: int) -> list[list[int]]:
+        """Up to `branches` distinct continuations (most recent match of the longest n-gram first)."""
+        tokens, length = self._tokens, len(self._tokens)
+        found: list[list[int]] = []
+        if gamma <= 0:
+            return found
+        for n in range(min(self.max_ngram, length), self.min_ngram - 1, -1):
+            for end in reversed(self._recent[n - self.min_ngram].get(tuple(tokens[length - n :]), [])):
+                draft = self._continuation(end, gamma)
+                if draft and draft not in found:
+                    found.append(draft)
+                    if len(found) == self.branches:
+                        return found
+        return found
 
     def propose(
         self,
@@ -118,6 +158,28 @@ class PromptLookup(Drafter):
         self._extend(context)  # no-op after commit; catches up if commit was skipped
         if self.num_pred_tokens is not None:
             gamma = min(gamma, self.num_pred_tokens)
+        if self.branches > 1:
+            return self._tree(self.match_branches(gamma), context.device)
         draft = self.match(gamma)
         # A point mass at any temperature: q(x) = 1 for the proposed token.
         return Proposal(tokens=torch.tensor(draft, dtype=torch.long, device=context.device))  # [γ']
+
+    @staticmethod
+    def _tree(drafts: list[list[int]], device) -> Proposal:
+        """The drafts as a trie: shared prefixes are one node, siblings are distinct tokens (point masses)."""
+        if len(drafts) <= 1:
+            return Proposal(tokens=torch.tensor(drafts[0] if drafts else [], dtype=torch.long, device=device))
+        tokens: list[int] = []
+        parents: list[int] = []
+        node_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        for draft in drafts:
+            node = -1
+            for token in draft:
+                child = node_of.get((node, token))
+                if child is None:
+                    child = node_of[(node, token)] = len(tokens)
+                    tokens.append(token)
+                    parents.append(node)
+                node = child
+        return Proposal(tokens=torch.tensor(tokens, dtype=torch.long, device=device),  # [N]
+                        parents=torch.tensor(parents, dtype=torch.long))  # [N]

@@ -24,7 +24,7 @@ from transformers import PreTrainedModel
 from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError
 from specdec.models.causal_lm import CachedCausalLM
-from specdec.sampling import SamplingConfig, sample
+from specdec.sampling import SamplingConfig
 from specdec.tree import TreeMask
 
 
@@ -177,65 +177,3 @@ class DraftTree(_TreeDrafter):
             self.lm.crop(min(start, self.lm.length))
         return torch.cat(logits)
 
-
-class MultiDraft(_TreeDrafter):
-    """`num_drafts` draft chains of length gamma verified together as a tree.
-
-    At T > 0 the first tokens are drawn i.i.d. from the draft's warped q (`replacement=True`, SpecInfer's
-    multi-step speculative sampling) or without replacement (`replacement=False`, recursive rejection
-    sampling); each chain then continues by sampling. At T = 0 the first tokens are the draft's top-k and
-    each chain continues by argmax. Chains are kept as separate branches (identical sampled prefixes are
-    not merged: with replacement, each duplicate is its own i.i.d. draw and must be tried on its own).
-    Default replacement=False: distinct first tokens accepted more often than i.i.d. ones on the default
-    pair at T = 1 (BENCHMARKS.md, "Token trees").
-    """
-
-    def __init__(self, draft_model: PreTrainedModel, num_drafts: int = 3, replacement: bool = False):
-        super().__init__(draft_model)
-        self.num_drafts = _positive_int("num_drafts", num_drafts)
-        if not isinstance(replacement, bool):
-            raise ConfigError(f"replacement must be True or False, got {replacement!r}")
-        self.replacement = replacement
-
-    @property
-    def name(self) -> str:
-        return f"MultiDraft(num_drafts={self.num_drafts}, replacement={self.replacement})"
-
-    def _first_tokens(self, logits: torch.Tensor, sampling, generator) -> tuple[list[int], list[torch.Tensor] | None]:
-        k = self.num_drafts
-        if sampling.greedy:
-            return logits.topk(min(k, logits.shape[-1])).indices.tolist(), None
-        q = sampling.warp(logits[None])[0]  # [V]
-        if self.replacement:
-            return sample(q.expand(k, -1), generator).tolist(), [q] * k
-        tokens, rows = [], []
-        for _ in range(min(k, int((q > 0).sum()))):
-            token = int(sample(q[None], generator))
-            tokens.append(token)
-            rows.append(q)
-            q = q.clone()
-            q[token] = 0.0
-            q = q / q.sum()  # the next sibling is drawn from q without the tokens already drawn
-        return tokens, rows
-
-    def propose(self, context, gamma, sampling, generator) -> Proposal:
-        root = context[-1:]  # [1]
-        tokens, rows = self._first_tokens(self._root_logits(context), sampling, generator)
-        parents = [-1] * len(tokens)
-        leaves = list(range(len(tokens)))
-        for _ in range(1, gamma):
-            logits = self._node_logits(root, tokens, parents, leaves)  # [k, V]
-            if sampling.greedy:
-                nxt = logits.argmax(dim=-1).tolist()
-            else:
-                q = sampling.warp(logits)  # [k, V]
-                nxt = sample(q, generator).tolist()
-                rows.extend(q.unbind(0))
-            parents.extend(leaves)
-            leaves = list(range(len(tokens), len(tokens) + len(nxt)))
-            tokens.extend(nxt)
-        return Proposal(
-            tokens=torch.tensor(tokens, dtype=torch.long, device=context.device),  # [N]
-            draft_probs=torch.stack(rows).to(context.device) if rows is not None else None,  # [N, V]
-            parents=torch.tensor(parents, dtype=torch.long),  # [N]
-        )

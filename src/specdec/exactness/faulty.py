@@ -18,7 +18,7 @@ from specdec.drafters.tree import DraftTree
 from specdec.models.causal_lm import CachedCausalLM
 from specdec.sampling import SamplingConfig, sample
 from specdec.tree import TreeMask, children
-from specdec.verify import Verdict, acceptance_ratio, residual_distribution, verify_sampled
+from specdec.verify import Verdict, acceptance_ratio, kseq_residual, residual_distribution, verify_sampled
 
 
 def _accept(draft_tokens, draft_probs, target_probs, generator) -> int:
@@ -174,6 +174,35 @@ def tree_duplicates_skipped(proposal, target_logits, sampling, generator) -> Ver
             running = residual_distribution(running, q, x)
         if accepted is None:
             return Verdict(len(path), int(sample(running[None], generator)), "recovered", tuple(path))
+        path.append(accepted)
+        node = accepted
+
+
+def tree_kseq_rho_one(proposal, target_logits, sampling, generator) -> Verdict:
+    """BUG (SpecTr verifier): k-sequential selection with ρ fixed at 1: each i.i.d. sibling accepted with
+    min(1, p/q) independently of the others (no residual update between them), fallback residual at ρ = 1.
+    Over-accepts tokens that q over-proposes; ρ must be the smallest valid ρ >= 1."""
+    _sampled_only("tree_kseq_rho_one")(sampling)
+    tokens = proposal.tokens.tolist()
+    kids = children(proposal.parents)
+    p = sampling.warp(target_logits)
+    node, path = -1, []
+    while True:
+        running = p[node + 1].double()
+        siblings = kids[node + 1]
+        if not siblings:
+            return Verdict(len(path), int(sample(running[None], generator)), "bonus", tuple(path))
+        q = proposal.draft_probs[siblings[0]].double()
+        beta = float(torch.minimum(q, running).sum())
+        accepted = None
+        for child in siblings:
+            x = tokens[child]
+            if float(torch.rand((), dtype=torch.float64, generator=generator)) * float(q[x]) < float(running[x]):
+                accepted = child
+                break
+        if accepted is None:
+            residual = kseq_residual(running, q, 1.0, beta, len(siblings))  # the bug: ρ = 1
+            return Verdict(len(path), int(sample(residual[None], generator)), "recovered", tuple(path))
         path.append(accepted)
         node = accepted
 
