@@ -94,11 +94,15 @@ class MultiDraft(_TreeDrafter):
         return self.widths[level] if level < len(self.widths) else 1
 
     def _children(self, q: torch.Tensor, width: int, generator) -> tuple[list[int], list[torch.Tensor]]:
-        """`width` children drawn from q [V] by the scheme, and the row each was drawn from."""
+        """Up to `width` children drawn from q [V] by the scheme, and the row each was drawn from. Never more
+        children than q has tokens: a function of q alone, fixed before any draw, so exactness is untouched
+        (after a top-k / top-p warp a confident draft often keeps one token, whose copies would be dead
+        nodes: once x ~ δ_x is rejected, r(x) = 0)."""
+        width = min(width, int((q > 0).sum()))
         if self.scheme != "rrs":
             return sample(q.expand(width, -1), generator).tolist(), [q] * width
         tokens, rows = [], []
-        for _ in range(min(width, int((q > 0).sum()))):
+        for _ in range(width):
             token = int(sample(q[None], generator))
             tokens.append(token)
             rows.append(q)
