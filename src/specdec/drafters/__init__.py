@@ -127,13 +127,13 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     if kind in ("multi-draft-specinfer", "multi-draft-spectr"):
         if draft is None:
             raise ConfigError(f"--drafter {kind} needs a draft model: pass --draft PATH (or draft=model)")
-        return MultiDraft(draft, num_drafts=options.get("num_drafts", 3), scheme=kind.rsplit("-", 1)[1],
+        return MultiDraft(draft, num_drafts=options.get("num_drafts", 2), scheme=kind.rsplit("-", 1)[1],
                           widths=options.get("widths"))
     if kind in ("draft-tree", "multi-draft"):
         if draft is None:
             raise ConfigError(f"--drafter {kind} needs a draft model: pass --draft PATH (or draft=model)")
         if kind == "multi-draft":
-            return MultiDraft(draft, num_drafts=options.get("num_drafts", 3), replacement=options.get("replacement"),
+            return MultiDraft(draft, num_drafts=options.get("num_drafts", 2), replacement=options.get("replacement"),
                               scheme=options.get("scheme"), widths=options.get("widths"))
         tree = {"top_k": "tree_top_k", "depth": "tree_depth", "max_nodes": "max_nodes"}
         return DraftTree(draft, **{arg: options[key] for arg, key in tree.items() if key in options})

@@ -61,12 +61,14 @@ class MultiDraft(_TreeDrafter):
     widths: children per node at each level, e.g. (4, 2): four root children, two under each of them, one
     below; overrides num_drafts (num_drafts becomes the number of leaves, the product of the widths).
     The tree is γ levels deep (generate's gamma; default 4), so it has at most num_drafts·γ nodes.
+    Defaults (num_drafts=2, "rrs", γ = 4): the best τ per drafted token and per second of the trees measured
+    on the default pair at T = 1 (BENCHMARKS.md, "Token trees"); a third root child added no τ there.
     """
 
     def __init__(
         self,
         draft_model: PreTrainedModel,
-        num_drafts: int = 3,
+        num_drafts: int = 2,
         replacement: bool | None = None,
         *,
         scheme: str | None = None,
