@@ -201,7 +201,8 @@ def test_prompt_lookup_branches_decode_like_greedy_and_one_match_is_a_chain():
     target = tiny("llama", hidden=16, layers=2, vocab=V, seed=5)
     prompt = [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2]
     plain = specdec.generate(target, prompt, max_new_tokens=20, eos_token_id=[])
-    tree = specdec.generate(target, prompt, drafter=specdec.PromptLookup(branches=3), max_new_tokens=20, eos_token_id=[])
+    tree = specdec.generate(target, prompt, drafter=specdec.PromptLookup(branches=3), max_new_tokens=20,
+                            eos_token_id=[])
     assert tree.tokens == plain.tokens
     lone = specdec.PromptLookup(branches=3)
     lone.reset(torch.tensor([7, 1, 2, 7]))

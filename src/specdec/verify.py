@@ -180,7 +180,7 @@ def verify_tree(
             node = match
     target_probs = sampling.warp(target_logits)  # [N+1, V]
     draft_probs = proposal.draft_probs
-    kseq = proposal.selection == "spectr"
+    kseq = getattr(proposal, "selection", "sequential") == "spectr"  # Proposal.selection
     node, path = -1, []
     while True:
         running = target_probs[node + 1].double()  # r: [V]

@@ -74,7 +74,8 @@ def register(subparsers) -> None:
                         "decoding through the same loop); 'prompt-lookup' = n-gram matches in the prompt and "
                         "output; 'bigram' = a bigram table (--bigram, or built from the target); 'layer-skip' = "
                         "the target's first --draft-layers layers; 'draft-tree' / 'multi-draft' = token trees "
-                        "from the draft model; 'eagle' / 'medusa' = draft heads on the target's features (a tree; "
+                        "from the draft model ('multi-draft-specinfer' / '-spectr': other sampling schemes); "
+                        "'eagle' / 'medusa' = draft heads on the target's features (a tree; "
                         "'-chain' for one branch), --head or the heads shipped for the default target; "
                         "'draft-tli' / 'draft-slem' = a draft with another tokenizer. With --target and no --draft: plain")
     parser.add_argument("--ngram-max", type=int, default=None,

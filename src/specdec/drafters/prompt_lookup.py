@@ -65,7 +65,8 @@ class PromptLookup(Drafter):
         self.num_pred_tokens = None if num_pred_tokens is None else _check_int("num_pred_tokens", num_pred_tokens, 1)
         self.extend_periodic = bool(extend_periodic)
         self.branches = _check_int("branches", branches, 1)
-        self.num_drafts = self.branches  # a tree of at most branches·γ nodes (the decoder sizes caches by it)
+        # a tree of at most branches·γ nodes (the decoder sizes its caches by num_drafts); None: a chain
+        self.num_drafts = self.branches if self.branches > 1 else None
         self._tokens: list[int] = []  # the committed context seen so far, as Python ints
         # _index[n - min_ngram]: n-gram tuple -> e, the end (exclusive) of its most recent occurrence
         # that has a follower (e <= len(_tokens) - 1), so _tokens[e] is the token that followed it.
