@@ -9,10 +9,10 @@ warp bug shows here too (docs/testing.md).
 Thresholds and error rates
 - Positive checks (a correct method must PASS): N = 3000 draws each, FAIL when p < ALPHA = 1e-4. The
   Pearson chi-square p-value is calibrated at that level (1.15e-4 measured in 200 000 null simulations with
-  674 cells), so with POSITIVE_CHECKS = 4 settings x 13 methods in tests/methods.py + the conditional-mode
-  case + the JSON case + the CLI's 2 methods + 3 in test_trees.py / test_fastpath.py + 9 in
-  test_cross_vocab.py = 68 checks (+4 per method added to the registry), the probability that a correct
-  implementation fails any of them is at most 68 x 1e-4 = 0.68% (Bonferroni) for a random seed. Every
+  674 cells), so with POSITIVE_CHECKS = 4 settings x 16 methods in tests/methods.py + the conditional-mode
+  case + the JSON case + the CLI's 2 methods + 4 in test_trees.py / test_multi_draft.py / test_fastpath.py
+  + 9 in test_cross_vocab.py = 81 checks (+4 per method added to the registry), the probability that a
+  correct implementation fails any of them is at most 81 x 1e-4 = 0.81% (Bonferroni) for a random seed. Every
   test declares the positive checks it runs (@positive, i.e. @pytest.mark.exactness_positive); an autouse
   fixture in conftest.py counts the checks each test actually runs against that, and
   test_family_wise_false_failure_rate_is_bounded sums the declarations of every test module. Seeds are
@@ -82,11 +82,11 @@ def positive(checks: int = 1, alpha: float = ALPHA):
 
 #: Checks a correct implementation must pass: every setting for every method, the conditional-mode case,
 #: the JSON case and the CLI's two methods here; in tests/test_trees.py the duplicate-children case and the
-#: sibling-mask control's correct run; the compiled check in tests/test_fastpath.py; every setting of
-#: tests/test_cross_vocab.py for every cross-vocabulary method.
+#: sibling-mask control's correct run; SpecTr's one-node check in tests/test_multi_draft.py; the compiled
+#: check in tests/test_fastpath.py; every setting of tests/test_cross_vocab.py for every cross-vocabulary method.
 #: `test_family_wise_false_failure_rate_is_bounded` counts the declared ones in the collected suite, and
 #: every test's actual checks are counted as it runs (conftest.py).
-POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + 2 + 1 + CROSS_VOCAB_CHECKS
+POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + 2 + 1 + 1 + CROSS_VOCAB_CHECKS
 #: Bonferroni bound on the chance that a correct implementation fails any of them.
 FWER_BOUND = POSITIVE_CHECKS * ALPHA
 

@@ -79,7 +79,8 @@ class MultiDraft(_TreeDrafter):
         if widths is None:
             widths = (_positive_int("num_drafts", num_drafts),)
         if isinstance(widths, int) or not len(widths):
-            raise ConfigError(f"widths must be a non-empty sequence of integers >= 1, got {widths!r}")
+            raise ConfigError(f"widths must be a non-empty sequence of integers >= 1 (children per node by level, "
+                              f"e.g. widths=(2, 2)), got {widths!r}")
         self.widths = tuple(_positive_int("widths[i]", w) for w in widths)
         self.num_drafts = math.prod(self.widths)  # leaves of a full tree: an upper bound on nodes per level
 
