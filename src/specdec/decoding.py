@@ -296,8 +296,11 @@ class SpeculativeDecoder:
         shape it may use now, before the first round, so no round compiles (and no compile time is measured
         as a round's cost). Only the first request of a process pays; later ones find them compiled."""
         allowed = getattr(self.gamma_policy, "gammas", None)
-        if not allowed or not isinstance(self.target, StaticCausalLM):
+        if not allowed or not isinstance(self.target, StaticCausalLM) or self.drafter is None:
             return
+        if (self.drafter.needs_hidden or getattr(self.drafter, "max_nodes", None) is not None
+                or getattr(self.drafter, "num_drafts", None) is not None):
+            return  # their passes have other shapes (hidden states, tree masks): compiled on first use
         self.target.precompile(self.target.buckets)
         draft_lm = getattr(self.drafter, "lm", None)
         if isinstance(draft_lm, StaticCausalLM):
