@@ -1,18 +1,21 @@
 """Pooled τ and per-token α of the shipped draft and a new one on the bench's held-out `code` and `edit` prompts
 (8 each, 128 new tokens, γ 3 and 4, T = 0 and T = 1 with top-k 50 / top-p 0.9; eager path, seed = prompt index).
-Not a timing. Usage: python scripts/draft_tau.py NEW_DRAFT_DIR"""
+Not a timing. Usage: python scripts/draft_tau.py NEW_DRAFT_DIR [OLD_DRAFT_DIR (default: the shipped draft)]"""
 
 import json
 import sys
 
 import torch
-import specdec
 from transformers import AutoModelForCausalLM
+
+import specdec
 from specdec.bench.workloads import load_workload
 from specdec.decoding import SpeculativeDecoder
 torch.set_num_threads(1)
 target, old, tok = specdec.load_default()
 new = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
+if len(sys.argv) > 2:
+    old = AutoModelForCausalLM.from_pretrained(sys.argv[2], dtype=torch.float32).eval()
 res = {}
 for temp in (0.0, 1.0):
     for w in ("code", "edit"):
