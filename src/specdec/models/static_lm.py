@@ -51,7 +51,7 @@ CACHE_ROUND = 256
 
 #: Inductor options measured on the default pair (docs/fastpath.md); freezing folds the weights in as
 #: constants, which is only valid while they do not change (inference).
-COMPILE_OPTIONS = {"freezing": True}
+COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True}
 
 
 class _SlotLayer(CacheLayerMixin):
