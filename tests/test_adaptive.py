@@ -338,10 +338,55 @@ def test_gamma_auto_shares_measurements_per_drafter_and_target_but_not_request_s
     assert AdaptiveGamma.for_pair(Adapter(Model()), drafter).round_costs() is None
 
 
+def test_plan_restricted_to_allowed_gammas_is_the_best_allowed_pair():
+    costs = [1.0] + [1.2 + 0.05 * g for g in range(1, 9)]
+    rates = markov_rates(0.9, 0.4, costs)  # [8, 8]
+    allowed = (2, 4, 8)
+    best = max(itertools.product(allowed, allowed), key=lambda ar: rates[ar[0] - 1, ar[1] - 1])
+    got = plan(0.9, 0.4, costs, allowed)
+    assert (got.gamma_after_accept, got.gamma_after_reject) == best
+    assert got.rate == pytest.approx(rates[best[0] - 1, best[1] - 1])
+    unrestricted = plan(0.9, 0.4, costs)
+    assert unrestricted.rate >= got.rate and unrestricted.gamma_after_reject not in allowed  # the set binds here
+    with pytest.raises(ConfigError):
+        plan(0.9, 0.4, costs, (12,))
+
+
+@pytest.mark.parametrize("accept", [iid(0.85, seed=11), markov(0.95, 0.3, seed=12), lambda prev: False])
+def test_a_gamma_set_is_never_left(accept):
+    """On a compiled target every γ is a compiled shape: warm-up, choices and probes stay in the set."""
+    policy = AdaptiveGamma(clock=None, gammas=(2, 4, 8), probe_every=4)
+    assert policy.max_gamma == 8 and policy.initial == 4
+    chosen = Synthetic(accept, base=lambda g: 1.0 if g == 0 else 1.2 + 0.04 * g, draft=0.05).run(policy, 300)
+    assert set(chosen) <= {0, 2, 4, 8}
+    assert len(set(chosen)) >= 2
+    assert AdaptiveGamma(gammas=[3, 6], initial=2).initial == 3
+
+
+def test_gamma_auto_on_a_compiled_target_uses_the_fast_path_set():
+    from specdec.adaptive import FAST_PATH_GAMMAS
+
+    class Model:
+        pass
+
+    class Compiled:
+        compile = True
+
+        def __init__(self, model):
+            self.model = model
+
+    drafter = object.__new__(type("D", (), {}))
+    target = Model()
+    compiled = AdaptiveGamma.for_pair(Compiled(target), drafter)
+    assert compiled.gammas == FAST_PATH_GAMMAS
+    eager = AdaptiveGamma.for_pair(type("Eager", (), {"model": target})(), drafter)
+    assert eager.gammas is None and eager.round_base is not compiled.round_base
+
+
 @pytest.mark.parametrize("kwargs", [dict(initial=0), dict(max_gamma=0), dict(memory=1.0), dict(memory=0),
                                     dict(prior=(0, 1)), dict(prior="ab"), dict(probe_every=0), dict(optimism=-1),
                                     dict(clip=0.5), dict(shrink=-1), dict(max_step=-1), dict(tie=0),
-                                    dict(clock=3)])
+                                    dict(clock=3), dict(gammas=()), dict(gammas=(0, 2)), dict(gammas=3)])
 def test_bad_options_raise(kwargs):
     with pytest.raises(ConfigError):
         AdaptiveGamma(**kwargs)

@@ -55,6 +55,44 @@ def test_compiled_draft_model_max_new_tokens_cut_and_eos(llama_pair):
     assert out.tokens == free[:2]
 
 
+def test_gamma_auto_compiles_every_shape_before_its_first_round(monkeypatch):
+    """gamma="auto" on the fast path drafts only FAST_PATH_GAMMAS, whose shapes (draft graphs, verification
+    passes, the draft's catch-up after plain rounds) are compiled before the first round of the first request:
+    no round of any request compiles. torch.compile is replaced by the identity here (what is checked is WHEN
+    a shape is compiled, and the tokens; the real compiler runs in the tests above)."""
+    from specdec.adaptive import FAST_PATH_GAMMAS, AdaptiveGamma
+
+    late: list[str] = []
+    rounds = {"started": False}
+
+    def fake_compile(fn, **kwargs):
+        if rounds["started"]:
+            late.append(getattr(fn, "__name__", repr(fn)))
+        return fn
+
+    choose = AdaptiveGamma.choose
+
+    def marking_choose(self, stats):
+        rounds["started"] = True
+        return choose(self, stats)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(AdaptiveGamma, "choose", marking_choose)
+    target = tiny("llama", hidden=32, layers=2, seed=3)  # own model objects: their own compiled entries
+    for noise in (0.05, 3.0):  # a good draft (long drafts) and a bad one (plain rounds, probes, catch-ups)
+        draft = perturbed(target, noise, seed=4)
+        drafter = specdec.DraftModel(draft)
+        rounds["started"] = False
+        for prompt in (LONG[:20], LONG[:45], LONG[:20]):
+            dec = specdec.SpeculativeDecoder(target, drafter, gamma="auto", max_new_tokens=60, compile=True)
+            assert list(dec.stream(prompt)) == hf_greedy(target, prompt, 60)
+            assert set(dec.stats.gammas[:-1]) <= {0, *FAST_PATH_GAMMAS}
+        if noise > 1:
+            assert 0 in dec.gamma_policy.chosen  # plain rounds happened, so the catch-up ran
+    assert late == []
+    assert {k[1] for k in _COMPILED[target].fns} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2", "mistral", "gemma"])
 def test_compiled_other_architectures(arch):

@@ -82,6 +82,10 @@ ACCEPTED, REJECTED = 0, 1
 _PAIRS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: Probabilities are kept inside [EPS, 1 - EPS] in the rate formula (no 0/0 for absorbing chains).
 _EPS = 1e-6
+#: The γ a gamma="auto" policy may draft on a compiled target (the fast path): each γ is one compiled draft
+#: graph and one verification shape (γ+1 rows), all compiled before the first request decodes, so that no
+#: round ever compiles (docs/adaptive_gamma.md, "On the fast path").
+FAST_PATH_GAMMAS = (2, 4, 8)
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -130,12 +134,19 @@ def markov_rates(p_accept: float, p_reject: float, costs: Sequence[float]) -> np
     return tokens / seconds
 
 
-def plan(p_accept: float, p_reject: float, costs: Sequence[float]) -> Plan:
+def plan(p_accept: float, p_reject: float, costs: Sequence[float], allowed: Sequence[int] | None = None) -> Plan:
     """The (γ_A, γ_R) maximising `markov_rates`, or (0, 0) when plain decoding (rate 1 / costs[0]) is
-    at least as fast. With p_accept = p_reject = α both equal argmax_γ τ(α, γ) / costs[γ]."""
+    at least as fast. With p_accept = p_reject = α both equal argmax_γ τ(α, γ) / costs[γ].
+    allowed: the only γ either of the pair may take (None: every γ in 1..len(costs) - 1)."""
     if len(costs) < 2 or not all(c > 0 for c in costs):
         raise ConfigError(f"costs must be positive, one per γ = 0..max_gamma (at least two), got {costs!r}")
     rates = markov_rates(p_accept, p_reject, costs)  # [G, G]
+    if allowed is not None:
+        keep = np.zeros(rates.shape[0], dtype=bool)  # [G]
+        keep[[g - 1 for g in allowed if 1 <= g <= rates.shape[0]]] = True
+        if not keep.any():
+            raise ConfigError(f"none of the allowed γ {tuple(allowed)!r} is within 1..{rates.shape[0]}")
+        rates = np.where(keep[:, None] & keep[None, :], rates, -np.inf)  # [G, G]
     best = int(np.argmax(rates))
     gamma_a, gamma_r = divmod(best, rates.shape[1])
     rate, plain_rate = float(rates[gamma_a, gamma_r]), 1.0 / float(costs[0])
@@ -271,7 +282,9 @@ class AdaptiveGamma:
     most this factor. shrink: weight, in samples, of the fitted line in each γ's cost. max_step: γ may
     exceed the longest measured draft by at most this (0: no limit). tie: weight, in tokens, of the pooled
     α in each transition probability's prior. carry: weight, in tokens, of the acceptance counts a new
-    request inherits.
+    request inherits. gammas: the only γ the policy drafts (warm-up, probes and choices; None: every γ in
+    1..max_gamma); on a compiled target each γ is a compiled shape, so the set is kept small and compiled
+    up front (`FAST_PATH_GAMMAS`); max_gamma becomes its largest and `max_step` counts steps in the set.
     """
 
     def __init__(
@@ -290,9 +303,22 @@ class AdaptiveGamma:
         max_step: int = 2,
         tie: float = 4.0,
         carry: float = 16.0,
+        gammas: Sequence[int] | None = None,
     ):
         self.initial = _check_int("initial", initial, 1)
         self.max_gamma = _check_int("max_gamma", max_gamma, 1)
+        self.gammas: tuple[int, ...] | None = None
+        if gammas is not None:
+            try:
+                chosen = sorted({_check_int("each of gammas", g, 1) for g in gammas})
+            except TypeError:
+                raise ConfigError(f"gammas must be a sequence of integers >= 1, got {gammas!r}") from None
+            if not chosen:
+                raise ConfigError("gammas must name at least one γ >= 1 (or be None for every γ)")
+            self.gammas = tuple(chosen)
+            self.max_gamma = chosen[-1]
+            below = [g for g in chosen if g <= self.initial]
+            self.initial = below[-1] if below else chosen[0]  # warm up at an allowed γ
         self.memory = _check_number("memory", memory, 0.0, 1.0, "in (0, 1)")
         if self.memory == 0.0:
             raise ConfigError(f"memory must be in (0, 1), got {memory!r}")
@@ -343,10 +369,11 @@ class AdaptiveGamma:
         except TypeError:  # an object that cannot be weakly referenced: no sharing
             return cls()
         key = f"{type(target).__module__}.{type(target).__qualname__}"
-        if getattr(target, "compile", None) is True:  # a static-cache adapter with compiled forwards
+        compiled = getattr(target, "compile", None) is True  # a static-cache adapter with compiled forwards
+        if compiled:
             key += ":compiled"
-        if key not in policies:
-            policies[key] = cls()
+        if key not in policies:  # compiled: only γ whose shapes are compiled up front (FAST_PATH_GAMMAS)
+            policies[key] = cls(gammas=FAST_PATH_GAMMAS) if compiled else cls()
         return policies[key].fork()
 
     def fork(self) -> AdaptiveGamma:
@@ -438,8 +465,13 @@ class AdaptiveGamma:
         costs = [max(c, 1e-12) for c in costs]
         if self.max_step:  # explore longer drafts gradually: at most max_step beyond the longest measured
             top = int(np.flatnonzero(self.round_base.samples).max())
-            costs = costs[: max(top + self.max_step, 1) + 1]
-        return plan(*self._planning_probabilities(), costs)
+            if self.gammas is None:
+                limit = max(top + self.max_step, 1)
+            else:  # max_step steps up the allowed set
+                above = [g for g in self.gammas if g > top]
+                limit = max(above[: self.max_step] or [g for g in self.gammas if g <= top][-1:] or [1])
+            costs = costs[: limit + 1]
+        return plan(*self._planning_probabilities(), costs, self.gammas)
 
     def expected_speedup(self, gamma: int) -> float:
         """Expected tokens/s of drafting γ in every round over plain decoding (1.0 for γ = 0 or while
@@ -474,7 +506,7 @@ class AdaptiveGamma:
         else:
             gamma = self.best_gamma()
             if gamma == 0 and self.skipped + 1 >= self.probe_every:
-                gamma = 1  # probe: re-measure α now and then
+                gamma = self.gammas[0] if self.gammas else 1  # probe: re-measure α now and then
         self.chosen.append(gamma)
         return gamma
 

@@ -278,14 +278,33 @@ class SpeculativeDecoder:
             tree_nodes = num_drafts * (self.gamma_policy.gamma if fixed else DEFAULT_BUCKETS[-1])
         if isinstance(tree_nodes, int):
             widest = max(widest, tree_nodes + 1)
+        allowed = getattr(self.gamma_policy, "gammas", None)  # an adaptive policy restricted to a γ set
+        if allowed and tree_nodes is None:
+            widest = max(allowed) + 1
         need = prompt_len + self.max_new_tokens + widest
         if isinstance(self.target, StaticCausalLM):
             self.target.buckets = (widest,) if fixed and self.drafter is not None else (
-                (1,) if self.drafter is None else DEFAULT_BUCKETS)
+                (1,) if self.drafter is None else
+                (1, *sorted(g + 1 for g in allowed)) if allowed and tree_nodes is None else DEFAULT_BUCKETS)
             self.target.ensure_capacity(need)
         draft_lm = getattr(self.drafter, "lm", None)
         if isinstance(draft_lm, StaticCausalLM):
             draft_lm.ensure_capacity(need)
+
+    def _precompile(self, context: torch.Tensor) -> None:
+        """A policy restricted to a γ set on a compiled target (gamma="auto" on the fast path): compile every
+        shape it may use now, before the first round, so no round compiles (and no compile time is measured
+        as a round's cost). Only the first request of a process pays; later ones find them compiled."""
+        allowed = getattr(self.gamma_policy, "gammas", None)
+        if not allowed or not isinstance(self.target, StaticCausalLM) or self.drafter is None:
+            return
+        if (self.drafter.needs_hidden or getattr(self.drafter, "max_nodes", None) is not None
+                or getattr(self.drafter, "num_drafts", None) is not None):
+            return  # their passes have other shapes (hidden states, tree masks): compiled on first use
+        self.target.precompile(self.target.buckets)
+        draft_lm = getattr(self.drafter, "lm", None)
+        if isinstance(draft_lm, StaticCausalLM):
+            draft_lm.precompile(draft_lm.catch_up_sizes, allowed, self.sampling, context)
 
     def stream(self, prompt_ids: Sequence[int] | torch.Tensor) -> Iterator[int]:
         """Yield each new token as soon as it is final."""
@@ -311,6 +330,7 @@ class SpeculativeDecoder:
             else:
                 self.drafter.reset(context[:n])
             stats.draft_s += time.perf_counter() - t
+        self._precompile(context[:n])
         stats.prefill_s = time.perf_counter() - start
 
         produced = 0

@@ -117,8 +117,8 @@ class DraftModel(Drafter):
     ) -> Proposal:
         n = context.shape[0]
         if isinstance(self.lm, StaticCausalLM) and gamma > 0 and n >= 2 and self._width is None:
-            if self.lm.length < n - 2:
-                self.lm.forward(context[self.lm.length : n - 2])
+            if self.lm.length < n - 2:  # tokens skipped in plain rounds: at most two compiled shapes
+                self.lm.catch_up(context[self.lm.length : n - 2])
             tokens, draft_probs = self.lm.draft_steps(context, gamma, sampling, generator)  # [γ], [γ, V] | None
             return Proposal(tokens=tokens.to(context.device),
                             draft_probs=draft_probs.to(context.device) if draft_probs is not None else None)

@@ -44,12 +44,14 @@ log = logging.getLogger("specdec.fastpath")
 
 #: Query lengths a verification pass is padded to when the decoder has not planned its own.
 DEFAULT_BUCKETS = (1, 2, 3, 5, 9, 17, 33)
+#: Chunk size of `StaticCausalLM.catch_up` (tokens a drafter skipped while the policy decoded plainly).
+CATCH_UP_ROWS = 8
 #: Cache sizes are rounded up to a multiple of this, so nearby requests share compiled shapes.
 CACHE_ROUND = 256
 
 #: Inductor options measured on the default pair (docs/fastpath.md); freezing folds the weights in as
 #: constants, which is only valid while they do not change (inference).
-COMPILE_OPTIONS = {"freezing": True}
+COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True}
 
 
 class _SlotLayer(CacheLayerMixin):
@@ -424,6 +426,54 @@ class StaticCausalLM:
         self.forwards += gamma
         self.length = n + gamma - 1  # context[:n] and the first γ-1 drafts
         return tokens, probs
+
+
+    def catch_up(self, input_ids: torch.Tensor) -> None:
+        """Append input_ids [n] (committed tokens a drafter skipped) in chunks of CATCH_UP_ROWS rows, then one
+        row at a time: two compiled shapes (`catch_up_sizes`) whatever n is."""
+        done = 0
+        while done < input_ids.shape[0]:
+            step = CATCH_UP_ROWS if input_ids.shape[0] - done >= CATCH_UP_ROWS else 1
+            self.forward(input_ids[done : done + step])
+            done += step
+
+    @property
+    def catch_up_sizes(self) -> tuple[int, int]:
+        """The padded pass sizes `catch_up` uses."""
+        return (self._bucket(1), self._bucket(CATCH_UP_ROWS))
+
+    # -- compiling up front -------------------------------------------------------------------------------
+    def _compiled(self, key: tuple) -> bool:
+        entry = _COMPILED.get(self.model)
+        fn = entry.fns.get(key) if entry is not None else None
+        return fn is not None and fn.done
+
+    def precompile(self, sizes, draft_gammas=(), sampling: SamplingConfig | None = None,
+                   context: torch.Tensor | None = None) -> None:
+        """Compile now the chain passes of `sizes` rows and (with `context` [n], n >= 2, the committed tokens
+        the cache holds all but the last of) the draft graphs of `draft_gammas`, so that no later round of
+        any request compiles. Runs after the prefill, past the cache's length, then restores it: the slots
+        it wrote are hidden by the mask and overwritten later. A no-op when eager or already compiled."""
+        if not self.compile or self.cache is None or not self.cache.ready:
+            return
+        length, forwards, forward_s = self.length, self.forwards, self.forward_s
+        try:
+            for b in sizes:
+                if not self._compiled(("pass", b, self.max_len, False, False)) and length + b <= self.max_len:
+                    self._pass(torch.zeros(b, dtype=torch.long), torch.arange(length, length + b), None, False,
+                               pad=False)
+                    self.length = length
+            if context is None or context.shape[0] < 2 or sampling is None:
+                return
+            generator = torch.Generator(device=self.device).manual_seed(0)  # not the request's generator
+            for gamma in sorted(draft_gammas):
+                if not self._compiled(("draft", gamma, sampling, self.max_len)):
+                    self.draft_gammas.add(gamma)
+                    if context.shape[0] - 1 + gamma <= self.max_len:
+                        self.draft_steps(context, gamma, sampling, generator)
+                    self.length = length
+        finally:
+            self.length, self.forwards, self.forward_s = length, forwards, forward_s
 
 
 class _Timed:
