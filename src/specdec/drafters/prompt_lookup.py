@@ -16,6 +16,12 @@ Overlapping matches: if the match ends p tokens before the end of the context (p
 periodic continuation (draft[j] = draft[j - p]), which is what copying "the tokens that followed" means once
 the proposed tokens are part of the text. Disable with `extend_periodic=False` to propose only tokens that
 are already in the context.
+
+Encoder-decoder targets: the request's source tokens (`reset(..., encoder_input_ids=)`, handed over by the
+decoder) get an index of their own, built once per request. For each n, longest first, a match in the decoded
+context wins (most recent); otherwise the source's most recent match is copied (summaries and translations
+often copy spans of the source). Source tokens must be ids of the decoder's vocabulary (T5, BART, Marian
+share one vocabulary between encoder and decoder).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class PromptLookup(Drafter):
     """
 
     vocab_size = None  # no vocabulary of its own: any target works
+    accepts_encoder_inputs = True  # an encoder-decoder target's source tokens are looked up too
 
     def __init__(
         self,
@@ -60,13 +67,21 @@ class PromptLookup(Drafter):
         # _index[n - min_ngram]: n-gram tuple -> e, the end (exclusive) of its most recent occurrence
         # that has a follower (e <= len(_tokens) - 1), so _tokens[e] is the token that followed it.
         self._index: list[dict[tuple[int, ...], int]] = []
+        self._source: list[int] = []  # an encoder-decoder request's source tokens (empty otherwise)
+        self._source_index: list[dict[tuple[int, ...], int]] = []  # as _index, over _source
         self.reset(torch.empty(0, dtype=torch.long))
 
     # -- index maintenance -------------------------------------------------------------------------
-    def reset(self, prompt_ids: torch.Tensor) -> None:
+    def reset(self, prompt_ids: torch.Tensor, encoder_input_ids: torch.Tensor | None = None,
+              encoder_inputs=None) -> None:
         self._tokens = []
         self._index = [{} for _ in range(self.min_ngram, self.max_ngram + 1)]
         self._extend(prompt_ids)
+        self._source = [] if encoder_input_ids is None else encoder_input_ids.tolist()
+        self._source_index = [{} for _ in range(self.min_ngram, self.max_ngram + 1)]
+        for n, index in zip(range(self.min_ngram, self.max_ngram + 1), self._source_index):
+            for end in range(n, len(self._source)):
+                index[tuple(self._source[end - n : end])] = end  # the most recent occurrence with a follower
 
     def _extend(self, context: torch.Tensor) -> None:
         """Index the n-grams that got a follower since the last call. context [n] starts with _tokens."""
@@ -97,6 +112,10 @@ class PromptLookup(Drafter):
             return []
         for n in range(min(self.max_ngram, length), self.min_ngram - 1, -1):
             end = self._index[n - self.min_ngram].get(tuple(tokens[length - n :]))
+            if end is None and self._source:  # copy from an encoder-decoder request's source
+                end = self._source_index[n - self.min_ngram].get(tuple(tokens[length - n :]))
+                if end is not None:
+                    return self._source[end : end + gamma]
             if end is None:
                 continue
             if not self.extend_periodic:
