@@ -77,6 +77,9 @@ def hf_greedy_seq2seq(model: PreTrainedModel, enc: dict, decoder_prompt: list[in
                          max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=model.config.pad_token_id)
     tokens = out[0].tolist()
     # Whisper's generate returns the new tokens only; the others return the decoder prompt too.
-    if tokens[: len(decoder_prompt)] == decoder_prompt and len(tokens) > max_new_tokens:
+    if model.main_input_name != "input_features":
+        assert tokens[: len(decoder_prompt)] == decoder_prompt
         tokens = tokens[len(decoder_prompt):]
+    elif eos is not None and len(tokens) < max_new_tokens:  # Whisper's generate also drops the EOS it stopped at
+        tokens.append(eos)
     return tokens
