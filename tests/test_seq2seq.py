@@ -270,3 +270,41 @@ def test_bad_pairings_and_inputs_raise_one_clear_error(pairs):
     for shape in [(1, MELS + 1, FRAMES), (1, MELS, FRAMES - 2)]:
         with pytest.raises(specdec.PromptError, match=rf"\[{MELS}, {FRAMES}\]"):
             run(whisper, None, {"input_features": torch.zeros(shape, dtype=torch.float64)})
+
+
+# ------------------------------------------------------------------------------------ load, text API, CLI
+
+
+@pytest.fixture(scope="module")
+def saved_t5_pair(tmp_path_factory):
+    """A tiny T5 target and a smaller T5 draft saved with the default tokenizer (8192 tokens), float32."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(Path(specdec.__file__).parent / "assets/default/tokenizer")
+    root = tmp_path_factory.mktemp("t5pair")
+    for name, hidden, layers, seed in [("target", 32, 2, 0), ("draft", 16, 1, 5)]:
+        model = tiny_seq2seq("t5", hidden=hidden, layers=layers, vocab=len(tokenizer), seed=seed, dtype=torch.float32)
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root / "target", root / "draft"
+
+
+def test_load_text_api_and_cli_read_the_prompt_with_the_encoder(saved_t5_pair, capsys):
+    from specdec.cli import main as cli_main
+
+    target_dir, draft_dir = saved_t5_pair
+    target, tokenizer = specdec.load(target_dir)
+    draft, _ = specdec.load(draft_dir)
+    assert target.config.is_encoder_decoder and draft.config.is_encoder_decoder
+    prompt = "def add(a, b):\n    return a + b"
+    source = tokenizer(prompt)
+    enc = {"input_ids": torch.tensor([source["input_ids"]]), "attention_mask": torch.tensor([source["attention_mask"]])}
+    expected = reference(target, enc, 10)
+    out = specdec.generate_text(target, tokenizer, prompt, drafter=specdec.DraftModel(draft), max_new_tokens=10)
+    assert out.tokens == expected
+    assert "".join(specdec.stream_text(target, tokenizer, prompt, max_new_tokens=10)) == out.text
+    assert cli_main(["generate", "--target", str(target_dir), "--draft", str(draft_dir), "--prompt", prompt,
+                     "--max-new-tokens", "10"]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == tokenizer.decode(expected, skip_special_tokens=True).rstrip("\n")
