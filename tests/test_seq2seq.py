@@ -308,3 +308,18 @@ def test_load_text_api_and_cli_read_the_prompt_with_the_encoder(saved_t5_pair, c
     assert cli_main(["generate", "--target", str(target_dir), "--draft", str(draft_dir), "--prompt", prompt,
                      "--max-new-tokens", "10"]) == 0
     assert capsys.readouterr().out.rstrip("\n") == tokenizer.decode(expected, skip_special_tokens=True).rstrip("\n")
+
+
+def test_bench_runs_an_encoder_decoder_pair_against_hf_assisted(saved_t5_pair):
+    from specdec.bench.runner import BenchSettings, run_benchmark
+    from specdec.bench.workloads import user_prompts
+
+    target, tokenizer = specdec.load(saved_t5_pair[0])
+    draft, _ = specdec.load(saved_t5_pair[1])
+    prompts = user_prompts(tokenizer, ["def add(a, b):\n    return a + b"])
+    settings = BenchSettings(methods=["plain", "draft", "prompt-lookup", "hf-plain", "hf-assisted"], gammas=[3],
+                             max_new_tokens=6, repeats=1, warmup=0, forward_costs=True)
+    results = run_benchmark(target, draft, prompts, settings, progress=False)
+    assert all(r["identical_to_hf_plain"] for r in results["runs"])  # every method = HF's greedy decoder output
+    assert {c["method"] for c in results["configs"]} == set(settings.methods)
+    assert results["forward_costs"]["target_ms"][1] > 0
