@@ -95,13 +95,14 @@ def heldout_loss(model, data, batch_size: int = 32) -> float:
     return total / count
 
 
-def train(model, data, cpu_seconds: float, batch_size: int, lr: float, log) -> dict:
+def train(model, data, cpu_seconds: float, batch_size: int, lr: float, log, wall_seconds: float | None = None) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     rng = random.Random(0)
-    start = time.process_time()
+    start, wall_start = time.process_time(), time.perf_counter()
     step = 0
     model.train()
-    while time.process_time() - start < cpu_seconds:
+    while time.process_time() - start < cpu_seconds and (
+            wall_seconds is None or time.perf_counter() - wall_start < wall_seconds):
         items = rng.sample(data, batch_size)
         src, mask, labels = batch(items)
         loss = model(input_ids=src, attention_mask=mask, labels=labels).loss
@@ -115,7 +116,8 @@ def train(model, data, cpu_seconds: float, batch_size: int, lr: float, log) -> d
         step += 1
         if step % 25 == 0:
             log(f"step {step} loss {float(loss.detach()):.3f} cpu {time.process_time() - start:.0f}s")
-    return {"steps": step, "batch": batch_size, "cpu_s": time.process_time() - start}
+    return {"steps": step, "batch": batch_size, "cpu_s": time.process_time() - start,
+            "wall_s": time.perf_counter() - wall_start}
 
 
 def main() -> int:
@@ -123,6 +125,8 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--cpu-minutes", type=float, default=15.0)
     parser.add_argument("--only", choices=("target", "draft"), required=True)
+    parser.add_argument("--wall-minutes", type=float, default=None,
+                        help="also stop training after this much wall time (a shared, busy machine)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
@@ -147,7 +151,8 @@ def main() -> int:
     report["uniform_loss"] = math.log(len(tokenizer))
     for name, seed in ((args.only, 0 if args.only == "target" else 1),):
         model = make(**shapes[name], vocab=len(tokenizer), seed=seed)
-        info = train(model, train_data, budget, 16, 3e-3 if name == "draft" else 2e-3, log)
+        wall = None if args.wall_minutes is None else args.wall_minutes * 60
+        info = train(model, train_data, budget, 16, 3e-3 if name == "draft" else 2e-3, log, wall)
         info["params"] = sum(p.numel() for p in model.parameters())
         info["shape"] = shapes[name]
         info["heldout_loss"] = heldout_loss(model, held)

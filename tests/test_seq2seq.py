@@ -266,6 +266,10 @@ def test_bad_pairings_and_inputs_raise_one_clear_error(pairs):
         run(target, specdec.DraftModel(tiny_seq2seq("t5", hidden=16, layers=1, vocab=80)), enc)
     with pytest.raises(specdec.IncompatibleModelsError, match="PromptLookup"):
         run(target, specdec.Bigram.from_corpus(torch.arange(50) % 96, 96), enc)
+    with pytest.raises(specdec.UnsupportedModelError, match="encoder-decoder"):
+        specdec.DraftTree(target)  # token trees drive decoder-only models
+    with pytest.raises(specdec.UnsupportedModelError, match="encoder-decoder"):
+        specdec.Bigram.from_model(target)
     whisper = pairs["whisper"][0]
     for shape in [(1, MELS + 1, FRAMES), (1, MELS, FRAMES - 2)]:
         with pytest.raises(specdec.PromptError, match=rf"\[{MELS}, {FRAMES}\]"):
