@@ -302,6 +302,9 @@ def test_load_text_api_and_cli_read_the_prompt_with_the_encoder(saved_t5_pair, c
     target, tokenizer = specdec.load(target_dir)
     draft, _ = specdec.load(draft_dir)
     assert target.config.is_encoder_decoder and draft.config.is_encoder_decoder
+    whisper_dir = target_dir.parent / "whisper"
+    tiny_seq2seq("whisper", dtype=torch.float32).save_pretrained(whisper_dir)
+    assert type(specdec.loading.load_model(whisper_dir)).__name__ == "WhisperForConditionalGeneration"
     prompt = "def add(a, b):\n    return a + b"
     source = tokenizer(prompt)
     enc = {"input_ids": torch.tensor([source["input_ids"]]), "attention_mask": torch.tensor([source["attention_mask"]])}

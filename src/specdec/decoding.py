@@ -238,7 +238,6 @@ class SpeculativeDecoder:
             self.target = target
         else:
             self.target = seq2seq_adapter(target, compile) if is_encoder_decoder(target) else fast_adapter(target, compile)
-        self.encoder_inputs = _check_encoder_pairing(self.target, drafter, encoder_inputs)
         self.drafter = drafter
         self.sampling = SamplingConfig(temperature, top_k, top_p)
         if gamma is None:  # a tree drafter's own depth, else the chain default
@@ -260,6 +259,7 @@ class SpeculativeDecoder:
                     "(CLI: --draft-tokenizer), pick a draft model from the target's family, or a model-free "
                     "drafter (specdec.PromptLookup)"
                 )
+        self.encoder_inputs = _check_encoder_pairing(self.target, drafter, encoder_inputs)
         if drafter is not None and hasattr(drafter, "use_fast_path"):
             drafter.use_fast_path(compile)
         self.eos = _eos_ids(self.target.model, eos_token_id)
