@@ -236,8 +236,10 @@ class SpeculativeDecoder:
         is_adapter = isinstance(target, (CachedCausalLM, StaticCausalLM, CachedSeq2SeqLM))
         if is_adapter:
             self.target = target
+        elif is_encoder_decoder(target):  # T5, BART, Marian, Whisper: the decoder is driven (docs/seq2seq.md)
+            self.target = seq2seq_adapter(target, compile)
         else:
-            self.target = seq2seq_adapter(target, compile) if is_encoder_decoder(target) else fast_adapter(target, compile)
+            self.target = fast_adapter(target, compile)
         self.drafter = drafter
         self.sampling = SamplingConfig(temperature, top_k, top_p)
         if gamma is None:  # a tree drafter's own depth, else the chain default
