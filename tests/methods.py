@@ -37,6 +37,15 @@ METHODS = {
 }
 
 
+#: Methods for encoder-decoder targets (T5, BART, Marian, Whisper): tests/test_seq2seq.py runs each one in the
+#: greedy-equality and the statistical suites. A factory (target, draft) -> Drafter | None, as METHODS.
+SEQ2SEQ_METHODS = {
+    "plain": lambda target, draft: None,
+    "draft-model": lambda target, draft: specdec.DraftModel(draft),
+    "prompt-lookup": lambda target, draft: specdec.PromptLookup(max_ngram=3, min_ngram=1),  # context + source
+}
+
+
 def build(name: str, target, draft):
     """(drafter or None, extra decoder options) for registry entry `name`."""
     built = METHODS[name](target, draft)

@@ -11,8 +11,9 @@ Thresholds and error rates
   Pearson chi-square p-value is calibrated at that level (1.15e-4 measured in 200 000 null simulations with
   674 cells), so with POSITIVE_CHECKS = 4 settings x 16 methods in tests/methods.py + the conditional-mode
   case + the JSON case + the CLI's 2 methods + 4 in test_trees.py / test_multi_draft.py / test_fastpath.py
-  + 9 in test_cross_vocab.py = 81 checks (+4 per method added to the registry), the probability that a
-  correct implementation fails any of them is at most 81 x 1e-4 = 0.81% (Bonferroni) for a random seed. Every
+  + 9 in test_cross_vocab.py
+  + 6 in test_seq2seq.py = 87 checks (+4 per method added to the registry), the probability that a
+  correct implementation fails any of them is at most 87 x 1e-4 = 0.87% (Bonferroni) for a random seed. Every
   test declares the positive checks it runs (@positive, i.e. @pytest.mark.exactness_positive); an autouse
   fixture in conftest.py counts the checks each test actually runs against that, and
   test_family_wise_false_failure_rate_is_bounded sums the declarations of every test module. Seeds are
@@ -34,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from methods import CROSS_VOCAB_METHODS, METHODS, build
+from methods import CROSS_VOCAB_METHODS, METHODS, SEQ2SEQ_METHODS, build
 from models import perturbed, tiny
 from scipy import stats
 
@@ -72,6 +73,7 @@ SETTINGS = {
 
 
 CROSS_VOCAB_CHECKS = 3 * len(CROSS_VOCAB_METHODS)  # tests/test_cross_vocab.py: 3 settings per method
+SEQ2SEQ_CHECKS = 2 * len(SEQ2SEQ_METHODS)  # tests/test_seq2seq.py: 2 settings per encoder-decoder method
 
 
 def positive(checks: int = 1, alpha: float = ALPHA):
@@ -86,7 +88,7 @@ def positive(checks: int = 1, alpha: float = ALPHA):
 #: check in tests/test_fastpath.py; every setting of tests/test_cross_vocab.py for every cross-vocabulary method.
 #: `test_family_wise_false_failure_rate_is_bounded` counts the declared ones in the collected suite, and
 #: every test's actual checks are counted as it runs (conftest.py).
-POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + 2 + 1 + 1 + CROSS_VOCAB_CHECKS
+POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + 2 + 1 + 1 + CROSS_VOCAB_CHECKS + SEQ2SEQ_CHECKS
 #: Bonferroni bound on the chance that a correct implementation fails any of them.
 FWER_BOUND = POSITIVE_CHECKS * ALPHA
 

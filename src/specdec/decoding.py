@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError
 from specdec.models.causal_lm import CachedCausalLM, context_length
+from specdec.models.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder, seq2seq_adapter
 from specdec.models.static_lm import DEFAULT_BUCKETS, StaticCausalLM, fast_adapter
 from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats
@@ -171,6 +172,43 @@ def _prompt_tensor(prompt_ids: Sequence[int] | torch.Tensor, vocab: int) -> torc
     return ids
 
 
+def _check_encoder_pairing(target: object, drafter: Drafter | None, encoder_inputs: object) -> object:
+    """Encoder inputs go with an encoder-decoder target only, and its drafter must take them."""
+    seq2seq = isinstance(target, CachedSeq2SeqLM)
+    if not seq2seq:
+        if encoder_inputs is not None:
+            raise ConfigError(
+                f"encoder_inputs was given but the target {type(target.model).__name__} is a decoder-only model "
+                "with no encoder; put the whole text in prompt_ids, or load an encoder-decoder target "
+                "(AutoModelForSeq2SeqLM / AutoModelForSpeechSeq2Seq)"
+            )
+        if drafter is not None and getattr(drafter, "is_encoder_decoder", False):
+            raise IncompatibleModelsError(
+                "the draft is an encoder-decoder model but the target is decoder-only; pair a decoder-only "
+                "draft with it (or use an encoder-decoder target of the draft's family)"
+            )
+        return None
+    if encoder_inputs is None:
+        raise PromptError(
+            f"{type(target.model).__name__} is an encoder-decoder model: pass what its encoder reads, "
+            f"encoder_inputs={{'{target.main_input}': ...}} (e.g. dict(tokenizer(source_text)), or a feature "
+            "extractor's output for Whisper); prompt_ids is the decoder prompt (None = the start token)"
+        )
+    if drafter is not None and getattr(drafter, "is_encoder_decoder", None) is False:
+        raise IncompatibleModelsError(
+            "the draft is a decoder-only model but the target is an encoder-decoder model, and a decoder-only "
+            "draft cannot see the source; load the draft as an encoder-decoder model of the target's family "
+            "(AutoModelForSeq2SeqLM, e.g. t5-small for t5-large), or use specdec.PromptLookup"
+        )
+    if drafter is not None and not getattr(drafter, "accepts_encoder_inputs", False):
+        raise IncompatibleModelsError(
+            f"{type(drafter).__name__} cannot draft for an encoder-decoder target; use specdec.DraftModel with a "
+            "smaller encoder-decoder draft of the same vocabulary, or specdec.PromptLookup (it also copies from "
+            "the source)"
+        )
+    return encoder_inputs
+
+
 class SpeculativeDecoder:
     """One request's decode loop. Use `stream()` to iterate final tokens; `stats` fills as it runs."""
 
@@ -189,13 +227,19 @@ class SpeculativeDecoder:
         verify_fn: VerifyFn = verify_round,
         tree_verify_fn: TreeVerifyFn = verify_tree,
         compile: bool | str = False,
+        encoder_inputs: Mapping[str, object] | None = None,
     ):
         if compile not in (False, True, "static"):
             raise ConfigError(f"compile must be True, False or 'static' (the slot cache without torch.compile), "
                               f"got {compile!r}")
         self.compile = compile
-        is_adapter = isinstance(target, (CachedCausalLM, StaticCausalLM))
-        self.target = target if is_adapter else fast_adapter(target, compile)
+        is_adapter = isinstance(target, (CachedCausalLM, StaticCausalLM, CachedSeq2SeqLM))
+        if is_adapter:
+            self.target = target
+        elif is_encoder_decoder(target):  # T5, BART, Marian, Whisper: the decoder is driven (docs/seq2seq.md)
+            self.target = seq2seq_adapter(target, compile)
+        else:
+            self.target = fast_adapter(target, compile)
         self.drafter = drafter
         self.sampling = SamplingConfig(temperature, top_k, top_p)
         if gamma is None:  # a tree drafter's own depth, else the chain default
@@ -217,6 +261,7 @@ class SpeculativeDecoder:
                     "(CLI: --draft-tokenizer), pick a draft model from the target's family, or a model-free "
                     "drafter (specdec.PromptLookup)"
                 )
+        self.encoder_inputs = _check_encoder_pairing(self.target, drafter, encoder_inputs)
         if drafter is not None and hasattr(drafter, "use_fast_path"):
             drafter.use_fast_path(compile)
         self.eos = _eos_ids(self.target.model, eos_token_id)
@@ -235,7 +280,9 @@ class SpeculativeDecoder:
         self.last_token_source = ""
 
     def _check_fits(self, prompt_len: int) -> None:
-        _check_fits(prompt_len, self.max_new_tokens, context_length(self.target.model))
+        limit = self.target.context_limit if isinstance(self.target, CachedSeq2SeqLM) else context_length(
+            self.target.model)
+        _check_fits(prompt_len, self.max_new_tokens, limit)
 
     def _check_tree(self, proposal: Proposal, gamma: int, n: int) -> tuple[Proposal, TreeMask | None]:
         """Validate a tree proposal before any target pass and build its mask; fall back to its first branch
@@ -306,8 +353,11 @@ class SpeculativeDecoder:
         if isinstance(draft_lm, StaticCausalLM):
             draft_lm.precompile(draft_lm.catch_up_sizes, allowed, self.sampling, context)
 
-    def stream(self, prompt_ids: Sequence[int] | torch.Tensor) -> Iterator[int]:
-        """Yield each new token as soon as it is final."""
+    def stream(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> Iterator[int]:
+        """Yield each new token as soon as it is final. An encoder-decoder target: prompt_ids is the decoder
+        prompt (None: its decoder start token)."""
+        if prompt_ids is None and isinstance(self.target, CachedSeq2SeqLM):
+            prompt_ids = self.target.decoder_prompt()
         prompt = _prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
         self._check_fits(prompt.shape[0])
         self._plan_static(prompt.shape[0])
@@ -321,14 +371,18 @@ class SpeculativeDecoder:
         context[:n] = prompt
         # Drafters that read the target's features (EAGLE, Medusa) get them for every committed token.
         needs_hidden = self.drafter is not None and self.drafter.needs_hidden
-        self.target.reset()
+        # An encoder-decoder target runs its encoder here, once per request (encoder_inputs is None otherwise).
+        encoder = {} if self.encoder_inputs is None else {"encoder_inputs": self.encoder_inputs}
+        self.target.reset(**encoder)
         prefill_hidden = self.target.prefill(context[: n - 1], hidden=needs_hidden)  # [n-1, H] | None
         if self.drafter is not None:
             t = time.perf_counter()
+            if encoder:  # the source tokens too, for drafters that look them up (PromptLookup)
+                encoder["encoder_input_ids"] = self.target.encoder_input_ids
             if needs_hidden:
-                self.drafter.reset(context[:n], hidden=prefill_hidden)
+                self.drafter.reset(context[:n], hidden=prefill_hidden, **encoder)
             else:
-                self.drafter.reset(context[:n])
+                self.drafter.reset(context[:n], **encoder)
             stats.draft_s += time.perf_counter() - t
         self._precompile(context[:n])
         stats.prefill_s = time.perf_counter() - start
@@ -420,11 +474,13 @@ def stream(
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | None = None,
     compile: bool | str = False,
+    encoder_inputs: Mapping[str, object] | None = None,
 ) -> Iterator[int]:
     """Yield new token ids as soon as they are final (same arguments as `generate`)."""
     decoder = SpeculativeDecoder(
         target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed, compile=compile,
+        encoder_inputs=encoder_inputs,
     )
     yield from decoder.stream(prompt_ids)
 
@@ -441,6 +497,7 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | None = None,
     compile: bool | str = False,
+    encoder_inputs: Mapping[str, object] | None = None,
 ) -> GenerationOutput:
     """Continue `prompt_ids` with `target`, speculatively when a drafter is given; exact either way.
 
@@ -450,10 +507,14 @@ def generate(
     compile=True runs target and DraftModel on the fast path (slot KV cache, compiled fixed-shape passes;
     the first call of each shape compiles, see docs/fastpath.md); "static" is the slot cache without
     compiling. Models that cannot take it decode eagerly with a FastPathWarning; tokens never differ.
+    An encoder-decoder target (T5, BART, Marian, Whisper): `encoder_inputs` is what its encoder takes
+    ({"input_ids": ..., "attention_mask": ...} or {"input_features": ...}), `prompt_ids` the decoder prompt
+    (None: the decoder start token); see docs/seq2seq.md.
     """
     decoder = SpeculativeDecoder(
         target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed, compile=compile,
+        encoder_inputs=encoder_inputs,
     )
     tokens = list(decoder.stream(prompt_ids))
     return GenerationOutput(tokens=tokens, stats=decoder.stats)

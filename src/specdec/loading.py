@@ -55,14 +55,34 @@ def _no_progress_bars():
             hf_logging.enable_progress_bar()
 
 
-def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None):
-    """AutoModelForCausalLM.from_pretrained(path), in eval mode on `device`."""
-    from transformers import AutoModelForCausalLM
+def _model_class(path: str | Path):
+    """AutoModelForCausalLM; for an encoder-decoder checkpoint AutoModelForSeq2SeqLM (text) or
+    AutoModelForSpeechSeq2Seq (speech: Whisper), read from its config."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
 
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError):
+        return AutoModelForCausalLM  # the load below reports the problem
+    if not getattr(config, "is_encoder_decoder", False):
+        return AutoModelForCausalLM
+    speech = type(config) in AutoModelForSpeechSeq2Seq._model_mapping
+    return AutoModelForSpeechSeq2Seq if speech else AutoModelForSeq2SeqLM
+
+
+def is_speech_checkpoint(path: str | Path) -> bool:
+    from transformers import AutoModelForSpeechSeq2Seq
+
+    return _model_class(path) is AutoModelForSpeechSeq2Seq
+
+
+def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None):
+    """AutoModelForCausalLM.from_pretrained(path) (AutoModelForSeq2SeqLM / AutoModelForSpeechSeq2Seq for an
+    encoder-decoder checkpoint), in eval mode on `device`."""
     check_device(device)
     try:
         with _no_progress_bars():
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype, device))
+            model = _model_class(path).from_pretrained(str(path), dtype=resolve_dtype(dtype, device))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"cannot load a causal LM from {str(path)!r}: it is not a local directory with a config.json "
@@ -73,9 +93,13 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype |
 
 
 def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
+    """AutoTokenizer; for a speech encoder-decoder (Whisper) the AutoProcessor: its feature extractor makes
+    the encoder's input_features, its tokenizer decodes the output."""
+    from transformers import AutoProcessor, AutoTokenizer
 
     try:
+        if is_speech_checkpoint(path):
+            return AutoProcessor.from_pretrained(str(path))
         return AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
@@ -85,5 +109,6 @@ def load_tokenizer(path: str | Path):
 
 
 def load(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None):
-    """(model, tokenizer) from a local path or hub id: AutoModelForCausalLM + AutoTokenizer."""
+    """(model, tokenizer) from a local path or hub id: AutoModelForCausalLM + AutoTokenizer. Encoder-decoder
+    checkpoints: AutoModelForSeq2SeqLM + AutoTokenizer, or AutoModelForSpeechSeq2Seq + AutoProcessor."""
     return load_model(path, device, dtype), load_tokenizer(path)

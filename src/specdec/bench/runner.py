@@ -203,7 +203,8 @@ class HFCounter:
         return time.perf_counter()
 
     def _pre(self, module, args, kwargs):
-        ids = kwargs.get("input_ids")
+        ids = kwargs.get("decoder_input_ids")  # an encoder-decoder target: the decoder's tokens
+        ids = kwargs.get("input_ids") if ids is None else ids
         if ids is None and args:
             ids = args[0]
         cache = kwargs.get("past_key_values")
@@ -285,13 +286,17 @@ class Bench:
     def __init__(self, target, draft, settings: BenchSettings, pad_token_id: int | None = None,
                  tokenizers: tuple | None = None):
         from specdec.models.causal_lm import CachedCausalLM
+        from specdec.models.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
 
         # (draft tokenizer, target tokenizer) when the draft has its own vocabulary: the draft-tli/-slem
         # drafters and HF's universal assisted generation translate between them.
         self.tokenizers = tokenizers
         self.target, self.draft, self.settings = target, draft, settings
         self.device = str(next(target.parameters()).device)
-        self.target_lm = CachedCausalLM(target)
+        # An encoder-decoder target: each prompt is the source its encoder reads; the decoder starts from its
+        # start token in specdec and in HF alike.
+        self.seq2seq = is_encoder_decoder(target)
+        self.target_lm = CachedSeq2SeqLM(target) if self.seq2seq else CachedCausalLM(target)
         self._target_fast = None
         self.pad_token_id = pad_token_id if pad_token_id is not None else _pad_id(target)
         self._drafters: dict[str, Any] = {}
@@ -342,8 +347,9 @@ class Bench:
         decoder = SpeculativeDecoder(
             self.target_adapter(compiled), drafter, gamma=gamma, max_new_tokens=s.max_new_tokens,
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, eos_token_id=[], seed=seed, compile=compiled,
+            encoder_inputs={"input_ids": [prompt_ids]} if self.seq2seq else None,
         )
-        ids = torch.tensor(prompt_ids, dtype=torch.long)
+        ids = None if self.seq2seq else torch.tensor(prompt_ids, dtype=torch.long)
         _sync(self.device)
         start = time.perf_counter()
         tokens = list(decoder.stream(ids))
@@ -417,9 +423,10 @@ class Bench:
             out = self.target.generate(ids, attention_mask=mask, **kwargs)
             _sync(self.device)
             wall = time.perf_counter() - start
-        tokens = out[0, ids.shape[1]:].tolist()
+        prompt_len = 1 if self.seq2seq else ids.shape[1]  # seq2seq: the output starts with the decoder start token
+        tokens = out[0, prompt_len:].tolist()
         if hooked:
-            stats = counter.stats(ids.shape[1], out.shape[1])
+            stats = counter.stats(prompt_len, out.shape[1])
         else:  # one forward per token; no per-call timings
             from specdec.stats import DecodeStats
 
@@ -444,13 +451,16 @@ def forward_costs(target, draft, prompt_ids: list[int], sizes: Sequence[int], re
     `sizes` (target) and for one token (draft): what a verification pass of γ+1 tokens costs next to a
     plain one-token pass, without any decode loop around it."""
     from specdec.models.causal_lm import CachedCausalLM
+    from specdec.models.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
 
     def measure(model, n: int) -> float:
-        lm = CachedCausalLM(model)
+        lm = CachedSeq2SeqLM(model) if is_encoder_decoder(model) else CachedCausalLM(model)
         # Timing only: ids past a (cross-vocabulary) draft's embedding wrap around into it.
         ids = torch.tensor(prompt_ids, dtype=torch.long) % lm.vocab_size
         new = torch.tensor((list(prompt_ids) * (n // max(1, len(prompt_ids)) + 1))[:n], dtype=torch.long)
         new = new % lm.vocab_size
+        if isinstance(lm, CachedSeq2SeqLM):  # the prompt is the source; the decoder holds as many tokens
+            lm.reset(encoder_inputs={"input_ids": ids})
         lm.prefill(ids)
         times = []
         for _ in range(repeats + 2):

@@ -88,7 +88,8 @@ def register(subparsers) -> None:
                         help="bigram: a table saved with specdec.Bigram.save (default: built from the target)")
     parser.add_argument("--head", default=None, metavar="DIR",
                         help="eagle / medusa: a head saved by `specdec train-head` (default: the shipped one)")
-    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("--prompt", required=True, help="the text to continue (an encoder-decoder target such as "
+                        "T5: the source text its encoder reads)")
     add_decoding_args(parser)
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default=None,
@@ -133,7 +134,7 @@ def load_models(args):
 def run(args) -> int:
     from specdec.decoding import SpeculativeDecoder
     from specdec.drafters import make_drafter
-    from specdec.text import detokenize, encode_prompt
+    from specdec.text import detokenize, text_request
 
     target, draft, tokenizer = load_models(args)
     kind = args.drafter or ("draft" if args.draft or (args.target is None and draft is not None) else None)
@@ -149,10 +150,12 @@ def run(args) -> int:
 
         raise ConfigError("drafter options (--ngram-max, --ngram-min, --draft-layers, --bigram, --head) need --drafter")
     drafter = make_drafter(kind, target=target, draft=draft, **options) if kind else None
+    # An encoder-decoder target (T5, BART, Marian) reads the prompt with its encoder.
+    prompt_ids, encoder_inputs = text_request(target, tokenizer, args.prompt)
     decoder = SpeculativeDecoder(
         target, drafter, gamma=parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        compile=args.compile,
+        compile=args.compile, encoder_inputs=encoder_inputs,
     )
     if args.compile:
         import logging
@@ -160,7 +163,7 @@ def run(args) -> int:
         logging.getLogger("specdec.fastpath").setLevel(logging.INFO)  # say when a shape compiles
         if not logging.getLogger().handlers:
             logging.basicConfig(format="[specdec] %(message)s", stream=sys.stderr)
-    for piece in detokenize(tokenizer, decoder.stream(encode_prompt(tokenizer, args.prompt))):
+    for piece in detokenize(tokenizer, decoder.stream(prompt_ids)):
         sys.stdout.write(piece)
         sys.stdout.flush()
     s = decoder.stats

@@ -201,9 +201,11 @@ class Bigram(Drafter):
         target: a Hugging Face causal LM (or a CachedCausalLM). top_k: as in `from_corpus` (dense by
         default up to DENSE_MAX_VOCAB tokens). Costs V one-token forwards, batch_size at a time.
         """
-        from specdec.models.causal_lm import CachedCausalLM, vocab_size as model_vocab
+        from specdec.models.causal_lm import CachedCausalLM, check_rollback_support, vocab_size as model_vocab
 
         model = target.model if isinstance(target, CachedCausalLM) else target
+        if getattr(model.config, "is_encoder_decoder", False):
+            check_rollback_support(model)  # UnsupportedModelError: a bigram table needs a decoder-only model
         vocab = model_vocab(model)
         device = next(model.parameters()).device
         prefix_ids = torch.tensor(list(prefix), dtype=torch.long, device=device)  # [p]

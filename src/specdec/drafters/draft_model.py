@@ -12,6 +12,7 @@ from transformers import PreTrainedModel
 
 from specdec.drafters.base import Drafter, Proposal
 from specdec.models.causal_lm import CachedCausalLM
+from specdec.models.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
 from specdec.models.static_lm import StaticCausalLM, fast_adapter
 from specdec.sampling import SamplingConfig, sample
 from specdec.vocab import check_tokenizer_fits, padded_widths_match, same_vocabulary
@@ -91,9 +92,22 @@ class DraftModel(Drafter):
         return fitted
 
     def _adapter(self, mode: bool | str):
+        if is_encoder_decoder(self.model):  # a seq2seq draft: one eager adapter (the target warns about compile)
+            mode = False
+            if mode not in self._adapters:
+                self._adapters[mode] = CachedSeq2SeqLM(self.model)
         if mode not in self._adapters:
             self._adapters[mode] = fast_adapter(self.model, mode)
         return self._adapters[mode]
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        """An encoder-decoder draft (T5, BART, Whisper...): it runs its own encoder once per request."""
+        return isinstance(self.lm, CachedSeq2SeqLM)
+
+    @property
+    def accepts_encoder_inputs(self) -> bool:
+        return self.is_encoder_decoder
 
     def use_fast_path(self, mode: bool | str) -> None:
         """Called by the decoder with its `compile` setting; a drafter built with compile=... keeps its own."""
@@ -104,8 +118,9 @@ class DraftModel(Drafter):
     def forwards(self) -> int:
         return self.lm.forwards
 
-    def reset(self, prompt_ids: torch.Tensor) -> None:
-        self.lm.reset()
+    def reset(self, prompt_ids: torch.Tensor, encoder_inputs=None, encoder_input_ids=None) -> None:
+        # An encoder-decoder draft encodes the request's source itself (encoder_inputs: as the target's).
+        self.lm.reset(**({} if encoder_inputs is None else {"encoder_inputs": encoder_inputs}))
         self.lm.prefill(prompt_ids[:-1])  # the last prompt token is fed by the first propose
 
     def propose(

@@ -22,6 +22,12 @@ occurrences of each n-gram, longest n first) are proposed together as a token tr
 merged into one node (a trie, so siblings are distinct tokens). Every node is still a deterministic
 function of the context, a point mass, so verification is exact at any temperature. With one distinct
 continuation the proposal is the same chain as with branches=1.
+
+Encoder-decoder targets: the request's source tokens (`reset(..., encoder_input_ids=)`, handed over by the
+decoder) get an index of their own, built once per request. For each n, longest first, a match in the decoded
+context wins (most recent); otherwise the source's most recent match is copied (summaries and translations
+often copy spans of the source). Source tokens must be ids of the decoder's vocabulary (T5, BART, Marian
+share one vocabulary between encoder and decoder).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ class PromptLookup(Drafter):
     """
 
     vocab_size = None  # no vocabulary of its own: any target works
+    accepts_encoder_inputs = True  # an encoder-decoder target's source tokens are looked up too
 
     def __init__(
         self,
@@ -73,14 +80,22 @@ class PromptLookup(Drafter):
         self._index: list[dict[tuple[int, ...], int]] = []
         # branches > 1: _recent[n - min_ngram]: n-gram -> the ends of its `branches` most recent occurrences.
         self._recent: list[dict[tuple[int, ...], list[int]]] = []
+        self._source: list[int] = []  # an encoder-decoder request's source tokens (empty otherwise)
+        self._source_index: list[dict[tuple[int, ...], int]] = []  # as _index, over _source
         self.reset(torch.empty(0, dtype=torch.long))
 
     # -- index maintenance -------------------------------------------------------------------------
-    def reset(self, prompt_ids: torch.Tensor) -> None:
+    def reset(self, prompt_ids: torch.Tensor, encoder_input_ids: torch.Tensor | None = None,
+              encoder_inputs=None) -> None:
         self._tokens = []
         self._index = [{} for _ in range(self.min_ngram, self.max_ngram + 1)]
         self._recent = [{} for _ in self._index] if self.branches > 1 else []
         self._extend(prompt_ids)
+        self._source = [] if encoder_input_ids is None else encoder_input_ids.tolist()
+        self._source_index = [{} for _ in range(self.min_ngram, self.max_ngram + 1)]
+        for n, index in zip(range(self.min_ngram, self.max_ngram + 1), self._source_index):
+            for end in range(n, len(self._source)):
+                index[tuple(self._source[end - n : end])] = end  # the most recent occurrence with a follower
 
     def _extend(self, context: torch.Tensor) -> None:
         """Index the n-grams that got a follower since the last call. context [n] starts with _tokens."""
@@ -118,6 +133,10 @@ class PromptLookup(Drafter):
             return []
         for n in range(min(self.max_ngram, length), self.min_ngram - 1, -1):
             end = self._index[n - self.min_ngram].get(tuple(tokens[length - n :]))
+            if end is None and self._source:  # copy from an encoder-decoder request's source
+                end = self._source_index[n - self.min_ngram].get(tuple(tokens[length - n :]))
+                if end is not None:
+                    return self._source[end : end + gamma]
             if end is None:
                 continue
             return self._continuation(end, gamma)

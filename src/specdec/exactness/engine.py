@@ -19,6 +19,12 @@ in the core touched). Two engines:
     Real KV-cached forwards. Only the prompt prefill is shared: the first prefill of each model is kept
     (cache and logits) and every later prefill of the same ids gets a copy instead of a forward.
 
+Encoder-decoder targets (`draw(..., encoder_inputs=)`): the source is fixed for a whole check, so a decoder
+output depends only on the decoder prefix and the same table applies. The memo answers calls that pass the
+check's own encoder output (compared exactly) and an `EncoderDecoderCache` whose self-attention part becomes
+the `TokenCache` (decoder positions are checked through `cache_position`); the cross-attention part stays
+empty. The encoder is memoised too: called on the check's source it returns the output stored up front.
+
 A call the memo cannot answer (a batch, an attention mask, hidden states, a cache that already holds real
 keys) goes to the real forward when that is safe and raises `MemoUnsupported` when it is not (a real call
 on a `TokenCache`); `draw(..., engine="auto")` then starts over with ``"cache"``.
@@ -34,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
 ENGINES = ("auto", "memo", "cache")
 
@@ -98,20 +104,52 @@ def _as_token_cache(cache) -> TokenCache | None:
 class _Memo:
     """prefix (tuple of ids) -> next-token logits [V], for one model; filled lazily or by `prefetch`."""
 
-    def __init__(self, model: PreTrainedModel, forward: Callable):
+    def __init__(self, model: PreTrainedModel, forward: Callable, encoder_inputs: dict | None = None):
         self.model = model
         self.forward = forward  # the unpatched bound forward
         self.table: dict[tuple[int, ...], torch.Tensor] = {}
         self.misses = 0
         self.hits = 0
+        self.source: dict[str, torch.Tensor] | None = None  # an encoder-decoder model's fixed encoder input
+        self.source_hidden: torch.Tensor | None = None  # [1, S, H] its encoder output
+        self.encoder_output = None
+        if encoder_inputs is not None and getattr(model.config, "is_encoder_decoder", False):
+            from specdec.models.seq2seq_lm import check_encoder_inputs  # noqa: PLC0415
+
+            self.source = check_encoder_inputs(model, encoder_inputs)
+            with torch.inference_mode():
+                self.encoder_output = model.get_encoder()(**self.source)
+            self.source_hidden = self.encoder_output.last_hidden_state
+
+    def encoder_forward(self, real: Callable) -> Callable:
+        """The encoder's forward: the stored output for the check's own source, the real one otherwise."""
+        source = self.source
+
+        def forward(**kwargs):
+            same = set(kwargs) == set(source) and all(
+                isinstance(kwargs[k], torch.Tensor) and kwargs[k].shape == v.shape and torch.equal(kwargs[k], v)
+                for k, v in source.items())
+            return self.encoder_output if same else real(**kwargs)
+
+        return forward
+
+    def same_source(self, encoder_outputs) -> bool:
+        """Was this decoder call given the check's own encoder output?"""
+        hidden = getattr(encoder_outputs, "last_hidden_state", None)
+        return self.source_hidden is not None and isinstance(hidden, torch.Tensor) and torch.equal(
+            hidden, self.source_hidden)
 
     @torch.inference_mode()
     def _compute(self, batch: torch.Tensor) -> None:
         """Run the real model (no cache) on sequences batch [b, m]; store the logits after every prefix."""
         device = next(self.model.parameters()).device
         b, m = batch.shape
-        positions = torch.arange(m, device=device).expand(b, m)
-        out = self.forward(input_ids=batch.to(device), position_ids=positions, use_cache=False)
+        if self.source is not None:  # decoder sequences of an encoder-decoder model, on the fixed source
+            source = {k: v.expand(b, *v.shape[1:]) for k, v in self.source.items()}  # [b, ...]
+            out = self.forward(**source, decoder_input_ids=batch.to(device), use_cache=False)
+        else:
+            positions = torch.arange(m, device=device).expand(b, m)
+            out = self.forward(input_ids=batch.to(device), position_ids=positions, use_cache=False)
         rows = out.logits.detach().reshape(b * m, 1, 1, -1).unbind(0)  # b*m views of [1, 1, V]
         table = self.table
         for r, ids in enumerate(batch.tolist()):
@@ -150,6 +188,9 @@ def _memo_forward(memo: _Memo) -> Callable:
 
     def forward(input_ids=None, position_ids=None, past_key_values=None, use_cache=None, logits_to_keep=0,
                 attention_mask=None, **kwargs):
+        if memo.source is not None and isinstance(past_key_values, EncoderDecoderCache):
+            return _seq2seq_forward(memo, real, input_ids=input_ids, past_key_values=past_key_values,
+                                    use_cache=use_cache, attention_mask=attention_mask, **kwargs)
         unusual = (
             input_ids is None or input_ids.dim() != 2 or input_ids.shape[0] != 1
             or (attention_mask is not None and (attention_mask.dim() != 4 or attention_mask.shape[:2] != (1, 1)))
@@ -187,6 +228,34 @@ def _memo_forward(memo: _Memo) -> Callable:
                     use_cache=use_cache, logits_to_keep=logits_to_keep, attention_mask=attention_mask, **kwargs)
 
     return forward
+
+
+def _seq2seq_forward(memo: _Memo, real: Callable, past_key_values: EncoderDecoderCache, **kwargs):
+    """An encoder-decoder decoder call: answered from the table when it continues the cached decoder tokens
+    on the check's own source; otherwise the real forward (or MemoUnsupported if the cache is a memo one)."""
+    cache = past_key_values
+    ids = kwargs.get("decoder_input_ids")
+    token_cache = _as_token_cache(cache.self_attention_cache)
+    usual = (
+        token_cache is not None and kwargs.get("input_ids") is None and ids is not None and ids.dim() == 2
+        and ids.shape[0] == 1 and not kwargs.get("output_hidden_states") and not kwargs.get("output_attentions")
+        and kwargs.get("use_cache") is not False and memo.same_source(kwargs.get("encoder_outputs"))
+        and set(kwargs) <= {"decoder_input_ids", "encoder_outputs", "attention_mask", "cache_position", "use_cache",
+                            "input_ids", "output_hidden_states", "output_attentions", "return_dict"}
+    )
+    if usual:
+        prefix, new = token_cache.tokens, ids[0].tolist()
+        positions = kwargs.get("cache_position")
+        if positions is not None and positions.view(-1).tolist() != list(range(len(prefix), len(prefix) + len(new))):
+            raise MemoUnsupported(f"decoder positions {positions.view(-1).tolist()} do not follow the cache "
+                                  f"length {len(prefix)}: the caller feeds tokens at the wrong positions")
+        logits = memo.rows(prefix, new, 0)  # [1, n, V]
+        token_cache.tokens.extend(new)
+        return _Output(logits, cache)
+    if isinstance(cache.self_attention_cache, TokenCache):
+        raise MemoUnsupported(f"{type(memo.model).__name__} was called in a way the memo engine cannot answer "
+                              f"(arguments: {sorted(kwargs)}); use engine='cache'")
+    return real(past_key_values=past_key_values, **kwargs)
 
 
 def _tree_rows(memo: _Memo, cache: TokenCache, new: list[int], position_ids, attention_mask, use_cache) -> torch.Tensor:
@@ -263,18 +332,24 @@ def find_models(*roots: object, depth: int = 3) -> list[PreTrainedModel]:
 
 
 @contextlib.contextmanager
-def patched_models(models: Sequence[PreTrainedModel], engine: str) -> Iterator[dict[int, _Memo]]:
+def patched_models(models: Sequence[PreTrainedModel], engine: str,
+                   encoder_inputs: dict | None = None) -> Iterator[dict[int, _Memo]]:
     """Patch `forward` on each model instance for the block; yields the memos (empty for "cache")."""
     memos: dict[int, _Memo] = {}
     patched = []
+    encoders = []
     try:
         for model in models:
             if "forward" in model.__dict__:  # already patched (same model twice) or patched by someone else
                 continue
             real = model.forward
             if engine == "memo":
-                memo = memos[id(model)] = _Memo(model, real)
+                memo = memos[id(model)] = _Memo(model, real, encoder_inputs)
                 model.forward = _memo_forward(memo)
+                encoder = model.get_encoder() if memo.source is not None else None
+                if encoder is not None and "forward" not in encoder.__dict__:
+                    encoder.forward = memo.encoder_forward(encoder.forward)
+                    encoders.append(encoder)
             else:
                 model.forward = _snapshot_forward(real)
             patched.append(model)
@@ -282,6 +357,8 @@ def patched_models(models: Sequence[PreTrainedModel], engine: str) -> Iterator[d
     finally:
         for model in patched:
             del model.forward
+        for encoder in encoders:
+            del encoder.forward
 
 
 @contextlib.contextmanager
@@ -338,6 +415,7 @@ def draw(
     engine: str = "auto",
     prefetch: Sequence[Sequence[int]] = (),
     threads: int | None = 1,
+    encoder_inputs: dict | None = None,
 ) -> Draws:
     """`n` continuations of `prompt_ids`, each a full `decoder.stream(prompt_ids)` of one decoder.
 
@@ -345,21 +423,23 @@ def draw(
     so the draws are independent). `models`: the models whose forward is patched (target, draft...);
     `prefetch`: full sequences (prompt included) whose prefixes are computed in batches up front (memo).
     `threads`: torch intra-op threads while drawing (None: leave the current setting); see `torch_threads`.
+    `encoder_inputs`: an encoder-decoder request's fixed source (the memo keys decoder prefixes on it).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if engine == "auto":
         try:
             return draw(make_decoder, prompt_ids, n, models=models, engine="memo", prefetch=prefetch,
-                        threads=threads)
+                        threads=threads, encoder_inputs=encoder_inputs)
         except MemoUnsupported:
-            return draw(make_decoder, prompt_ids, n, models=models, engine="cache", threads=threads)
+            return draw(make_decoder, prompt_ids, n, models=models, engine="cache", threads=threads,
+                        encoder_inputs=encoder_inputs)
     with torch_threads(threads):
-        return _draw(make_decoder, list(prompt_ids), n, models, engine, prefetch)
+        return _draw(make_decoder, list(prompt_ids), n, models, engine, prefetch, encoder_inputs)
 
 
-def _draw(make_decoder, prompt, n, models, engine, prefetch) -> Draws:
-    with patched_models(models, engine) as memos:
+def _draw(make_decoder, prompt, n, models, engine, prefetch, encoder_inputs=None) -> Draws:
+    with patched_models(models, engine, encoder_inputs) as memos:
         if prefetch:
             for memo in memos.values():
                 memo.prefetch(prefetch)

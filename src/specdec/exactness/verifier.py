@@ -46,6 +46,7 @@ from specdec.exactness.gof import (
 )
 from specdec.exactness.reference import Enumeration, enumerate_continuations, iter_conditionals
 from specdec.models.causal_lm import CachedCausalLM
+from specdec.models.seq2seq_lm import CachedSeq2SeqLM, FixedSourceDecoder
 from specdec.models.causal_lm import vocab_size as model_vocab_size
 from specdec.sampling import SamplingConfig
 
@@ -138,7 +139,7 @@ def settings_text(s: dict) -> str:
 
 
 def _unwrap(target) -> PreTrainedModel:
-    return target.model if isinstance(target, CachedCausalLM) else target
+    return target.model if isinstance(target, (CachedCausalLM, CachedSeq2SeqLM)) else target
 
 
 def check_exactness(
@@ -165,6 +166,7 @@ def check_exactness(
     node_min: int = NODE_MIN,
     threads: int | None = 1,
     compile: bool | str = False,
+    encoder_inputs: dict | None = None,
 ) -> ExactnessResult:
     """Check that `drafter` (+ γ, warp, EOS, max_new_tokens) samples continuations of `prompt_ids` exactly
     from the warped `target`. Deterministic for a given seed (except with timing-driven policies such as
@@ -172,16 +174,18 @@ def check_exactness(
 
     threads: torch intra-op threads for the whole check (reference, draws), restored afterwards; None leaves
     the setting alone. Default 1: the work is many tiny ops, which extra threads slow down on a busy CPU.
+    encoder_inputs: an encoder-decoder target's source (as `specdec.generate`); `prompt_ids` is then the
+    decoder prompt.
     """
     with torch_threads(threads):
         return _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p, eos_token_id,
                       max_new_tokens, samples, seed, alpha, power, mode, engine, verify_fn, max_enumeration,
-                      node_min, tree_verify_fn, compile)
+                      node_min, tree_verify_fn, compile, encoder_inputs)
 
 
 def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p, eos_token_id, max_new_tokens,
            samples, seed, alpha, power, mode, engine, verify_fn, max_enumeration, node_min,
-           tree_verify_fn=verify_tree, compile=False) -> ExactnessResult:
+           tree_verify_fn=verify_tree, compile=False, encoder_inputs=None) -> ExactnessResult:
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
     if not 0.0 < alpha < 1.0:
@@ -195,6 +199,8 @@ def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p
     if not isinstance(drafter, Drafter) and callable(drafter):
         drafter = drafter()
     vocab = model_vocab_size(model)
+    # An encoder-decoder target: the reference reads its decoder conditioned on the fixed source.
+    reference_model = model if encoder_inputs is None else FixedSourceDecoder(model, encoder_inputs)
     timings: dict[str, float] = {}
     notes: list[str] = []
 
@@ -207,7 +213,7 @@ def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p
     enum: Enumeration | None = None
     if mode == "enumerate":
         t = time.perf_counter()
-        enum = enumerate_continuations(model, prompt, sampling, eos, max_new_tokens,
+        enum = enumerate_continuations(reference_model, prompt, sampling, eos, max_new_tokens,
                                        max_sequences=max(max_enumeration, 1))
         timings["reference_s"] = time.perf_counter() - t
 
@@ -215,7 +221,7 @@ def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p
         return SpeculativeDecoder(
             target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
             top_p=top_p, eos_token_id=sorted(eos), seed=seed, verify_fn=verify_fn,
-            tree_verify_fn=tree_verify_fn, compile=compile,
+            tree_verify_fn=tree_verify_fn, compile=compile, encoder_inputs=encoder_inputs,
         )
 
     # Precompute (batched) what the draws will ask the models for, when that is cheaper than lazy misses:
@@ -226,7 +232,7 @@ def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p
     elif enum is None and 1 < max_new_tokens and vocab ** (max_new_tokens - 1) <= 2 * samples:
         prefetch = [prompt + list(s) for s in itertools.product(range(vocab), repeat=max_new_tokens - 1)]
     draws: Draws = draw(make_decoder, prompt, samples, models=find_models(model, drafter), engine=engine,
-                        prefetch=prefetch, threads=None)
+                        prefetch=prefetch, threads=None, encoder_inputs=encoder_inputs)
     timings["draw_s"] = draws.elapsed_s
 
     t = time.perf_counter()
@@ -244,7 +250,7 @@ def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p
         if abs(enum.probs.sum() - 1.0) > 1e-6:
             notes.append(f"the reference sums to {enum.probs.sum():.8f}, not 1")
     else:
-        test = _conditional(model, prompt, draws.sequences, sampling, eos, max_new_tokens, alpha, power, rng,
+        test = _conditional(reference_model, prompt, draws.sequences, sampling, eos, max_new_tokens, alpha, power, rng,
                             node_min, notes)
     timings["test_s"] = time.perf_counter() - t
 

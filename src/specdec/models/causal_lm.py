@@ -62,7 +62,9 @@ def check_rollback_support(model: PreTrainedModel) -> None:
         )
     if getattr(model.config, "is_encoder_decoder", False):
         raise UnsupportedModelError(
-            f"{type(model).__name__} is an encoder-decoder model; specdec drives decoder-only causal LMs"
+            f"{type(model).__name__} is an encoder-decoder model: pass it to specdec.generate / stream / "
+            "DraftModel with encoder_inputs=... (docs/seq2seq.md); token trees, heads, layer-skip, bigram "
+            "tables and batched decoding drive decoder-only causal LMs only"
         )
 
 

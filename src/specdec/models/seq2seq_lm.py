@@ -1,0 +1,307 @@
+"""`CachedSeq2SeqLM`: an encoder-decoder model (T5, BART, Marian, Whisper) as a decoder the loop can drive.
+
+The decode loop only ever speaks to a decoder: feed tokens, get logits, roll back. For an encoder-decoder
+model the encoder runs once per request (`reset(encoder_inputs=...)`), its output is kept, and each decoder
+call attends to it. The model's cache is transformers' `EncoderDecoderCache(self_attention, cross_attention)`:
+the cross-attention keys/values are computed on the first decoder call of a request and never change, so a
+rollback crops only the self-attention part (`EncoderDecoderCache.crop` does exactly that). Decoder positions
+come from the cache length (`cache_position`), so no model file is forked and no config is touched.
+
+Token trees are not scored in one pass here (`supports_tree` is False: the decoder verifies a tree's first
+branch as a chain); the fast path (`compile=True`) is not available and falls back to this adapter with one
+`FastPathWarning`. See docs/seq2seq.md.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping
+
+import torch
+from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+
+from specdec.errors import NumericalError, PromptError, UnsupportedModelError
+from specdec.models.base import Scores
+from specdec.models.causal_lm import vocab_size
+
+
+def is_encoder_decoder(model: object) -> bool:
+    """True for a Hugging Face encoder-decoder model (T5, BART, Marian, Whisper, ...)."""
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "is_encoder_decoder", False))
+
+
+def seq2seq_adapter(model: PreTrainedModel, compile: bool | str = False) -> CachedSeq2SeqLM:
+    """The adapter for an encoder-decoder model; compile=True/"static" warns once and decodes eagerly."""
+    if compile:
+        from specdec.models.static_lm import FastPathWarning  # noqa: PLC0415
+
+        warnings.warn(
+            f"specdec fast path unavailable, decoding eagerly instead (same tokens): {type(model).__name__} is an "
+            "encoder-decoder model, and the slot cache covers decoder-only models only",
+            FastPathWarning, stacklevel=3,
+        )
+    return CachedSeq2SeqLM(model)
+
+
+def decoder_context_length(model: PreTrainedModel) -> int | None:
+    """The longest decoder sequence the model's positions support (None: relative positions, unbounded)."""
+    config = model.config
+    for name in ("max_target_positions", "max_position_embeddings"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def decoder_start_ids(model: PreTrainedModel) -> list[int]:
+    """The default decoder prompt: [decoder_start_token_id] from the generation config (or the config)."""
+    for source in (getattr(model, "generation_config", None), model.config):
+        start = getattr(source, "decoder_start_token_id", None)
+        if isinstance(start, int):
+            return [start]
+        if isinstance(start, (list, tuple)) and start and all(isinstance(s, int) for s in start):
+            return list(start)
+    raise PromptError(
+        f"{type(model).__name__} has no decoder_start_token_id in its generation config; pass the decoder "
+        "prompt explicitly: specdec.generate(target, [start_token_id, ...], encoder_inputs=...)"
+    )
+
+
+class CachedSeq2SeqLM:
+    """An encoder-decoder model, its encoder output for the current request, and its decoder KV cache.
+    `length` decoder tokens are in the self-attention cache."""
+
+    def __init__(self, model: PreTrainedModel):
+        if not isinstance(model, PreTrainedModel) or not is_encoder_decoder(model):
+            raise UnsupportedModelError(
+                f"{type(model).__name__} is not a Hugging Face encoder-decoder model; load it with "
+                "AutoModelForSeq2SeqLM / AutoModelForSpeechSeq2Seq (or specdec.load)"
+            )
+        if model.get_output_embeddings() is None:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} has no LM head; load it with AutoModelForSeq2SeqLM / "
+                "AutoModelForSpeechSeq2Seq (e.g. T5ForConditionalGeneration, not T5Model)"
+            )
+        self.model = model
+        self.vocab_size = vocab_size(model)
+        self.device = next(model.parameters()).device
+        self.main_input = model.main_input_name  # "input_ids" (text) or "input_features" (Whisper)
+        self.encoder_outputs = None  # this request's encoder output (a BaseModelOutput)
+        self.encoder_mask: torch.Tensor | None = None  # [1, S] for text encoders, None for Whisper
+        self.encoder_input_ids: torch.Tensor | None = None  # [S] the source tokens (text encoders), for lookup
+        self.cache = self._new_cache()
+        self.length = 0
+        self.forwards = 0  # decoding passes since reset (prefill and encoder not counted)
+        self.forward_s = 0.0
+        self.prefill_s = 0.0  # encoder + decoder prompt
+
+    @staticmethod
+    def _new_cache() -> EncoderDecoderCache:
+        return EncoderDecoderCache(DynamicCache(), DynamicCache())
+
+    @property
+    def context_limit(self) -> int | None:
+        return decoder_context_length(self.model)
+
+    def decoder_prompt(self) -> list[int]:
+        return decoder_start_ids(self.model)
+
+    def reset(self, encoder_inputs: Mapping[str, object] | None = None) -> None:
+        """Start a new request: run the encoder on `encoder_inputs` (required), empty the decoder cache."""
+        if encoder_inputs is None:
+            raise PromptError(
+                f"{type(self.model).__name__} is an encoder-decoder model and needs its encoder's input: pass "
+                f"encoder_inputs={{'{self.main_input}': ...}} (e.g. tokenizer(source_text) or a feature "
+                "extractor's output) to specdec.generate / stream"
+            )
+        start = time.perf_counter()
+        inputs = check_encoder_inputs(self.model, encoder_inputs)
+        self.encoder_mask = inputs.get("attention_mask")
+        self.encoder_input_ids = inputs["input_ids"][0] if "input_ids" in inputs else None
+        with torch.inference_mode():
+            self.encoder_outputs = self.model.get_encoder()(**inputs)
+        self.cache = self._new_cache()
+        self.length = 0
+        self.forwards = 0
+        self.forward_s = 0.0
+        self.prefill_s = time.perf_counter() - start
+
+    def forward(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Append decoder tokens input_ids [n]; return logits [n, V] (or [1, V] with last_only)."""
+        start = time.perf_counter()
+        logits, _ = self._run(input_ids, hidden=False)
+        self.forwards += 1
+        self.forward_s += time.perf_counter() - start
+        return logits[-1:] if last_only else logits
+
+    def score(self, input_ids: torch.Tensor, *, tree=None, hidden: bool = False) -> Scores:
+        """Append a chain of decoder tokens input_ids [M]; logits [M, V] (+ decoder hidden states [M, H])."""
+        if tree is not None:
+            raise UnsupportedModelError(
+                "encoder-decoder targets score chains only (supports_tree is False); the decoder verifies a "
+                "tree's first branch instead"
+            )
+        start = time.perf_counter()
+        logits, states = self._run(input_ids, hidden=hidden)
+        self.forwards += 1
+        self.forward_s += time.perf_counter() - start
+        return Scores(logits, states)
+
+    def prefill(self, input_ids: torch.Tensor, hidden: bool = False) -> torch.Tensor | None:
+        """Cache decoder tokens input_ids [n] (n may be 0) without keeping their logits."""
+        if not input_ids.shape[-1]:
+            return input_ids.new_zeros((0, self.model.config.get_text_config().d_model), dtype=torch.float) \
+                if hidden else None
+        start = time.perf_counter()
+        _, states = self._run(input_ids, hidden=hidden)
+        self.prefill_s += time.perf_counter() - start
+        return states
+
+    @torch.inference_mode()
+    def _run(self, input_ids: torch.Tensor, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.encoder_outputs is None:
+            raise PromptError("call reset(encoder_inputs=...) before decoding with an encoder-decoder model")
+        n = input_ids.shape[-1]
+        positions = torch.arange(self.length, self.length + n, device=self.device)  # [n]
+        out = self.model(
+            encoder_outputs=self.encoder_outputs,
+            attention_mask=self.encoder_mask,  # [1, S] source padding mask (None: no mask)
+            decoder_input_ids=input_ids.view(1, n).to(self.device),
+            past_key_values=self.cache,
+            cache_position=positions,
+            use_cache=True,
+            output_hidden_states=hidden,
+        )
+        self.cache = out.past_key_values
+        self.length += n
+        logits = out.logits[0]  # [n, V]
+        if logits.dtype not in (torch.float32, torch.float64):
+            logits = logits.float()
+        if not bool(torch.isfinite(logits).all()):
+            raise NumericalError(
+                f"{type(self.model).__name__} produced NaN or infinite logits at decoder positions "
+                f"{self.length - n}..{self.length - 1}; this usually means float16 overflow or broken "
+                "weights: load the model in float32 or bfloat16"
+            )
+        states = out.decoder_hidden_states[-1][0] if hidden else None  # [n, H]
+        return logits, states
+
+    def crop(self, length: int) -> None:
+        """Roll the decoder's self-attention cache back to its first `length` tokens (cross-attention kept)."""
+        if length < self.length:
+            self.cache.crop(length - self.length)
+            self.length = length
+
+    def commit(self, start: int, keep: torch.Tensor) -> None:
+        """Keep rows keep [k] of the last score: only a prefix (a chain) is supported, i.e. a crop."""
+        k = int(keep.shape[0])
+        if keep.tolist() != list(range(k)):
+            raise UnsupportedModelError("encoder-decoder targets keep chain prefixes only; trees are verified "
+                                        "as chains")
+        self.crop(start + k)
+
+    def supports_tree(self, num_rows: int, warn: bool = True) -> bool:
+        """Token trees are verified as chains with encoder-decoder targets (see the module docstring)."""
+        return False
+
+
+def check_encoder_inputs(model: PreTrainedModel, encoder_inputs: Mapping[str, object]) -> dict[str, torch.Tensor]:
+    """`encoder_inputs` as the batch-of-one tensors the encoder takes, or a PromptError naming the fix.
+
+    Text encoders: input_ids [S] or [1, S] (ids inside the vocabulary) and an optional attention_mask.
+    Whisper: input_features [num_mel_bins, frames] or [1, num_mel_bins, frames] with the model's frame count.
+    """
+    if not isinstance(encoder_inputs, Mapping):
+        raise PromptError(
+            f"encoder_inputs must be a mapping such as {{'input_ids': ...}} or a tokenizer's / feature extractor's "
+            f"output, got {type(encoder_inputs).__name__}"
+        )
+    device = next(model.parameters()).device
+    main = model.main_input_name
+    allowed = {main, "attention_mask"}
+    unknown = sorted(set(encoder_inputs) - allowed)
+    if unknown:
+        raise PromptError(
+            f"encoder_inputs has {unknown}, which {type(model).__name__}'s encoder does not take; pass only "
+            f"{sorted(allowed)}"
+        )
+    if main not in encoder_inputs:
+        raise PromptError(
+            f"encoder_inputs lacks '{main}', the input {type(model).__name__}'s encoder reads; pass "
+            f"encoder_inputs={{'{main}': ...}}"
+        )
+    value = encoder_inputs[main]
+    out: dict[str, torch.Tensor] = {}
+    if main == "input_features":
+        feats = torch.as_tensor(value)
+        if feats.dim() == 2:
+            feats = feats[None]
+        config = model.config
+        mels = getattr(config, "num_mel_bins", None)
+        frames = 2 * getattr(config, "max_source_positions", 0) or None  # the encoder's conv stride 2 halves them
+        if feats.dim() != 3 or feats.shape[0] != 1 or (mels is not None and feats.shape[1] != mels) or (
+                frames is not None and feats.shape[2] != frames) or not feats.dtype.is_floating_point:
+            raise PromptError(
+                f"input_features must be one log-mel spectrogram of shape [{mels}, {frames}] (or [1, {mels}, "
+                f"{frames}]) for this model, got shape {tuple(feats.shape)} and dtype {feats.dtype}; compute it with "
+                "the model's feature extractor (specdec.load returns it), padded or trimmed to "
+                f"{frames} frames"
+            )
+        out[main] = feats.to(device, model.dtype)
+    else:
+        ids = torch.as_tensor(value)
+        if ids.dim() == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.dim() != 1 or ids.dtype.is_floating_point or ids.numel() == 0:
+            raise PromptError(
+                f"encoder_inputs['{main}'] must be one non-empty sequence of token ids (a list, a 1-D tensor or a "
+                f"batch of one), got shape {tuple(ids.shape)}; pass tokenizer(source_text).input_ids"
+            )
+        vocab = model.config.get_text_config().vocab_size
+        if bool(((ids < 0) | (ids >= vocab)).any()):
+            raise PromptError(
+                f"encoder input ids must lie in [0, {vocab}); tokenize the source with the model's own tokenizer"
+            )
+        out[main] = ids.to(device, torch.long)[None]  # [1, S]
+    mask = encoder_inputs.get("attention_mask")
+    if mask is not None:
+        mask = torch.as_tensor(mask)
+        if mask.dim() == 1:
+            mask = mask[None]
+        if main == "input_features":
+            mask = None  # Whisper's encoder takes no mask (features are padded to a fixed length)
+        elif tuple(mask.shape) != tuple(out[main].shape):
+            raise PromptError(
+                f"encoder attention_mask has shape {tuple(mask.shape)} but input_ids {tuple(out[main].shape)}; "
+                "pass the mask the tokenizer returned with these ids, or none"
+            )
+        if mask is not None:
+            out["attention_mask"] = mask.to(device, torch.long)
+    return out
+
+
+class FixedSourceDecoder(torch.nn.Module):
+    """An encoder-decoder model conditioned on one fixed encoder input, called like a causal LM on decoder
+    ids: `forward(input_ids=[b, m], use_cache=False, logits_to_keep=k)` -> an output with `.logits`. The
+    exactness reference (teacher-forced, uncached) computes the target's distributions through it."""
+
+    def __init__(self, model: PreTrainedModel, encoder_inputs: Mapping[str, object]):
+        super().__init__()
+        self.model = model
+        self.config = model.config
+        self.generation_config = model.generation_config
+        self.inputs = check_encoder_inputs(model, encoder_inputs)  # batch of one
+
+    def get_output_embeddings(self):
+        return self.model.get_output_embeddings()
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, use_cache: bool = False, logits_to_keep: int = 0, **_):
+        b = input_ids.shape[0]
+        inputs = {k: v.expand(b, *v.shape[1:]) for k, v in self.inputs.items()}  # [b, ...]
+        out = self.model(**inputs, decoder_input_ids=input_ids, use_cache=False)
+        if logits_to_keep:
+            out.logits = out.logits[:, -logits_to_keep:]  # [b, k, V]
+        return out
