@@ -286,6 +286,9 @@ class SpeculativeDecoder:
         draft_lm = getattr(self.drafter, "lm", None)
         if isinstance(draft_lm, StaticCausalLM):
             draft_lm.ensure_capacity(need)
+        ensure = getattr(self.drafter, "ensure_capacity", None)  # a drafter with its own slot cache (Eagle)
+        if self.compile and callable(ensure):
+            ensure(need)
 
     def stream(self, prompt_ids: Sequence[int] | torch.Tensor) -> Iterator[int]:
         """Yield each new token as soon as it is final."""
