@@ -25,9 +25,11 @@ import torch
 
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Boolean [M, L] -> additive mask [1, 1, M, L] (0 where visible, the dtype's min elsewhere)."""
-    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-    return mask.masked_fill(~visible, torch.finfo(dtype).min)[None, None]
+    """Visibility [M, L] (1 = visible, 0 = hidden) -> additive mask [1, 1, M, L] (0 / the dtype's min).
+
+    Visibility is kept as 0/1 floats, never bool tensors, in this module: inductor (torch 2.13) emits C++
+    that does not compile for bool masks written into a bool tensor by slices (a VecMask type clash)."""
+    return ((visible.to(dtype) - 1) * -torch.finfo(dtype).min)[None, None]
 
 
 def _head_pass(head, embed, cache, tokens, features, positions, slots, visible):
@@ -54,11 +56,11 @@ def draft_round(head, embed, lm_head, cache, tokens, features, count, rows, *, p
     # 1. catch up on the pending target features (causal over the committed rows).
     catch_slots = rows + torch.arange(pad, device=device)  # [pad]
     out = _head_pass(head, embed, cache, tokens, features, catch_slots, catch_slots,
-                     slot_ids[None, :] <= catch_slots[:, None])  # [pad, H]
+                     (slot_ids[None, :] <= catch_slots[:, None]).float())  # [pad, H]
     feature = out.index_select(0, (count - 1).view(1))  # [1, H] the prediction of the last committed feature
     finite = torch.isfinite(feature).all()
     base = rows + pad  # first slot of this round's drafted rows
-    seen = slot_ids < committed  # [L] what every drafted row sees besides its own chain
+    seen = (slot_ids < committed).float()  # [L] what every drafted row sees besides its own chain
 
     if top_k == 1:  # 2. chain: argmax, feeding the head its own predicted feature
         drafted = []
@@ -67,7 +69,7 @@ def draft_round(head, embed, lm_head, cache, tokens, features, count, rows, *, p
             drafted.append(token)
             if i + 1 < levels:
                 slot = (base + i).view(1)  # [1]
-                visible = seen | ((slot_ids >= base) & (slot_ids <= slot))  # [L]
+                visible = seen + ((slot_ids >= base) & (slot_ids <= slot)).float()  # [L] (disjoint parts)
                 feature = _head_pass(head, embed, cache, token, feature, (committed + i).view(1), slot,
                                      visible[None])  # [1, H]
                 finite = finite & torch.isfinite(feature).all()
@@ -84,8 +86,8 @@ def draft_round(head, embed, lm_head, cache, tokens, features, count, rows, *, p
     frontier = torch.arange(k, device=device)  # within-level indices of the nodes to expand
     frontier_ids = torch.arange(k, device=device)  # their global node ids
     frontier_features = feature.expand(k, -1)  # [k, H] the feature each frontier node is drafted from
-    chains = torch.zeros(k, width, dtype=torch.bool, device=device)  # [k, width] drafted rows each frontier row sees
-    eye = torch.eye(k, dtype=torch.bool, device=device)
+    chains = torch.zeros(k, width, device=device)  # [k, width] 0/1: drafted rows each frontier row sees
+    eye = torch.eye(k, device=device)  # [k, k]
     for level in range(1, levels):
         fed = (level - 1) * k
         rows_mask = chains.clone()
