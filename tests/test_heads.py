@@ -335,3 +335,25 @@ def test_make_drafter_builds_head_drafters_from_a_saved_head(tmp_path):
     assert make_drafter("medusa-chain", target=target, head_path=tmp_path / "m").tree is None
     with pytest.raises(IncompatibleModelsError):  # the shipped heads belong to the default target
         make_drafter("medusa", target=target)
+
+
+@pytest.mark.parametrize("compile", [False, "static"], ids=["eager", "slot-cache"])
+def test_adapters_return_the_hidden_states_of_chosen_layers(compile):
+    """hidden=(i, j, k): those layers' outputs of the SAME pass side by side (EAGLE-3's fused features);
+    hidden=True stays the final state."""
+    from specdec.models.static_lm import fast_adapter
+
+    target = tiny("llama", hidden=32, layers=3).double()
+    tokens = [3, 9, 4, 1, 7, 2]
+    with torch.no_grad():
+        states = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states  # 4 x [1, 6, 32]
+    adapter = fast_adapter(target, compile)
+    if compile:
+        adapter.ensure_capacity(64)
+    adapter.reset()
+    fused = adapter.prefill(torch.tensor(tokens[:3]), hidden=(1, 2, -1))  # [3, 96]
+    torch.testing.assert_close(fused, torch.cat([states[i][0, :3] for i in (1, 2, -1)], -1))
+    scores = adapter.score(torch.tensor(tokens[3:6]), hidden=(1, 2, -1))  # [3, 96]
+    torch.testing.assert_close(scores.hidden, torch.cat([states[i][0, 3:6] for i in (1, 2, -1)], -1))
+    adapter.crop(3)
+    torch.testing.assert_close(adapter.score(torch.tensor(tokens[3:5]), hidden=True).hidden, states[-1][0, 3:5])
