@@ -58,7 +58,7 @@ class Eagle(Drafter):
 
     needs_hidden = True
 
-    def __init__(self, target, head: EagleHead, top_k: int = 1, depth: int = 6, max_nodes: int = 32):
+    def __init__(self, target, head: EagleHead, top_k: int = 1, depth: int = 8, max_nodes: int = 32):
         model: PreTrainedModel = target if isinstance(target, PreTrainedModel) else target.model  # or an adapter
         if not isinstance(head, EagleHead):
             raise ConfigError(f"Eagle needs a specdec.EagleHead, got {type(head).__name__}; build one with "
@@ -98,6 +98,11 @@ class Eagle(Drafter):
     @property
     def forwards(self) -> int:
         return self._forwards
+
+    @property
+    def default_gamma(self) -> int:
+        """The decoder's γ when none is given: the chain's length / the tree's depth."""
+        return self.depth
 
     def reset(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """hidden [n-1, H]: the target's features of prompt_ids[:-1]."""
