@@ -32,6 +32,10 @@ METHODS = {
     # EAGLE-2 dynamic tree and Medusa static tree (point-mass children).
     "eagle": lambda target, draft: specdec.Eagle(target, specdec.EagleHead.init(target, seed=0), top_k=2, depth=4,
                                                  max_nodes=8),
+    # The same head on the fast path: slot cache and one fixed-shape drafting round (uncompiled here).
+    "eagle-static": lambda target, draft: (
+        specdec.Eagle(target, specdec.EagleHead.init(target, seed=0), top_k=2, depth=4, max_nodes=8),
+        {"compile": "static"}),
     "medusa": lambda target, draft: specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=4, seed=0),
                                                    tree=specdec.drafters.medusa.DEFAULT_TREE),
 }

@@ -81,6 +81,48 @@ def test_eagle_head_only_ever_reads_target_features_of_committed_tokens(top_k):
         assert rows <= n - 2
 
 
+def _recorded_proposals(target, head, mode, prompts, top_k, depth=4, max_nodes=10, new_tokens=30):
+    """Every proposal (tokens, parents) of one Eagle over `prompts`, decoding with compile=`mode`."""
+    drafter = specdec.Eagle(target, head, top_k=top_k, depth=depth, max_nodes=max_nodes)
+    seen = []
+    real = drafter.propose
+
+    def propose(*args):
+        proposal = real(*args)
+        seen.append((proposal.tokens.tolist(), None if proposal.parents is None else proposal.parents.tolist()))
+        return proposal
+
+    drafter.propose = propose
+    for prompt in prompts:
+        out = specdec.generate(target, prompt, drafter=drafter, gamma=depth, max_new_tokens=new_tokens, compile=mode)
+        assert out.tokens == hf_greedy(target, prompt, new_tokens)
+        assert 0 < out.stats.accepted < out.stats.drafted  # partial acceptance: catch-up counts vary
+    return seen
+
+
+@pytest.mark.parametrize("top_k", [1, 3], ids=["chain", "tree"])
+def test_eagle_slot_cache_round_proposes_the_eager_trees(top_k):
+    """The fixed-shape round (slot cache, padded catch-up, masked tree levels) = the eager DynamicCache code."""
+    target = _peaked_target().double()
+    head = specdec.EagleHead.init(target, seed=0)
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [3, 1]]
+    assert _recorded_proposals(target, head, "static", prompts, top_k) == \
+        _recorded_proposals(target, head, False, prompts, top_k)
+
+
+def test_compiled_eagle_round_proposes_the_eager_trees_and_compiles_once():
+    from specdec.drafters.eagle import _GRAPHS
+
+    target = _peaked_target().double()
+    head = specdec.EagleHead.init(target, seed=0)
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 4, 3, 2, 1, 2, 3]]
+    assert _recorded_proposals(target, head, True, prompts, 3) == \
+        _recorded_proposals(target, head, False, prompts, 3)
+    # one graph (pad = depth + 1, 4 levels, top_k 3, 10 nodes, 256 slots) for both requests and every round;
+    # the short last rounds run the same code uncompiled
+    assert list(_GRAPHS[head]) == [(5, 4, 3, 10, 256)]
+
+
 @pytest.mark.parametrize("tree", [None, DEFAULT_TREE], ids=["chain", "tree"])
 def test_medusa_reads_the_feature_of_the_last_committed_position(tree):
     target = _peaked_target()
@@ -293,3 +335,25 @@ def test_make_drafter_builds_head_drafters_from_a_saved_head(tmp_path):
     assert make_drafter("medusa-chain", target=target, head_path=tmp_path / "m").tree is None
     with pytest.raises(IncompatibleModelsError):  # the shipped heads belong to the default target
         make_drafter("medusa", target=target)
+
+
+@pytest.mark.parametrize("compile", [False, "static"], ids=["eager", "slot-cache"])
+def test_adapters_return_the_hidden_states_of_chosen_layers(compile):
+    """hidden=(i, j, k): those layers' outputs of the SAME pass side by side (EAGLE-3's fused features);
+    hidden=True stays the final state."""
+    from specdec.models.static_lm import fast_adapter
+
+    target = tiny("llama", hidden=32, layers=3).double()
+    tokens = [3, 9, 4, 1, 7, 2]
+    with torch.no_grad():
+        states = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states  # 4 x [1, 6, 32]
+    adapter = fast_adapter(target, compile)
+    if compile:
+        adapter.ensure_capacity(64)
+    adapter.reset()
+    fused = adapter.prefill(torch.tensor(tokens[:3]), hidden=(1, 2, -1))  # [3, 96]
+    torch.testing.assert_close(fused, torch.cat([states[i][0, :3] for i in (1, 2, -1)], -1))
+    scores = adapter.score(torch.tensor(tokens[3:6]), hidden=(1, 2, -1))  # [3, 96]
+    torch.testing.assert_close(scores.hidden, torch.cat([states[i][0, 3:6] for i in (1, 2, -1)], -1))
+    adapter.crop(3)
+    torch.testing.assert_close(adapter.score(torch.tensor(tokens[3:5]), hidden=True).hidden, states[-1][0, 3:5])

@@ -337,6 +337,9 @@ class SpeculativeDecoder:
         draft_lm = getattr(self.drafter, "lm", None)
         if isinstance(draft_lm, StaticCausalLM):
             draft_lm.ensure_capacity(need)
+        ensure = getattr(self.drafter, "ensure_capacity", None)  # a drafter with its own slot cache (Eagle)
+        if self.compile and callable(ensure):
+            ensure(need)
 
     def _precompile(self, context: torch.Tensor) -> None:
         """A policy restricted to a γ set on a compiled target (gamma="auto" on the fast path): compile every

@@ -55,8 +55,11 @@ class Candidate:
     options: tuple[tuple[str, Any], ...] = ()  # extra SpeculativeDecoder options, for plain and speculative alike
     setup_note: str | None = None  # said on screen before its first use when that is slow (e.g. a compile)
     opt_in: str | None = None  # the demo flag that adds it to the measured choice (setup too slow by default)
+    needs_heads: bool = False  # the draft heads shipped for the default target (so: that target only)
 
     def available(self, models: Models) -> bool:
+        if self.needs_heads and _default_heads(models.target) is None:
+            return False
         return models.draft is not None or not self.needs_draft
 
     def decoder(self, models: Models, *, speculative: bool = True, **settings):
@@ -94,6 +97,28 @@ def _prompt_lookup(models: Models):
     return PromptLookup(), "auto"
 
 
+_HEADS: dict[int, Any] = {}  # id(target) -> its shipped heads (or None: not the default target)
+
+
+def _default_heads(target) -> dict[str, Any] | None:
+    if id(target) not in _HEADS:
+        from specdec.default_pair import load_default_heads
+        from specdec.errors import SpecdecError
+
+        try:
+            _HEADS[id(target)] = load_default_heads(target)
+        except SpecdecError:
+            _HEADS[id(target)] = None
+    return _HEADS[id(target)]
+
+
+def _eagle_tree(models: Models):
+    from specdec.drafters import EAGLE_TREE, Eagle
+
+    eagle = Eagle(models.target, _default_heads(models.target)["eagle"], **EAGLE_TREE)
+    return eagle, eagle.depth
+
+
 #: The registry. A method that lands later (a compiled fast path, `specdec.DraftTree`, EAGLE heads) is one
 #: more entry here, with `target=` for its own decode path and `setup_note=` when its first use is slow.
 CANDIDATES: list[Candidate] = [
@@ -111,6 +136,11 @@ CANDIDATES: list[Candidate] = [
               options=(("compile", True),), opt_in="--compile",
               setup_note="compiling the target's and the draft's passes (once per shape; about a minute on a "
               "busy 2-core CPU, less once inductor's disk cache is warm)..."),
+    Candidate("eagle-compiled", "the shipped EAGLE head's dynamic tree, on the fast path (one compiled graph "
+              "per drafting round)", _eagle_tree, needs_heads=True, target=lambda models: models.adapter("compiled"),
+              options=(("compile", True),), opt_in="--compile",
+              setup_note="compiling the target's tree pass and the EAGLE head's drafting round (once per shape; "
+              "about a minute on a busy 2-core CPU)..."),
 ]
 
 

@@ -49,7 +49,7 @@ POLICY_SUFFIXES = ("-auto", "-heuristic")
 #: A specdec method on the fast path (slot KV cache, compiled passes): "plain-compiled", "draft-compiled", ...
 COMPILED = "-compiled"
 #: Drafters whose fast path is measured (model-free drafters only compile the target).
-COMPILED_KINDS = ("draft", "prompt-lookup", "bigram")
+COMPILED_KINDS = ("draft", "prompt-lookup", "bigram", "eagle", "eagle-chain")
 
 
 def is_compiled(method: str) -> bool:

@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ttt-steps", type=int, default=3,
                    help="EAGLE: passes per step (1 teacher-forced + unrolls on the head's own features)")
     p.add_argument("--num-heads", type=int, default=4, help="Medusa: number of heads (tokens drafted per round)")
+    p.add_argument("--init", default=None,
+                   help="start from a saved head directory ('default': the head shipped for the default target) "
+                        "instead of a fresh one")
     p.add_argument("--noise", type=float, default=0.2, help="EAGLE: uniform noise on input features (x their RMS)")
     add_loop_args(p, warmup_steps=30, weight_decay=0.0, eval_every=100,
                   eval_tokens_help="held-out tokens for the loss and acceptance proxy", seed_help="seed (init, data order)")
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = HeadTrainConfig(
         kind=args.kind, out=Path(args.out), loop=loop, data=args.data, batch_size=args.batch_size,
         seq_len=args.seq_len, ttt_steps=args.ttt_steps, num_heads=args.num_heads, noise=args.noise,
-        device=args.device, eval_tokens=args.eval_tokens, save_dtype=args.save_dtype, resume=args.resume,
+        device=args.device, eval_tokens=args.eval_tokens, save_dtype=args.save_dtype, resume=args.resume, init=args.init,
     )
     report = train_head(cfg, target, tokenizer)
     final = report["final"]

@@ -13,17 +13,37 @@ consumed yet wait in `pending`. A round:
 
 Every draft token is a deterministic function of the committed context (argmax / top-k), i.e. a point
 mass, so verification is exact at any temperature.
+
+Fast path. When the decoder runs with compile=True or "static" (`use_fast_path`), the head keeps a
+preallocated slot cache instead and a round is `heads.static_draft.draft_round`: catch-up, every level and
+the rerank at fixed shapes, compiled as ONE graph per (top_k, levels, max_nodes, cache size) with
+compile=True. It proposes the same tokens and tree as the eager code above. A round with fewer levels than
+the request's first (the short last rounds) runs the same code uncompiled rather than compiling a new shape.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specdec.drafters.base import Drafter, Proposal
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, NumericalError, PromptError
 from specdec.heads import EagleHead
+from specdec.heads.static_draft import draft_round, round_slots
+from specdec.models.static_lm import (
+    CACHE_ROUND,
+    COMPILE_OPTIONS,
+    SlotCache,
+    _raise_recompile_limit,
+    fast_path_problem,
+    static_cache_problem,
+)
 from specdec.sampling import SamplingConfig
+
+#: Compiled draft rounds per head object, keyed by (pad, levels, top_k, max_nodes, cache slots).
+_GRAPHS: weakref.WeakKeyDictionary[EagleHead, dict[tuple, object]] = weakref.WeakKeyDictionary()
 
 
 def _positive(name: str, value: object) -> int:
@@ -38,7 +58,7 @@ class Eagle(Drafter):
 
     needs_hidden = True
 
-    def __init__(self, target, head: EagleHead, top_k: int = 1, depth: int = 6, max_nodes: int = 32):
+    def __init__(self, target, head: EagleHead, top_k: int = 1, depth: int = 8, max_nodes: int = 32):
         model: PreTrainedModel = target if isinstance(target, PreTrainedModel) else target.model  # or an adapter
         if not isinstance(head, EagleHead):
             raise ConfigError(f"Eagle needs a specdec.EagleHead, got {type(head).__name__}; build one with "
@@ -54,15 +74,44 @@ class Eagle(Drafter):
         self.depth = _positive("depth", depth)
         self.max_nodes = _positive("max_nodes", max_nodes)
         self._forwards = 0
+        self._model = model
+        self.mode: bool | str = False  # the decoder's compile setting (use_fast_path)
+        self.slot_cache: SlotCache | None = None  # the head's cache on the fast path
+        self._capacity: int | None = None
         self.reset(torch.zeros(1, dtype=torch.long))
+
+    def use_fast_path(self, mode: bool | str) -> None:
+        """Called by the decoder with its `compile` setting: True drafts with the compiled fixed-shape round,
+        "static" runs that same round eagerly, False keeps the dynamic cache. A target the slot cache cannot
+        model (sliding windows), or a machine without a compiler, degrades the same way the target does."""
+        if mode is not False:
+            problem = fast_path_problem(self._model, mode is True)
+            if problem is not None:
+                mode = "static" if mode is True and static_cache_problem(self._model) is None else False
+        self.mode = mode
+
+    def ensure_capacity(self, tokens: int) -> None:
+        """Size the head's slot cache for a request whose target needs `tokens` slots (decoder hook)."""
+        extra = 2 * (self.depth + 1) * self.top_k + 2 * self.depth + 2  # one round's padded catch-up + drafted rows
+        self._capacity = -(-(tokens + extra) // CACHE_ROUND) * CACHE_ROUND
 
     @property
     def forwards(self) -> int:
         return self._forwards
 
+    @property
+    def default_gamma(self) -> int:
+        """The decoder's γ when none is given: the chain's length / the tree's depth."""
+        return self.depth
+
     def reset(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """hidden [n-1, H]: the target's features of prompt_ids[:-1]."""
         self.cache = DynamicCache()
+        self._levels: int | None = None  # the request's first round's levels: the compiled shape
+        if self.mode is not False:
+            size = self._capacity or -(-(prompt_ids.shape[0] + 512) // CACHE_ROUND) * CACHE_ROUND
+            if self.slot_cache is None or self.slot_cache.max_len < size:
+                self.slot_cache = SlotCache(size)
         self.rows = 0  # head cache rows computed from target features (positions 0..rows-1)
         h = self.head.hidden_size
         param = self.lm_head.weight
@@ -72,7 +121,7 @@ class Eagle(Drafter):
     def commit(self, context: torch.Tensor, num_accepted: int, hidden: torch.Tensor | None = None) -> None:
         """hidden [k+1, H]: the target's features of the root and the accepted path."""
         extra = self.cache.get_seq_length() - self.rows  # rows computed from drafted features are stale
-        if extra > 0:
+        if extra > 0 and self.mode is False:  # (the slot cache needs no crop: its masks hide stale rows)
             self.cache.crop(-extra)
         if hidden is not None:
             self.pending = torch.cat([self.pending, hidden.to(self.pending.dtype)])
@@ -105,12 +154,81 @@ class Eagle(Drafter):
     @torch.inference_mode()
     def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
+        if self.mode is not False:
+            return self._propose_static(context, gamma)
         feature = self._catch_up(context)  # [H]
         if feature is None:
             return Proposal(context.new_empty(0))
         if self.top_k == 1:
             return self._chain(feature, gamma, context)
         return self._tree(feature, gamma, context)
+
+    def _propose_static(self, context: torch.Tensor, gamma: int) -> Proposal:
+        """The round on the slot cache: pending features padded to the request's first round's size."""
+        n = context.shape[0]
+        m = self.pending.shape[0]
+        if m == 0:
+            return Proposal(context.new_empty(0))
+        if self.rows + m != n - 1:
+            raise ConfigError(
+                f"Eagle holds target features of {self.rows + m} positions but the context has {n} tokens "
+                f"(expected {n - 1}); drive it through specdec's decoder, which passes the features each round"
+            )
+        levels = gamma if self.top_k == 1 else min(self.depth, gamma)
+        if self._levels is None:
+            self._levels = levels
+        pad = max(self._levels, levels) + 1
+        cache = self.slot_cache
+        device = self.pending.device
+        if m > pad:  # the prompt's features (or a longer accepted run): all but the last in one eager causal pass
+            feed = m - 1
+            self._check_room(self.rows + feed)
+            slots = torch.arange(self.rows, self.rows + feed, device=device)  # [feed]
+            ids = context[self.rows + 1 : self.rows + 1 + feed].to(device)
+            visible = torch.arange(cache.max_len, device=device)[None, :] <= slots[:, None]  # [feed, L]
+            cache.slots = slots
+            embeds = self.embed(ids)[None]  # [1, feed, H]
+            mask = torch.zeros(visible.shape, dtype=embeds.dtype, device=device).masked_fill(
+                ~visible, torch.finfo(embeds.dtype).min)[None, None]  # [1, 1, feed, L]
+            self.head(embeds, self.pending[:feed][None].to(embeds.dtype), slots[None], attention_mask=mask,
+                      cache=cache)
+            self._forwards += 1
+            self.rows += feed
+            self.pending = self.pending[feed:]
+            m = 1
+        self._check_room(self.rows + round_slots(pad, levels, self.top_k))
+        ids = torch.zeros(pad, dtype=torch.long, device=device)
+        ids[:m] = context[self.rows + 1 : n].to(device)
+        features = self.pending.new_zeros(pad, self.pending.shape[1])  # [pad, H]
+        features[:m] = self.pending
+        fn = draft_round
+        if self.mode is True and levels == self._levels and cache.ready:
+            fn = self._graph((pad, levels, self.top_k, self.max_nodes, cache.max_len))
+        tokens, parents, finite = fn(self.head, self.embed, self.lm_head, cache, ids, features,
+                                     torch.tensor(m, device=device), torch.tensor(self.rows, device=device),
+                                     pad=pad, levels=levels, top_k=self.top_k, max_nodes=self.max_nodes)
+        if not bool(finite):
+            raise NumericalError(
+                "the EAGLE head produced NaN or infinite features; this usually means float16 overflow or broken "
+                "head weights: load the target (and head) in float32 or bfloat16, or retrain the head")
+        self._forwards += levels
+        self.rows += m
+        self.pending = self.pending[:0]
+        return Proposal(tokens.to(context.device), None, None if parents is None else parents.to(context.device))
+
+    def _check_room(self, slots: int) -> None:
+        if slots > self.slot_cache.max_len:
+            raise PromptError(
+                f"the EAGLE head's slot cache of {self.slot_cache.max_len} slots is full ({slots} needed); drive "
+                "Eagle through specdec's decoder (which sizes it per request) or lower max_new_tokens")
+
+    def _graph(self, key: tuple):
+        graphs = _GRAPHS.setdefault(self.head, {})
+        fn = graphs.get(key)
+        if fn is None:
+            _raise_recompile_limit()
+            fn = graphs[key] = torch.compile(draft_round, fullgraph=True, dynamic=False, options=COMPILE_OPTIONS)
+        return fn
 
     def _chain(self, feature: torch.Tensor, gamma: int, context: torch.Tensor) -> Proposal:
         n = context.shape[0]

@@ -15,10 +15,22 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Scores:
-    """One scoring pass: logits [M, V] and, when asked, the final hidden states [M, H] (rows as logits)."""
+    """One scoring pass: logits [M, V] and, when asked, hidden states (rows as logits): with hidden=True the
+    final ones [M, H]; with hidden=(i, j, ...) those layers' outputs side by side [M, len * H]."""
 
     logits: torch.Tensor
     hidden: torch.Tensor | None = None
+
+
+def select_hidden(hidden_states: tuple[torch.Tensor, ...], hidden: bool | tuple[int, ...]) -> torch.Tensor | None:
+    """The features a `hidden=` request asks for, from HF's output_hidden_states of one pass ([1, M, H] each;
+    index 0 = the embeddings, -1 = the final, normed state): None, the final state [M, H] (True), or the
+    given indices' states concatenated [M, len * H] (a tuple, e.g. EAGLE-3's low / mid / high layers)."""
+    if hidden is True:
+        return hidden_states[-1][0]
+    if not hidden:
+        return None
+    return torch.cat([hidden_states[i][0] for i in hidden], dim=-1)
 
 
 @runtime_checkable

@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specdec.errors import NumericalError, UnsupportedModelError
-from specdec.models.base import Scores
+from specdec.models.base import Scores, select_hidden
 from specdec.tree import TreeMask
 
 #: model -> True/False: does a tree pass with a 4D mask match per-branch chain passes? (probed once)
@@ -97,7 +97,8 @@ class CachedCausalLM:
         self.forward_s += time.perf_counter() - start
         return logits
 
-    def score(self, input_ids: torch.Tensor, *, tree: TreeMask | None = None, hidden: bool = False) -> Scores:
+    def score(self, input_ids: torch.Tensor, *, tree: TreeMask | None = None,
+              hidden: bool | tuple[int, ...] = False) -> Scores:
         """Append input_ids [M] (a chain, or a tree whose row 0 is the root); logits [M, V] (+ hidden [M, H])."""
         start = time.perf_counter()
         logits, states = self._run(input_ids, False, tree=tree, hidden=hidden)
@@ -105,7 +106,7 @@ class CachedCausalLM:
         self.forward_s += time.perf_counter() - start
         return Scores(logits, states)
 
-    def prefill(self, input_ids: torch.Tensor, hidden: bool = False) -> torch.Tensor | None:
+    def prefill(self, input_ids: torch.Tensor, hidden: bool | tuple[int, ...] = False) -> torch.Tensor | None:
         """Cache input_ids [n] without keeping their logits (n may be 0); not a decoding forward.
         With hidden=True return their final hidden states [n, H]."""
         if not input_ids.shape[-1]:
@@ -162,7 +163,7 @@ class CachedCausalLM:
                 f"{self.length - n}..{self.length - 1}; this usually means float16 overflow or broken "
                 "weights: load the model in float32 or bfloat16"
             )
-        states = out.hidden_states[-1][0] if hidden else None  # [n, H]
+        states = select_hidden(out.hidden_states, hidden) if hidden else None  # [n, H] (or [n, len * H])
         return logits, states
 
     def crop(self, length: int) -> None:

@@ -35,7 +35,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.errors import NumericalError, PromptError
-from specdec.models.base import Scores
+from specdec.models.base import Scores, select_hidden
 from specdec.models.causal_lm import check_rollback_support, context_length, vocab_size
 from specdec.sampling import SamplingConfig
 from specdec.tree import TreeMask
@@ -180,11 +180,11 @@ def _run_model(model, input_ids, position_ids, slots, mask, cache, hidden: bool)
         mask = torch.zeros(visible.shape, dtype=dtype, device=slots.device).masked_fill(
             ~visible, torch.finfo(dtype).min)[None, None]  # [1, 1, M, L]
     out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache,
-                use_cache=True, output_hidden_states=hidden)
+                use_cache=True, output_hidden_states=bool(hidden))
     logits = out.logits[0]  # [M, V]
     if logits.dtype not in (torch.float32, torch.float64):
         logits = logits.float()
-    states = out.hidden_states[-1][0] if hidden else None  # [M, H]
+    states = select_hidden(out.hidden_states, hidden) if hidden else None  # [M, H] (or [M, len * H])
     return logits, states, torch.isfinite(logits).all()
 
 
@@ -360,7 +360,8 @@ class StaticCausalLM:
         self.forward_s += time.perf_counter() - start
         return logits[-1:] if last_only else logits
 
-    def score(self, input_ids: torch.Tensor, *, tree: TreeMask | None = None, hidden: bool = False) -> Scores:
+    def score(self, input_ids: torch.Tensor, *, tree: TreeMask | None = None,
+              hidden: bool | tuple[int, ...] = False) -> Scores:
         """Append input_ids [M] (a chain, or a tree whose row 0 is the root); logits [M, V] (+ hidden)."""
         start = time.perf_counter()
         m = input_ids.shape[0]
@@ -380,7 +381,7 @@ class StaticCausalLM:
         self.forward_s += time.perf_counter() - start
         return Scores(logits, states)
 
-    def prefill(self, input_ids: torch.Tensor, hidden: bool = False) -> torch.Tensor | None:
+    def prefill(self, input_ids: torch.Tensor, hidden: bool | tuple[int, ...] = False) -> torch.Tensor | None:
         """Cache input_ids [n] (eager, any n; not a decoding pass). Returns hidden [n, H] when asked."""
         n = input_ids.shape[-1]
         if not n:

@@ -56,6 +56,7 @@ class HeadTrainConfig:
     eval_tokens: int = 16384
     save_dtype: str = "float16"
     resume: bool = False
+    init: str | None = None  # a saved head directory to start from ('default': the shipped head); None: fresh init
 
 
 # -- data ----------------------------------------------------------------------------------------------------
@@ -207,6 +208,25 @@ def chain_tau(metrics: dict[str, float]) -> float:
     return tau
 
 
+def _initial_head(cfg: HeadTrainConfig, target):
+    """A fresh head (seeded) or, with `--init DIR`, the saved head in DIR ('default': the shipped one)."""
+    cls = EagleHead if cfg.kind == "eagle" else MedusaHeads
+    if cfg.init is None:
+        if cfg.kind == "eagle":
+            return EagleHead.init(target, seed=cfg.loop.seed)
+        return MedusaHeads.init(target, num_heads=cfg.num_heads, seed=cfg.loop.seed)
+    path = Path(cfg.init)
+    if cfg.init == "default":
+        from specdec.default_pair import default_assets_dir
+
+        path = default_assets_dir() / cfg.kind
+    head = cls.load(path, target)
+    if cfg.kind == "medusa" and head.num_heads != cfg.num_heads:
+        raise ConfigError(f"--init {cfg.init} holds {head.num_heads} Medusa heads but --num-heads is "
+                          f"{cfg.num_heads}; pass --num-heads {head.num_heads}")
+    return head.float().train()
+
+
 # -- the run -------------------------------------------------------------------------------------------------
 
 def train_head(cfg: HeadTrainConfig, target, tokenizer, log=print) -> dict[str, Any]:
@@ -222,10 +242,7 @@ def train_head(cfg: HeadTrainConfig, target, tokenizer, log=print) -> dict[str, 
     for p in target.parameters():
         p.requires_grad_(False)
     torch.manual_seed(cfg.loop.seed)
-    if cfg.kind == "eagle":
-        head = EagleHead.init(target, seed=cfg.loop.seed)
-    else:
-        head = MedusaHeads.init(target, num_heads=cfg.num_heads, seed=cfg.loop.seed)
+    head = _initial_head(cfg, target)
     train_tokens, heldout_tokens = token_streams(tokenizer, cfg.data, out / "cache")
     heldout = [b.to(device) for b in sequential_batches(heldout_tokens, 8, cfg.seq_len, cfg.eval_tokens)]
     if not heldout:
@@ -241,7 +258,7 @@ def train_head(cfg: HeadTrainConfig, target, tokenizer, log=print) -> dict[str, 
         return evaluate_head(cfg.kind, head, target, heldout, cfg.ttt_steps)
 
     meta = {"kind": cfg.kind, "data": cfg.data or "stdlib", "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
-            "ttt_steps": cfg.ttt_steps, "num_heads": cfg.num_heads, "noise": cfg.noise}
+            "ttt_steps": cfg.ttt_steps, "num_heads": cfg.num_heads, "noise": cfg.noise, "init": cfg.init}
     cpu0 = time.process_time()
     summary = run_loop(head, cfg.loop, out, loss_at, evaluate, meta, cfg.resume, log, desc=f"train-head {cfg.kind}")
     cpu_minutes = (time.process_time() - cpu0) / 60

@@ -1,0 +1,81 @@
+"""Sweep Eagle's tree settings (top_k, depth, max_nodes) on the default pair, eager and compiled, side by side.
+
+    python scripts/eagle_sweep.py [--head DIR] [--configs 4:8:24,3:6:12,1:6:6] [--modes eager,compiled]
+                                  [--num-prompts 4] [--max-new-tokens 128] [--temperature 0] [--no-time]
+
+Every (config, mode) decodes the same held-out `code` prompts; prompts are the outer loop, so configs are
+interleaved in time (ratios are side by side). One warm-up request per (config, mode) first (compiles).
+Prints τ (new tokens per target forward), tok/s, the draft's share of wall time, and the machine load.
+Greedy outputs are checked token-identical to plain decoding. `top_k` 1 is the chain of `depth` tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+import specdec
+from specdec.bench.workloads import code_prompts
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--head", default=None, help="EAGLE head directory (default: the shipped one)")
+    p.add_argument("--configs", default="4:8:24,4:6:16,3:6:12,1:6:6", help="top_k:depth:max_nodes, comma list")
+    p.add_argument("--modes", default="eager,compiled")
+    p.add_argument("--num-prompts", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--draft", action="store_true", help="also the draft model, γ=3, compiled")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    target, draft, tokenizer = specdec.load_default()
+    head = specdec.EagleHead.load(args.head, target) if args.head else specdec.load_default_heads(target)["eagle"]
+    prompts = code_prompts(tokenizer, args.num_prompts)
+    modes = {"eager": False, "compiled": True}
+    runs = []
+    for spec in args.configs.split(","):
+        top_k, depth, max_nodes = (int(x) for x in spec.split(":"))
+        for mode in args.modes.split(","):
+            runs.append((f"eagle {top_k}:{depth}:{max_nodes} {mode}",
+                         lambda k=top_k, d=depth, m=max_nodes: specdec.Eagle(target, head, top_k=k, depth=d,
+                                                                             max_nodes=m),
+                         depth, modes[mode]))
+    if args.draft:
+        runs.append(("draft γ=3 compiled", lambda: specdec.DraftModel(draft), 3, True))
+    runs.append(("plain compiled", lambda: None, 1, True))
+    greedy = args.temperature == 0
+    refs = {}
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=0)
+    print("load before:", os.getloadavg())
+    for name, make, gamma, compile in runs:  # warm-up: compiles every shape outside the timings
+        t = time.perf_counter()
+        specdec.generate(target, prompts[0].ids, drafter=make(), gamma=gamma, compile=compile, **kw)
+        print(f"warm-up {name}: {time.perf_counter() - t:.1f} s", flush=True)
+    totals = {name: [0, 0, 0.0, 0.0] for name, *_ in runs}  # tokens, target forwards, wall, draft
+    for prompt in prompts:
+        if greedy:
+            refs[prompt.name] = specdec.generate(target, prompt.ids, max_new_tokens=args.max_new_tokens).tokens
+        for name, make, gamma, compile in runs:
+            out = specdec.generate(target, prompt.ids, drafter=make(), gamma=gamma, compile=compile, **kw)
+            if greedy:
+                assert out.tokens == refs[prompt.name], f"{name} differs from plain decoding on {prompt.name}"
+            s = out.stats
+            tot = totals[name]
+            tot[0] += s.new_tokens
+            tot[1] += s.target_forwards
+            tot[2] += s.wall_s
+            tot[3] += s.draft_s
+    print("load after:", os.getloadavg())
+    base = totals["plain compiled"][0] / totals["plain compiled"][2]
+    print(f"| method | τ | tok/s | vs plain compiled | draft share |\n|:---|---:|---:|---:|---:|")
+    for name, (tokens, forwards, wall, draft_s) in totals.items():
+        print(f"| {name} | {tokens / forwards:.2f} | {tokens / wall:.1f} | {tokens / wall / base:.2f}x | "
+              f"{draft_s / wall:.0%} |")
+
+
+if __name__ == "__main__":
+    main()
