@@ -276,16 +276,26 @@ class SpeculativeDecoder:
         num_drafts = getattr(self.drafter, "num_drafts", None)  # MultiDraft: k chains of γ
         if isinstance(num_drafts, int) and tree_nodes is None:
             tree_nodes = num_drafts * (self.gamma_policy.gamma if fixed else DEFAULT_BUCKETS[-1])
+        # A drafter that picks its node budget per round (DraftTree(max_nodes="auto")) names every budget
+        # it may use: each one is a verification shape (budget + 1 rows), fixed before the request.
+        plan = getattr(self.drafter, "plan", None)
+        if plan is not None:
+            plan(self.target)
+        budgets = getattr(self.drafter, "node_budgets", None)
+        if budgets:
+            tree_nodes = max(budgets)
         if isinstance(tree_nodes, int):
             widest = max(widest, tree_nodes + 1)
         need = prompt_len + self.max_new_tokens + widest
         if isinstance(self.target, StaticCausalLM):
             self.target.buckets = (widest,) if fixed and self.drafter is not None else (
                 (1,) if self.drafter is None else DEFAULT_BUCKETS)
+            if budgets and len(budgets) > 1:
+                self.target.buckets = tuple(sorted({b + 1 for b in budgets} | {widest}))
             self.target.ensure_capacity(need)
         draft_lm = getattr(self.drafter, "lm", None)
         if isinstance(draft_lm, StaticCausalLM):
-            draft_lm.ensure_capacity(need)
+            draft_lm.ensure_capacity(need + getattr(self.drafter, "draft_room", 0))
 
     def stream(self, prompt_ids: Sequence[int] | torch.Tensor) -> Iterator[int]:
         """Yield each new token as soon as it is final."""

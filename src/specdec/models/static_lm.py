@@ -214,6 +214,89 @@ def _draft_steps(model, tokens, slot0, cache, uniforms, gamma: int, sampling: Sa
     return tokens_out, (torch.cat(out_probs) if out_probs else None), finite
 
 
+def tree_log_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Scores of a tree's children: the draft's log-probabilities [F, V] float64 (warped at T > 0, −inf
+    outside top-k / top-p). The same rule as the eager `DraftTree`."""
+    if sampling.greedy:
+        return torch.log_softmax(logits.double(), dim=-1)
+    return sampling.warp(logits).double().log()
+
+
+def _expand_tree(model, ids, slot0, n, max_depth, cache, top_k: int, depth: int, sampling: SamplingConfig):
+    """An EAGLE-2-style dynamic tree of fixed shape, in one graph (no host sync inside).
+
+    ids [W] are committed tokens at slots slot0..slot0+W−1, the root (context[n−1]) among them at slot n−1
+    (rows past it, if any, are padding whose slots the tree overwrites; re-writing cached tokens is
+    harmless: same token, same position). Level 0 is the root's top_k children; each later level feeds its
+    frontier (the top_k nodes of the level before, by cumulative log-probability, ties to the earlier node)
+    at slots n + (level−1)·top_k + j, each row seeing the context, the root and its own ancestors, and
+    adds their top_k children: top_k + (depth−1)·top_k² candidates C. Candidates deeper than max_depth get
+    score −inf (so one graph serves a round whose γ caps the depth).
+
+    Returns candidates ranked by score (a stable sort: ties to the earlier node, so a parent, which never
+    scores below its child, ranks before it): tokens [C], parents [C] (candidate index, −1 = root),
+    scores [C] float64 (−inf = not a node), rank [C] (candidate indices, best first), and whether every
+    logit was finite.
+    """
+    k = top_k
+    device = ids.device
+    slots = slot0 + torch.arange(ids.shape[0], device=device)  # [W]
+    logits, _, finite = _run_model(model, ids[None], slots[None], slots, None, cache, False)  # [W, V]
+    root = logits.index_select(0, (n - 1 - slot0).view(1))  # [1, V]
+    values, index = tree_log_probs(root, sampling).topk(k, dim=-1)  # [1, k]
+    tokens, parents, scores = [index[0]], [torch.full((k,), -1, dtype=torch.long, device=device)], [values[0]]
+    frontier_tokens, frontier_scores = index[0], values[0]  # [k]: level 0 is all of the root's children
+    frontier_index = torch.arange(k, device=device)  # [k] candidate indices
+    region = (depth - 1) * k  # slots the frontiers take after the context
+    seen = torch.eye(k, region, dtype=torch.bool, device=device) if region else None  # [k, R] own slot
+    columns = torch.arange(cache.max_len, device=device) - n  # [L] slot − n
+    in_region = (columns >= 0) & (columns < region)  # [L]
+    dtype = model.dtype
+    offset = k
+    for level in range(1, depth):
+        row_slots = n + (level - 1) * k + torch.arange(k, device=device)  # [k]
+        positions = (n - 1 + level).expand(k)  # [k] every frontier node is `level` below the root
+        visible = (columns < 0)[None, :] | (seen[:, columns.clamp(0, region - 1)] & in_region[None, :])  # [k, L]
+        mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(
+            ~visible, torch.finfo(dtype).min)[None, None]  # [1, 1, k, L]
+        logits, _, step_finite = _run_model(model, frontier_tokens[None], positions[None], row_slots, mask,
+                                            cache, False)  # [k, V]
+        finite = finite & step_finite
+        values, index = tree_log_probs(logits, sampling).topk(k, dim=-1)  # [k, k]
+        level_scores = (frontier_scores[:, None] + values).reshape(-1)  # [k²]
+        level_tokens = index.reshape(-1)  # [k²]
+        tokens.append(level_tokens)
+        parents.append(frontier_index.repeat_interleave(k))
+        scores.append(level_scores.masked_fill(max_depth <= level, float("-inf")))
+        if level + 1 < depth:
+            best = torch.sort(level_scores, descending=True, stable=True).indices[:k]  # [k]
+            chosen = torch.sort(best).values  # [k] the new frontier, in node order
+            frontier_tokens, frontier_scores = level_tokens[chosen], level_scores[chosen]
+            frontier_index = offset + chosen
+            own = torch.zeros(k, region, dtype=torch.bool, device=device)
+            own[:, level * k : (level + 1) * k] = torch.eye(k, dtype=torch.bool, device=device)
+            seen = seen[chosen // k] | own  # [k, R] ancestors (the parent's row) and itself
+        offset += k * k
+    all_scores = torch.cat(scores)  # [C]
+    rank = torch.sort(all_scores, descending=True, stable=True).indices  # [C]
+    return torch.cat(tokens), torch.cat(parents), all_scores, rank, finite
+
+
+def tree_candidates(top_k: int, depth: int) -> int:
+    """Candidates C a fixed-shape tree of `depth` levels expanding `top_k` frontier nodes produces."""
+    return top_k + (depth - 1) * top_k * top_k
+
+
+def select_tree(tokens: list[int], parents: list[int], scores: list[float], rank: list[int],
+                max_nodes: int) -> tuple[list[int], list[int], list[int]]:
+    """The best `max_nodes` candidates (by `rank`, −inf scores dropped) as a tree in node order: tokens [N],
+    parents [N] (−1 = root), and the candidate index of each node. Connected because a parent ranks before
+    its children."""
+    keep = sorted(i for i in rank[:max_nodes] if scores[i] > float("-inf"))
+    new_index = {node: j for j, node in enumerate(keep)}
+    return [tokens[i] for i in keep], [new_index[parents[i]] if parents[i] >= 0 else -1 for i in keep], keep
+
+
 class StaticCausalLM:
     """A causal LM with a preallocated slot cache and (optionally) compiled fixed-shape passes.
 
@@ -426,6 +509,40 @@ class StaticCausalLM:
         return tokens, probs
 
 
+    @torch.inference_mode()
+    def draft_tree(self, context: torch.Tensor, top_k: int, depth: int, max_depth: int,
+                   sampling: SamplingConfig) -> tuple[list[int], list[int], list[float], list[int]]:
+        """Grow a fixed-shape dynamic tree under context [n] (`_expand_tree`) in one compiled graph per
+        (top_k, depth, sampling, cache size); the tree rows are discarded afterwards (length n − 1).
+        Returns the candidates as lists: tokens, parents, scores, rank (see `select_tree`)."""
+        n = context.shape[0]
+        width = depth + 2  # a round commits at most depth + 1 tokens: re-feed that many plus the root
+        slot0 = max(0, n - width)
+        if self.length < slot0:  # only after an external crop: catch up plainly
+            self.forward(context[self.length : slot0])
+        if slot0 + max(width, n - slot0 + (depth - 1) * top_k) > self.max_len:
+            raise PromptError(f"the draft's static cache of {self.max_len} slots is full; lower max_new_tokens")
+        ids = context[slot0:n].to(self.device)
+        if ids.shape[0] < width:  # a short prompt: pad after the root (those slots belong to the tree)
+            ids = torch.cat([ids, ids.new_zeros(width - ids.shape[0])])
+        key = ("tree", top_k, depth, sampling, self.max_len)
+        fn = self._fn(key, _expand_tree)
+        t = time.perf_counter()
+        tokens, parents, scores, rank, finite = fn(
+            self.model, ids.clone(), torch.tensor(slot0, device=self.device), torch.tensor(n, device=self.device),
+            torch.tensor(max_depth, device=self.device), self.cache, top_k, depth, sampling)
+        if not bool(finite):
+            raise NumericalError(
+                f"{type(self.model).__name__} produced NaN or infinite logits while drafting a tree after "
+                f"position {n - 1}; this usually means float16 overflow or broken weights: load the model in "
+                "float32 or bfloat16")
+        out = tokens.tolist(), parents.tolist(), scores.tolist(), rank.tolist()
+        self.forward_s += time.perf_counter() - t
+        self.forwards += depth
+        self.length = n - 1  # context[:n−1]; the root is re-fed next round
+        return out
+
+
 class _Timed:
     """A compiled callable that logs how long its first call (the compile) took."""
 
@@ -448,6 +565,9 @@ class _Timed:
 def _describe(key: tuple) -> str:
     if key[0] == "pass":
         return f"pass of {key[1]} tokens (cache {key[2]} slots{', hidden' if key[3] else ''}{', tree' if key[4] else ''})"
+    if key[0] == "tree":
+        return (f"tree draft (top_k={key[1]}, depth={key[2]}, {'greedy' if key[3].greedy else 'sampling'}, "
+                f"cache {key[4]} slots)")
     return f"γ={key[1]} draft steps ({'greedy' if key[2].greedy else 'sampling'}, cache {key[3]} slots)"
 
 
