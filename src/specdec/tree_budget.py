@@ -46,6 +46,7 @@ class TreeBudget:
     def __init__(self, candidates: int):
         self.candidates = candidates  # C: nodes the drafter ranks every round
         self.budgets = EAGER_BUDGETS
+        self.compiled = False  # budgets are compiled shapes: time each, never predict one
         self.hits = [0.0] * candidates  # decayed count of accepted nodes per rank
         self.trials = [0.0] * candidates  # decayed count of verified nodes per rank
         self.prior_sum = [0.0] * candidates  # sum of the draft's probability at each rank
@@ -62,8 +63,8 @@ class TreeBudget:
     def bind(self, target, draft_lm) -> None:
         """Before a request: the target adapter whose passes are timed; its path fixes the budgets."""
         self.target = target
-        compiled = bool(getattr(target, "compile", False)) and hasattr(target, "buckets")
-        budgets = COMPILED_BUDGETS if compiled else EAGER_BUDGETS
+        self.compiled = getattr(target, "compile", False) is True and hasattr(target, "buckets")
+        budgets = COMPILED_BUDGETS if self.compiled else EAGER_BUDGETS
         self.budgets = tuple(b for b in budgets if b <= self.candidates) or (self.candidates,)
         self._round = None
 
@@ -78,7 +79,7 @@ class TreeBudget:
         if budget in self.cost:
             return self.cost[budget]
         points = sorted(self.cost.items())
-        if len(points) < 2 or self.budgets is COMPILED_BUDGETS:
+        if len(points) < 2 or self.compiled:
             return None
         n = len(points)
         mx = sum(b for b, _ in points) / n
@@ -104,7 +105,7 @@ class TreeBudget:
         self.rounds += 1
         untimed = [b for b in self.budgets if self.seen.get(b, 0) < 2 and self.pass_cost(b) is None]
         if untimed:  # warm-up: time each budget that cannot be predicted (compiled: compile it now)
-            budget = untimed[0] if self.budgets is COMPILED_BUDGETS else (
+            budget = untimed[0] if self.compiled else (
                 self.budgets[0] if self.seen.get(self.budgets[0], 0) < 2 else self.budgets[-1])
         elif self.rounds % PROBE_EVERY == 0:
             budget = self.budgets[-1]

@@ -222,64 +222,87 @@ def tree_log_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tens
     return sampling.warp(logits).double().log()
 
 
-def _expand_tree(model, ids, slot0, n, max_depth, cache, top_k: int, depth: int, sampling: SamplingConfig):
-    """An EAGLE-2-style dynamic tree of fixed shape, in one graph (no host sync inside).
+def _tree_root(model, ids, slot0, n, cache, top_k: int, sampling: SamplingConfig):
+    """The root's top_k children. ids [W] are committed tokens at slots slot0..slot0+W−1, the root
+    (context[n−1]) among them at slot n−1 (rows past it, if any, are padding whose slots the tree
+    overwrites; re-writing cached tokens is harmless: same token, same position).
+    Returns tokens [k], scores [k] float64, and whether every logit was finite."""
+    slots = slot0 + torch.arange(ids.shape[0], device=ids.device)  # [W]
+    logits, _, finite = _run_model(model, ids[None], slots[None], slots, None, cache, False)  # [W, V]
+    root = logits.index_select(0, (n - 1 - slot0).view(1))  # [1, V]
+    values, index = tree_log_probs(root, sampling).topk(top_k, dim=-1)  # [1, k]
+    return index[0], values[0], finite
 
-    ids [W] are committed tokens at slots slot0..slot0+W−1, the root (context[n−1]) among them at slot n−1
-    (rows past it, if any, are padding whose slots the tree overwrites; re-writing cached tokens is
-    harmless: same token, same position). Level 0 is the root's top_k children; each later level feeds its
-    frontier (the top_k nodes of the level before, by cumulative log-probability, ties to the earlier node)
-    at slots n + (level−1)·top_k + j, each row seeing the context, the root and its own ancestors, and
-    adds their top_k children: top_k + (depth−1)·top_k² candidates C. Candidates deeper than max_depth get
-    score −inf (so one graph serves a round whose γ caps the depth).
 
-    Returns candidates ranked by score (a stable sort: ties to the earlier node, so a parent, which never
-    scores below its child, ranks before it): tokens [C], parents [C] (candidate index, −1 = root),
+def _tree_level(model, frontier_tokens, frontier_scores, seen, n, level, cache, top_k: int, depth: int,
+                sampling: SamplingConfig):
+    """One level: feed the frontier [k] (nodes `level` below the root) at slots n + (level−1)·k + j, each
+    row seeing the context, the root and its ancestors (seen [k, R] over the R = (depth−1)·k frontier
+    slots), and take each one's top_k children. Returns the level's candidates (tokens [k²], scores [k²],
+    in (frontier row, rank) order), the next frontier (its top_k candidates by score, ties to the earlier
+    candidate, in candidate order: chosen [k], and seen [k, R] for it), and whether the logits were finite."""
+    k, device = top_k, frontier_tokens.device
+    region = (depth - 1) * k
+    rows = torch.arange(k, device=device)  # [k]
+    row_slots = n + (level - 1) * k + rows  # [k]
+    positions = (n - 1 + level).expand(k)  # [k]
+    columns = torch.arange(cache.max_len, device=device) - n  # [L] slot − n
+    in_region = (columns >= 0) & (columns < region)  # [L]
+    visible = (columns < 0)[None, :] | (seen[:, columns.clamp(0, region - 1)] & in_region[None, :])  # [k, L]
+    dtype = model.dtype
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(
+        ~visible, torch.finfo(dtype).min)[None, None]  # [1, 1, k, L]
+    logits, _, finite = _run_model(model, frontier_tokens[None], positions[None], row_slots, mask, cache,
+                                   False)  # [k, V]
+    values, index = tree_log_probs(logits, sampling).topk(k, dim=-1)  # [k, k]
+    level_scores = (frontier_scores[:, None] + values).reshape(-1)  # [k²]
+    level_tokens = index.reshape(-1)  # [k²]
+    best = torch.sort(level_scores, descending=True, stable=True).indices[:k]  # [k]
+    chosen = torch.sort(best).values  # [k]
+    own = torch.arange(region, device=device)[None, :] == (level * k + rows)[:, None]  # [k, R]
+    return level_tokens, level_scores, chosen, seen[chosen // k] | own, finite
+
+
+def _expand_tree(model, ids, slot0, n, max_depth, cache, top_k: int, depth: int, sampling: SamplingConfig,
+                 root_fn=_tree_root, level_fn=_tree_level):
+    """An EAGLE-2-style dynamic tree of fixed shape: level 0 is the root's top_k children; each later level
+    feeds its frontier (the top_k nodes of the level before) and adds their top_k children, so there are
+    C = top_k + (depth−1)·top_k² candidates. Candidates deeper than max_depth get score −inf (one shape
+    serves a round whose γ caps the depth). Run whole as one graph, or with root_fn / level_fn compiled.
+
+    Returns candidates ranked by score (a stable sort: ties to the earlier candidate, so a parent, which
+    never scores below its child, ranks before it): tokens [C], parents [C] (candidate index, −1 = root),
     scores [C] float64 (−inf = not a node), rank [C] (candidate indices, best first), and whether every
     logit was finite.
     """
     k = top_k
     device = ids.device
-    slots = slot0 + torch.arange(ids.shape[0], device=device)  # [W]
-    logits, _, finite = _run_model(model, ids[None], slots[None], slots, None, cache, False)  # [W, V]
-    root = logits.index_select(0, (n - 1 - slot0).view(1))  # [1, V]
-    values, index = tree_log_probs(root, sampling).topk(k, dim=-1)  # [1, k]
-    tokens, parents, scores = [index[0]], [torch.full((k,), -1, dtype=torch.long, device=device)], [values[0]]
-    frontier_tokens, frontier_scores = index[0], values[0]  # [k]: level 0 is all of the root's children
-    frontier_index = torch.arange(k, device=device)  # [k] candidate indices
-    region = (depth - 1) * k  # slots the frontiers take after the context
-    seen = torch.eye(k, region, dtype=torch.bool, device=device) if region else None  # [k, R] own slot
-    columns = torch.arange(cache.max_len, device=device) - n  # [L] slot − n
-    in_region = (columns >= 0) & (columns < region)  # [L]
-    dtype = model.dtype
+    frontier_tokens, frontier_scores, finite = root_fn(model, ids, slot0, n, cache, k, sampling)  # [k], [k]
+    tokens, scores = [frontier_tokens], [frontier_scores]
+    parents = [torch.full((k,), -1, dtype=torch.long, device=device)]
+    frontier_index = torch.arange(k, device=device)  # [k] candidate indices: level 0 is the whole frontier
+    seen = torch.eye(k, (depth - 1) * k, dtype=torch.bool, device=device)  # [k, R] each row's own slot
     offset = k
     for level in range(1, depth):
-        row_slots = n + (level - 1) * k + torch.arange(k, device=device)  # [k]
-        positions = (n - 1 + level).expand(k)  # [k] every frontier node is `level` below the root
-        visible = (columns < 0)[None, :] | (seen[:, columns.clamp(0, region - 1)] & in_region[None, :])  # [k, L]
-        mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(
-            ~visible, torch.finfo(dtype).min)[None, None]  # [1, 1, k, L]
-        logits, _, step_finite = _run_model(model, frontier_tokens[None], positions[None], row_slots, mask,
-                                            cache, False)  # [k, V]
+        level_tokens, level_scores, chosen, seen, step_finite = level_fn(
+            model, frontier_tokens, frontier_scores, seen, n, torch.tensor(level, device=device), cache, k,
+            depth, sampling)
         finite = finite & step_finite
-        values, index = tree_log_probs(logits, sampling).topk(k, dim=-1)  # [k, k]
-        level_scores = (frontier_scores[:, None] + values).reshape(-1)  # [k²]
-        level_tokens = index.reshape(-1)  # [k²]
         tokens.append(level_tokens)
         parents.append(frontier_index.repeat_interleave(k))
         scores.append(level_scores.masked_fill(max_depth <= level, float("-inf")))
-        if level + 1 < depth:
-            best = torch.sort(level_scores, descending=True, stable=True).indices[:k]  # [k]
-            chosen = torch.sort(best).values  # [k] the new frontier, in node order
-            frontier_tokens, frontier_scores = level_tokens[chosen], level_scores[chosen]
-            frontier_index = offset + chosen
-            own = torch.zeros(k, region, dtype=torch.bool, device=device)
-            own[:, level * k : (level + 1) * k] = torch.eye(k, dtype=torch.bool, device=device)
-            seen = seen[chosen // k] | own  # [k, R] ancestors (the parent's row) and itself
+        frontier_tokens, frontier_scores = level_tokens[chosen], level_scores[chosen]
+        frontier_index = offset + chosen
         offset += k * k
     all_scores = torch.cat(scores)  # [C]
     rank = torch.sort(all_scores, descending=True, stable=True).indices  # [C]
     return torch.cat(tokens), torch.cat(parents), all_scores, rank, finite
+
+
+#: How a fixed-shape tree is compiled: "level" = one graph for the root pass and one for a level, the
+#: levels looped in Python; "whole" = the entire tree as one graph. Measured on the default pair
+#: (BENCHMARKS.md, "Token trees on the fast path").
+TREE_GRAPH = "level"
 
 
 def tree_candidates(top_k: int, depth: int) -> int:
@@ -525,12 +548,17 @@ class StaticCausalLM:
         ids = context[slot0:n].to(self.device)
         if ids.shape[0] < width:  # a short prompt: pad after the root (those slots belong to the tree)
             ids = torch.cat([ids, ids.new_zeros(width - ids.shape[0])])
-        key = ("tree", top_k, depth, sampling, self.max_len)
-        fn = self._fn(key, _expand_tree)
+        args = (self.model, ids.clone(), torch.tensor(slot0, device=self.device),
+                torch.tensor(n, device=self.device), torch.tensor(max_depth, device=self.device), self.cache,
+                top_k, depth, sampling)
         t = time.perf_counter()
-        tokens, parents, scores, rank, finite = fn(
-            self.model, ids.clone(), torch.tensor(slot0, device=self.device), torch.tensor(n, device=self.device),
-            torch.tensor(max_depth, device=self.device), self.cache, top_k, depth, sampling)
+        if TREE_GRAPH == "whole":
+            fn = self._fn(("tree", top_k, depth, sampling, self.max_len), _expand_tree)
+            tokens, parents, scores, rank, finite = fn(*args)
+        else:
+            root_fn = self._fn(("tree-root", top_k, depth, sampling, self.max_len), _tree_root)
+            level_fn = self._fn(("tree-level", top_k, depth, sampling, self.max_len), _tree_level)
+            tokens, parents, scores, rank, finite = _expand_tree(*args, root_fn=root_fn, level_fn=level_fn)
         if not bool(finite):
             raise NumericalError(
                 f"{type(self.model).__name__} produced NaN or infinite logits while drafting a tree after "
@@ -565,8 +593,8 @@ class _Timed:
 def _describe(key: tuple) -> str:
     if key[0] == "pass":
         return f"pass of {key[1]} tokens (cache {key[2]} slots{', hidden' if key[3] else ''}{', tree' if key[4] else ''})"
-    if key[0] == "tree":
-        return (f"tree draft (top_k={key[1]}, depth={key[2]}, {'greedy' if key[3].greedy else 'sampling'}, "
+    if key[0].startswith("tree"):
+        return (f"{key[0]} draft (top_k={key[1]}, depth={key[2]}, {'greedy' if key[3].greedy else 'sampling'}, "
                 f"cache {key[4]} slots)")
     return f"γ={key[1]} draft steps ({'greedy' if key[2].greedy else 'sampling'}, cache {key[3]} slots)"
 
