@@ -433,10 +433,13 @@ class StaticCausalLM:
         slots = torch.arange(self.length, self.length + b, device=self.device)  # [b]
         if b > m:
             ids = torch.cat([ids, ids.new_zeros(b - m)])
-            positions = torch.cat([positions, positions[-1] + torch.arange(1, b - m + 1, device=self.device)])
-            if mask is not None:  # padded rows see only themselves and the cache
+            if mask is None:  # a chain: padded rows continue it
+                positions = torch.cat([positions, positions[-1] + torch.arange(1, b - m + 1, device=self.device)])
+            else:  # a tree: each padded row sees the cache and itself, one position past the cache
+                positions = torch.cat([positions, positions.new_full((b - m,), self.length)])
                 full = mask.new_full((b, self.max_len), torch.finfo(mask.dtype).min)
                 full[:m] = mask
+                full[m:, : self.length] = 0
                 full[torch.arange(m, b), slots[m:]] = 0
                 mask = full
         if mask is not None:
