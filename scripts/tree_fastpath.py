@@ -91,6 +91,27 @@ def run(args, target, draft, tokenizer):
     drafters = {m: build(m, draft) for m in methods}
     target_lm = CachedCausalLM(target) if compile is False else StaticCausalLM(target, compile=compile is True)
     rows = []
+    graph_ms = {}
+    if args.graph == "pick":  # compile the tree both ways, time both interleaved, keep the faster
+        import specdec.models.static_lm as static_lm
+
+        dlm = StaticCausalLM(draft, compile=True)
+        dlm.ensure_capacity(512)
+        ctx = torch.tensor(prompts[0].ids)
+        dlm.prefill(ctx[:-1])
+        greedy = SamplingConfig(0.0, None, None)
+        times = {"level": [], "whole": []}
+        for i in range(args.pick_repeats + 1):
+            for mode in times:
+                static_lm.TREE_GRAPH = mode
+                t = time.perf_counter()
+                dlm.draft_tree(ctx, 2, 6, 6, greedy)
+                if i:
+                    times[mode].append(time.perf_counter() - t)
+        graph_ms = {m: 1000 * statistics.median(v) for m, v in times.items()}
+        static_lm.TREE_GRAPH = min(graph_ms, key=graph_ms.get)
+        print(json.dumps({"tree_graph_ms": graph_ms, "picked": static_lm.TREE_GRAPH, "load": os.getloadavg()}),
+              flush=True)
     # warm-up (compiles every shape) on the first prompt, 32 tokens, untimed
     for m in methods:
         drafter, gamma = drafters[m]
@@ -134,6 +155,12 @@ def run(args, target, draft, tokenizer):
         ratios = [r["tok_s"] / b["tok_s"] for r in rows if r["method"] == m
                   for b in rows if b["method"] == base and b["prompt"] == r["prompt"] and b["rep"] == r["rep"]]
         summary[m]["vs_" + base] = statistics.median(ratios)
+    auto = next((d for d, _ in drafters.values() if getattr(d, "budget", None) is not None), None)
+    if auto is not None:  # the auto model's prediction for every budget, against the fixed trees measured
+        report = auto.budget.report()
+        summary["budget_model"] = {"cost_ms": report["cost_ms"], "fixed_ms": report["fixed_ms"],
+                                   "acceptance": report["acceptance"][:20], "predicted": report["predicted"]}
+    summary["tree_graph_ms"] = graph_ms
     print(json.dumps({"summary": summary, "load_end": os.getloadavg()}, indent=1), flush=True)
     if args.out:
         with open(args.out + ".tmp", "w") as f:
@@ -153,13 +180,14 @@ def main():
     parser.add_argument("--warm", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--pick-repeats", type=int, default=15)
     parser.add_argument("--out", default="")
-    parser.add_argument("--graph", default="", choices=["", "level", "whole"],
+    parser.add_argument("--graph", default="", choices=["", "level", "whole", "pick"],
                         help="override static_lm.TREE_GRAPH (one graph per level, or the whole tree)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if args.graph:
+    if args.graph in ("level", "whole"):
         import specdec.models.static_lm as static_lm
 
         static_lm.TREE_GRAPH = args.graph

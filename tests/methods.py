@@ -25,7 +25,7 @@ METHODS = {
     "multi-draft-norepl": lambda target, draft: specdec.MultiDraft(draft, num_drafts=3, replacement=False),
     "draft-tree-auto": lambda target, draft: specdec.DraftTree(draft, top_k=3, depth=4, max_nodes="auto"),
     "plain-static": lambda target, draft: (None, {"compile": "static"}),
-    "draft-tree-static": lambda target, draft: (specdec.DraftTree(draft, top_k=3, depth=4, max_nodes=8),
+    "draft-tree-static": lambda target, draft: (specdec.DraftTree(draft, top_k=2, depth=2, max_nodes=4),
                                                 {"compile": "static"}),
     "draft-model-static": lambda target, draft: (specdec.DraftModel(draft), {"compile": "static"}),
     # Untrained heads (exactness does not depend on training); they read the target's own features.
