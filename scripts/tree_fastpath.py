@@ -115,8 +115,8 @@ def run(args, target, draft, tokenizer):
     # warm-up (compiles every shape) on the first prompt, 32 tokens, untimed
     for m in methods:
         drafter, gamma = drafters[m]
-        dec = SpeculativeDecoder(target_lm, drafter, gamma=gamma, max_new_tokens=args.warm, eos_token_id=[],
-                                 compile=compile)
+        dec = SpeculativeDecoder(target_lm, drafter, gamma=gamma, max_new_tokens=args.tokens, eos_token_id=[],
+                                 compile=compile)  # same cache size as the timed runs: same compiled shapes
         list(dec.stream(torch.tensor(prompts[0].ids)))
     print(json.dumps({"warm": True, "load": os.getloadavg()}), flush=True)
     for rep in range(args.repeats):

@@ -16,7 +16,7 @@ from specdec.decoding import SpeculativeDecoder
 from specdec.models.static_lm import _COMPILED, StaticCausalLM, select_tree, tree_candidates
 from specdec.sampling import SamplingConfig
 from specdec.tree import TreeMask
-from specdec.tree_budget import COMPILED_BUDGETS, TreeBudget, _accepted_nodes
+from specdec.tree_budget import COMPILED_BUDGETS, WARM_PASSES, TreeBudget, _accepted_nodes
 
 LONG = [(i * 37 + 11) % 96 for i in range(120)]
 
@@ -95,9 +95,9 @@ def test_compiled_tree_is_token_identical_and_compiles_each_graph_once(pair):
         out = specdec.generate(target, prompt, drafter=drafter, max_new_tokens=20, eos_token_id=[], compile=True)
         assert out.tokens == hf_greedy(target, prompt, 20)
         assert out.stats.accepted > 0
-    # one root graph and one level graph for the draft (reused by every level, round and request), one
+    # one tree graph for the draft (reused by every round and request, the short last rounds included), one
     # verification shape (max_nodes + 1 rows) for the target
-    assert sorted(k[0] for k in _COMPILED[draft].fns if k[0].startswith("tree")) == ["tree-level", "tree-root"]
+    assert [k[:3] for k in _COMPILED[draft].fns if k[0].startswith("tree")] == [("tree", 2, 3)]
     assert {k[:2] for k in _COMPILED[target].fns if k[0] == "pass"} == {("pass", 5)}
 
 
@@ -109,7 +109,7 @@ def test_auto_budget_follows_the_measured_costs_and_acceptance():
     budget.budgets = (4, 8, 16)
     budget.fixed = 0.010
     budget.cost = {4: 0.020, 8: 0.022, 16: 0.060}
-    budget.seen = {4: 3, 8: 3, 16: 3}
+    budget.seen = {4: 9, 8: 9, 16: 9}
     # every node accepted half the time: 8 nodes pay 4 tokens for 2 ms, 16 nodes 4 more for 38 ms
     budget.hits = [50.0] * 30
     budget.trials = [100.0] * 30
@@ -132,11 +132,16 @@ def test_auto_budget_warms_every_compiled_budget_first_then_predicts_eager_ones_
     budget.bind(CompiledTarget(), None)
     assert budget.budgets == COMPILED_BUDGETS
     chosen = []
-    for _ in range(2 * len(COMPILED_BUDGETS)):
+    for _ in range((WARM_PASSES + 1) * len(COMPILED_BUDGETS)):
         b = budget.choose()
         chosen.append(b)
         budget._update_cost(b, 0.01 * b)
-    assert sorted(set(chosen)) == list(COMPILED_BUDGETS)  # each compiled shape timed (twice) up front
+    assert sorted(set(chosen)) == list(COMPILED_BUDGETS)  # each compiled shape timed up front
+    budget.fixed = 0.01  # then chosen: here a pass costs 10 ms a node, more than half a node (a_r = 0.5) pays
+    assert budget.choose() == COMPILED_BUDGETS[0]
+    # a compile inside a later pass does not move the median
+    budget._update_cost(4, 30.0)
+    assert budget.cost[4] == pytest.approx(0.04)
     eager = TreeBudget(candidates=30)
     eager.bind(object(), None)
     eager.cost = {2: 0.020, 24: 0.042}

@@ -17,17 +17,19 @@ What is measured, per drafter (so across requests):
 - a_r: a Beta estimate per rank from the nodes actually verified (hit = on the accepted path), with the
   draft's own mean cumulative probability at that rank as a prior worth PRIOR_WEIGHT rounds; counts decay
   by DECAY per round so a change of text is followed.
-- t(N): the target adapter's own time for the scoring pass (`forward_s`), an exponential average per
-  budget. The first pass of each budget is not used (on the compiled path it includes the compile). On the
-  eager path budgets never tried are predicted by a least-squares line through the measured ones; on the
-  compiled path every budget is a compiled shape, so all are tried once (round-robin) in the first request
-  and never compiled again (`COMPILED_BUDGETS` is short for that reason).
+- t(N): the target adapter's own time for the scoring pass (`forward_s`), the median of the last
+  COST_WINDOW passes of that budget (a median, so a pass that compiled a shape, e.g. after the cache grew,
+  does not distort it). The first pass of each budget is not used. On the eager path budgets never tried
+  are predicted by a least-squares line through the measured ones; on the compiled path every budget is a
+  compiled shape, so each is tried WARM_PASSES times (round-robin) in the first request and never
+  compiled again (`COMPILED_BUDGETS` is short for that reason).
 - f: the wall time of a round minus its target pass, an exponential average.
 Every PROBE_EVERY rounds the largest budget is verified once, so the deepest ranks keep being measured.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 
 #: Budgets on the eager path (any node count is one more row in the pass).
@@ -37,6 +39,8 @@ COMPILED_BUDGETS = (4, 8, 12, 16)
 PRIOR_WEIGHT = 4.0
 DECAY = 0.995
 COST_EMA = 0.2
+COST_WINDOW = 9
+WARM_PASSES = 3
 PROBE_EVERY = 16
 
 
@@ -51,7 +55,8 @@ class TreeBudget:
         self.trials = [0.0] * candidates  # decayed count of verified nodes per rank
         self.prior_sum = [0.0] * candidates  # sum of the draft's probability at each rank
         self.prior_n = 0
-        self.cost: dict[int, float] = {}  # budget -> t(N) seconds (EMA)
+        self.cost: dict[int, float] = {}  # budget -> t(N) seconds (median of the recent passes)
+        self.recent: dict[int, list[float]] = {}  # budget -> its last COST_WINDOW pass times
         self.seen: dict[int, int] = {}  # budget -> passes timed so far (the first is not used)
         self.fixed: float | None = None  # f seconds (EMA)
         self.rounds = 0
@@ -103,10 +108,11 @@ class TreeBudget:
     def choose(self) -> int:
         """This round's node budget."""
         self.rounds += 1
-        untimed = [b for b in self.budgets if self.seen.get(b, 0) < 2 and self.pass_cost(b) is None]
+        warm = WARM_PASSES + 1  # the first pass of a shape is not used
+        untimed = [b for b in self.budgets if self.seen.get(b, 0) < warm and (self.compiled or self.pass_cost(b) is None)]
         if untimed:  # warm-up: time each budget that cannot be predicted (compiled: compile it now)
             budget = untimed[0] if self.compiled else (
-                self.budgets[0] if self.seen.get(self.budgets[0], 0) < 2 else self.budgets[-1])
+                self.budgets[0] if self.seen.get(self.budgets[0], 0) < warm else self.budgets[-1])
         elif self.rounds % PROBE_EVERY == 0:
             budget = self.budgets[-1]
         else:
@@ -156,8 +162,10 @@ class TreeBudget:
         self.seen[budget] = self.seen.get(budget, 0) + 1
         if self.seen[budget] < 2 or seconds <= 0:
             return  # the first pass of a shape may include its compile
-        old = self.cost.get(budget)
-        self.cost[budget] = seconds if old is None else (1 - COST_EMA) * old + COST_EMA * seconds
+        recent = self.recent.setdefault(budget, [])
+        recent.append(seconds)
+        del recent[:-COST_WINDOW]
+        self.cost[budget] = statistics.median(recent)
 
     def _update_fixed(self, seconds: float) -> None:
         if seconds <= 0:

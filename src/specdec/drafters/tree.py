@@ -109,8 +109,9 @@ class DraftTree(_TreeDrafter):
         self.budget: TreeBudget | None = None
         if max_nodes == "auto":
             self.budget = TreeBudget(tree_candidates(self.top_k, self.depth))
-        else:
-            _positive_int("max_nodes", max_nodes)
+        elif isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
+            raise ConfigError(f"max_nodes must be an integer >= 1 or \"auto\" (a budget chosen online from the "
+                              f"measured pass costs and acceptance), got {max_nodes!r}")
         self.max_nodes = max_nodes
         self.default_gamma = self.depth
         self.compile = compile
