@@ -175,3 +175,15 @@ def test_auto_rejects_other_strings(pair):
         specdec.DraftTree(draft, max_nodes="many")
     decoder = SpeculativeDecoder(pair[0], specdec.DraftTree(draft, max_nodes="auto"))
     assert decoder.gamma_policy.gamma == 6  # the tree's depth
+
+
+def test_bench_draft_tree_auto_builds_the_auto_budget(pair):
+    from specdec.bench.runner import Bench, BenchSettings, Config, parse_methods
+
+    target, draft = pair
+    methods = parse_methods("draft-tree,draft-tree-auto")
+    bench = Bench(target, draft, BenchSettings(methods=methods, max_new_tokens=12, forward_costs=False))
+    result = bench.run(Config("draft-tree-auto", None), LONG[:20], seed=0)
+    assert result.tokens == hf_greedy(target, LONG[:20], 12)
+    assert bench.drafter("draft-tree", False, True).max_nodes == "auto"
+    assert bench.drafter("draft-tree", False).max_nodes == 12  # the plain method keeps the default budget
