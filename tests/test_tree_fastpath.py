@@ -186,4 +186,4 @@ def test_bench_draft_tree_auto_builds_the_auto_budget(pair):
     result = bench.run(Config("draft-tree-auto", None), LONG[:20], seed=0)
     assert result.tokens == hf_greedy(target, LONG[:20], 12)
     assert bench.drafter("draft-tree", False, True).max_nodes == "auto"
-    assert bench.drafter("draft-tree", False).max_nodes == 12  # the plain method keeps the default budget
+    assert bench.drafter("draft-tree", False).max_nodes == 8  # the plain method keeps the default budget

@@ -95,13 +95,15 @@ class DraftTree(_TreeDrafter):
     the whole tree is grown as ONE fixed-shape graph (`StaticCausalLM.draft_tree`): the same nodes as the
     eager drafter from the same draft logits. `max_nodes="auto"` picks the node budget online from the
     measured cost of the target's pass and the measured acceptance of each ranked node
-    (specdec.tree_budget, docs/trees.md). The defaults were chosen by measurement on the default pair on a
-    2-core CPU (BENCHMARKS.md, "Token trees on the fast path"); the same defaults serve both paths.
+    (specdec.tree_budget, docs/trees.md). The defaults (top_k=2, depth=6, max_nodes=8) were chosen by
+    measurement on the default pair on a 2-core CPU: 8 nodes beat 12 and 16 on the fast path in two runs
+    and matched 12 on the eager path (BENCHMARKS.md, "Token trees on the fast path"); the same defaults
+    serve both paths.
 
     compile: None (default) follows the decoder, like `DraftModel`; True / "static" / False pin it.
     """
 
-    def __init__(self, draft_model: PreTrainedModel, top_k: int = 2, depth: int = 6, max_nodes: int | str = 12,
+    def __init__(self, draft_model: PreTrainedModel, top_k: int = 2, depth: int = 6, max_nodes: int | str = 8,
                  compile: bool | str | None = None):
         super().__init__(draft_model)
         self.top_k = _positive_int("top_k", top_k)
