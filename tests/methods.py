@@ -26,7 +26,10 @@ METHODS = {
     "multi-draft-norepl": lambda target, draft: specdec.MultiDraft(draft, num_drafts=3, replacement=False),
     "multi-draft-spectr": lambda target, draft: specdec.MultiDraft(draft, num_drafts=3, scheme="spectr"),
     "multi-draft-widths": lambda target, draft: specdec.MultiDraft(draft, widths=(2, 2), scheme="rrs"),
+    "draft-tree-auto": lambda target, draft: specdec.DraftTree(draft, top_k=3, depth=4, max_nodes="auto"),
     "plain-static": lambda target, draft: (None, {"compile": "static"}),
+    "draft-tree-static": lambda target, draft: (specdec.DraftTree(draft, top_k=2, depth=2, max_nodes=4),
+                                                {"compile": "static"}),
     "draft-model-static": lambda target, draft: (specdec.DraftModel(draft), {"compile": "static"}),
     # Untrained heads (exactness does not depend on training); they read the target's own features.
     # EAGLE-2 dynamic tree and Medusa static tree (point-mass children).

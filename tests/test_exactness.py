@@ -9,11 +9,11 @@ warp bug shows here too (docs/testing.md).
 Thresholds and error rates
 - Positive checks (a correct method must PASS): N = 3000 draws each, FAIL when p < ALPHA = 1e-4. The
   Pearson chi-square p-value is calibrated at that level (1.15e-4 measured in 200 000 null simulations with
-  674 cells), so with POSITIVE_CHECKS = 4 settings x 16 methods in tests/methods.py + the conditional-mode
+  674 cells), so with POSITIVE_CHECKS = 4 settings x 19 methods in tests/methods.py + the conditional-mode
   case + the JSON case + the CLI's 2 methods + 4 in test_trees.py / test_multi_draft.py / test_fastpath.py
   + 9 in test_cross_vocab.py
-  + 6 in test_seq2seq.py = 87 checks (+4 per method added to the registry), the probability that a
-  correct implementation fails any of them is at most 87 x 1e-4 = 0.87% (Bonferroni) for a random seed. Every
+  + 6 in test_seq2seq.py = 99 checks (+4 per method added to the registry), the probability that a
+  correct implementation fails any of them is at most 99 x 1e-4 = 0.99% (Bonferroni) for a random seed. Every
   test declares the positive checks it runs (@positive, i.e. @pytest.mark.exactness_positive); an autouse
   fixture in conftest.py counts the checks each test actually runs against that, and
   test_family_wise_false_failure_rate_is_bounded sums the declarations of every test module. Seeds are

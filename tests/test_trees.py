@@ -14,6 +14,7 @@ from specdec.drafters.base import Drafter, Proposal
 from specdec.exactness import check_exactness, multinomial_test
 from specdec.exactness.faulty import SiblingVisibleLM, SoftmaxQDraftTree, tree_duplicates_skipped
 from specdec.models.causal_lm import CachedCausalLM
+from specdec.models.static_lm import StaticCausalLM
 from specdec.sampling import SamplingConfig
 from specdec.tree import TreeMask, first_branch, validate_proposal
 from specdec.verify import verify_tree
@@ -134,8 +135,15 @@ class _Recording:
 
     def commit(self, context, num_accepted):
         super().commit(context, num_accepted)
-        self.rounds.append((num_accepted, context.tolist(), cached_tokens(self.decoder.target.cache),
-                            cached_tokens(self.lm.cache)))
+        self.rounds.append((num_accepted, context.tolist(), _cache_tokens(self.decoder.target),
+                            _cache_tokens(self.lm)))
+
+
+def _cache_tokens(adapter) -> list[int]:
+    """The tokens an adapter of a PrefixScriptedLM holds (a slot cache: its first `length` slots)."""
+    if isinstance(adapter, StaticCausalLM):
+        return adapter.cache.layers[0].keys.view(-1)[: adapter.length].long().tolist()
+    return cached_tokens(adapter.cache)
 
 
 class RecordingTree(_Recording, specdec.DraftTree):
@@ -146,11 +154,11 @@ class RecordingMulti(_Recording, specdec.MultiDraft):
     rounds: list
 
 
-def _run(drafter, prompt, max_new_tokens, temperature=0.0, seed=0):
+def _run(drafter, prompt, max_new_tokens, temperature=0.0, seed=0, compile=False):
     drafter.rounds = []
     target = PrefixScriptedLM(_target_table, V)
     decoder = SpeculativeDecoder(target, drafter, max_new_tokens=max_new_tokens, temperature=temperature,
-                                 seed=seed, eos_token_id=[])
+                                 seed=seed, eos_token_id=[], compile=compile)
     drafter.decoder = decoder
     return list(decoder.stream(prompt)), decoder
 
@@ -161,13 +169,16 @@ def _assert_caches_hold_the_accepted_path(rounds):
         assert draft_tokens == context[: len(draft_tokens)] and len(draft_tokens) <= len(context) - 1
 
 
+@pytest.mark.parametrize("compile", [False, "static"], ids=["dynamic-cache", "slot-cache"])
 @pytest.mark.parametrize("depth", [0, 1, 2, 3])
 @pytest.mark.parametrize("rank", [0, 1, 2, 3])
-def test_draft_tree_rejects_at_every_depth_and_branch(depth, rank):
+def test_draft_tree_rejects_at_every_depth_and_branch(depth, rank, compile):
     prompt = [1, 2, 3]
     drafter = RecordingTree(PrefixScriptedLM(_draft_table({len(prompt) + depth: rank}), V),
                             top_k=3, depth=4, max_nodes=40)
-    tokens, decoder = _run(drafter, prompt, max_new_tokens=12)
+    tokens, decoder = _run(drafter, prompt, max_new_tokens=12, compile=compile)
+    if compile:  # both caches are slot caches: the tree was drafted as one fixed-shape graph
+        assert isinstance(drafter.lm, StaticCausalLM) and isinstance(decoder.target, StaticCausalLM)
     context = prompt[:]
     for _ in range(12):
         context.append(_target_token(tuple(context)))

@@ -323,6 +323,14 @@ class SpeculativeDecoder:
         num_drafts = getattr(self.drafter, "num_drafts", None)  # MultiDraft: k chains of γ
         if isinstance(num_drafts, int) and tree_nodes is None:
             tree_nodes = num_drafts * (self.gamma_policy.gamma if fixed else DEFAULT_BUCKETS[-1])
+        # A drafter that picks its node budget per round (DraftTree(max_nodes="auto")) names every budget
+        # it may use: each one is a verification shape (budget + 1 rows), fixed before the request.
+        plan = getattr(self.drafter, "plan", None)
+        if plan is not None:
+            plan(self.target)
+        budgets = getattr(self.drafter, "node_budgets", None)
+        if budgets:
+            tree_nodes = max(budgets)
         if isinstance(tree_nodes, int):
             widest = max(widest, tree_nodes + 1)
         allowed = getattr(self.gamma_policy, "gammas", None)  # an adaptive policy restricted to a γ set
@@ -333,10 +341,12 @@ class SpeculativeDecoder:
             self.target.buckets = (widest,) if fixed and self.drafter is not None else (
                 (1,) if self.drafter is None else
                 (1, *sorted(g + 1 for g in allowed)) if allowed and tree_nodes is None else DEFAULT_BUCKETS)
+            if budgets and len(budgets) > 1:
+                self.target.buckets = tuple(sorted({b + 1 for b in budgets} | {widest}))
             self.target.ensure_capacity(need)
         draft_lm = getattr(self.drafter, "lm", None)
         if isinstance(draft_lm, StaticCausalLM):
-            draft_lm.ensure_capacity(need)
+            draft_lm.ensure_capacity(need + getattr(self.drafter, "draft_room", 0))
         ensure = getattr(self.drafter, "ensure_capacity", None)  # a drafter with its own slot cache (Eagle)
         if self.compile and callable(ensure):
             ensure(need)

@@ -34,11 +34,12 @@ from specdec.errors import ConfigError
 #: "constant"), with HF's out-of-the-box assistant settings, and with HF's prompt lookup.
 HF_METHODS = ("hf-plain", "hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup", "hf-plain-compiled")
 #: Methods whose γ is not set by --gamma (run once, not once per γ).
-GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic", "hf-plain-compiled", "draft-tree")
+GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic", "hf-plain-compiled", "draft-tree", "draft-tree-auto")
 #: A run slower than this many times the fastest run of the same config and prompt is reported as stalled.
 SLOW_RUN_FACTOR = 3.0
 #: Methods that need the draft model.
 NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "hf-assisted", "hf-assisted-heuristic", "draft-tree",
+                     "draft-tree-auto",
                      "multi-draft", "multi-draft-specinfer", "multi-draft-spectr",
                      "draft-tli", "draft-tli-auto", "draft-tli-heuristic",
                      "draft-slem", "draft-slem-auto", "draft-slem-heuristic")
@@ -49,7 +50,9 @@ POLICY_SUFFIXES = ("-auto", "-heuristic")
 #: A specdec method on the fast path (slot KV cache, compiled passes): "plain-compiled", "draft-compiled", ...
 COMPILED = "-compiled"
 #: Drafters whose fast path is measured (model-free drafters only compile the target).
-COMPILED_KINDS = ("draft", "prompt-lookup", "bigram", "eagle", "eagle-chain")
+COMPILED_KINDS = ("draft", "prompt-lookup", "bigram", "draft-tree", "eagle", "eagle-chain")
+#: "draft-tree-auto": DraftTree(max_nodes="auto"), its node budget chosen online (not gamma="auto").
+TREE_AUTO = "draft-tree-auto"
 
 
 def is_compiled(method: str) -> bool:
@@ -305,12 +308,14 @@ class Bench:
             if _base(method) in NEEDS_DRAFT_MODEL and draft is None:
                 raise ConfigError(f"method {method!r} needs a draft model: pass --draft PATH")
 
-    def drafter(self, kind: str, compiled: bool = False):
-        key = (kind, compiled)
+    def drafter(self, kind: str, compiled: bool = False, tree_auto: bool = False):
+        key = (kind, compiled, tree_auto)
         if key not in self._drafters:
             from specdec.drafters import make_drafter
 
             options = dict(self.settings.drafter_options.get(kind, {}))
+            if tree_auto:
+                options["max_nodes"] = "auto"
             if kind in CROSS_VOCAB_KINDS or (kind == "draft" and self.tokenizers is not None):
                 if self.tokenizers is None:
                     raise ConfigError(f"method {kind!r} needs the draft's tokenizer: pass --draft-tokenizer PATH")
@@ -336,9 +341,12 @@ class Bench:
 
         s = self.settings
         compiled = is_compiled(config.method)
-        drafter = self.drafter(config.kind, compiled) if config.kind else None
+        tree_auto = _base(config.method) == TREE_AUTO
+        drafter = self.drafter(config.kind, compiled, tree_auto) if config.kind else None
         suffix = _policy_suffix(config.method)
-        if suffix == "-heuristic":
+        if tree_auto:
+            gamma = None  # the tree's depth; the budget is the drafter's own (max_nodes="auto")
+        elif suffix == "-heuristic":
             from specdec.adaptive import HeuristicGamma
 
             gamma = HeuristicGamma()

@@ -18,14 +18,18 @@ What each node's q is (the verifier needs exactly the distribution the node was 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from transformers import PreTrainedModel
 
 from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError
 from specdec.models.causal_lm import CachedCausalLM
+from specdec.models.static_lm import StaticCausalLM, fast_adapter, select_tree, tree_candidates, tree_log_probs
 from specdec.sampling import SamplingConfig
 from specdec.tree import TreeMask
+from specdec.tree_budget import TreeBudget
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -82,32 +86,99 @@ class DraftTree(_TreeDrafter):
 
     Each level expands the `top_k` best frontier nodes (by cumulative draft log-probability) into their
     top_k children; after `depth` levels the `max_nodes` best nodes overall are kept (a connected tree,
-    since a child never scores above its parent). Children are deterministic (point masses), so
-    verification is exact at any temperature. At T > 0 the scores are the draft's warped probabilities.
-    `gamma` caps the depth (it defaults to `depth` when generate's gamma is left unset). The defaults
-    (top_k=2, depth=6, max_nodes=12) had the best tokens/s of the trees measured on the default pair on a
-    2-core CPU (BENCHMARKS.md, "Token trees"); wider trees raise τ but cost more than they gain there.
+    since a child never scores above its parent; ties go to the earlier node, so a parent always ranks
+    first). Children are deterministic (point masses), so verification is exact at any temperature. At
+    T > 0 the scores are the draft's warped probabilities. `gamma` caps the depth (it defaults to `depth`
+    when generate's gamma is left unset).
+
+    On the fast path (`generate(..., compile=True)` or "static") the draft model runs on a slot cache and
+    the whole tree is grown as ONE fixed-shape graph (`StaticCausalLM.draft_tree`): the same nodes as the
+    eager drafter from the same draft logits. `max_nodes="auto"` picks the node budget online from the
+    measured cost of the target's pass and the measured acceptance of each ranked node
+    (specdec.tree_budget, docs/trees.md). The defaults (top_k=2, depth=6, max_nodes=8) were chosen by
+    measurement on the default pair on a 2-core CPU: 8 nodes beat 12 and 16 on the fast path in two runs
+    and matched 12 on the eager path (BENCHMARKS.md, "Token trees on the fast path"); the same defaults
+    serve both paths.
+
+    compile: None (default) follows the decoder, like `DraftModel`; True / "static" / False pin it.
     """
 
-    def __init__(self, draft_model: PreTrainedModel, top_k: int = 2, depth: int = 6, max_nodes: int = 12):
+    def __init__(self, draft_model: PreTrainedModel, top_k: int = 2, depth: int = 6, max_nodes: int | str = 8,
+                 compile: bool | str | None = None):
         super().__init__(draft_model)
         self.top_k = _positive_int("top_k", top_k)
         self.depth = _positive_int("depth", depth)
-        self.max_nodes = _positive_int("max_nodes", max_nodes)
+        self.budget: TreeBudget | None = None
+        if max_nodes == "auto":
+            self.budget = TreeBudget(tree_candidates(self.top_k, self.depth))
+        elif isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
+            raise ConfigError(f"max_nodes must be an integer >= 1 or \"auto\" (a budget chosen online from the "
+                              f"measured pass costs and acceptance), got {max_nodes!r}")
+        self.max_nodes = max_nodes
         self.default_gamma = self.depth
+        self.compile = compile
+        self._adapters: dict[object, object] = {False: self.lm}
+        if compile is not None:
+            self.use_fast_path(compile, pinned=True)
 
     @property
     def name(self) -> str:
-        return f"DraftTree(top_k={self.top_k}, depth={self.depth}, max_nodes={self.max_nodes})"
+        return f"DraftTree(top_k={self.top_k}, depth={self.depth}, max_nodes={self.max_nodes!r})"
 
-    @staticmethod
-    def _log_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-        if sampling.greedy:
-            return torch.log_softmax(logits.double(), dim=-1)
-        return sampling.warp(logits).double().log()  # −inf outside top-k / top-p
+    @property
+    def draft_room(self) -> int:
+        """Draft-cache slots a round needs past the committed context (frontier rows, re-fed tokens)."""
+        return (self.depth - 1) * self.top_k + self.depth + 2
+
+    @property
+    def node_budgets(self) -> tuple[int, ...]:
+        """Every node count this drafter may propose (the target's verification shapes: each + 1)."""
+        return self.budget.budgets if self.budget is not None else (int(self.max_nodes),)
+
+    def use_fast_path(self, mode: bool | str, pinned: bool = False) -> None:
+        """Called by the decoder with its `compile` setting; a drafter built with compile=... keeps its own."""
+        if self.compile is not None and not pinned:
+            return
+        if mode not in self._adapters:
+            self._adapters[mode] = fast_adapter(self.lm.model, mode)
+        self.lm = self._adapters[mode]
+
+    def plan(self, target) -> None:
+        """Called by the decoder before each request with the target's adapter (the budget measures it)."""
+        if self.budget is not None:
+            self.budget.bind(target, self.lm)
+
+    _log_probs = staticmethod(tree_log_probs)  # −inf outside top-k / top-p at T > 0
 
     def propose(self, context, gamma, sampling, generator) -> Proposal:
         depth = min(self.depth, gamma)
+        top_k = min(self.top_k, self.vocab_size)
+        if isinstance(self.lm, StaticCausalLM):  # the fast path: one fixed-shape graph
+            tokens, parents, scores, rank = self.lm.draft_tree(context, top_k, self.depth, depth, sampling)
+        else:
+            tokens, parents, scores, rank = self._grow(context, depth, sampling)
+        if self.budget is None:
+            tokens, parents, _ = select_tree(tokens, parents, scores, rank, int(self.max_nodes))
+        else:
+            max_nodes = self.budget.choose()
+            probs = [math.exp(scores[i]) for i in rank]  # the draft's own estimate, best first
+            tokens, parents, keep = select_tree(tokens, parents, scores, rank, max_nodes)
+            position = {c: r for r, c in enumerate(rank[:max_nodes])}
+            self.budget.proposed(probs, tokens, parents, [position[c] for c in keep], max_nodes)
+        return Proposal(
+            tokens=torch.tensor(tokens, dtype=torch.long, device=context.device),  # [N]
+            draft_probs=None,  # point masses
+            parents=torch.tensor(parents, dtype=torch.long),  # [N]
+        )
+
+    def commit(self, context: torch.Tensor, num_accepted: int) -> None:
+        super().commit(context, num_accepted)
+        if self.budget is not None:
+            self.budget.accepted(context, num_accepted)
+
+    def _grow(self, context, depth, sampling):
+        """The eager tree: one draft pass per level on the dynamic cache. Candidates as in `_expand_tree`
+        (tokens, parents, scores, rank), children of −inf score left out."""
         n = context.shape[0]
         # Catch up and keep the root in the cache (slot n − 1); each level then feeds only its frontier.
         root_logits = self.lm.forward(context[self.lm.length :], last_only=True)[0]  # [V]
@@ -139,14 +210,8 @@ class DraftTree(_TreeDrafter):
             logits = self._feed_level(frontier, tokens, parents, slot, n, level)  # [F, V]
             frontier = add_children(frontier, self._log_probs(logits, sampling))
         self.lm.crop(n - 1)
-
-        keep = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[: self.max_nodes])
-        new_index = {node: i for i, node in enumerate(keep)}
-        return Proposal(
-            tokens=torch.tensor([tokens[i] for i in keep], dtype=torch.long, device=context.device),  # [N]
-            draft_probs=None,  # point masses
-            parents=torch.tensor([new_index.get(parents[i], -1) for i in keep], dtype=torch.long),  # [N]
-        )
+        rank = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))
+        return tokens, parents, scores, rank
 
     def _feed_level(self, frontier, tokens, parents, slot, n, level) -> torch.Tensor:
         """Append the frontier nodes (all at depth `level`) to the draft cache, each seeing the committed

@@ -216,6 +216,113 @@ def _draft_steps(model, tokens, slot0, cache, uniforms, gamma: int, sampling: Sa
     return tokens_out, (torch.cat(out_probs) if out_probs else None), finite
 
 
+def tree_log_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Scores of a tree's children: the draft's log-probabilities [F, V] float64 (warped at T > 0, −inf
+    outside top-k / top-p). The same rule as the eager `DraftTree`."""
+    if sampling.greedy:
+        return torch.log_softmax(logits.double(), dim=-1)
+    return sampling.warp(logits).double().log()
+
+
+def _tree_root(model, ids, slot0, n, cache, top_k: int, sampling: SamplingConfig):
+    """The root's top_k children. ids [W] are committed tokens at slots slot0..slot0+W−1, the root
+    (context[n−1]) among them at slot n−1 (rows past it, if any, are padding whose slots the tree
+    overwrites; re-writing cached tokens is harmless: same token, same position).
+    Returns tokens [k], scores [k] float64, and whether every logit was finite."""
+    slots = slot0 + torch.arange(ids.shape[0], device=ids.device)  # [W]
+    logits, _, finite = _run_model(model, ids[None], slots[None], slots, None, cache, False)  # [W, V]
+    root = logits.index_select(0, (n - 1 - slot0).view(1))  # [1, V]
+    values, index = tree_log_probs(root, sampling).topk(top_k, dim=-1)  # [1, k]
+    return index[0], values[0], finite
+
+
+def _tree_level(model, frontier_tokens, frontier_scores, seen, n, level, cache, top_k: int, depth: int,
+                sampling: SamplingConfig):
+    """One level: feed the frontier [k] (nodes `level` below the root) at slots n + (level−1)·k + j, each
+    row seeing the context, the root and its ancestors (seen [k, R] over the R = (depth−1)·k frontier
+    slots), and take each one's top_k children. Returns the level's candidates (tokens [k²], scores [k²],
+    in (frontier row, rank) order), the next frontier (its top_k candidates by score, ties to the earlier
+    candidate, in candidate order: chosen [k], and seen [k, R] for it), and whether the logits were finite."""
+    k, device = top_k, frontier_tokens.device
+    region = (depth - 1) * k
+    rows = torch.arange(k, device=device)  # [k]
+    row_slots = n + (level - 1) * k + rows  # [k]
+    positions = (n - 1 + level).expand(k)  # [k]
+    columns = torch.arange(cache.max_len, device=device) - n  # [L] slot − n
+    in_region = (columns >= 0) & (columns < region)  # [L]
+    visible = (columns < 0)[None, :] | (seen[:, columns.clamp(0, region - 1)] & in_region[None, :])  # [k, L]
+    dtype = model.dtype
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(
+        ~visible, torch.finfo(dtype).min)[None, None]  # [1, 1, k, L]
+    logits, _, finite = _run_model(model, frontier_tokens[None], positions[None], row_slots, mask, cache,
+                                   False)  # [k, V]
+    values, index = tree_log_probs(logits, sampling).topk(k, dim=-1)  # [k, k]
+    level_scores = (frontier_scores[:, None] + values).reshape(-1)  # [k²]
+    level_tokens = index.reshape(-1)  # [k²]
+    best = torch.sort(level_scores, descending=True, stable=True).indices[:k]  # [k]
+    chosen = torch.sort(best).values  # [k]
+    own = torch.arange(region, device=device)[None, :] == (level * k + rows)[:, None]  # [k, R]
+    return level_tokens, level_scores, chosen, seen[chosen // k] | own, finite
+
+
+def _expand_tree(model, ids, slot0, n, max_depth, cache, top_k: int, depth: int, sampling: SamplingConfig,
+                 root_fn=_tree_root, level_fn=_tree_level):
+    """An EAGLE-2-style dynamic tree of fixed shape: level 0 is the root's top_k children; each later level
+    feeds its frontier (the top_k nodes of the level before) and adds their top_k children, so there are
+    C = top_k + (depth−1)·top_k² candidates. Candidates deeper than max_depth get score −inf (one shape
+    serves a round whose γ caps the depth). Run whole as one graph, or with root_fn / level_fn compiled.
+
+    Returns candidates ranked by score (a stable sort: ties to the earlier candidate, so a parent, which
+    never scores below its child, ranks before it): tokens [C], parents [C] (candidate index, −1 = root),
+    scores [C] float64 (−inf = not a node), rank [C] (candidate indices, best first), and whether every
+    logit was finite.
+    """
+    k = top_k
+    device = ids.device
+    frontier_tokens, frontier_scores, finite = root_fn(model, ids, slot0, n, cache, k, sampling)  # [k], [k]
+    tokens, scores = [frontier_tokens], [frontier_scores]
+    parents = [torch.full((k,), -1, dtype=torch.long, device=device)]
+    frontier_index = torch.arange(k, device=device)  # [k] candidate indices: level 0 is the whole frontier
+    seen = torch.eye(k, (depth - 1) * k, dtype=torch.bool, device=device)  # [k, R] each row's own slot
+    offset = k
+    for level in range(1, depth):
+        level_tokens, level_scores, chosen, seen, step_finite = level_fn(
+            model, frontier_tokens, frontier_scores, seen, n, torch.tensor(level, device=device), cache, k,
+            depth, sampling)
+        finite = finite & step_finite
+        tokens.append(level_tokens)
+        parents.append(frontier_index.repeat_interleave(k))
+        scores.append(level_scores.masked_fill(max_depth <= level, float("-inf")))
+        frontier_tokens, frontier_scores = level_tokens[chosen], level_scores[chosen]
+        frontier_index = offset + chosen
+        offset += k * k
+    all_scores = torch.cat(scores)  # [C]
+    rank = torch.sort(all_scores, descending=True, stable=True).indices  # [C]
+    return torch.cat(tokens), torch.cat(parents), all_scores, rank, finite
+
+
+#: How a fixed-shape tree is compiled: "whole" = the entire tree as one graph; "level" = one graph for the
+#: root pass and one for a level (shared by every level), the levels looped in Python. Measured on the
+#: default pair, interleaved (BENCHMARKS.md, "Token trees on the fast path"): whole 11.8 ms vs level
+#: 13.7 ms a tree (top_k=2, depth=6), but whole compiles in ~52 s vs ~18 s for level.
+TREE_GRAPH = "whole"
+
+
+def tree_candidates(top_k: int, depth: int) -> int:
+    """Candidates C a fixed-shape tree of `depth` levels expanding `top_k` frontier nodes produces."""
+    return top_k + (depth - 1) * top_k * top_k
+
+
+def select_tree(tokens: list[int], parents: list[int], scores: list[float], rank: list[int],
+                max_nodes: int) -> tuple[list[int], list[int], list[int]]:
+    """The best `max_nodes` candidates (by `rank`, −inf scores dropped) as a tree in node order: tokens [N],
+    parents [N] (−1 = root), and the candidate index of each node. Connected because a parent ranks before
+    its children."""
+    keep = sorted(i for i in rank[:max_nodes] if scores[i] > float("-inf"))
+    new_index = {node: j for j, node in enumerate(keep)}
+    return [tokens[i] for i in keep], [new_index[parents[i]] if parents[i] >= 0 else -1 for i in keep], keep
+
+
 class StaticCausalLM:
     """A causal LM with a preallocated slot cache and (optionally) compiled fixed-shape passes.
 
@@ -329,10 +436,13 @@ class StaticCausalLM:
         slots = torch.arange(self.length, self.length + b, device=self.device)  # [b]
         if b > m:
             ids = torch.cat([ids, ids.new_zeros(b - m)])
-            positions = torch.cat([positions, positions[-1] + torch.arange(1, b - m + 1, device=self.device)])
-            if mask is not None:  # padded rows see only themselves and the cache
+            if mask is None:  # a chain: padded rows continue it
+                positions = torch.cat([positions, positions[-1] + torch.arange(1, b - m + 1, device=self.device)])
+            else:  # a tree: each padded row sees the cache and itself, one position past the cache
+                positions = torch.cat([positions, positions.new_full((b - m,), self.length)])
                 full = mask.new_full((b, self.max_len), torch.finfo(mask.dtype).min)
                 full[:m] = mask
+                full[m:, : self.length] = 0
                 full[torch.arange(m, b), slots[m:]] = 0
                 mask = full
         if mask is not None:
@@ -428,7 +538,6 @@ class StaticCausalLM:
         self.length = n + gamma - 1  # context[:n] and the first γ-1 drafts
         return tokens, probs
 
-
     def catch_up(self, input_ids: torch.Tensor) -> None:
         """Append input_ids [n] (committed tokens a drafter skipped) in chunks of CATCH_UP_ROWS rows, then one
         row at a time: two compiled shapes (`catch_up_sizes`) whatever n is."""
@@ -476,6 +585,44 @@ class StaticCausalLM:
         finally:
             self.length, self.forwards, self.forward_s = length, forwards, forward_s
 
+    @torch.inference_mode()
+    def draft_tree(self, context: torch.Tensor, top_k: int, depth: int, max_depth: int,
+                   sampling: SamplingConfig) -> tuple[list[int], list[int], list[float], list[int]]:
+        """Grow a fixed-shape dynamic tree under context [n] (`_expand_tree`) in one compiled graph per
+        (top_k, depth, sampling, cache size); the tree rows are discarded afterwards (length n − 1).
+        Returns the candidates as lists: tokens, parents, scores, rank (see `select_tree`)."""
+        n = context.shape[0]
+        width = depth + 2  # a round commits at most depth + 1 tokens: re-feed that many plus the root
+        slot0 = max(0, n - width)
+        if self.length < slot0:  # only after an external crop: catch up plainly
+            self.forward(context[self.length : slot0])
+        if slot0 + max(width, n - slot0 + (depth - 1) * top_k) > self.max_len:
+            raise PromptError(f"the draft's static cache of {self.max_len} slots is full; lower max_new_tokens")
+        ids = context[slot0:n].to(self.device)
+        if ids.shape[0] < width:  # a short prompt: pad after the root (those slots belong to the tree)
+            ids = torch.cat([ids, ids.new_zeros(width - ids.shape[0])])
+        args = (self.model, ids.clone(), torch.tensor(slot0, device=self.device),
+                torch.tensor(n, device=self.device), torch.tensor(max_depth, device=self.device), self.cache,
+                top_k, depth, sampling)
+        t = time.perf_counter()
+        if TREE_GRAPH == "whole":
+            fn = self._fn(("tree", top_k, depth, sampling, self.max_len), _expand_tree)
+            tokens, parents, scores, rank, finite = fn(*args)
+        else:
+            root_fn = self._fn(("tree-root", top_k, depth, sampling, self.max_len), _tree_root)
+            level_fn = self._fn(("tree-level", top_k, depth, sampling, self.max_len), _tree_level)
+            tokens, parents, scores, rank, finite = _expand_tree(*args, root_fn=root_fn, level_fn=level_fn)
+        if not bool(finite):
+            raise NumericalError(
+                f"{type(self.model).__name__} produced NaN or infinite logits while drafting a tree after "
+                f"position {n - 1}; this usually means float16 overflow or broken weights: load the model in "
+                "float32 or bfloat16")
+        out = tokens.tolist(), parents.tolist(), scores.tolist(), rank.tolist()
+        self.forward_s += time.perf_counter() - t
+        self.forwards += depth
+        self.length = n - 1  # context[:n−1]; the root is re-fed next round
+        return out
+
 
 class _Timed:
     """A compiled callable that logs how long its first call (the compile) took."""
@@ -499,6 +646,9 @@ class _Timed:
 def _describe(key: tuple) -> str:
     if key[0] == "pass":
         return f"pass of {key[1]} tokens (cache {key[2]} slots{', hidden' if key[3] else ''}{', tree' if key[4] else ''})"
+    if key[0].startswith("tree"):
+        return (f"{key[0]} draft (top_k={key[1]}, depth={key[2]}, {'greedy' if key[3].greedy else 'sampling'}, "
+                f"cache {key[4]} slots)")
     return f"γ={key[1]} draft steps ({'greedy' if key[2].greedy else 'sampling'}, cache {key[3]} slots)"
 
 
