@@ -323,3 +323,70 @@ def test_a_round_that_fails_as_a_whole_fails_its_rows_and_serving_goes_on(live):
     assert "injected failure" in str(info.value)
     out = live.client.completions.create(model="tiny", prompt=prompt_ids(6), max_tokens=5, temperature=0)
     assert out.usage.completion_tokens == 5
+
+
+# -- the goodput policy under a scripted cost model (no server) ---------------------------------------------
+def _expected_tokens(alpha: float, gamma: int) -> float:
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def _simulate(policy, batch: int, rounds: int, rng, per_row_ms: float, alpha: float = 0.6) -> list[int]:
+    """Round time = a fixed weight-reading cost + per-scored-token compute + γ batched draft steps, times the
+    noise of a shared machine (a round may take 0.6x to 1.8x its cost)."""
+    chosen = []
+    for _ in range(rounds):
+        gamma = policy.choose(batch)
+        cost_ms = 10 + per_row_ms * batch * (gamma + 1) + (1.0 + 0.15 * batch) * gamma
+        seconds = cost_ms / 1000 * rng.uniform(0.6, 1.8)
+        policy.update(batch, gamma, seconds, round(batch * _expected_tokens(alpha, gamma)))
+        chosen.append(gamma)
+    return chosen
+
+
+def test_goodput_policy_backs_off_to_plain_at_large_batches_on_noisy_timings():
+    import random
+
+    from specdec.server.goodput import GoodputGamma
+
+    rng = random.Random(0)
+    policy = GoodputGamma(4)
+    # One row: the pass is memory-bound, speculation pays (~1.5x) and is chosen.
+    one = _simulate(policy, 1, 400, rng, per_row_ms=0.5)[40:]
+    assert sum(g > 0 for g in one) / len(one) > 0.9
+    # 32 rows: compute-bound, plain is ~1.2x ahead of the best γ (γ = 1); the noisy policy must settle on
+    # γ = 0 and leave it only for sparse probes.
+    many = _simulate(policy, 32, 400, rng, per_row_ms=1.0)[40:]
+    assert sum(g == 0 for g in many) / len(many) > 0.9
+    assert policy.current[32] == 0
+
+
+def test_goodput_policy_hysteresis_and_following_the_load():
+    import random
+
+    from specdec.server.goodput import GoodputGamma
+
+    rng = random.Random(1)
+    policy = GoodputGamma(2, candidates=[0, 2])
+    # γ = 2 and plain cost the same per token here (within noise): the choice must not flip-flop.
+    alpha = 0.5  # E[tokens | γ=2] = 1.75
+    chosen = []
+    for _ in range(300):
+        gamma = policy.choose(8)
+        seconds = (1.75 if gamma == 0 else 1.75 * _expected_tokens(alpha, 2)) / 100 * rng.uniform(0.8, 1.25)
+        policy.update(8, gamma, seconds, round(8 * _expected_tokens(alpha, gamma)))
+        chosen.append(gamma)
+    switches = sum(a != b for a, b in zip(chosen[20:], chosen[21:]))
+    probes = len(chosen[20:]) // policy.probe_every
+    assert switches <= 2 * probes + 4
+    # The machine changes: plain rounds get ~5x slower; the policy moves to γ = 2 within a window.
+    policy = GoodputGamma(2, candidates=[0, 2])
+    _simulate(policy, 8, 100, rng, per_row_ms=2.0)
+    assert policy.current[8] == 0
+    chosen = []
+    for _ in range(40):
+        gamma = policy.choose(8)
+        seconds = (150 if gamma == 0 else 40) / 1000
+        policy.update(8, gamma, seconds, round(8 * _expected_tokens(0.6, gamma)))
+        chosen.append(gamma)
+    assert policy.current[8] == 2
+    assert chosen[-20:].count(2) >= 19  # (one probe of plain may fall here)

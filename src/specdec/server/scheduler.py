@@ -200,7 +200,7 @@ class Scheduler:
         m.round_seconds.observe(seconds)
         m.gamma.set(gamma)
         m.gamma_chosen.observe(gamma)
-        accepted_total = rejected_total = 0
+        committed = 0
         for event in events:
             request = self.active.get(event.key)
             if request is None:
@@ -212,8 +212,7 @@ class Scheduler:
             m.record_round(event.drafted, event.accepted)
             request.drafted += event.drafted
             request.accepted += event.accepted
-            accepted_total += event.accepted
-            rejected_total += 1 if event.accepted < event.drafted else 0
+            committed += len(event.tokens)
             if event.tokens:
                 if request.first_token_at is None:
                     request.first_token_at = now
@@ -232,4 +231,4 @@ class Scheduler:
                 m.e2e.observe(now - request.arrived)
                 request.push(Finished(event.finish_reason))
         if self.policy is not None:
-            self.policy.update(batch, gamma, seconds, accepted_total, rejected_total)
+            self.policy.update(batch, gamma, seconds, committed)
