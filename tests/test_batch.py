@@ -147,3 +147,38 @@ def test_padding_never_reaches_positions_a_short_row_does_not_own():
                 got += event.tokens
     assert failed == ["long"]
     assert got == want
+
+
+def test_logprobs_are_the_target_log_probabilities_of_the_emitted_tokens(pairs):
+    """Under speculation (ragged acceptance), each emitted token's log-probability and the top alternatives equal
+    those of one plain forward of the target over prompt + completion (float64), and do not change the tokens."""
+    target, draft = pairs["llama"]
+    decoder = BatchDecoder(target, specdec.DraftModel(draft))
+    prompts = PROMPTS[:3]
+    for i, p in enumerate(prompts):
+        decoder.add(i, p, gamma=3, max_new_tokens=16, logprobs=None if i == 2 else 3)
+    got = {i: ([], [], []) for i in range(len(prompts))}
+    while len(decoder):
+        for e in decoder.step():
+            got[e.key][0].extend(e.tokens)
+            if e.logprobs is not None:
+                assert len(e.logprobs) == len(e.top_logprobs) == len(e.tokens)
+                got[e.key][1].extend(e.logprobs)
+                got[e.key][2].extend(e.top_logprobs)
+    for i, p in enumerate(prompts):
+        tokens, logprobs, tops = got[i]
+        assert tokens == specdec.generate(target, p, drafter=specdec.DraftModel(draft), gamma=3,
+                                          max_new_tokens=16).tokens
+        if i == 2:
+            assert logprobs == []
+            continue
+        with torch.no_grad():
+            full = torch.log_softmax(target(torch.tensor([p + tokens])).logits[0], dim=-1)  # [n, V]
+        want = full[len(p) - 1 : len(p) - 1 + len(tokens)]  # [m, V]: position j scores token j
+        assert torch.allclose(torch.tensor(logprobs, dtype=want.dtype), want.gather(1, torch.tensor(tokens)[:, None])[:, 0],
+                              atol=1e-9)
+        best = want.topk(3, dim=-1)
+        assert [[t for t, _ in top] for top in tops] == best.indices.tolist()
+        assert torch.allclose(torch.tensor([[v for _, v in top] for top in tops], dtype=want.dtype), best.values,
+                              atol=1e-9)
+        assert all(top[0][0] == t for top, t in zip(tops, tokens))  # greedy: the emitted token is the best one

@@ -129,6 +129,37 @@ def test_streaming_with_usage(live, pair, tokenizer):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
 
+def test_logprobs_completions_chat_and_streaming(live, pair, tokenizer):
+    target, draft = pair
+    ids = prompt_ids(4)
+    _, lone = lone_text(tokenizer, target, ids, specdec.DraftModel(draft), max_new_tokens=10)
+    with torch.no_grad():
+        want = torch.log_softmax(target(torch.tensor([ids + lone])).logits[0], dim=-1)[len(ids) - 1 : -1]  # [10, V]
+    want_chosen = want.gather(1, torch.tensor(lone)[:, None])[:, 0].tolist()
+    out = live.client.completions.create(model="tiny", prompt=ids, max_tokens=10, temperature=0, logprobs=2)
+    lp = out.choices[0].logprobs
+    assert "".join(lp.tokens) == out.choices[0].text
+    assert lp.token_logprobs == pytest.approx(want_chosen, abs=1e-9)
+    # (a dict keyed by text: two ids that decode to the same text share an entry, as in OpenAI's format)
+    assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
+    assert all(top[t] == pytest.approx(v) for top, t, v in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs))
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    # Chat: logprobs + top_logprobs; streamed chunks carry their own tokens' entries.
+    messages = [{"role": "user", "content": "print(i)"}]
+    chat = live.client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0,
+                                               logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 8 and all(len(c.top_logprobs) == 3 for c in content)
+    assert all(c.top_logprobs[0].logprob == pytest.approx(c.logprob) for c in content)  # greedy: the best one
+    stream = live.client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0,
+                                                 logprobs=True, stream=True)
+    streamed = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [c.token for c in content]
+    assert [e.logprob for e in streamed] == pytest.approx([c.logprob for c in content], abs=1e-9)
+    plain = live.client.completions.create(model="tiny", prompt=ids, max_tokens=4, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
 def test_chat_streaming_and_stop_string(live):
     stream = live.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
                                                  max_tokens=30, temperature=0, stream=True)
@@ -230,7 +261,8 @@ BAD = {
     "past the context": ({"model": "tiny", "prompt": "x", "max_tokens": 100_000}, "max_tokens"),
     "token id outside the vocabulary": ({"model": "tiny", "prompt": [1, 2, 10_000]}, "prompt"),
     "n > 1": ({"model": "tiny", "prompt": "x", "n": 2}, "n"),
-    "logprobs": ({"model": "tiny", "prompt": "x", "logprobs": 3}, "logprobs"),
+    "logprobs out of range": ({"model": "tiny", "prompt": "x", "logprobs": 50}, "logprobs"),
+    "chat field in completions": ({"model": "tiny", "prompt": "x", "top_logprobs": 2}, "top_logprobs"),
     "bad speculative": ({"model": "tiny", "prompt": "x", "speculative": {"gamma": -1}}, "speculative.gamma"),
     "method not served": ({"model": "tiny", "prompt": "x", "speculative": {"method": "eagle"}}, "speculative.method"),
 }

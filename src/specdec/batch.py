@@ -55,6 +55,7 @@ class Row:
     gamma_policy: object
     eos: frozenset[int]
     drafter: Drafter | None = None  # a model-free drafter's per-row copy
+    logprobs: int | None = None  # report the target's log-probabilities of emitted tokens (+ this many top ones)
     produced: int = 0
     stats: DecodeStats = field(default_factory=DecodeStats)
     started: float = field(default_factory=time.perf_counter)
@@ -71,6 +72,11 @@ class RowEvent:
     finished: bool = False
     finish_reason: str | None = None  # "stop" (EOS) or "length"
     error: SpecdecError | None = None  # decoding failed for this row only; it has been removed
+    # With the row's `logprobs` set: per emitted token, its log-probability under the target's raw
+    # distribution (the verification pass's logits, before temperature / top-k / top-p), and the
+    # `logprobs` most likely (token, log-probability) pairs there.
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class BatchDecoder:
@@ -147,8 +153,14 @@ class BatchDecoder:
         top_p: float | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         seed: int | None = None,
+        logprobs: int | None = None,
     ) -> Row:
-        """Validate one request and build its (not yet prefilled) row; raises a SpecdecError if invalid."""
+        """Validate one request and build its (not yet prefilled) row; raises a SpecdecError if invalid.
+
+        logprobs: None (off) or k >= 0: each event carries the emitted tokens' target log-probabilities and
+        the k most likely alternatives at each position."""
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
+            raise ConfigError(f"logprobs must be None or an integer >= 0 (top alternatives), got {logprobs!r}")
         sampling = SamplingConfig(temperature, top_k, top_p)
         policy = _gamma_policy(gamma)
         max_new_tokens = _check_max_new_tokens(max_new_tokens)
@@ -162,7 +174,8 @@ class BatchDecoder:
             generator.manual_seed(int(seed))
         context = torch.empty(n + max_new_tokens + 1, dtype=torch.long, device=self.target.device)
         context[:n] = prompt
-        return Row(key, context, n, max_new_tokens, sampling, generator, policy, _eos_ids(self.model, eos_token_id))
+        return Row(key, context, n, max_new_tokens, sampling, generator, policy, _eos_ids(self.model, eos_token_id),
+                   logprobs=logprobs)
 
     def remove(self, keys: Sequence[object]) -> None:
         """Drop the rows with these keys (finished, cancelled, failed) between rounds."""
@@ -246,7 +259,10 @@ class BatchDecoder:
                     break
             stats.new_tokens = row.produced
             stats.wall_s = time.perf_counter() - row.started
-            events.append(RowEvent(row.key, emitted, min(k, len(emitted)), gamma, reason is not None, reason))
+            event = RowEvent(row.key, emitted, min(k, len(emitted)), gamma, reason is not None, reason)
+            if row.logprobs is not None:
+                event.logprobs, event.top_logprobs = _token_logprobs(logits[: len(emitted)], emitted, row.logprobs)
+            events.append(event)
 
         self.target.crop(kept_lengths)
         if self.draft_lm is not None:
@@ -308,6 +324,16 @@ class BatchDecoder:
             out.append(Proposal(torch.cat(tokens[i]), torch.cat(probs[i]) if probs[i] else None))
             row.stats.draft_forwards = row.stats.draft_forwards + gammas[i]
         return out
+
+
+def _token_logprobs(logits: torch.Tensor, tokens: list[int], top: int):
+    """logits [m, V] (row j scored token j): the tokens' log-probabilities and the `top` best per position."""
+    logp = torch.log_softmax(logits, dim=-1)  # [m, V] (float32 or float64, as the forward returned)
+    chosen = logp.gather(1, torch.tensor(tokens, device=logp.device)[:, None])[:, 0].tolist()  # [m]
+    if top == 0:
+        return chosen, [[] for _ in tokens]
+    values, indices = logp.topk(min(top, logp.shape[-1]), dim=-1)  # [m, top]
+    return chosen, [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
 
 
 def generate_batch(

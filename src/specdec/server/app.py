@@ -21,7 +21,7 @@ from specdec.decoding import FixedGamma
 from specdec.models.causal_lm import context_length, vocab_size
 from specdec.server.metrics import Metrics
 from specdec.server.protocol import APIError, Sampling, parse_sampling
-from specdec.server.scheduler import Failed, Finished, Request, Scheduler
+from specdec.server.scheduler import Failed, Finished, Request, Scheduler, Tokens
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 512
@@ -59,6 +59,48 @@ class TextAssembler:
         delta = self.text[self.emitted :]
         self.emitted = len(self.text)
         return delta
+
+
+class LogprobsFormatter:
+    """A round's token log-probabilities in OpenAI's shapes: completions' parallel lists, chat's `content`
+    list. Values are the target's raw log-probabilities from the verification pass (see docs/batching.md)."""
+
+    def __init__(self, tokenizer, chat: bool):
+        self.tokenizer, self.chat, self.offset = tokenizer, chat, 0
+
+    def piece(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def entry(self, token: int, logprob: float) -> dict:
+        text = self.piece(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    def format(self, tokens: Tokens) -> dict:
+        if self.chat:
+            return {"content": [{**self.entry(t, lp), "top_logprobs": [self.entry(a, alp) for a, alp in top]}
+                                for t, lp, top in zip(tokens.ids, tokens.logprobs, tokens.top_logprobs)],
+                    "refusal": None}
+        pieces = [self.piece(t) for t in tokens.ids]
+        offsets = []
+        for text in pieces:
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {"tokens": pieces, "token_logprobs": tokens.logprobs,
+                "top_logprobs": [self.by_text(top) for top in tokens.top_logprobs],
+                "text_offset": offsets}
+
+    def by_text(self, top: list[tuple[int, float]]) -> dict[str, float]:
+        """{text: log-probability}, best first; ids that decode to the same text keep the best one's value."""
+        out: dict[str, float] = {}
+        for token, logprob in top:
+            out.setdefault(self.piece(token), logprob)
+        return out
+
+    @staticmethod
+    def merge(parts: list[dict]) -> dict | None:
+        if not parts:
+            return None
+        return {key: (None if key == "refusal" else [x for part in parts for x in part[key]]) for key in parts[0]}
 
 
 def _usage(prompt_tokens: int, request: Request) -> dict:
@@ -168,7 +210,7 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                            f"{served_method!r} (or send \"none\" for plain decoding)", param="speculative.method")
         gamma = FixedGamma(0) if sampling.plain else (sampling.gamma or max_gamma)
         options = dict(gamma=gamma, max_new_tokens=max_new, temperature=sampling.temperature,
-                       top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed)
+                       top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, logprobs=sampling.logprobs)
         # A seeded sampled request keeps a fixed γ (its draws then reproduce); so does an explicit gamma.
         adaptive = sampling.gamma is None and not (sampling.seed is not None and sampling.temperature > 0)
         request = Request(ids, options, asyncio.get_running_loop(), adaptive=adaptive)
@@ -189,21 +231,25 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
             raise APIError(first.message, status=first.status,
                            type_="server_error" if first.status >= 500 else "invalid_request_error")
 
-        def choice(text: str | None, finish: str | None, stream: bool) -> dict:
+        logprob_format = LogprobsFormatter(tokenizer, chat) if sampling.logprobs is not None else None
+
+        def choice(text: str | None, finish: str | None, stream: bool, logprobs: dict | None = None) -> dict:
             if chat:
                 key = "delta" if stream else "message"
                 content = {"content": text} if stream else {"role": "assistant", "content": text}
                 if stream and text is None:
                     content = {}
-                return {"index": 0, key: content, "logprobs": None, "finish_reason": finish}
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+                return {"index": 0, key: content, "logprobs": logprobs, "finish_reason": finish}
+            return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
 
         if not sampling.stream:
-            item, finish = first, None
+            item, finish, logprob_parts = first, None, []
             try:
                 while True:
-                    if isinstance(item, list):
-                        _, stopped = assembler.add(item)
+                    if isinstance(item, Tokens):
+                        if logprob_format is not None:
+                            logprob_parts.append(logprob_format.format(item))
+                        _, stopped = assembler.add(item.ids)
                         if stopped:
                             scheduler.cancel(request.id)
                             finish = "stop"
@@ -219,7 +265,8 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                 scheduler.cancel(request.id)
                 raise
             return {"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
-                    "choices": [choice(assembler.text, finish, False)], "usage": _usage(len(ids), request)}
+                    "choices": [choice(assembler.text, finish, False, LogprobsFormatter.merge(logprob_parts))],
+                    "usage": _usage(len(ids), request)}
 
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -238,10 +285,11 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                                   "finish_reason": None}])
                 item, finish = first, None
                 while True:
-                    if isinstance(item, list):
-                        delta, stopped = assembler.add(item)
-                        if delta:
-                            yield chunk([choice(delta, None, True)])
+                    if isinstance(item, Tokens):
+                        delta, stopped = assembler.add(item.ids)
+                        logprobs = logprob_format.format(item) if logprob_format is not None else None
+                        if delta or logprobs:
+                            yield chunk([choice(delta, None, True, logprobs)])
                         if stopped:
                             scheduler.cancel(request.id)
                             finish = "stop"

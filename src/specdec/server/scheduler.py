@@ -25,6 +25,15 @@ log = logging.getLogger("specdec.serve")
 
 
 @dataclass
+class Tokens:
+    """New tokens of one round (and, when the request asked, their log-probabilities: see RowEvent)."""
+
+    ids: list[int]
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
 class Finished:
     reason: str  # "stop" | "length" | "cancelled"
 
@@ -54,7 +63,7 @@ class Request:
     last_token_at: float | None = None
 
     def push(self, item) -> None:
-        """Thread-safe: deliver a list of tokens, a Finished or a Failed to the handler."""
+        """Thread-safe: deliver Tokens, a Finished or a Failed to the handler."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
         except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
@@ -224,7 +233,7 @@ class Scheduler:
                 request.last_token_at = now
                 request.completion_tokens += len(event.tokens)
                 m.generation_tokens.inc(len(event.tokens))
-                request.push(event.tokens)
+                request.push(Tokens(event.tokens, event.logprobs, event.top_logprobs))
             if event.finished:
                 self.active.pop(event.key)
                 m.requests.labels(finished_reason=event.finish_reason).inc()
