@@ -225,7 +225,7 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
         try:
             first = await request.events.get()
         except asyncio.CancelledError:
-            scheduler.cancel(request.id)
+            scheduler.cancel(request)
             raise
         if isinstance(first, Failed):
             raise APIError(first.message, status=first.status,
@@ -251,7 +251,7 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                             logprob_parts.append(logprob_format.format(item))
                         _, stopped = assembler.add(item.ids)
                         if stopped:
-                            scheduler.cancel(request.id)
+                            scheduler.cancel(request)
                             finish = "stop"
                             break
                     elif isinstance(item, Finished):
@@ -262,7 +262,7 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                         raise APIError(item.message, status=item.status, type_="server_error")
                     item = await request.events.get()
             except asyncio.CancelledError:
-                scheduler.cancel(request.id)
+                scheduler.cancel(request)
                 raise
             return {"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
                     "choices": [choice(assembler.text, finish, False, LogprobsFormatter.merge(logprob_parts))],
@@ -291,7 +291,7 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                         if delta or logprobs:
                             yield chunk([choice(delta, None, True, logprobs)])
                         if stopped:
-                            scheduler.cancel(request.id)
+                            scheduler.cancel(request)
                             finish = "stop"
                             break
                     elif isinstance(item, Finished):
@@ -315,7 +315,7 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                 yield "data: [DONE]\n\n"
             finally:
                 if not done:  # the client went away: free the row at the next round boundary
-                    scheduler.cancel(request.id)
+                    scheduler.cancel(request)
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -61,6 +61,7 @@ class Request:
     completion_tokens: int = 0
     first_token_at: float | None = None
     last_token_at: float | None = None
+    cancelled: bool = False  # set by the handler's thread; the scheduler frees the row at the next round
 
     def push(self, item) -> None:
         """Thread-safe: deliver Tokens, a Finished or a Failed to the handler."""
@@ -83,8 +84,6 @@ class Scheduler:
         self.incoming: queue.Queue[Request] = queue.Queue()
         self.waiting: list[Request] = []
         self.active: dict[int, Request] = {}
-        self._cancelled: set[int] = set()
-        self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.accepting = True
@@ -99,10 +98,12 @@ class Scheduler:
         self.incoming.put(request)
         self._wake.set()
 
-    def cancel(self, request_id: int) -> None:
-        """Free this request's row at the next round boundary (client disconnected, stop string seen)."""
-        with self._lock:
-            self._cancelled.add(request_id)
+    def cancel(self, request: Request) -> None:
+        """Free this request's row at the next round boundary (client disconnected, stop string seen).
+
+        A flag on the request, not a set of ids on the scheduler: a request cancelled after it finished
+        (or before it was seen) leaves nothing behind."""
+        request.cancelled = True
         self._wake.set()
 
     def stop(self, drain_s: float = 0.0) -> None:
@@ -150,10 +151,8 @@ class Scheduler:
         admitted, rows = [], []
         while self.waiting and len(self.active) + len(admitted) < self.max_batch:
             request = self.waiting.pop(0)
-            with self._lock:
-                if request.id in self._cancelled:
-                    self._cancelled.discard(request.id)
-                    continue
+            if request.cancelled:
+                continue
             try:
                 rows.append((request.id, request.prompt_ids, request.options))
                 self.decoder.check(*rows[-1][:2], **request.options)
@@ -176,16 +175,12 @@ class Scheduler:
             self.metrics.prompt_tokens.inc(len(request.prompt_ids))
 
     def _drop_cancelled(self) -> None:
-        with self._lock:
-            cancelled, self._cancelled = self._cancelled, set()
-        gone = [rid for rid in cancelled if rid in self.active]
+        gone = [rid for rid, request in self.active.items() if request.cancelled]
         if gone:
             self.decoder.remove(gone)
             for rid in gone:
                 self.active.pop(rid).push(Finished("cancelled"))
-        self.waiting = [r for r in self.waiting if r.id not in cancelled]
-        with self._lock:  # ids not seen yet (still in `incoming`) stay cancelled for _admit
-            self._cancelled |= {rid for rid in cancelled if rid not in self.active and rid not in gone}
+        self.waiting = [r for r in self.waiting if not r.cancelled]
 
     def _round(self) -> None:
         batch = len(self.decoder)
