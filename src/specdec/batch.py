@@ -8,7 +8,9 @@ lengths (docs/batching.md). Verification is `decoding.verify_round` on the row's
 with the row's own generator, so a row draws the same random numbers as the same request decoded alone.
 
 Drafters: a `DraftModel` is batched (one draft forward per step for all rows, its own `BatchedCausalLM`);
-model-free drafters (prompt lookup, bigram) get one copy per row. Other drafters are refused.
+model-free drafters (prompt lookup, bigram) get one copy per row; tree drafters (`DraftTree`, `MultiDraft`)
+get one copy per row with its own draft cache (each row grows its own tree; the target scores every row's
+tree in one pass with a per-row tree block in a 4-D mask). Other drafters are refused.
 """
 
 from __future__ import annotations
@@ -36,10 +38,13 @@ from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.bigram import Bigram
 from specdec.drafters.draft_model import DraftModel
 from specdec.drafters.prompt_lookup import PromptLookup
-from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, SpecdecError
-from specdec.models.causal_lm import context_length
+from specdec.drafters.tree import DraftTree, MultiDraft
+from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, SpecdecError
+from specdec.models.causal_lm import CachedCausalLM, context_length
 from specdec.sampling import SamplingConfig, sample
 from specdec.stats import DecodeStats
+from specdec.tree import TreeMask, first_branch, is_chain, validate_proposal
+from specdec.verify import verify_tree
 
 
 @dataclass
@@ -97,12 +102,15 @@ class BatchDecoder:
             )
         self.drafter = drafter
         self.draft_lm: BatchedCausalLM | None = None
+        self.trees = False  # can the target score tree proposals (else: their first branch, as generate does)
         if type(drafter) is DraftModel:  # subclasses (LayerSkip) run their own model code
             self.draft_lm = BatchedCausalLM(drafter.lm.model)
+        elif type(drafter) in (DraftTree, MultiDraft):
+            self.trees = CachedCausalLM(target).supports_tree(2)
         elif drafter is not None and not isinstance(drafter, (PromptLookup, Bigram)):
             raise ConfigError(
-                f"{drafter.name} cannot be batched yet; batched decoding supports DraftModel, PromptLookup and "
-                "Bigram: use one of them, or specdec.generate for one request at a time"
+                f"{drafter.name} cannot be batched yet; batched decoding supports DraftModel, DraftTree, "
+                "MultiDraft, PromptLookup and Bigram: use one of them, or specdec.generate for one request at a time"
             )
         self.rows: list[Row] = []
 
@@ -135,6 +143,8 @@ class BatchDecoder:
         elif self.drafter is not None:
             for row in rows:
                 row.drafter = copy.copy(self.drafter)  # model-free drafters: reset() gives the copy its own state
+                if isinstance(self.drafter, (DraftTree, MultiDraft)):
+                    row.drafter.lm = CachedCausalLM(self.drafter.lm.model)  # a tree drafter: its own draft cache
                 row.drafter.reset(row.context[: row.n])
         prefill_s = time.perf_counter() - start
         for row in rows:
@@ -146,7 +156,7 @@ class BatchDecoder:
         key: object,
         prompt_ids: Sequence[int] | torch.Tensor,
         *,
-        gamma: int | str | object = DEFAULT_GAMMA,
+        gamma: int | str | object | None = None,
         max_new_tokens: int = 64,
         temperature: float = 0.0,
         top_k: int | None = None,
@@ -162,6 +172,8 @@ class BatchDecoder:
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
             raise ConfigError(f"logprobs must be None or an integer >= 0 (top alternatives), got {logprobs!r}")
         sampling = SamplingConfig(temperature, top_k, top_p)
+        if gamma is None:  # as generate: a tree drafter's own depth, else the chain default
+            gamma = getattr(self.drafter, "default_gamma", None) or DEFAULT_GAMMA
         policy = _gamma_policy(gamma)
         max_new_tokens = _check_max_new_tokens(max_new_tokens)
         prompt = _prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
@@ -209,23 +221,34 @@ class BatchDecoder:
 
         # 1. drafters propose.
         t = time.perf_counter()
-        proposals = self._propose(rows, gammas)
+        proposals, trees, errors = self._propose(rows, gammas)
         draft_s = time.perf_counter() - t
 
-        # 2. target scores every row: its last committed token and its drafts.
+        # 2. target scores every row: its last committed token and its drafts (a chain, or a tree's nodes).
         t = time.perf_counter()
         inputs = [torch.cat([row.context[row.n - 1 : row.n], p.tokens]) for row, p in zip(rows, proposals)]
-        target_logits = self.target.forward(inputs)  # [B, W, V]
+        target_logits = self.target.forward(inputs, trees=trees)  # [B, W, V]
+        width = target_logits.shape[1]
         target_s = time.perf_counter() - t
 
         events, failed, kept_lengths = [], [], []
         for i, (row, proposal) in enumerate(zip(rows, proposals)):
             gamma = len(proposal)
-            logits = target_logits[i, : gamma + 1]  # [γ+1, V]
+            logits = target_logits[i, : gamma + 1]  # [γ+1, V] (a tree: [N+1, V], row 0 the root)
             try:
+                if errors[i] is not None:
+                    raise errors[i]
                 check_finite(logits, self.model, f"request {row.key!r}")
                 # 3. verify this row with its own generator.
-                verdict = verify_round(proposal.tokens, proposal.draft_probs, logits, row.sampling, row.generator)
+                if trees[i] is None:
+                    verdict = verify_round(proposal.tokens, proposal.draft_probs, logits, row.sampling,
+                                           row.generator)
+                    accepted = proposal.tokens[: verdict.num_accepted]  # [k]
+                else:
+                    verdict = verify_tree(proposal, logits, row.sampling, row.generator)
+                    path = list(verdict.path)  # [k] node indices
+                    accepted = proposal.tokens[path]  # [k]
+                    self.target.keep_new(i, width, [0] + [node + 1 for node in path])  # root + path
             except SpecdecError as exc:
                 failed.append(row.key)
                 kept_lengths.append(row.n - 1)
@@ -234,7 +257,7 @@ class BatchDecoder:
             k = verdict.num_accepted
             # 4. commit: the target keeps context + accepted drafts; append the next token.
             kept_lengths.append(row.n + k)
-            row.context[row.n : row.n + k] = proposal.tokens[:k]
+            row.context[row.n : row.n + k] = accepted
             row.context[row.n + k] = verdict.next_token
             new_tokens = row.context[row.n : row.n + k + 1].tolist()
             row.n += k + 1
@@ -273,21 +296,51 @@ class BatchDecoder:
         self.remove(done)
         return events
 
-    def _propose(self, rows: list[Row], gammas: list[int]) -> list[Proposal]:
+    def _propose(self, rows: list[Row], gammas: list[int]):
+        """Each row's proposal (a chain, or a tree with its mask), and a ProposalError for rows whose drafter
+        proposed something invalid (that row alone fails; its proposal is replaced by an empty one)."""
         empty = Proposal(torch.empty(0, dtype=torch.long, device=self.target.device))
+        none = [None] * len(rows)
         if self.drafter is None or not any(gammas):
-            return [empty for _ in rows]
-        if self.draft_lm is None:  # per-row model-free drafters
-            out = []
-            for row, gamma in zip(rows, gammas):
-                if gamma == 0:
-                    out.append(empty)
-                    continue
-                p = row.drafter.propose(row.context[: row.n], gamma, row.sampling, row.generator)
+            return [empty for _ in rows], none, none
+        if self.draft_lm is not None:
+            return self._propose_draft_model(rows, gammas), none, none
+        out, trees, errors = [], [], []  # per-row drafters
+        for row, gamma in zip(rows, gammas):
+            p = row.drafter.propose(row.context[: row.n], gamma, row.sampling, row.generator) if gamma else empty
+            tree, error = None, None
+            if p.parents is not None:
+                try:
+                    p, tree = self._check_tree(p, gamma, row.n)
+                except ProposalError as exc:
+                    p, error = empty, exc
+            if tree is None:
                 gamma = min(gamma, len(p))
-                out.append(Proposal(p.tokens[:gamma], None if p.draft_probs is None else p.draft_probs[:gamma]))
-            return out
-        return self._propose_draft_model(rows, gammas)
+                p = Proposal(p.tokens[:gamma], None if p.draft_probs is None else p.draft_probs[:gamma])
+            out.append(p)
+            trees.append(tree)
+            errors.append(error)
+        return out, trees, errors
+
+    def _check_tree(self, proposal: Proposal, gamma: int, n: int) -> tuple[Proposal, TreeMask | None]:
+        """As the single-request decoder: validate, cap the depth at γ, and score a chain (or, when the target
+        cannot take a 4-D mask, the first branch) as a chain."""
+        room = None if self.limit is None else self.limit - n
+        validate_proposal(proposal.tokens, proposal.draft_probs, proposal.parents, self.target.vocab_size, room)
+        tree = TreeMask.from_parents(proposal.parents)  # [N+1] rows: the root and the nodes
+        depth = int(tree.depths.max())
+        if depth > gamma:
+            raise ProposalError(
+                f"the drafter proposed a tree {depth} deep but this round allows {gamma} tokens (gamma, capped by "
+                "the remaining max_new_tokens); a tree drafter must cap its depth at the gamma it is given"
+            )
+        if is_chain(proposal.parents):
+            return Proposal(proposal.tokens, proposal.draft_probs), None
+        if self.trees:
+            return proposal, tree
+        first = first_branch(proposal.parents)  # [d] node indices
+        probs = proposal.draft_probs[first] if proposal.draft_probs is not None else None
+        return Proposal(proposal.tokens[first], probs), None
 
     def _propose_draft_model(self, rows: list[Row], gammas: list[int]) -> list[Proposal]:
         """DraftModel.propose for every row at once: one batched draft forward per draft position."""
@@ -340,7 +393,7 @@ def generate_batch(
     target: PreTrainedModel,
     prompts: Sequence[Sequence[int] | torch.Tensor],
     drafter: Drafter | None = None,
-    gamma: int | str = DEFAULT_GAMMA,
+    gamma: int | str | None = None,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
     top_k: int | None = None,
@@ -352,7 +405,7 @@ def generate_batch(
 
     Each output is what `generate` gives for that prompt alone (token-identical at temperature 0; at T > 0
     exactly distributed, and with the same seed the same draws as a lone request). `seed`: one seed for
-    every row, or one per prompt.
+    every row, or one per prompt. `gamma` left unset: a tree drafter's own depth, else the chain default.
     """
     if isinstance(prompts, torch.Tensor) and prompts.dim() == 1:
         raise PromptError("generate_batch takes a list of prompts; for a single prompt use specdec.generate")

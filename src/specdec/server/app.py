@@ -122,7 +122,8 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
     scheduler = Scheduler(target, drafter, max_batch=max_batch, max_gamma=max_gamma, metrics=metrics,
                           adaptive_gamma=adaptive_gamma)
     limit = context_length(target)
-    served_method = {"DraftModel": "draft", "PromptLookup": "prompt-lookup", "Bigram": "bigram"}.get(
+    served_method = {"DraftModel": "draft", "PromptLookup": "prompt-lookup", "Bigram": "bigram",
+                     "DraftTree": "draft-tree", "MultiDraft": "multi-draft"}.get(
         type(drafter).__name__, type(drafter).__name__) if drafter is not None else "none"
     vocab = vocab_size(target)
     created = int(time.time())
