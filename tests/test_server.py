@@ -207,6 +207,25 @@ def test_32_concurrent_streams_each_get_the_lone_greedy_tokens(live, pair, token
     assert rounds - single > 0  # some rounds decoded several requests together
 
 
+def test_a_tree_drafter_is_served_batched(pair, tokenizer):
+    target, draft = pair
+    server = LiveServer(create_app(target, tokenizer, specdec.DraftTree(draft, top_k=2, depth=3, max_nodes=6),
+                                   model_name="tree"))
+    try:
+        def one(i):
+            out = server.client.completions.create(model="tree", prompt=prompt_ids(i), max_tokens=12, temperature=0,
+                                                   extra_body={"speculative": {"method": "draft-tree"}})
+            return out.choices[0].text, out.usage.completion_tokens_details.accepted_prediction_tokens
+
+        with ThreadPoolExecutor(6) as pool:
+            results = list(pool.map(one, range(6)))
+    finally:
+        server.stop()
+    for i, (text, _) in enumerate(results):
+        assert text == lone_text(tokenizer, target, prompt_ids(i), max_new_tokens=12)[0], i
+    assert sum(accepted for _, accepted in results) > 0
+
+
 def test_disconnect_frees_the_row(live):
     before = metric(live.url, "specdec:generation_tokens_total")
     with httpx.stream("POST", live.url + "/v1/completions", json={
