@@ -44,7 +44,7 @@ from specdec.models.causal_lm import CachedCausalLM, context_length
 from specdec.sampling import SamplingConfig, sample
 from specdec.stats import DecodeStats
 from specdec.tree import TreeMask, first_branch, is_chain, validate_proposal
-from specdec.verify import verify_tree
+from specdec.verify import Verdict, verify_tree
 
 
 @dataclass
@@ -231,6 +231,12 @@ class BatchDecoder:
         width = target_logits.shape[1]
         target_s = time.perf_counter() - t
 
+        # One finiteness check and one argmax for the whole pass (rows are re-checked one by one only if the
+        # pass has a non-finite value somewhere, which may be a padding column).
+        all_finite = bool(torch.isfinite(target_logits).all())
+        greedy = [row.sampling.greedy and tree is None for row, tree in zip(rows, trees)]
+        best = target_logits.argmax(dim=-1).tolist() if any(greedy) else None  # [B, W]
+
         events, failed, kept_lengths = [], [], []
         for i, (row, proposal) in enumerate(zip(rows, proposals)):
             gamma = len(proposal)
@@ -238,16 +244,21 @@ class BatchDecoder:
             try:
                 if errors[i] is not None:
                     raise errors[i]
-                check_finite(logits, self.model, f"request {row.key!r}")
+                if not all_finite:
+                    check_finite(logits, self.model, f"request {row.key!r}")
                 # 3. verify this row with its own generator.
-                if trees[i] is None:
+                if greedy[i]:
+                    drafts = proposal.tokens.tolist()
+                    verdict = _verify_greedy_from_argmax(drafts, best[i])
+                    accepted = drafts[: verdict.num_accepted]
+                elif trees[i] is None:
                     verdict = verify_round(proposal.tokens, proposal.draft_probs, logits, row.sampling,
                                            row.generator)
-                    accepted = proposal.tokens[: verdict.num_accepted]  # [k]
+                    accepted = proposal.tokens[: verdict.num_accepted].tolist()  # [k]
                 else:
                     verdict = verify_tree(proposal, logits, row.sampling, row.generator)
                     path = list(verdict.path)  # [k] node indices
-                    accepted = proposal.tokens[path]  # [k]
+                    accepted = proposal.tokens[path].tolist()  # [k]
                     self.target.keep_new(i, width, [0] + [node + 1 for node in path])  # root + path
             except SpecdecError as exc:
                 failed.append(row.key)
@@ -257,9 +268,8 @@ class BatchDecoder:
             k = verdict.num_accepted
             # 4. commit: the target keeps context + accepted drafts; append the next token.
             kept_lengths.append(row.n + k)
-            row.context[row.n : row.n + k] = accepted
-            row.context[row.n + k] = verdict.next_token
-            new_tokens = row.context[row.n : row.n + k + 1].tolist()
+            new_tokens = accepted + [verdict.next_token]
+            row.context[row.n : row.n + k + 1] = torch.tensor(new_tokens, device=row.context.device)
             row.n += k + 1
             stats = row.stats
             stats.record_round(gamma, k, verdict.outcome)
@@ -352,15 +362,17 @@ class BatchDecoder:
         last = torch.stack([logits[i, max(0, x.shape[0] - 1)] for i, x in enumerate(inputs)])  # [B, V]
         tokens: list[list[torch.Tensor]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
+        any_greedy = any(row.sampling.greedy for row in rows)
         for step in range(max(gammas)):
             feed = []
+            best = last.argmax(dim=-1, keepdim=True) if any_greedy else None  # [B, 1]: one argmax for all rows
             for i, row in enumerate(rows):
                 if step >= gammas[i]:
                     feed.append(row.context[:0])
                     continue
                 row_logits = last[i : i + 1]  # [1, V]
                 if row.sampling.greedy:
-                    token = row_logits.argmax(dim=-1)  # [1]
+                    token = best[i]  # [1]
                 else:
                     dist = row.sampling.warp(row_logits)  # [1, V]
                     token = sample(dist, row.generator)  # [1]
@@ -377,6 +389,15 @@ class BatchDecoder:
             out.append(Proposal(torch.cat(tokens[i]), torch.cat(probs[i]) if probs[i] else None))
             row.stats.draft_forwards = row.stats.draft_forwards + gammas[i]
         return out
+
+
+def _verify_greedy_from_argmax(drafts: list[int], best: list[int]) -> Verdict:
+    """`verify.verify_greedy` on a row's slice of an argmax taken once for the whole batch: accept the drafts
+    that equal the target's argmax, then the argmax after them (recovered, or bonus if all were accepted)."""
+    k = 0
+    while k < len(drafts) and drafts[k] == best[k]:
+        k += 1
+    return Verdict(k, best[k], "bonus" if k == len(drafts) else "recovered")
 
 
 def _token_logprobs(logits: torch.Tensor, tokens: list[int], top: int):
