@@ -186,6 +186,32 @@ def test_seed_reproduces_and_equals_the_lone_request(live, pair, tokenizer):
     assert c != a
 
 
+def test_n_choices_are_rows_of_the_batch(live, pair, tokenizer):
+    """n > 1: choice i is the lone request seeded with seed + i; streamed, choices interleave by index."""
+    target, draft = pair
+    kw = dict(model="tiny", prompt=prompt_ids(2), max_tokens=12, temperature=1.0, top_p=0.9)
+    out = live.client.completions.create(n=3, seed=7, **kw)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    for c in out.choices:
+        lone, _ = lone_text(tokenizer, target, prompt_ids(2), specdec.DraftModel(draft), gamma=4, max_new_tokens=12,
+                            temperature=1.0, top_p=0.9, seed=7 + c.index)
+        assert c.text == lone
+    assert len({c.text for c in out.choices}) > 1
+    assert out.usage.completion_tokens == 36 and out.usage.prompt_tokens == len(prompt_ids(2))
+    stream = live.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=2,
+                                                 max_tokens=10, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True})
+    texts, finishes = {0: "", 1: ""}, {}
+    for c in stream:
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+        if not c.choices:
+            assert c.usage.completion_tokens == 20
+    assert texts[0] == texts[1] and texts[0] and finishes == {0: "length", 1: "length"}
+
+
 def test_32_concurrent_streams_each_get_the_lone_greedy_tokens(live, pair, tokenizer):
     target, draft = pair
     n = 32
@@ -279,7 +305,7 @@ BAD = {
     "max_tokens zero": ({"model": "tiny", "prompt": "x", "max_tokens": 0}, "max_tokens"),
     "past the context": ({"model": "tiny", "prompt": "x", "max_tokens": 100_000}, "max_tokens"),
     "token id outside the vocabulary": ({"model": "tiny", "prompt": [1, 2, 10_000]}, "prompt"),
-    "n > 1": ({"model": "tiny", "prompt": "x", "n": 2}, "n"),
+    "n out of range": ({"model": "tiny", "prompt": "x", "n": 17}, "n"),
     "logprobs out of range": ({"model": "tiny", "prompt": "x", "logprobs": 50}, "logprobs"),
     "chat field in completions": ({"model": "tiny", "prompt": "x", "top_logprobs": 2}, "top_logprobs"),
     "bad speculative": ({"model": "tiny", "prompt": "x", "speculative": {"gamma": -1}}, "speculative.gamma"),

@@ -201,7 +201,7 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                            code="context_length_exceeded")
         return sampling.max_tokens
 
-    def submit(ids: list[int], sampling: Sampling, max_new: int) -> Request:
+    def submit(ids: list[int], sampling: Sampling, max_new: int, index: int = 0) -> Request:
         if not scheduler.accepting:
             raise APIError("the server is shutting down; retry against another instance", status=503,
                            type_="server_error", code="shutting_down")
@@ -210,46 +210,67 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
             raise APIError(f"'speculative.method' {method!r} is not served here; this server drafts with "
                            f"{served_method!r} (or send \"none\" for plain decoding)", param="speculative.method")
         gamma = FixedGamma(0) if sampling.plain else (sampling.gamma or max_gamma)
+        # Choice i of a seeded request with n > 1 uses seed + i (the choices differ, and each reproduces).
+        seed = None if sampling.seed is None else sampling.seed + index
         options = dict(gamma=gamma, max_new_tokens=max_new, temperature=sampling.temperature,
-                       top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, logprobs=sampling.logprobs)
+                       top_k=sampling.top_k, top_p=sampling.top_p, seed=seed, logprobs=sampling.logprobs)
         # A seeded sampled request keeps a fixed γ (its draws then reproduce); so does an explicit gamma.
         adaptive = sampling.gamma is None and not (sampling.seed is not None and sampling.temperature > 0)
         request = Request(ids, options, asyncio.get_running_loop(), adaptive=adaptive)
         scheduler.submit(request)
         return request
 
+    def summed_usage(prompt_tokens: int, requests: list[Request]) -> dict:
+        """The prompt counted once (as OpenAI does for n > 1), completions and draft accounting summed."""
+        parts = [_usage(prompt_tokens, r) for r in requests]
+        completion = sum(p["completion_tokens"] for p in parts)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion,
+                "completion_tokens_details": {
+                    key: sum(p["completion_tokens_details"][key] for p in parts)
+                    for key in ("accepted_prediction_tokens", "rejected_prediction_tokens")}}
+
     async def respond(http: HTTPRequest, ids: list[int], sampling: Sampling, max_new: int, chat: bool):
-        request = submit(ids, sampling, max_new)
+        """n rows of the same prompt decode in the batch like independent requests; choice i is row i."""
+        requests = [submit(ids, sampling, max_new, i) for i in range(sampling.n)]
+
+        def cancel_all() -> None:
+            for r in requests:
+                scheduler.cancel(r)
+
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         obj = "chat.completion" if chat else "text_completion"
-        assembler = TextAssembler(tokenizer, sampling.stop)
-        try:
-            first = await request.events.get()
+        assemblers = [TextAssembler(tokenizer, sampling.stop) for _ in requests]
+        formats = [LogprobsFormatter(tokenizer, chat) if sampling.logprobs is not None else None for _ in requests]
+        try:  # wait for every row's first tokens, so a request failing in its first round is a real HTTP error
+            firsts = [await r.events.get() for r in requests]
         except asyncio.CancelledError:
-            scheduler.cancel(request)
+            cancel_all()
             raise
-        if isinstance(first, Failed):
-            raise APIError(first.message, status=first.status,
-                           type_="server_error" if first.status >= 500 else "invalid_request_error")
+        for first in firsts:
+            if isinstance(first, Failed):
+                cancel_all()
+                raise APIError(first.message, status=first.status,
+                               type_="server_error" if first.status >= 500 else "invalid_request_error")
 
-        logprob_format = LogprobsFormatter(tokenizer, chat) if sampling.logprobs is not None else None
-
-        def choice(text: str | None, finish: str | None, stream: bool, logprobs: dict | None = None) -> dict:
+        def choice(index: int, text: str | None, finish: str | None, stream: bool,
+                   logprobs: dict | None = None) -> dict:
             if chat:
                 key = "delta" if stream else "message"
                 content = {"content": text} if stream else {"role": "assistant", "content": text}
                 if stream and text is None:
                     content = {}
-                return {"index": 0, key: content, "logprobs": logprobs, "finish_reason": finish}
-            return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+                return {"index": index, key: content, "logprobs": logprobs, "finish_reason": finish}
+            return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
 
         if not sampling.stream:
-            item, finish, logprob_parts = first, None, []
-            try:
+            async def collect(index: int) -> dict:
+                request, assembler, fmt = requests[index], assemblers[index], formats[index]
+                item, finish, logprob_parts = firsts[index], None, []
                 while True:
                     if isinstance(item, Tokens):
-                        if logprob_format is not None:
-                            logprob_parts.append(logprob_format.format(item))
+                        if fmt is not None:
+                            logprob_parts.append(fmt.format(item))
                         _, stopped = assembler.add(item.ids)
                         if stopped:
                             scheduler.cancel(request)
@@ -262,12 +283,15 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                     else:
                         raise APIError(item.message, status=item.status, type_="server_error")
                     item = await request.events.get()
-            except asyncio.CancelledError:
-                scheduler.cancel(request)
+                return choice(index, assembler.text, finish, False, LogprobsFormatter.merge(logprob_parts))
+
+            try:
+                choices = await asyncio.gather(*(collect(i) for i in range(len(requests))))
+            except (asyncio.CancelledError, APIError):
+                cancel_all()
                 raise
             return {"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
-                    "choices": [choice(assembler.text, finish, False, LogprobsFormatter.merge(logprob_parts))],
-                    "usage": _usage(len(ids), request)}
+                    "choices": list(choices), "usage": summed_usage(len(ids), requests)}
 
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -279,28 +303,44 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
             return f"data: {json.dumps(data)}\n\n"
 
         async def events():
-            done = False
+            # Every row's events onto one queue, tagged with the choice index (a row's own order is kept).
+            merged: asyncio.Queue = asyncio.Queue()
+            for index, first in enumerate(firsts):
+                merged.put_nowait((index, first))
+
+            async def forward(index: int) -> None:
+                while True:
+                    item = await requests[index].events.get()
+                    merged.put_nowait((index, item))
+                    if not isinstance(item, Tokens):
+                        return
+
+            forwarders = [asyncio.ensure_future(forward(i)) for i, f in enumerate(firsts) if isinstance(f, Tokens)]
+            open_rows, done = set(range(len(requests))), False
             try:
                 if chat:
-                    yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None}])
-                item, finish = first, None
-                while True:
+                    for index in range(len(requests)):
+                        yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}])
+                while open_rows:
+                    index, item = await merged.get()
+                    if index not in open_rows:
+                        continue  # a row already ended by a stop string
+                    assembler, fmt = assemblers[index], formats[index]
                     if isinstance(item, Tokens):
                         delta, stopped = assembler.add(item.ids)
-                        logprobs = logprob_format.format(item) if logprob_format is not None else None
+                        logprobs = fmt.format(item) if fmt is not None else None
                         if delta or logprobs:
-                            yield chunk([choice(delta, None, True, logprobs)])
-                        if stopped:
-                            scheduler.cancel(request)
-                            finish = "stop"
-                            break
+                            yield chunk([choice(index, delta, None, True, logprobs)])
+                        if not stopped:
+                            continue
+                        scheduler.cancel(requests[index])
+                        finish = "stop"
                     elif isinstance(item, Finished):
                         delta = assembler.finish()
                         if delta:
-                            yield chunk([choice(delta, None, True)])
+                            yield chunk([choice(index, delta, None, True)])
                         finish = item.reason
-                        break
                     else:
                         metrics.request_errors.labels(status=str(item.status)).inc()
                         error = APIError(item.message, status=item.status, type_="server_error")
@@ -308,15 +348,17 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                         yield "data: [DONE]\n\n"
                         done = True
                         return
-                    item = await request.events.get()
+                    open_rows.discard(index)
+                    yield chunk([choice(index, None, finish, True)])
                 done = True
-                yield chunk([choice(None, finish, True)])
                 if sampling.include_usage:
-                    yield chunk([], _usage(len(ids), request))
+                    yield chunk([], summed_usage(len(ids), requests))
                 yield "data: [DONE]\n\n"
             finally:
-                if not done:  # the client went away: free the row at the next round boundary
-                    scheduler.cancel(request)
+                for task in forwarders:
+                    task.cancel()
+                if not done or open_rows:  # the client went away (or a row failed): free the rows
+                    cancel_all()
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -33,6 +33,7 @@ class Sampling:
     gamma: int | None  # from the `speculative` extension; None = the server's default
     plain: bool = False  # speculative.method == "none"
     logprobs: int | None = None  # None: off; k: each token's log-probability and its k most likely alternatives
+    n: int = 1  # choices: n rows of the same prompt in the batch
     extra: dict = field(default_factory=dict)
 
 
@@ -48,6 +49,7 @@ UNSUPPORTED_IF_SET = {
     "response_format": (None, "response_format is not supported; omit it"),
 }
 MAX_TOP_LOGPROBS = 20
+MAX_N = 16
 
 
 def _number(body: dict, name: str, default, *, integer: bool = False):
@@ -62,9 +64,10 @@ def _number(body: dict, name: str, default, *, integer: bool = False):
 
 
 def parse_sampling(body: dict, *, chat: bool) -> Sampling:
-    n = body.get("n", 1)
-    if n is not None and n != 1:
-        raise APIError(f"only n=1 is supported, got n={n!r}; send one request per completion", param="n")
+    n = _number(body, "n", 1, integer=True)
+    if not 1 <= n <= MAX_N:
+        raise APIError(f"'n' must be an integer in [1, {MAX_N}], got {n}; send several requests for more choices",
+                       param="n")
     logprobs = _logprobs(body, chat)
     for name, (off, why) in UNSUPPORTED_IF_SET.items():
         value = body.get(name)
@@ -116,7 +119,7 @@ def parse_sampling(body: dict, *, chat: bool) -> Sampling:
     if method is not None and not isinstance(method, str):
         raise APIError("'speculative.method' must be a string", param="speculative.method")
     return Sampling(max_tokens, float(temperature), top_p, top_k, seed, stop, stream, include_usage, gamma,
-                    plain=(method == "none" or gamma == 0), extra={"method": method}, logprobs=logprobs)
+                    plain=(method == "none" or gamma == 0), extra={"method": method}, logprobs=logprobs, n=n)
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:
