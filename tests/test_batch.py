@@ -78,10 +78,10 @@ def test_rows_join_and_leave_between_rounds(pairs):
         for event in decoder.step():
             got[event.key].extend(event.tokens)
         rounds += 1
-        assert decoder.target.rows == len(decoder) == decoder.draft_lm.rows
+        assert decoder.target.rows == len(decoder) == decoder.draft_model.lm.rows
         # The invariant of the single-row loop, per row: the target caches context[:n-1], the draft at most that.
         assert decoder.target.lengths.tolist() == [row.n - 1 for row in decoder.rows]
-        assert all(d <= row.n - 1 for d, row in zip(decoder.draft_lm.lengths.tolist(), decoder.rows))
+        assert all(d <= row.n - 1 for d, row in zip(decoder.draft_model.lm.lengths.tolist(), decoder.rows))
         assert decoder.target.slots <= max([row.n for row in decoder.rows], default=0) * 2 + 8  # holes stay bounded
     assert got[0] == cancelled and lone[0][: len(cancelled)] == cancelled
     for i in range(1, len(PROMPTS)):

@@ -7,7 +7,7 @@ statistics. Rows accept different numbers of tokens each round; `BatchedCausalLM
 lengths (docs/batching.md). Verification is `decoding.verify_round` on the row's own slice of the logits,
 with the row's own generator, so a row draws the same random numbers as the same request decoded alone.
 
-Drafters: a `DraftModel` is batched (one draft forward per step for all rows, its own `BatchedCausalLM`);
+Drafters: a `DraftModel` is batched (`batch_draft.BatchedDraftModel`: one draft forward per step for all rows);
 model-free drafters (prompt lookup, bigram) get one copy per row; tree drafters (`DraftTree`, `MultiDraft`)
 get one copy per row with its own draft cache (each row grows its own tree; the target scores every row's
 tree in one pass with a per-row tree block in a 4-D mask). Other drafters are refused.
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from specdec.batch_draft import BatchedDraftModel
 from specdec.batch_lm import BatchedCausalLM, check_finite
 from specdec.decoding import (
     DEFAULT_GAMMA,
@@ -41,7 +42,7 @@ from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.drafters.tree import DraftTree, MultiDraft
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, SpecdecError
 from specdec.models.causal_lm import CachedCausalLM, context_length
-from specdec.sampling import SamplingConfig, sample
+from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats
 from specdec.tree import TreeMask, first_branch, is_chain, validate_proposal
 from specdec.verify import Verdict, verify_tree
@@ -101,10 +102,10 @@ class BatchDecoder:
                 f"{self.target.vocab_size}; speculative decoding needs the same tokenizer"
             )
         self.drafter = drafter
-        self.draft_lm: BatchedCausalLM | None = None
+        self.draft_model: BatchedDraftModel | None = None
         self.trees = False  # can the target score tree proposals (else: their first branch, as generate does)
         if type(drafter) is DraftModel:  # subclasses (LayerSkip) run their own model code
-            self.draft_lm = BatchedCausalLM(drafter.lm.model)
+            self.draft_model = BatchedDraftModel(drafter)
         elif type(drafter) in (DraftTree, MultiDraft):
             self.trees = CachedCausalLM(target).supports_tree(2)
         elif drafter is not None and not isinstance(drafter, (PromptLookup, Bigram)):
@@ -138,8 +139,8 @@ class BatchDecoder:
         start = time.perf_counter()
         prefixes = [row.context[: row.n - 1] for row in rows]
         self.target.add_rows(prefixes)
-        if self.draft_lm is not None:
-            self.draft_lm.add_rows(prefixes)
+        if self.draft_model is not None:
+            self.draft_model.add_rows(prefixes)
         elif self.drafter is not None:
             for row in rows:
                 row.drafter = copy.copy(self.drafter)  # model-free drafters: reset() gives the copy its own state
@@ -197,8 +198,8 @@ class BatchDecoder:
             return
         self.rows = [self.rows[i] for i in keep]
         self.target.remove_rows(keep)
-        if self.draft_lm is not None:
-            self.draft_lm.remove_rows(keep)
+        if self.draft_model is not None:
+            self.draft_model.remove_rows(keep)
 
     # -- one round ------------------------------------------------------------------------------------
     def step(self, gamma_cap: int | dict[object, int | None] | None = None) -> list[RowEvent]:
@@ -298,10 +299,8 @@ class BatchDecoder:
             events.append(event)
 
         self.target.crop(kept_lengths)
-        if self.draft_lm is not None:
-            # The draft cache may cover at most context[:n-1] of each row (it catches up when it proposes).
-            lengths = self.draft_lm.lengths.tolist()
-            self.draft_lm.crop([min(length, row.n - 1) for length, row in zip(lengths, rows)])
+        if self.draft_model is not None:
+            self.draft_model.commit(rows)
         done = [e.key for e in events if e.finished]
         self.remove(done)
         return events
@@ -313,8 +312,8 @@ class BatchDecoder:
         none = [None] * len(rows)
         if self.drafter is None or not any(gammas):
             return [empty for _ in rows], none, none
-        if self.draft_lm is not None:
-            return self._propose_draft_model(rows, gammas), none, none
+        if self.draft_model is not None:
+            return self.draft_model.propose(rows, gammas), none, none
         out, trees, errors = [], [], []  # per-row drafters
         for row, gamma in zip(rows, gammas):
             p = row.drafter.propose(row.context[: row.n], gamma, row.sampling, row.generator) if gamma else empty
@@ -351,44 +350,6 @@ class BatchDecoder:
         first = first_branch(proposal.parents)  # [d] node indices
         probs = proposal.draft_probs[first] if proposal.draft_probs is not None else None
         return Proposal(proposal.tokens[first], probs), None
-
-    def _propose_draft_model(self, rows: list[Row], gammas: list[int]) -> list[Proposal]:
-        """DraftModel.propose for every row at once: one batched draft forward per draft position."""
-        lm = self.draft_lm
-        lengths = lm.lengths.tolist()
-        # Catch up on committed tokens the draft cache has not seen (rows not drafting feed nothing).
-        inputs = [row.context[length : row.n] if g else row.context[:0] for row, length, g in zip(rows, lengths, gammas)]
-        logits = lm.forward(inputs)  # [B, W, V]
-        last = torch.stack([logits[i, max(0, x.shape[0] - 1)] for i, x in enumerate(inputs)])  # [B, V]
-        tokens: list[list[torch.Tensor]] = [[] for _ in rows]
-        probs: list[list[torch.Tensor]] = [[] for _ in rows]
-        any_greedy = any(row.sampling.greedy for row in rows)
-        for step in range(max(gammas)):
-            feed = []
-            best = last.argmax(dim=-1, keepdim=True) if any_greedy else None  # [B, 1]: one argmax for all rows
-            for i, row in enumerate(rows):
-                if step >= gammas[i]:
-                    feed.append(row.context[:0])
-                    continue
-                row_logits = last[i : i + 1]  # [1, V]
-                if row.sampling.greedy:
-                    token = best[i]  # [1]
-                else:
-                    dist = row.sampling.warp(row_logits)  # [1, V]
-                    token = sample(dist, row.generator)  # [1]
-                    probs[i].append(dist)
-                tokens[i].append(token)
-                feed.append(token if step + 1 < gammas[i] else row.context[:0])
-            if step + 1 < max(gammas):
-                last = lm.forward(feed)[:, 0]  # [B, V]
-        out = []
-        for i, row in enumerate(rows):
-            if not tokens[i]:
-                out.append(Proposal(row.context[:0]))
-                continue
-            out.append(Proposal(torch.cat(tokens[i]), torch.cat(probs[i]) if probs[i] else None))
-            row.stats.draft_forwards = row.stats.draft_forwards + gammas[i]
-        return out
 
 
 def _verify_greedy_from_argmax(drafts: list[int], best: list[int]) -> Verdict:
