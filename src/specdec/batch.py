@@ -60,7 +60,7 @@ class Row:
     generator: torch.Generator
     gamma_policy: object
     eos: frozenset[int]
-    drafter: Drafter | None = None  # a model-free drafter's per-row copy
+    drafter: Drafter | None = None  # the row's own drafter copy (model-free, or a tree drafter with its own cache)
     logprobs: int | None = None  # report the target's log-probabilities of emitted tokens (+ this many top ones)
     produced: int = 0
     stats: DecodeStats = field(default_factory=DecodeStats)
