@@ -175,8 +175,8 @@ def test_logprobs_are_the_target_log_probabilities_of_the_emitted_tokens(pairs):
         with torch.no_grad():
             full = torch.log_softmax(target(torch.tensor([p + tokens])).logits[0], dim=-1)  # [n, V]
         want = full[len(p) - 1 : len(p) - 1 + len(tokens)]  # [m, V]: position j scores token j
-        assert torch.allclose(torch.tensor(logprobs, dtype=want.dtype), want.gather(1, torch.tensor(tokens)[:, None])[:, 0],
-                              atol=1e-9)
+        chosen = want.gather(1, torch.tensor(tokens)[:, None])[:, 0]  # [m]
+        assert torch.allclose(torch.tensor(logprobs, dtype=want.dtype), chosen, atol=1e-9)
         best = want.topk(3, dim=-1)
         assert [[t for t, _ in top] for top in tops] == best.indices.tolist()
         assert torch.allclose(torch.tensor([[v for _, v in top] for top in tops], dtype=want.dtype), best.values,
