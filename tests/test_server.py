@@ -95,15 +95,19 @@ def test_models_and_health(live):
 
 def test_completion_matches_lone_greedy_and_reports_drafts(live, pair, tokenizer):
     target, draft = pair
-    out = live.client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=20, temperature=0)
+    # γ pinned, so the draft accounting does not depend on the load-based policy's choices.
+    out = live.client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=20, temperature=0,
+                                         extra_body={"speculative": {"gamma": 4}})
     ids = tokenizer("def add(a, b):")["input_ids"]
-    text, tokens = lone_text(tokenizer, target, ids, specdec.DraftModel(draft), gamma=4, max_new_tokens=20)
+    lone = specdec.generate(target, ids, drafter=specdec.DraftModel(draft), gamma=4, max_new_tokens=20)
+    text = tokenizer.decode(lone.tokens, skip_special_tokens=True)
     assert out.choices[0].text == text
     assert out.choices[0].finish_reason == "length"
     usage = out.usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), 20)
     details = usage.completion_tokens_details
-    assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens >= 0
+    assert details.accepted_prediction_tokens == lone.stats.accepted > 0
+    assert details.rejected_prediction_tokens == lone.stats.drafted - lone.stats.accepted
 
 
 def test_chat_uses_the_template(live, pair, tokenizer):
