@@ -60,6 +60,10 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=1,
                         help="waves of --clients concurrent requests sent before measuring (so the allocator's "
                         "high-water mark for this concurrency is reached before RSS is read)")
+    parser.add_argument("--phases", type=int, default=1,
+                        help="run the measured load this many times back to back, reading the server's RSS after "
+                        "each (growth that continues phase after phase is a leak; growth in the first only is the "
+                        "allocator settling)")
     parser.add_argument("--json", default=None, help="also write the report here")
     args = parser.parse_args()
 
@@ -130,11 +134,14 @@ def main() -> int:
                                     "itl": (last - first) / (tokens - 1) if first and tokens > 1 else None})
 
         start = time.perf_counter()
-        threads = [threading.Thread(target=worker, args=(c,)) for c in range(args.clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        rss_phases = []
+        for _ in range(args.phases):
+            threads = [threading.Thread(target=worker, args=(c,)) for c in range(args.clients)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            rss_phases.append(round(rss_mb(server.pid), 1))
         wall = time.perf_counter() - start
         metrics_after = httpx.get(url + "/metrics").text
         rss_after = rss_mb(server.pid)
@@ -164,7 +171,8 @@ def main() -> int:
         "mean_batch": round(delta("specdec:batch_size_sum") / rounds, 2) if rounds else None,
         "mean_gamma_cap": round(delta("specdec:gamma_chosen_sum") / rounds, 2) if rounds else None,
         "rss_before_mb": round(rss_before, 1), "rss_after_mb": round(rss_after, 1),
-        "rss_growth_mb": round(rss_after - rss_before, 1), "load": os.getloadavg(),
+        "rss_growth_mb": round(rss_after - rss_before, 1),
+        "rss_after_each_phase_mb": rss_phases, "load": os.getloadavg(),
         "mean_tokens_per_request": round(statistics.mean(r["tokens"] for r in results), 1) if results else 0,
     }
     print(json.dumps(report))

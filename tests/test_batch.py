@@ -78,10 +78,10 @@ def test_rows_join_and_leave_between_rounds(pairs):
         for event in decoder.step():
             got[event.key].extend(event.tokens)
         rounds += 1
-        assert decoder.target.rows == len(decoder) == decoder.draft_lm.rows
+        assert decoder.target.rows == len(decoder) == decoder.draft_model.lm.rows
         # The invariant of the single-row loop, per row: the target caches context[:n-1], the draft at most that.
         assert decoder.target.lengths.tolist() == [row.n - 1 for row in decoder.rows]
-        assert all(d <= row.n - 1 for d, row in zip(decoder.draft_lm.lengths.tolist(), decoder.rows))
+        assert all(d <= row.n - 1 for d, row in zip(decoder.draft_model.lm.lengths.tolist(), decoder.rows))
         assert decoder.target.slots <= max([row.n for row in decoder.rows], default=0) * 2 + 8  # holes stay bounded
     assert got[0] == cancelled and lone[0][: len(cancelled)] == cancelled
     for i in range(1, len(PROMPTS)):
@@ -147,3 +147,79 @@ def test_padding_never_reaches_positions_a_short_row_does_not_own():
                 got += event.tokens
     assert failed == ["long"]
     assert got == want
+
+
+def test_logprobs_are_the_target_log_probabilities_of_the_emitted_tokens(pairs):
+    """Under speculation (ragged acceptance), each emitted token's log-probability and the top alternatives equal
+    those of one plain forward of the target over prompt + completion (float64), and do not change the tokens."""
+    target, draft = pairs["llama"]
+    decoder = BatchDecoder(target, specdec.DraftModel(draft))
+    prompts = PROMPTS[:3]
+    for i, p in enumerate(prompts):
+        decoder.add(i, p, gamma=3, max_new_tokens=16, logprobs=None if i == 2 else 3)
+    got = {i: ([], [], []) for i in range(len(prompts))}
+    while len(decoder):
+        for e in decoder.step():
+            got[e.key][0].extend(e.tokens)
+            if e.logprobs is not None:
+                assert len(e.logprobs) == len(e.top_logprobs) == len(e.tokens)
+                got[e.key][1].extend(e.logprobs)
+                got[e.key][2].extend(e.top_logprobs)
+    for i, p in enumerate(prompts):
+        tokens, logprobs, tops = got[i]
+        assert tokens == specdec.generate(target, p, drafter=specdec.DraftModel(draft), gamma=3,
+                                          max_new_tokens=16).tokens
+        if i == 2:
+            assert logprobs == []
+            continue
+        with torch.no_grad():
+            full = torch.log_softmax(target(torch.tensor([p + tokens])).logits[0], dim=-1)  # [n, V]
+        want = full[len(p) - 1 : len(p) - 1 + len(tokens)]  # [m, V]: position j scores token j
+        chosen = want.gather(1, torch.tensor(tokens)[:, None])[:, 0]  # [m]
+        assert torch.allclose(torch.tensor(logprobs, dtype=want.dtype), chosen, atol=1e-9)
+        best = want.topk(3, dim=-1)
+        assert [[t for t, _ in top] for top in tops] == best.indices.tolist()
+        assert torch.allclose(torch.tensor([[v for _, v in top] for top in tops], dtype=want.dtype), best.values,
+                              atol=1e-9)
+        assert all(top[0][0] == t for top, t in zip(tops, tokens))  # greedy: the emitted token is the best one
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tree_rows_match_lone_requests_across_joins_and_leaves(pairs, arch):
+    """Each row grows its own DraftTree; the target scores every row's tree in one pass (per-row tree blocks in a
+    4-D mask). Token-identical to lone generate in float64, rows joining mid-way, cache lengths every round."""
+    target, draft = pairs[arch]
+    make = lambda: specdec.DraftTree(draft, top_k=2, depth=3, max_nodes=6)  # noqa: E731
+    opts = dict(max_new_tokens=20)
+    lone = [specdec.generate(target, p, drafter=make(), **opts) for p in PROMPTS]
+    decoder = BatchDecoder(target, make())
+    assert decoder.trees
+    got = {i: [] for i in range(len(PROMPTS))}
+    pending = list(enumerate(PROMPTS))
+    decoder.add_many([(i, p, opts) for i, p in pending[:3]])
+    pending = pending[3:]
+    rounds = 0
+    while len(decoder) or pending:
+        if rounds % 2 == 1 and pending:
+            decoder.add(*pending.pop(0), **opts)
+        for event in decoder.step():
+            assert event.error is None
+            got[event.key].extend(event.tokens)
+        rounds += 1
+        # Every row's cache holds exactly its committed context but the last token (the next root).
+        lengths = decoder.target.lengths.tolist()
+        assert lengths == [row.n - 1 for row in decoder.rows]
+    for i, want in enumerate(lone):
+        assert got[i] == want.tokens
+    assert max(o.stats.accepted / o.stats.rounds for o in lone) > 1  # trees accepted several tokens per round
+
+
+def test_multidraft_rows_draw_what_a_lone_request_draws(pairs):
+    """T > 0, top-k/top-p: seeded MultiDraft rows (sampled trees) make the lone seeded request's draws."""
+    target, draft = pairs["llama"]
+    opts = dict(gamma=3, max_new_tokens=16, temperature=0.8, top_k=30, top_p=0.95)
+    seeds = [5, 6, 7]
+    lone = [specdec.generate(target, p, drafter=specdec.MultiDraft(draft, num_drafts=2), seed=s, **opts).tokens
+            for p, s in zip(PROMPTS[:3], seeds)]
+    batched = generate_batch(target, PROMPTS[:3], drafter=specdec.MultiDraft(draft, num_drafts=2), seed=seeds, **opts)
+    assert [o.tokens for o in batched] == lone

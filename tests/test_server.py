@@ -95,15 +95,19 @@ def test_models_and_health(live):
 
 def test_completion_matches_lone_greedy_and_reports_drafts(live, pair, tokenizer):
     target, draft = pair
-    out = live.client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=20, temperature=0)
+    # γ pinned, so the draft accounting does not depend on the load-based policy's choices.
+    out = live.client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=20, temperature=0,
+                                         extra_body={"speculative": {"gamma": 4}})
     ids = tokenizer("def add(a, b):")["input_ids"]
-    text, tokens = lone_text(tokenizer, target, ids, specdec.DraftModel(draft), gamma=4, max_new_tokens=20)
+    lone = specdec.generate(target, ids, drafter=specdec.DraftModel(draft), gamma=4, max_new_tokens=20)
+    text = tokenizer.decode(lone.tokens, skip_special_tokens=True)
     assert out.choices[0].text == text
     assert out.choices[0].finish_reason == "length"
     usage = out.usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), 20)
     details = usage.completion_tokens_details
-    assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens >= 0
+    assert details.accepted_prediction_tokens == lone.stats.accepted > 0
+    assert details.rejected_prediction_tokens == lone.stats.drafted - lone.stats.accepted
 
 
 def test_chat_uses_the_template(live, pair, tokenizer):
@@ -127,6 +131,37 @@ def test_streaming_with_usage(live, pair, tokenizer):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 25
     assert all(c.usage is None for c in chunks[:-1])
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_logprobs_completions_chat_and_streaming(live, pair, tokenizer):
+    target, draft = pair
+    ids = prompt_ids(4)
+    _, lone = lone_text(tokenizer, target, ids, specdec.DraftModel(draft), max_new_tokens=10)
+    with torch.no_grad():
+        want = torch.log_softmax(target(torch.tensor([ids + lone])).logits[0], dim=-1)[len(ids) - 1 : -1]  # [10, V]
+    want_chosen = want.gather(1, torch.tensor(lone)[:, None])[:, 0].tolist()
+    out = live.client.completions.create(model="tiny", prompt=ids, max_tokens=10, temperature=0, logprobs=2)
+    lp = out.choices[0].logprobs
+    assert "".join(lp.tokens) == out.choices[0].text
+    assert lp.token_logprobs == pytest.approx(want_chosen, abs=1e-9)
+    # (a dict keyed by text: two ids that decode to the same text share an entry, as in OpenAI's format)
+    assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
+    assert all(top[t] == pytest.approx(v) for top, t, v in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs))
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    # Chat: logprobs + top_logprobs; streamed chunks carry their own tokens' entries.
+    messages = [{"role": "user", "content": "print(i)"}]
+    chat = live.client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0,
+                                               logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 8 and all(len(c.top_logprobs) == 3 for c in content)
+    assert all(c.top_logprobs[0].logprob == pytest.approx(c.logprob) for c in content)  # greedy: the best one
+    stream = live.client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0,
+                                                 logprobs=True, stream=True)
+    streamed = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [c.token for c in content]
+    assert [e.logprob for e in streamed] == pytest.approx([c.logprob for c in content], abs=1e-9)
+    plain = live.client.completions.create(model="tiny", prompt=ids, max_tokens=4, temperature=0)
+    assert plain.choices[0].logprobs is None
 
 
 def test_chat_streaming_and_stop_string(live):
@@ -155,6 +190,32 @@ def test_seed_reproduces_and_equals_the_lone_request(live, pair, tokenizer):
     assert c != a
 
 
+def test_n_choices_are_rows_of_the_batch(live, pair, tokenizer):
+    """n > 1: choice i is the lone request seeded with seed + i; streamed, choices interleave by index."""
+    target, draft = pair
+    kw = dict(model="tiny", prompt=prompt_ids(2), max_tokens=12, temperature=1.0, top_p=0.9)
+    out = live.client.completions.create(n=3, seed=7, **kw)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    for c in out.choices:
+        lone, _ = lone_text(tokenizer, target, prompt_ids(2), specdec.DraftModel(draft), gamma=4, max_new_tokens=12,
+                            temperature=1.0, top_p=0.9, seed=7 + c.index)
+        assert c.text == lone
+    assert len({c.text for c in out.choices}) > 1
+    assert out.usage.completion_tokens == 36 and out.usage.prompt_tokens == len(prompt_ids(2))
+    stream = live.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=2,
+                                                 max_tokens=10, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True})
+    texts, finishes = {0: "", 1: ""}, {}
+    for c in stream:
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+        if not c.choices:
+            assert c.usage.completion_tokens == 20
+    assert texts[0] == texts[1] and texts[0] and finishes == {0: "length", 1: "length"}
+
+
 def test_32_concurrent_streams_each_get_the_lone_greedy_tokens(live, pair, tokenizer):
     target, draft = pair
     n = 32
@@ -174,6 +235,25 @@ def test_32_concurrent_streams_each_get_the_lone_greedy_tokens(live, pair, token
     rounds = metric(live.url, "specdec:batch_size_count") - rounds_before
     single = metric(live.url, "specdec:batch_size_bucket", '{le="1.0"}') - single_before
     assert rounds - single > 0  # some rounds decoded several requests together
+
+
+def test_a_tree_drafter_is_served_batched(pair, tokenizer):
+    target, draft = pair
+    server = LiveServer(create_app(target, tokenizer, specdec.DraftTree(draft, top_k=2, depth=3, max_nodes=6),
+                                   model_name="tree"))
+    try:
+        def one(i):
+            out = server.client.completions.create(model="tree", prompt=prompt_ids(i), max_tokens=12, temperature=0,
+                                                   extra_body={"speculative": {"method": "draft-tree"}})
+            return out.choices[0].text, out.usage.completion_tokens_details.accepted_prediction_tokens
+
+        with ThreadPoolExecutor(6) as pool:
+            results = list(pool.map(one, range(6)))
+    finally:
+        server.stop()
+    for i, (text, _) in enumerate(results):
+        assert text == lone_text(tokenizer, target, prompt_ids(i), max_new_tokens=12)[0], i
+    assert sum(accepted for _, accepted in results) > 0
 
 
 def test_disconnect_frees_the_row(live):
@@ -229,8 +309,9 @@ BAD = {
     "max_tokens zero": ({"model": "tiny", "prompt": "x", "max_tokens": 0}, "max_tokens"),
     "past the context": ({"model": "tiny", "prompt": "x", "max_tokens": 100_000}, "max_tokens"),
     "token id outside the vocabulary": ({"model": "tiny", "prompt": [1, 2, 10_000]}, "prompt"),
-    "n > 1": ({"model": "tiny", "prompt": "x", "n": 2}, "n"),
-    "logprobs": ({"model": "tiny", "prompt": "x", "logprobs": 3}, "logprobs"),
+    "n out of range": ({"model": "tiny", "prompt": "x", "n": 17}, "n"),
+    "logprobs out of range": ({"model": "tiny", "prompt": "x", "logprobs": 50}, "logprobs"),
+    "chat field in completions": ({"model": "tiny", "prompt": "x", "top_logprobs": 2}, "top_logprobs"),
     "bad speculative": ({"model": "tiny", "prompt": "x", "speculative": {"gamma": -1}}, "speculative.gamma"),
     "method not served": ({"model": "tiny", "prompt": "x", "speculative": {"method": "eagle"}}, "speculative.method"),
 }
@@ -323,3 +404,70 @@ def test_a_round_that_fails_as_a_whole_fails_its_rows_and_serving_goes_on(live):
     assert "injected failure" in str(info.value)
     out = live.client.completions.create(model="tiny", prompt=prompt_ids(6), max_tokens=5, temperature=0)
     assert out.usage.completion_tokens == 5
+
+
+# -- the goodput policy under a scripted cost model (no server) ---------------------------------------------
+def _expected_tokens(alpha: float, gamma: int) -> float:
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def _simulate(policy, batch: int, rounds: int, rng, per_row_ms: float, alpha: float = 0.6) -> list[int]:
+    """Round time = a fixed weight-reading cost + per-scored-token compute + γ batched draft steps, times the
+    noise of a shared machine (a round may take 0.6x to 1.8x its cost)."""
+    chosen = []
+    for _ in range(rounds):
+        gamma = policy.choose(batch)
+        cost_ms = 10 + per_row_ms * batch * (gamma + 1) + (1.0 + 0.15 * batch) * gamma
+        seconds = cost_ms / 1000 * rng.uniform(0.6, 1.8)
+        policy.update(batch, gamma, seconds, round(batch * _expected_tokens(alpha, gamma)))
+        chosen.append(gamma)
+    return chosen
+
+
+def test_goodput_policy_backs_off_to_plain_at_large_batches_on_noisy_timings():
+    import random
+
+    from specdec.server.goodput import GoodputGamma
+
+    rng = random.Random(0)
+    policy = GoodputGamma(4)
+    # One row: the pass is memory-bound, speculation pays (~1.5x) and is chosen.
+    one = _simulate(policy, 1, 400, rng, per_row_ms=0.5)[40:]
+    assert sum(g > 0 for g in one) / len(one) > 0.9
+    # 32 rows: compute-bound, plain is ~1.2x ahead of the best γ (γ = 1); the noisy policy must settle on
+    # γ = 0 and leave it only for sparse probes.
+    many = _simulate(policy, 32, 400, rng, per_row_ms=1.0)[40:]
+    assert sum(g == 0 for g in many) / len(many) > 0.9
+    assert policy.current[32] == 0
+
+
+def test_goodput_policy_hysteresis_and_following_the_load():
+    import random
+
+    from specdec.server.goodput import GoodputGamma
+
+    rng = random.Random(1)
+    policy = GoodputGamma(2, candidates=[0, 2])
+    # γ = 2 and plain cost the same per token here (within noise): the choice must not flip-flop.
+    alpha = 0.5  # E[tokens | γ=2] = 1.75
+    chosen = []
+    for _ in range(300):
+        gamma = policy.choose(8)
+        seconds = (1.75 if gamma == 0 else 1.75 * _expected_tokens(alpha, 2)) / 100 * rng.uniform(0.8, 1.25)
+        policy.update(8, gamma, seconds, round(8 * _expected_tokens(alpha, gamma)))
+        chosen.append(gamma)
+    switches = sum(a != b for a, b in zip(chosen[20:], chosen[21:]))
+    probes = len(chosen[20:]) // policy.probe_every
+    assert switches <= 2 * probes + 4
+    # The machine changes: plain rounds get ~5x slower; the policy moves to γ = 2 within a window.
+    policy = GoodputGamma(2, candidates=[0, 2])
+    _simulate(policy, 8, 100, rng, per_row_ms=2.0)
+    assert policy.current[8] == 0
+    chosen = []
+    for _ in range(40):
+        gamma = policy.choose(8)
+        seconds = (150 if gamma == 0 else 40) / 1000
+        policy.update(8, gamma, seconds, round(8 * _expected_tokens(0.6, gamma)))
+        chosen.append(gamma)
+    assert policy.current[8] == 2
+    assert chosen[-20:].count(2) >= 19  # (one probe of plain may fall here)

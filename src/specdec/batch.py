@@ -7,8 +7,10 @@ statistics. Rows accept different numbers of tokens each round; `BatchedCausalLM
 lengths (docs/batching.md). Verification is `decoding.verify_round` on the row's own slice of the logits,
 with the row's own generator, so a row draws the same random numbers as the same request decoded alone.
 
-Drafters: a `DraftModel` is batched (one draft forward per step for all rows, its own `BatchedCausalLM`);
-model-free drafters (prompt lookup, bigram) get one copy per row. Other drafters are refused.
+Drafters: a `DraftModel` is batched (`batch_draft.BatchedDraftModel`: one draft forward per step for all rows);
+model-free drafters (prompt lookup, bigram) get one copy per row; tree drafters (`DraftTree`, `MultiDraft`)
+get one copy per row with its own draft cache (each row grows its own tree; the target scores every row's
+tree in one pass with a per-row tree block in a 4-D mask). Other drafters are refused.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from specdec.batch_draft import BatchedDraftModel
 from specdec.batch_lm import BatchedCausalLM, check_finite
 from specdec.decoding import (
     DEFAULT_GAMMA,
@@ -36,10 +39,13 @@ from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.bigram import Bigram
 from specdec.drafters.draft_model import DraftModel
 from specdec.drafters.prompt_lookup import PromptLookup
-from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, SpecdecError
-from specdec.models.causal_lm import context_length
-from specdec.sampling import SamplingConfig, sample
+from specdec.drafters.tree import DraftTree, MultiDraft
+from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, SpecdecError
+from specdec.models.causal_lm import CachedCausalLM, context_length
+from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats
+from specdec.tree import TreeMask, first_branch, is_chain, validate_proposal
+from specdec.verify import Verdict, verify_tree
 
 
 @dataclass
@@ -54,7 +60,8 @@ class Row:
     generator: torch.Generator
     gamma_policy: object
     eos: frozenset[int]
-    drafter: Drafter | None = None  # a model-free drafter's per-row copy
+    drafter: Drafter | None = None  # the row's own drafter copy (model-free, or a tree drafter with its own cache)
+    logprobs: int | None = None  # report the target's log-probabilities of emitted tokens (+ this many top ones)
     produced: int = 0
     stats: DecodeStats = field(default_factory=DecodeStats)
     started: float = field(default_factory=time.perf_counter)
@@ -71,6 +78,11 @@ class RowEvent:
     finished: bool = False
     finish_reason: str | None = None  # "stop" (EOS) or "length"
     error: SpecdecError | None = None  # decoding failed for this row only; it has been removed
+    # With the row's `logprobs` set: per emitted token, its log-probability under the target's raw
+    # distribution (the verification pass's logits, before temperature / top-k / top-p), and the
+    # `logprobs` most likely (token, log-probability) pairs there.
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class BatchDecoder:
@@ -90,13 +102,16 @@ class BatchDecoder:
                 f"{self.target.vocab_size}; speculative decoding needs the same tokenizer"
             )
         self.drafter = drafter
-        self.draft_lm: BatchedCausalLM | None = None
+        self.draft_model: BatchedDraftModel | None = None
+        self.trees = False  # can the target score tree proposals (else: their first branch, as generate does)
         if type(drafter) is DraftModel:  # subclasses (LayerSkip) run their own model code
-            self.draft_lm = BatchedCausalLM(drafter.lm.model)
+            self.draft_model = BatchedDraftModel(drafter)
+        elif type(drafter) in (DraftTree, MultiDraft):
+            self.trees = CachedCausalLM(target).supports_tree(2)
         elif drafter is not None and not isinstance(drafter, (PromptLookup, Bigram)):
             raise ConfigError(
-                f"{drafter.name} cannot be batched yet; batched decoding supports DraftModel, PromptLookup and "
-                "Bigram: use one of them, or specdec.generate for one request at a time"
+                f"{drafter.name} cannot be batched yet; batched decoding supports DraftModel, DraftTree, "
+                "MultiDraft, PromptLookup and Bigram: use one of them, or specdec.generate for one request at a time"
             )
         self.rows: list[Row] = []
 
@@ -124,11 +139,13 @@ class BatchDecoder:
         start = time.perf_counter()
         prefixes = [row.context[: row.n - 1] for row in rows]
         self.target.add_rows(prefixes)
-        if self.draft_lm is not None:
-            self.draft_lm.add_rows(prefixes)
+        if self.draft_model is not None:
+            self.draft_model.add_rows(prefixes)
         elif self.drafter is not None:
             for row in rows:
                 row.drafter = copy.copy(self.drafter)  # model-free drafters: reset() gives the copy its own state
+                if isinstance(self.drafter, (DraftTree, MultiDraft)):
+                    row.drafter.lm = CachedCausalLM(self.drafter.lm.model)  # a tree drafter: its own draft cache
                 row.drafter.reset(row.context[: row.n])
         prefill_s = time.perf_counter() - start
         for row in rows:
@@ -140,16 +157,24 @@ class BatchDecoder:
         key: object,
         prompt_ids: Sequence[int] | torch.Tensor,
         *,
-        gamma: int | str | object = DEFAULT_GAMMA,
+        gamma: int | str | object | None = None,
         max_new_tokens: int = 64,
         temperature: float = 0.0,
         top_k: int | None = None,
         top_p: float | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         seed: int | None = None,
+        logprobs: int | None = None,
     ) -> Row:
-        """Validate one request and build its (not yet prefilled) row; raises a SpecdecError if invalid."""
+        """Validate one request and build its (not yet prefilled) row; raises a SpecdecError if invalid.
+
+        logprobs: None (off) or k >= 0: each event carries the emitted tokens' target log-probabilities and
+        the k most likely alternatives at each position."""
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
+            raise ConfigError(f"logprobs must be None or an integer >= 0 (top alternatives), got {logprobs!r}")
         sampling = SamplingConfig(temperature, top_k, top_p)
+        if gamma is None:  # as generate: a tree drafter's own depth, else the chain default
+            gamma = getattr(self.drafter, "default_gamma", None) or DEFAULT_GAMMA
         policy = _gamma_policy(gamma)
         max_new_tokens = _check_max_new_tokens(max_new_tokens)
         prompt = _prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
@@ -162,7 +187,8 @@ class BatchDecoder:
             generator.manual_seed(int(seed))
         context = torch.empty(n + max_new_tokens + 1, dtype=torch.long, device=self.target.device)
         context[:n] = prompt
-        return Row(key, context, n, max_new_tokens, sampling, generator, policy, _eos_ids(self.model, eos_token_id))
+        return Row(key, context, n, max_new_tokens, sampling, generator, policy, _eos_ids(self.model, eos_token_id),
+                   logprobs=logprobs)
 
     def remove(self, keys: Sequence[object]) -> None:
         """Drop the rows with these keys (finished, cancelled, failed) between rounds."""
@@ -172,8 +198,8 @@ class BatchDecoder:
             return
         self.rows = [self.rows[i] for i in keep]
         self.target.remove_rows(keep)
-        if self.draft_lm is not None:
-            self.draft_lm.remove_rows(keep)
+        if self.draft_model is not None:
+            self.draft_model.remove_rows(keep)
 
     # -- one round ------------------------------------------------------------------------------------
     def step(self, gamma_cap: int | dict[object, int | None] | None = None) -> list[RowEvent]:
@@ -196,23 +222,45 @@ class BatchDecoder:
 
         # 1. drafters propose.
         t = time.perf_counter()
-        proposals = self._propose(rows, gammas)
+        proposals, trees, errors = self._propose(rows, gammas)
         draft_s = time.perf_counter() - t
 
-        # 2. target scores every row: its last committed token and its drafts.
+        # 2. target scores every row: its last committed token and its drafts (a chain, or a tree's nodes).
         t = time.perf_counter()
         inputs = [torch.cat([row.context[row.n - 1 : row.n], p.tokens]) for row, p in zip(rows, proposals)]
-        target_logits = self.target.forward(inputs)  # [B, W, V]
+        target_logits = self.target.forward(inputs, trees=trees)  # [B, W, V]
+        width = target_logits.shape[1]
         target_s = time.perf_counter() - t
+
+        # One finiteness check and one argmax for the whole pass (rows are re-checked one by one only if the
+        # pass has a non-finite value somewhere, which may be a padding column).
+        all_finite = bool(torch.isfinite(target_logits).all())
+        greedy = [row.sampling.greedy and tree is None for row, tree in zip(rows, trees)]
+        best = target_logits.argmax(dim=-1).tolist() if any(greedy) else None  # [B, W]
 
         events, failed, kept_lengths = [], [], []
         for i, (row, proposal) in enumerate(zip(rows, proposals)):
             gamma = len(proposal)
-            logits = target_logits[i, : gamma + 1]  # [γ+1, V]
+            logits = target_logits[i, : gamma + 1]  # [γ+1, V] (a tree: [N+1, V], row 0 the root)
             try:
-                check_finite(logits, self.model, f"request {row.key!r}")
+                if errors[i] is not None:
+                    raise errors[i]
+                if not all_finite:
+                    check_finite(logits, self.model, f"request {row.key!r}")
                 # 3. verify this row with its own generator.
-                verdict = verify_round(proposal.tokens, proposal.draft_probs, logits, row.sampling, row.generator)
+                if greedy[i]:
+                    drafts = proposal.tokens.tolist()
+                    verdict = _verify_greedy_from_argmax(drafts, best[i])
+                    accepted = drafts[: verdict.num_accepted]
+                elif trees[i] is None:
+                    verdict = verify_round(proposal.tokens, proposal.draft_probs, logits, row.sampling,
+                                           row.generator)
+                    accepted = proposal.tokens[: verdict.num_accepted].tolist()  # [k]
+                else:
+                    verdict = verify_tree(proposal, logits, row.sampling, row.generator)
+                    path = list(verdict.path)  # [k] node indices
+                    accepted = proposal.tokens[path].tolist()  # [k]
+                    self.target.keep_new(i, width, [0] + [node + 1 for node in path])  # root + path
             except SpecdecError as exc:
                 failed.append(row.key)
                 kept_lengths.append(row.n - 1)
@@ -221,9 +269,8 @@ class BatchDecoder:
             k = verdict.num_accepted
             # 4. commit: the target keeps context + accepted drafts; append the next token.
             kept_lengths.append(row.n + k)
-            row.context[row.n : row.n + k] = proposal.tokens[:k]
-            row.context[row.n + k] = verdict.next_token
-            new_tokens = row.context[row.n : row.n + k + 1].tolist()
+            new_tokens = accepted + [verdict.next_token]
+            row.context[row.n : row.n + k + 1] = torch.tensor(new_tokens, device=row.context.device)
             row.n += k + 1
             stats = row.stats
             stats.record_round(gamma, k, verdict.outcome)
@@ -246,75 +293,89 @@ class BatchDecoder:
                     break
             stats.new_tokens = row.produced
             stats.wall_s = time.perf_counter() - row.started
-            events.append(RowEvent(row.key, emitted, min(k, len(emitted)), gamma, reason is not None, reason))
+            event = RowEvent(row.key, emitted, min(k, len(emitted)), gamma, reason is not None, reason)
+            if row.logprobs is not None:
+                event.logprobs, event.top_logprobs = _token_logprobs(logits[: len(emitted)], emitted, row.logprobs)
+            events.append(event)
 
         self.target.crop(kept_lengths)
-        if self.draft_lm is not None:
-            # The draft cache may cover at most context[:n-1] of each row (it catches up when it proposes).
-            lengths = self.draft_lm.lengths.tolist()
-            self.draft_lm.crop([min(length, row.n - 1) for length, row in zip(lengths, rows)])
+        if self.draft_model is not None:
+            self.draft_model.commit(rows)
         done = [e.key for e in events if e.finished]
         self.remove(done)
         return events
 
-    def _propose(self, rows: list[Row], gammas: list[int]) -> list[Proposal]:
+    def _propose(self, rows: list[Row], gammas: list[int]):
+        """Each row's proposal (a chain, or a tree with its mask), and a ProposalError for rows whose drafter
+        proposed something invalid (that row alone fails; its proposal is replaced by an empty one)."""
         empty = Proposal(torch.empty(0, dtype=torch.long, device=self.target.device))
+        none = [None] * len(rows)
         if self.drafter is None or not any(gammas):
-            return [empty for _ in rows]
-        if self.draft_lm is None:  # per-row model-free drafters
-            out = []
-            for row, gamma in zip(rows, gammas):
-                if gamma == 0:
-                    out.append(empty)
-                    continue
-                p = row.drafter.propose(row.context[: row.n], gamma, row.sampling, row.generator)
+            return [empty for _ in rows], none, none
+        if self.draft_model is not None:
+            return self.draft_model.propose(rows, gammas), none, none
+        out, trees, errors = [], [], []  # per-row drafters
+        for row, gamma in zip(rows, gammas):
+            p = row.drafter.propose(row.context[: row.n], gamma, row.sampling, row.generator) if gamma else empty
+            tree, error = None, None
+            if p.parents is not None:
+                try:
+                    p, tree = self._check_tree(p, gamma, row.n)
+                except ProposalError as exc:
+                    p, error = empty, exc
+            if tree is None:
                 gamma = min(gamma, len(p))
-                out.append(Proposal(p.tokens[:gamma], None if p.draft_probs is None else p.draft_probs[:gamma]))
-            return out
-        return self._propose_draft_model(rows, gammas)
+                p = Proposal(p.tokens[:gamma], None if p.draft_probs is None else p.draft_probs[:gamma])
+            out.append(p)
+            trees.append(tree)
+            errors.append(error)
+        return out, trees, errors
 
-    def _propose_draft_model(self, rows: list[Row], gammas: list[int]) -> list[Proposal]:
-        """DraftModel.propose for every row at once: one batched draft forward per draft position."""
-        lm = self.draft_lm
-        lengths = lm.lengths.tolist()
-        # Catch up on committed tokens the draft cache has not seen (rows not drafting feed nothing).
-        inputs = [row.context[length : row.n] if g else row.context[:0] for row, length, g in zip(rows, lengths, gammas)]
-        logits = lm.forward(inputs)  # [B, W, V]
-        last = torch.stack([logits[i, max(0, x.shape[0] - 1)] for i, x in enumerate(inputs)])  # [B, V]
-        tokens: list[list[torch.Tensor]] = [[] for _ in rows]
-        probs: list[list[torch.Tensor]] = [[] for _ in rows]
-        for step in range(max(gammas)):
-            feed = []
-            for i, row in enumerate(rows):
-                if step >= gammas[i]:
-                    feed.append(row.context[:0])
-                    continue
-                row_logits = last[i : i + 1]  # [1, V]
-                if row.sampling.greedy:
-                    token = row_logits.argmax(dim=-1)  # [1]
-                else:
-                    dist = row.sampling.warp(row_logits)  # [1, V]
-                    token = sample(dist, row.generator)  # [1]
-                    probs[i].append(dist)
-                tokens[i].append(token)
-                feed.append(token if step + 1 < gammas[i] else row.context[:0])
-            if step + 1 < max(gammas):
-                last = lm.forward(feed)[:, 0]  # [B, V]
-        out = []
-        for i, row in enumerate(rows):
-            if not tokens[i]:
-                out.append(Proposal(row.context[:0]))
-                continue
-            out.append(Proposal(torch.cat(tokens[i]), torch.cat(probs[i]) if probs[i] else None))
-            row.stats.draft_forwards = row.stats.draft_forwards + gammas[i]
-        return out
+    def _check_tree(self, proposal: Proposal, gamma: int, n: int) -> tuple[Proposal, TreeMask | None]:
+        """As the single-request decoder: validate, cap the depth at γ, and score a chain (or, when the target
+        cannot take a 4-D mask, the first branch) as a chain."""
+        room = None if self.limit is None else self.limit - n
+        validate_proposal(proposal.tokens, proposal.draft_probs, proposal.parents, self.target.vocab_size, room)
+        tree = TreeMask.from_parents(proposal.parents)  # [N+1] rows: the root and the nodes
+        depth = int(tree.depths.max())
+        if depth > gamma:
+            raise ProposalError(
+                f"the drafter proposed a tree {depth} deep but this round allows {gamma} tokens (gamma, capped by "
+                "the remaining max_new_tokens); a tree drafter must cap its depth at the gamma it is given"
+            )
+        if is_chain(proposal.parents):
+            return Proposal(proposal.tokens, proposal.draft_probs), None
+        if self.trees:
+            return proposal, tree
+        first = first_branch(proposal.parents)  # [d] node indices
+        probs = proposal.draft_probs[first] if proposal.draft_probs is not None else None
+        return Proposal(proposal.tokens[first], probs), None
+
+
+def _verify_greedy_from_argmax(drafts: list[int], best: list[int]) -> Verdict:
+    """`verify.verify_greedy` on a row's slice of an argmax taken once for the whole batch: accept the drafts
+    that equal the target's argmax, then the argmax after them (recovered, or bonus if all were accepted)."""
+    k = 0
+    while k < len(drafts) and drafts[k] == best[k]:
+        k += 1
+    return Verdict(k, best[k], "bonus" if k == len(drafts) else "recovered")
+
+
+def _token_logprobs(logits: torch.Tensor, tokens: list[int], top: int):
+    """logits [m, V] (row j scored token j): the tokens' log-probabilities and the `top` best per position."""
+    logp = torch.log_softmax(logits, dim=-1)  # [m, V] (float32 or float64, as the forward returned)
+    chosen = logp.gather(1, torch.tensor(tokens, device=logp.device)[:, None])[:, 0].tolist()  # [m]
+    if top == 0:
+        return chosen, [[] for _ in tokens]
+    values, indices = logp.topk(min(top, logp.shape[-1]), dim=-1)  # [m, top]
+    return chosen, [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
 
 
 def generate_batch(
     target: PreTrainedModel,
     prompts: Sequence[Sequence[int] | torch.Tensor],
     drafter: Drafter | None = None,
-    gamma: int | str = DEFAULT_GAMMA,
+    gamma: int | str | None = None,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
     top_k: int | None = None,
@@ -326,7 +387,7 @@ def generate_batch(
 
     Each output is what `generate` gives for that prompt alone (token-identical at temperature 0; at T > 0
     exactly distributed, and with the same seed the same draws as a lone request). `seed`: one seed for
-    every row, or one per prompt.
+    every row, or one per prompt. `gamma` left unset: a tree drafter's own depth, else the chain default.
     """
     if isinstance(prompts, torch.Tensor) and prompts.dim() == 1:
         raise PromptError("generate_batch takes a list of prompts; for a single prompt use specdec.generate")

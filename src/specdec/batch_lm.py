@@ -10,6 +10,12 @@ to the right end of a shorter cache (one index copy per layer), so holes never a
 The model sees ordinary HF inputs: input_ids [B, W], position_ids [B, W] (each row's own lengths), a 2-D
 attention mask [B, S + W] over the slots and a `DynamicCache`; causality is by slot, which is the order of
 each row's tokens. No model file is forked and nothing is stored on the config.
+
+Token trees: a row may append a tree (root + nodes, `TreeMask`) instead of a chain. Its nodes take new slots
+in node order, sit at position id `length + depth`, and the mask becomes 4-D [B, 1, W, S + W]: the tree
+row's block of new slots is its ancestor matrix instead of the causal triangle. After verification
+`keep_new` turns the nodes off the accepted path into holes; as the path is in node order, "i-th valid slot
+= i-th token" still holds.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from transformers.cache_utils import DynamicLayer
 
 from specdec.errors import NumericalError, UnsupportedModelError
 from specdec.models.causal_lm import check_rollback_support, vocab_size
+from specdec.tree import TreeMask
 
 
 def check_batchable(model: PreTrainedModel) -> None:
@@ -163,11 +170,13 @@ class BatchedCausalLM:
 
     # -- decoding -------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, inputs: Sequence[torch.Tensor], last_only: bool = False) -> torch.Tensor:
+    def forward(self, inputs: Sequence[torch.Tensor], last_only: bool = False,
+                trees: Sequence[TreeMask | None] | None = None) -> torch.Tensor:
         """Append inputs[i] [n_i] (n_i may be 0) to row i; return logits [B, W, V], W = max n_i.
 
         Row i's logits are meaningful at [i, :n_i] only (last_only: [B, 1, V] of the last column, for a
-        prefill that needs none). The cache keeps exactly the real inputs.
+        prefill that needs none). The cache keeps exactly the real inputs. trees[i] (optional): inputs[i] is
+        a root and its tree's nodes (trees[i].size == n_i), scored in this one pass.
         """
         start = time.perf_counter()
         rows = self.rows
@@ -184,9 +193,12 @@ class BatchedCausalLM:
         position_ids = torch.minimum(self.lengths[:, None] + steps[None], last[:, None])  # [B, W]
         # Padding inputs sit after a row's real inputs, so causality already hides them from the real ones;
         # they stay visible to themselves so that no query row is fully masked (NaNs would spread via V).
-        attention_mask = torch.cat(
-            [self.valid, self.valid.new_ones(rows, width)], dim=1
-        ).long()  # [B, S + W]
+        if trees is not None and any(tree is not None for tree in trees):
+            attention_mask = self._tree_mask(trees, width, position_ids)  # [B, 1, W, S + W]
+        else:
+            attention_mask = torch.cat(
+                [self.valid, self.valid.new_ones(rows, width)], dim=1
+            ).long()  # [B, S + W]
         cache = self._dynamic_cache()
         out = self.model(
             input_ids=input_ids,
@@ -208,6 +220,36 @@ class BatchedCausalLM:
         self.forwards += 1
         self.forward_s += time.perf_counter() - start
         return logits
+
+    def _tree_mask(self, trees: Sequence[TreeMask | None], width: int, position_ids: torch.Tensor) -> torch.Tensor:
+        """The 4-D additive mask [B, 1, W, S + W] of a pass where some rows append trees; fills those rows'
+        position ids (length + depth; padding repeats the deepest node's) in place."""
+        rows, slots = self.rows, self.slots
+        allowed = torch.ones(rows, width, slots + width, dtype=torch.bool, device=self.device)  # [B, W, S + W]
+        allowed[:, :, :slots] = self.valid[:, None, :]
+        allowed[:, :, slots:] = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
+        lengths = self.lengths
+        for i, tree in enumerate(trees):
+            if tree is None:
+                continue
+            m = tree.size
+            allowed[i, :m, slots : slots + m] = tree.ancestors.to(self.device)  # [M, M]
+            depths = tree.depths.to(self.device)  # [M]
+            position_ids[i, :m] = lengths[i] + depths
+            position_ids[i, m:] = lengths[i] + depths.max()
+        dtype = self.model.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask[:, None]
+
+    def keep_new(self, row: int, width: int, keep: Sequence[int]) -> None:
+        """Of row `row`'s inputs in the last pass (the cache's last `width` slots), keep only the columns in
+        `keep` (a tree's root and accepted path); the others become holes."""
+        columns = torch.as_tensor([self.slots - width + j for j in keep], dtype=torch.long, device=self.device)
+        slots = torch.arange(self.slots, device=self.device)  # [S]
+        drop = (slots >= self.slots - width) & ~torch.isin(slots, columns)  # [S]
+        rows = torch.arange(self.rows, device=self.device) == row  # [B]
+        self.valid = self.valid & ~(rows[:, None] & drop[None])  # [B, S] (a new tensor: no in-place update)
 
     def _dynamic_cache(self) -> DynamicCache:
         """A DynamicCache over this batch's states whose layers append in place (spare capacity is reused

@@ -21,7 +21,7 @@ from specdec.decoding import FixedGamma
 from specdec.models.causal_lm import context_length, vocab_size
 from specdec.server.metrics import Metrics
 from specdec.server.protocol import APIError, Sampling, parse_sampling
-from specdec.server.scheduler import Failed, Finished, Request, Scheduler
+from specdec.server.scheduler import Failed, Finished, Request, Scheduler, Tokens
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 512
@@ -61,6 +61,48 @@ class TextAssembler:
         return delta
 
 
+class LogprobsFormatter:
+    """A round's token log-probabilities in OpenAI's shapes: completions' parallel lists, chat's `content`
+    list. Values are the target's raw log-probabilities from the verification pass (see docs/batching.md)."""
+
+    def __init__(self, tokenizer, chat: bool):
+        self.tokenizer, self.chat, self.offset = tokenizer, chat, 0
+
+    def piece(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def entry(self, token: int, logprob: float) -> dict:
+        text = self.piece(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    def format(self, tokens: Tokens) -> dict:
+        if self.chat:
+            return {"content": [{**self.entry(t, lp), "top_logprobs": [self.entry(a, alp) for a, alp in top]}
+                                for t, lp, top in zip(tokens.ids, tokens.logprobs, tokens.top_logprobs)],
+                    "refusal": None}
+        pieces = [self.piece(t) for t in tokens.ids]
+        offsets = []
+        for text in pieces:
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {"tokens": pieces, "token_logprobs": tokens.logprobs,
+                "top_logprobs": [self.by_text(top) for top in tokens.top_logprobs],
+                "text_offset": offsets}
+
+    def by_text(self, top: list[tuple[int, float]]) -> dict[str, float]:
+        """{text: log-probability}, best first; ids that decode to the same text keep the best one's value."""
+        out: dict[str, float] = {}
+        for token, logprob in top:
+            out.setdefault(self.piece(token), logprob)
+        return out
+
+    @staticmethod
+    def merge(parts: list[dict]) -> dict | None:
+        if not parts:
+            return None
+        return {key: (None if key == "refusal" else [x for part in parts for x in part[key]]) for key in parts[0]}
+
+
 def _usage(prompt_tokens: int, request: Request) -> dict:
     return {
         "prompt_tokens": prompt_tokens,
@@ -80,7 +122,8 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
     scheduler = Scheduler(target, drafter, max_batch=max_batch, max_gamma=max_gamma, metrics=metrics,
                           adaptive_gamma=adaptive_gamma)
     limit = context_length(target)
-    served_method = {"DraftModel": "draft", "PromptLookup": "prompt-lookup", "Bigram": "bigram"}.get(
+    served_method = {"DraftModel": "draft", "PromptLookup": "prompt-lookup", "Bigram": "bigram",
+                     "DraftTree": "draft-tree", "MultiDraft": "multi-draft"}.get(
         type(drafter).__name__, type(drafter).__name__) if drafter is not None else "none"
     vocab = vocab_size(target)
     created = int(time.time())
@@ -158,7 +201,7 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                            code="context_length_exceeded")
         return sampling.max_tokens
 
-    def submit(ids: list[int], sampling: Sampling, max_new: int) -> Request:
+    def submit(ids: list[int], sampling: Sampling, max_new: int, index: int = 0) -> Request:
         if not scheduler.accepting:
             raise APIError("the server is shutting down; retry against another instance", status=503,
                            type_="server_error", code="shutting_down")
@@ -167,45 +210,70 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
             raise APIError(f"'speculative.method' {method!r} is not served here; this server drafts with "
                            f"{served_method!r} (or send \"none\" for plain decoding)", param="speculative.method")
         gamma = FixedGamma(0) if sampling.plain else (sampling.gamma or max_gamma)
+        # Choice i of a seeded request with n > 1 uses seed + i (the choices differ, and each reproduces).
+        seed = None if sampling.seed is None else sampling.seed + index
         options = dict(gamma=gamma, max_new_tokens=max_new, temperature=sampling.temperature,
-                       top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed)
+                       top_k=sampling.top_k, top_p=sampling.top_p, seed=seed, logprobs=sampling.logprobs)
         # A seeded sampled request keeps a fixed γ (its draws then reproduce); so does an explicit gamma.
         adaptive = sampling.gamma is None and not (sampling.seed is not None and sampling.temperature > 0)
         request = Request(ids, options, asyncio.get_running_loop(), adaptive=adaptive)
         scheduler.submit(request)
         return request
 
+    def summed_usage(prompt_tokens: int, requests: list[Request]) -> dict:
+        """The prompt counted once (as OpenAI does for n > 1), completions and draft accounting summed."""
+        parts = [_usage(prompt_tokens, r) for r in requests]
+        completion = sum(p["completion_tokens"] for p in parts)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion,
+                "completion_tokens_details": {
+                    key: sum(p["completion_tokens_details"][key] for p in parts)
+                    for key in ("accepted_prediction_tokens", "rejected_prediction_tokens")}}
+
     async def respond(http: HTTPRequest, ids: list[int], sampling: Sampling, max_new: int, chat: bool):
-        request = submit(ids, sampling, max_new)
+        """n rows of the same prompt decode in the batch like independent requests; choice i is row i."""
+        requests = [submit(ids, sampling, max_new, i) for i in range(sampling.n)]
+
+        def cancel_all() -> None:
+            for r in requests:
+                scheduler.cancel(r)
+
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         obj = "chat.completion" if chat else "text_completion"
-        assembler = TextAssembler(tokenizer, sampling.stop)
-        try:
-            first = await request.events.get()
+        assemblers = [TextAssembler(tokenizer, sampling.stop) for _ in requests]
+        formats = [LogprobsFormatter(tokenizer, chat) if sampling.logprobs is not None else None for _ in requests]
+        try:  # wait for every row's first tokens, so a request failing in its first round is a real HTTP error
+            firsts = [await r.events.get() for r in requests]
         except asyncio.CancelledError:
-            scheduler.cancel(request.id)
+            cancel_all()
             raise
-        if isinstance(first, Failed):
-            raise APIError(first.message, status=first.status,
-                           type_="server_error" if first.status >= 500 else "invalid_request_error")
+        for first in firsts:
+            if isinstance(first, Failed):
+                cancel_all()
+                raise APIError(first.message, status=first.status,
+                               type_="server_error" if first.status >= 500 else "invalid_request_error")
 
-        def choice(text: str | None, finish: str | None, stream: bool) -> dict:
+        def choice(index: int, text: str | None, finish: str | None, stream: bool,
+                   logprobs: dict | None = None) -> dict:
             if chat:
                 key = "delta" if stream else "message"
                 content = {"content": text} if stream else {"role": "assistant", "content": text}
                 if stream and text is None:
                     content = {}
-                return {"index": 0, key: content, "logprobs": None, "finish_reason": finish}
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+                return {"index": index, key: content, "logprobs": logprobs, "finish_reason": finish}
+            return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
 
         if not sampling.stream:
-            item, finish = first, None
-            try:
+            async def collect(index: int) -> dict:
+                request, assembler, fmt = requests[index], assemblers[index], formats[index]
+                item, finish, logprob_parts = firsts[index], None, []
                 while True:
-                    if isinstance(item, list):
-                        _, stopped = assembler.add(item)
+                    if isinstance(item, Tokens):
+                        if fmt is not None:
+                            logprob_parts.append(fmt.format(item))
+                        _, stopped = assembler.add(item.ids)
                         if stopped:
-                            scheduler.cancel(request.id)
+                            scheduler.cancel(request)
                             finish = "stop"
                             break
                     elif isinstance(item, Finished):
@@ -215,11 +283,15 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                     else:
                         raise APIError(item.message, status=item.status, type_="server_error")
                     item = await request.events.get()
-            except asyncio.CancelledError:
-                scheduler.cancel(request.id)
+                return choice(index, assembler.text, finish, False, LogprobsFormatter.merge(logprob_parts))
+
+            try:
+                choices = await asyncio.gather(*(collect(i) for i in range(len(requests))))
+            except (asyncio.CancelledError, APIError):
+                cancel_all()
                 raise
             return {"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
-                    "choices": [choice(assembler.text, finish, False)], "usage": _usage(len(ids), request)}
+                    "choices": list(choices), "usage": summed_usage(len(ids), requests)}
 
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -231,27 +303,44 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
             return f"data: {json.dumps(data)}\n\n"
 
         async def events():
-            done = False
+            # Every row's events onto one queue, tagged with the choice index (a row's own order is kept).
+            merged: asyncio.Queue = asyncio.Queue()
+            for index, first in enumerate(firsts):
+                merged.put_nowait((index, first))
+
+            async def forward(index: int) -> None:
+                while True:
+                    item = await requests[index].events.get()
+                    merged.put_nowait((index, item))
+                    if not isinstance(item, Tokens):
+                        return
+
+            forwarders = [asyncio.ensure_future(forward(i)) for i, f in enumerate(firsts) if isinstance(f, Tokens)]
+            open_rows, done = set(range(len(requests))), False
             try:
                 if chat:
-                    yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None}])
-                item, finish = first, None
-                while True:
-                    if isinstance(item, list):
-                        delta, stopped = assembler.add(item)
-                        if delta:
-                            yield chunk([choice(delta, None, True)])
-                        if stopped:
-                            scheduler.cancel(request.id)
-                            finish = "stop"
-                            break
+                    for index in range(len(requests)):
+                        yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}])
+                while open_rows:
+                    index, item = await merged.get()
+                    if index not in open_rows:
+                        continue  # a row already ended by a stop string
+                    assembler, fmt = assemblers[index], formats[index]
+                    if isinstance(item, Tokens):
+                        delta, stopped = assembler.add(item.ids)
+                        logprobs = fmt.format(item) if fmt is not None else None
+                        if delta or logprobs:
+                            yield chunk([choice(index, delta, None, True, logprobs)])
+                        if not stopped:
+                            continue
+                        scheduler.cancel(requests[index])
+                        finish = "stop"
                     elif isinstance(item, Finished):
                         delta = assembler.finish()
                         if delta:
-                            yield chunk([choice(delta, None, True)])
+                            yield chunk([choice(index, delta, None, True)])
                         finish = item.reason
-                        break
                     else:
                         metrics.request_errors.labels(status=str(item.status)).inc()
                         error = APIError(item.message, status=item.status, type_="server_error")
@@ -259,15 +348,17 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                         yield "data: [DONE]\n\n"
                         done = True
                         return
-                    item = await request.events.get()
+                    open_rows.discard(index)
+                    yield chunk([choice(index, None, finish, True)])
                 done = True
-                yield chunk([choice(None, finish, True)])
                 if sampling.include_usage:
-                    yield chunk([], _usage(len(ids), request))
+                    yield chunk([], summed_usage(len(ids), requests))
                 yield "data: [DONE]\n\n"
             finally:
-                if not done:  # the client went away: free the row at the next round boundary
-                    scheduler.cancel(request.id)
+                for task in forwarders:
+                    task.cancel()
+                if not done or open_rows:  # the client went away (or a row failed): free the rows
+                    cancel_all()
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,20 +1,29 @@
 """γ under load, from measured goodput (SmartSpec-style): as the batch grows, speculation backs off.
 
-Each round the scheduler picks a cap γ for every row's draft length. For a batch of B rows the expected
-goodput of cap γ is
+Each round the scheduler picks a cap γ for every row's draft length. The policy measures what it cares about
+directly: the **goodput** of a round, tokens committed by all rows / wall seconds, per batch-size bucket
+(powers of two) and γ. γ = 0 is plain batched decoding. When the target pass stops being memory-bound (large
+B on a small CPU) scoring γ extra tokens per row costs nearly γ times more and γ = 0 wins.
 
-    B · E[tokens per row | γ] / t(B, γ),     E[tokens | γ] = (1 − α^(γ+1)) / (1 − α)
+Round times on a shared machine are noisy (a neighbour's burst doubles one round), so the decision is made
+robust three ways:
 
-where α is the running per-token acceptance probability (accepted / tested drafts, Leviathan et al.'s i.i.d.
-model) and t(B, γ) the measured wall time of a round (exponential moving average per batch-size bucket and γ).
-γ = 0 is plain batched decoding (one token per row per round). Unmeasured (bucket, γ) pairs are tried once,
-and every `probe_every` rounds the stalest one is measured again, so the choice follows the machine's load.
-When the target pass stops being memory-bound (large B on a small CPU), t grows with B·(γ+1) and γ = 0 wins.
+- **windows, not single rounds**: a (bucket, γ) estimate is the median of its last `window` rounds, so one
+  slow or fast round does not flip the choice;
+- **hysteresis**: the bucket's current γ is kept unless another γ's median is ahead by more than `margin`
+  (10%); a measured-equal pair never oscillates;
+- **sparse probing**: every `probe_every` rounds of a bucket the least recently measured γ runs once, so
+  the estimates follow the machine's load; between probes the current γ runs. Once plain decoding is
+  chosen, speculation costs at most one probe round in `probe_every`.
+
+Unmeasured (bucket, γ) pairs are tried first (`warmup` rounds each) in the order γ_max, ..., 0.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 
 def batch_bucket(batch: int) -> int:
@@ -22,59 +31,57 @@ def batch_bucket(batch: int) -> int:
     return 1 << math.ceil(math.log2(max(batch, 1)))
 
 
-def expected_tokens(alpha: float, gamma: int) -> float:
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-
-
 class GoodputGamma:
-    def __init__(self, max_gamma: int, *, probe_every: int = 64, smoothing: float = 0.2, prior_alpha: float = 0.7):
-        self.candidates = list(range(0, max_gamma + 1))
-        self.probe_every = probe_every
-        self.smoothing = smoothing
-        self.accepted = 0.0  # decayed counts of accepted and rejected draft tokens
-        self.rejected = 0.0
-        self.prior_alpha = prior_alpha
-        self.times: dict[tuple[int, int], float] = {}
+    def __init__(self, max_gamma: int, *, candidates: list[int] | None = None, window: int = 8, warmup: int = 3,
+                 margin: float = 0.10, probe_every: int = 32):
+        if candidates is None:
+            candidates = sorted({0, 1, 2, max_gamma} | ({max_gamma // 2} if max_gamma >= 4 else set()))
+        self.candidates = [g for g in candidates if 0 <= g <= max_gamma] or [0]
+        self.window, self.warmup, self.margin, self.probe_every = window, warmup, margin, probe_every
+        self.samples: dict[tuple[int, int], deque[float]] = {}  # (bucket, γ) → recent tokens/s
         self.measured_at: dict[tuple[int, int], int] = {}
+        self.current: dict[int, int] = {}  # bucket → the γ it runs between probes
+        self.rounds_in: dict[int, int] = {}
         self.rounds = 0
 
-    @property
-    def alpha(self) -> float:
-        tested = self.accepted + self.rejected
-        return self.accepted / tested if tested >= 8 else self.prior_alpha
-
-    def goodput(self, batch: int, gamma: int) -> float | None:
-        t = self.times.get((batch_bucket(batch), gamma))
-        return None if t is None else batch_bucket(batch) * expected_tokens(self.alpha, gamma) / t
+    def estimate(self, bucket: int, gamma: int) -> float | None:
+        """Median goodput (tokens/s) of the last `window` rounds of this bucket at this γ."""
+        samples = self.samples.get((bucket, gamma))
+        return statistics.median(samples) if samples else None
 
     def choose(self, batch: int) -> int:
         if len(self.candidates) == 1:
-            return 0
+            return self.candidates[0]
         bucket = batch_bucket(batch)
-        unmeasured = [g for g in self.candidates if (bucket, g) not in self.times]
-        if unmeasured:
-            return unmeasured[0]
-        if self.rounds % self.probe_every == self.probe_every - 1:
+        for gamma in reversed(self.candidates):  # warm-up: each γ a few rounds
+            if len(self.samples.get((bucket, gamma), ())) < self.warmup:
+                return gamma
+        n = self.rounds_in.get(bucket, 0)
+        if n % self.probe_every == self.probe_every - 1:
             return min(self.candidates, key=lambda g: self.measured_at[(bucket, g)])
-        return max(self.candidates, key=lambda g: self.goodput(batch, g))
+        return self._decide(bucket)
 
-    def update(self, batch: int, gamma: int, seconds: float, accepted: int, rejected: int) -> None:
-        """A round of `batch` rows under cap `gamma` took `seconds`; rows accepted / rejected that many drafts."""
+    def _decide(self, bucket: int) -> int:
+        best = max(self.candidates, key=lambda g: self.estimate(bucket, g))
+        current = self.current.get(bucket)
+        if current is None or self.estimate(bucket, best) > (1 + self.margin) * self.estimate(bucket, current):
+            self.current[bucket] = current = best
+        return current
+
+    def update(self, batch: int, gamma: int, seconds: float, tokens: int) -> None:
+        """A round of `batch` rows under cap `gamma` took `seconds` and committed `tokens` tokens in all."""
         self.rounds += 1
-        key = (batch_bucket(batch), gamma)
-        seconds_per_row = seconds * batch_bucket(batch) / max(batch, 1)  # normalise within a bucket
-        old = self.times.get(key)
-        self.times[key] = seconds_per_row if old is None else old + self.smoothing * (seconds_per_row - old)
+        bucket = batch_bucket(batch)
+        self.rounds_in[bucket] = self.rounds_in.get(bucket, 0) + 1
+        key = (bucket, gamma)
+        # Normalise to the bucket's size: within a bucket a round's cost grows about linearly with rows.
+        rate = tokens / max(seconds, 1e-9) * bucket / max(batch, 1)
+        self.samples.setdefault(key, deque(maxlen=self.window)).append(rate)
         self.measured_at[key] = self.rounds
-        decay = 0.98
-        self.accepted = self.accepted * decay + accepted
-        self.rejected = self.rejected * decay + rejected
 
     def table(self) -> dict[str, dict[int, float]]:
-        """Measured goodput (tokens/s) per batch bucket and γ: what `specdec serve` logs and bench reports."""
+        """Median measured goodput (tokens/s) per batch bucket and γ: what `specdec serve` logs."""
         out: dict[str, dict[int, float]] = {}
-        for (bucket, gamma), t in sorted(self.times.items()):
-            out.setdefault(str(bucket), {})[gamma] = round(bucket * expected_tokens(self.alpha, gamma) / t, 1)
+        for (bucket, gamma) in sorted(self.samples):
+            out.setdefault(str(bucket), {})[gamma] = round(self.estimate(bucket, gamma), 1)
         return out

@@ -32,6 +32,8 @@ class Sampling:
     include_usage: bool
     gamma: int | None  # from the `speculative` extension; None = the server's default
     plain: bool = False  # speculative.method == "none"
+    logprobs: int | None = None  # None: off; k: each token's log-probability and its k most likely alternatives
+    n: int = 1  # choices: n rows of the same prompt in the batch
     extra: dict = field(default_factory=dict)
 
 
@@ -45,8 +47,9 @@ UNSUPPORTED_IF_SET = {
     "logit_bias": (None, "logit_bias is not supported; omit it"),
     "tools": (None, "tool calling is not supported; omit tools"),
     "response_format": (None, "response_format is not supported; omit it"),
-    "top_logprobs": (None, "top_logprobs is not supported; omit it"),
 }
+MAX_TOP_LOGPROBS = 20
+MAX_N = 16
 
 
 def _number(body: dict, name: str, default, *, integer: bool = False):
@@ -61,12 +64,11 @@ def _number(body: dict, name: str, default, *, integer: bool = False):
 
 
 def parse_sampling(body: dict, *, chat: bool) -> Sampling:
-    n = body.get("n", 1)
-    if n is not None and n != 1:
-        raise APIError(f"only n=1 is supported, got n={n!r}; send one request per completion", param="n")
-    logprobs = body.get("logprobs")
-    if logprobs not in (None, False):  # (0 == False: "no logprobs" passes)
-        raise APIError("logprobs are not supported by this server; omit 'logprobs'", param="logprobs")
+    n = _number(body, "n", 1, integer=True)
+    if not 1 <= n <= MAX_N:
+        raise APIError(f"'n' must be an integer in [1, {MAX_N}], got {n}; send several requests for more choices",
+                       param="n")
+    logprobs = _logprobs(body, chat)
     for name, (off, why) in UNSUPPORTED_IF_SET.items():
         value = body.get(name)
         if value is not None and value != off and value not in ({}, []):
@@ -117,4 +119,29 @@ def parse_sampling(body: dict, *, chat: bool) -> Sampling:
     if method is not None and not isinstance(method, str):
         raise APIError("'speculative.method' must be a string", param="speculative.method")
     return Sampling(max_tokens, float(temperature), top_p, top_k, seed, stop, stream, include_usage, gamma,
-                    plain=(method == "none" or gamma == 0), extra={"method": method})
+                    plain=(method == "none" or gamma == 0), extra={"method": method}, logprobs=logprobs, n=n)
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """Completions: `logprobs` = k (0..20) alternatives. Chat: `logprobs: true` and `top_logprobs` = k."""
+    if chat:
+        wanted = body.get("logprobs")
+        if wanted is not None and not isinstance(wanted, bool):
+            raise APIError(f"'logprobs' must be true or false in chat completions, got {wanted!r}", param="logprobs")
+        top = _number(body, "top_logprobs", None, integer=True)
+        if top is not None and not wanted:
+            raise APIError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise APIError(f"'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top}",
+                           param="top_logprobs")
+        return (top or 0) if wanted else None
+    if "top_logprobs" in body and body["top_logprobs"] is not None:
+        raise APIError("'top_logprobs' is a chat completions field; in /v1/completions send 'logprobs': k",
+                       param="top_logprobs")
+    top = body.get("logprobs")
+    if top is None or top is False:
+        return None
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise APIError(f"'logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}] (how many top alternatives per "
+                       f"token), got {top!r}", param="logprobs")
+    return top

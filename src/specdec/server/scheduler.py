@@ -25,6 +25,15 @@ log = logging.getLogger("specdec.serve")
 
 
 @dataclass
+class Tokens:
+    """New tokens of one round (and, when the request asked, their log-probabilities: see RowEvent)."""
+
+    ids: list[int]
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
 class Finished:
     reason: str  # "stop" | "length" | "cancelled"
 
@@ -52,9 +61,10 @@ class Request:
     completion_tokens: int = 0
     first_token_at: float | None = None
     last_token_at: float | None = None
+    cancelled: bool = False  # set by the handler's thread; the scheduler frees the row at the next round
 
     def push(self, item) -> None:
-        """Thread-safe: deliver a list of tokens, a Finished or a Failed to the handler."""
+        """Thread-safe: deliver Tokens, a Finished or a Failed to the handler."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
         except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
@@ -74,8 +84,6 @@ class Scheduler:
         self.incoming: queue.Queue[Request] = queue.Queue()
         self.waiting: list[Request] = []
         self.active: dict[int, Request] = {}
-        self._cancelled: set[int] = set()
-        self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.accepting = True
@@ -90,10 +98,12 @@ class Scheduler:
         self.incoming.put(request)
         self._wake.set()
 
-    def cancel(self, request_id: int) -> None:
-        """Free this request's row at the next round boundary (client disconnected, stop string seen)."""
-        with self._lock:
-            self._cancelled.add(request_id)
+    def cancel(self, request: Request) -> None:
+        """Free this request's row at the next round boundary (client disconnected, stop string seen).
+
+        A flag on the request, not a set of ids on the scheduler: a request cancelled after it finished
+        (or before it was seen) leaves nothing behind."""
+        request.cancelled = True
         self._wake.set()
 
     def stop(self, drain_s: float = 0.0) -> None:
@@ -141,10 +151,8 @@ class Scheduler:
         admitted, rows = [], []
         while self.waiting and len(self.active) + len(admitted) < self.max_batch:
             request = self.waiting.pop(0)
-            with self._lock:
-                if request.id in self._cancelled:
-                    self._cancelled.discard(request.id)
-                    continue
+            if request.cancelled:
+                continue
             try:
                 rows.append((request.id, request.prompt_ids, request.options))
                 self.decoder.check(*rows[-1][:2], **request.options)
@@ -167,16 +175,12 @@ class Scheduler:
             self.metrics.prompt_tokens.inc(len(request.prompt_ids))
 
     def _drop_cancelled(self) -> None:
-        with self._lock:
-            cancelled, self._cancelled = self._cancelled, set()
-        gone = [rid for rid in cancelled if rid in self.active]
+        gone = [rid for rid, request in self.active.items() if request.cancelled]
         if gone:
             self.decoder.remove(gone)
             for rid in gone:
                 self.active.pop(rid).push(Finished("cancelled"))
-        self.waiting = [r for r in self.waiting if r.id not in cancelled]
-        with self._lock:  # ids not seen yet (still in `incoming`) stay cancelled for _admit
-            self._cancelled |= {rid for rid in cancelled if rid not in self.active and rid not in gone}
+        self.waiting = [r for r in self.waiting if not r.cancelled]
 
     def _round(self) -> None:
         batch = len(self.decoder)
@@ -200,7 +204,7 @@ class Scheduler:
         m.round_seconds.observe(seconds)
         m.gamma.set(gamma)
         m.gamma_chosen.observe(gamma)
-        accepted_total = rejected_total = 0
+        committed = 0
         for event in events:
             request = self.active.get(event.key)
             if request is None:
@@ -212,8 +216,7 @@ class Scheduler:
             m.record_round(event.drafted, event.accepted)
             request.drafted += event.drafted
             request.accepted += event.accepted
-            accepted_total += event.accepted
-            rejected_total += 1 if event.accepted < event.drafted else 0
+            committed += len(event.tokens)
             if event.tokens:
                 if request.first_token_at is None:
                     request.first_token_at = now
@@ -225,11 +228,11 @@ class Scheduler:
                 request.last_token_at = now
                 request.completion_tokens += len(event.tokens)
                 m.generation_tokens.inc(len(event.tokens))
-                request.push(event.tokens)
+                request.push(Tokens(event.tokens, event.logprobs, event.top_logprobs))
             if event.finished:
                 self.active.pop(event.key)
                 m.requests.labels(finished_reason=event.finish_reason).inc()
                 m.e2e.observe(now - request.arrived)
                 request.push(Finished(event.finish_reason))
         if self.policy is not None:
-            self.policy.update(batch, gamma, seconds, accepted_total, rejected_total)
+            self.policy.update(batch, gamma, seconds, committed)
