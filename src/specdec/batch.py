@@ -39,7 +39,8 @@ from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.bigram import Bigram
 from specdec.drafters.draft_model import DraftModel
 from specdec.drafters.prompt_lookup import PromptLookup
-from specdec.drafters.tree import DraftTree, MultiDraft
+from specdec.drafters.multi_draft import MultiDraft
+from specdec.drafters.tree import DraftTree
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, SpecdecError
 from specdec.models.causal_lm import CachedCausalLM, context_length
 from specdec.sampling import SamplingConfig
