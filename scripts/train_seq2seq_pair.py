@@ -124,11 +124,20 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--cpu-minutes", type=float, default=15.0)
-    parser.add_argument("--only", choices=("target", "draft"), required=True)
+    parser.add_argument("--only", choices=("target", "draft"))
+    parser.add_argument("--heldout-prompts", metavar="FILE",
+                        help="write the held-out sources (signature + docstring) as bench JSONL prompts and exit")
     parser.add_argument("--wall-minutes", type=float, default=None,
                         help="also stop training after this much wall time (a shared, busy machine)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    if args.heldout_prompts:
+        rows = [json.dumps({"prompt": tokenizer.decode(src)}) for src, _ in examples("heldout", tokenizer)]
+        Path(args.heldout_prompts).write_text("\n".join(rows) + "\n")
+        return 0
+    if args.only is None:
+        parser.error("--only target|draft is required to train")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     logf = open(out / f"train-{args.only}.log", "a")
@@ -136,7 +145,6 @@ def main() -> int:
     def log(msg: str) -> None:
         print(msg, file=logf, flush=True)
 
-    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     t0 = time.process_time()
     train_data, held = examples("train", tokenizer), examples("heldout", tokenizer)
     held = held[:400]
