@@ -31,7 +31,7 @@ from transformers import DynamicCache, PreTrainedModel
 from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError, NumericalError, PromptError
 from specdec.heads import EagleHead
-from specdec.heads.static_draft import draft_round, round_slots
+from specdec.heads.static_draft import draft_round, grow_level, round_slots
 from specdec.models.static_lm import (
     CACHE_ROUND,
     COMPILE_OPTIONS,
@@ -273,18 +273,10 @@ class Eagle(Drafter):
             fed_rows = rows_mask
             fed += k
             logp = torch.log_softmax(self.lm_head(out).float(), -1)  # [k, V]
-            child = logp.topk(k, dim=-1)  # [k, k]
-            # A child scores strictly below its parent, so the best-scored nodes always form a subtree.
-            cumulative = scores[-1][frontier][:, None] + child.values - 1e-6  # [k, k]
-            tokens.append(child.indices.reshape(-1))
-            scores.append(cumulative.reshape(-1))
-            parents.append(frontier_ids.repeat_interleave(k))
-            offset += tokens[-2].shape[0]
-            best = cumulative.reshape(-1).topk(k).indices  # [k] within this level
-            frontier = best
-            frontier_ids = offset + best
-            frontier_features = out[best // k]
-            ancestors_of_frontier = fed_rows[best // k]  # [k, fed]
+            frontier, frontier_ids, offset = grow_level(logp, tokens, scores, parents, frontier, frontier_ids,
+                                                        offset)
+            frontier_features = out[frontier // k]
+            ancestors_of_frontier = fed_rows[frontier // k]  # [k, fed]
         all_tokens = torch.cat(tokens)
         all_scores = torch.cat(scores)
         all_parents = torch.cat(parents)

@@ -41,6 +41,23 @@ def _head_pass(head, embed, cache, tokens, features, positions, slots, visible):
     return out[0]
 
 
+def grow_level(logp, tokens, scores, parents, frontier, frontier_ids, offset: int):
+    """One EAGLE-2 level: append the top-k children of each of the k frontier nodes (log-probabilities
+    logp [k, V] after each) to the per-level lists tokens / scores / parents, and pick the k best of them as
+    the next frontier. Returns (frontier [k] within the new level, their global ids [k], the new level's
+    offset among all nodes)."""
+    k = frontier.shape[0]
+    child = logp.topk(k, dim=-1)  # [k, k]
+    # A child scores strictly below its parent, so the best-scored nodes always form a subtree.
+    cumulative = scores[-1][frontier][:, None] + child.values - 1e-6  # [k, k]
+    tokens.append(child.indices.reshape(-1))
+    scores.append(cumulative.reshape(-1))
+    parents.append(frontier_ids.repeat_interleave(k))
+    offset += tokens[-2].shape[0]
+    best = cumulative.reshape(-1).topk(k).indices  # [k] within this level
+    return best, offset + best, offset
+
+
 def draft_round(head, embed, lm_head, cache, tokens, features, count, rows, *, pad: int, levels: int,
                 top_k: int, max_nodes: int):
     """One drafting round.
@@ -100,17 +117,10 @@ def draft_round(head, embed, lm_head, cache, tokens, features, count, rows, *, p
                          visible)  # [k, H]
         finite = finite & torch.isfinite(out).all()
         logp = torch.log_softmax(lm_head(out).float(), -1)  # [k, V]
-        child = logp.topk(k, dim=-1)  # [k, k]
-        # A child scores strictly below its parent, so the best-scored nodes always form a subtree.
-        cumulative = all_scores[-1][frontier][:, None] + child.values - 1e-6  # [k, k]
-        all_tokens.append(child.indices.reshape(-1))
-        all_scores.append(cumulative.reshape(-1))
-        all_parents.append(frontier_ids.repeat_interleave(k))
-        offset += all_tokens[-2].shape[0]
-        best = cumulative.reshape(-1).topk(k).indices  # [k] within this level
-        frontier, frontier_ids = best, offset + best
-        frontier_features = out[best // k]  # [k, H]
-        chains = rows_mask[best // k]  # [k, width]
+        frontier, frontier_ids, offset = grow_level(logp, all_tokens, all_scores, all_parents, frontier,
+                                                    frontier_ids, offset)
+        frontier_features = out[frontier // k]  # [k, H]
+        chains = rows_mask[frontier // k]  # [k, width]
     tokens_out = torch.cat(all_tokens)  # [T]
     scores = torch.cat(all_scores)  # [T]
     parents = torch.cat(all_parents)  # [T]
