@@ -7,15 +7,16 @@ statistics. Rows accept different numbers of tokens each round; `BatchedCausalLM
 lengths (docs/batching.md). Verification is `decoding.verify_round` on the row's own slice of the logits,
 with the row's own generator, so a row draws the same random numbers as the same request decoded alone.
 
-Drafters: a `DraftModel` is batched (`batch_draft.BatchedDraftModel`: one draft forward per step for all rows);
-model-free drafters (prompt lookup, bigram) get one copy per row; tree drafters (`DraftTree`, `MultiDraft`)
-get one copy per row with its own draft cache (each row grows its own tree; the target scores every row's
-tree in one pass with a per-row tree block in a 4-D mask). Other drafters are refused.
+Drafters: a `DraftModel` and `LayerSkip` (the target's first layers as a draft model) are batched
+(`batch_draft.BatchedDraftModel`: one draft forward per step for all rows); every other drafter gets one
+`fork()` per row: model-free drafters (prompt lookup, bigram), tree drafters (`DraftTree`, `MultiDraft`:
+each row grows its own tree with its own draft cache; the target scores every row's tree in one pass with a
+per-row tree block in a 4-D mask) and head drafters (`Eagle`, `Medusa`: `batch_heads.BatchedHeads`, fed the
+features of each row's root and accepted path from the target's pass). Other drafters are refused.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.batch_draft import BatchedDraftModel
+from specdec.batch_heads import BatchedHeads
 from specdec.batch_lm import BatchedCausalLM, check_finite
 from specdec.decoding import (
     DEFAULT_GAMMA,
@@ -38,6 +40,9 @@ from specdec.decoding import (
 from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.bigram import Bigram
 from specdec.drafters.draft_model import DraftModel
+from specdec.drafters.eagle import Eagle
+from specdec.drafters.layer_skip import LayerSkip
+from specdec.drafters.medusa import Medusa
 from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.drafters.multi_draft import MultiDraft
 from specdec.drafters.tree import DraftTree
@@ -61,7 +66,7 @@ class Row:
     generator: torch.Generator
     gamma_policy: object
     eos: frozenset[int]
-    drafter: Drafter | None = None  # the row's own drafter copy (model-free, or a tree drafter with its own cache)
+    drafter: Drafter | None = None  # the row's own fork of the drafter (model-free, tree or head drafters)
     logprobs: int | None = None  # report the target's log-probabilities of emitted tokens (+ this many top ones)
     produced: int = 0
     stats: DecodeStats = field(default_factory=DecodeStats)
@@ -104,15 +109,22 @@ class BatchDecoder:
             )
         self.drafter = drafter
         self.draft_model: BatchedDraftModel | None = None
+        self.heads: BatchedHeads | None = None  # drafters reading the target's features
+        self.hidden: bool | tuple[int, ...] = False  # what the target's passes return besides logits
         self.trees = False  # can the target score tree proposals (else: their first branch, as generate does)
-        if type(drafter) is DraftModel:  # subclasses (LayerSkip) run their own model code
+        if type(drafter) in (DraftModel, LayerSkip):  # other subclasses (cross-vocabulary) translate tokens
             self.draft_model = BatchedDraftModel(drafter)
+        elif isinstance(drafter, (Eagle, Medusa)):
+            self.heads = BatchedHeads(drafter)
+            self.hidden = self.heads.hidden
+            self.trees = CachedCausalLM(target).supports_tree(2)
         elif type(drafter) in (DraftTree, MultiDraft):
             self.trees = CachedCausalLM(target).supports_tree(2)
         elif drafter is not None and not isinstance(drafter, (PromptLookup, Bigram)):
             raise ConfigError(
-                f"{drafter.name} cannot be batched yet; batched decoding supports DraftModel, DraftTree, "
-                "MultiDraft, PromptLookup and Bigram: use one of them, or specdec.generate for one request at a time"
+                f"{drafter.name} cannot be batched yet; batched decoding supports DraftModel, LayerSkip, DraftTree, "
+                "MultiDraft, Eagle, Medusa, PromptLookup and Bigram: use one of them, or specdec.generate for one "
+                "request at a time"
             )
         self.rows: list[Row] = []
 
@@ -139,14 +151,14 @@ class BatchDecoder:
             return
         start = time.perf_counter()
         prefixes = [row.context[: row.n - 1] for row in rows]
-        self.target.add_rows(prefixes)
+        features = self.target.add_rows(prefixes, hidden=self.hidden)  # per row [n-1, H] | None, with heads
         if self.draft_model is not None:
             self.draft_model.add_rows(prefixes)
+        elif self.heads is not None:
+            self.heads.add_rows(rows, features)
         elif self.drafter is not None:
             for row in rows:
-                row.drafter = copy.copy(self.drafter)  # model-free drafters: reset() gives the copy its own state
-                if isinstance(self.drafter, (DraftTree, MultiDraft)):
-                    row.drafter.lm = CachedCausalLM(self.drafter.lm.model)  # a tree drafter: its own draft cache
+                row.drafter = self.drafter.fork()  # its own state (a tree drafter: its own draft cache)
                 row.drafter.reset(row.context[: row.n])
         prefill_s = time.perf_counter() - start
         for row in rows:
@@ -229,7 +241,8 @@ class BatchDecoder:
         # 2. target scores every row: its last committed token and its drafts (a chain, or a tree's nodes).
         t = time.perf_counter()
         inputs = [torch.cat([row.context[row.n - 1 : row.n], p.tokens]) for row, p in zip(rows, proposals)]
-        target_logits = self.target.forward(inputs, trees=trees)  # [B, W, V]
+        scores = self.target.score(inputs, trees=trees, hidden=self.hidden)
+        target_logits = scores.logits  # [B, W, V]
         width = target_logits.shape[1]
         target_s = time.perf_counter() - t
 
@@ -261,7 +274,9 @@ class BatchDecoder:
                     verdict = verify_tree(proposal, logits, row.sampling, row.generator)
                     path = list(verdict.path)  # [k] node indices
                     accepted = proposal.tokens[path].tolist()  # [k]
-                    self.target.keep_new(i, width, [0] + [node + 1 for node in path])  # root + path
+                keep = list(range(len(accepted) + 1)) if trees[i] is None else [0] + [node + 1 for node in path]
+                if trees[i] is not None:
+                    self.target.keep_new(i, width, keep)  # root + path
             except SpecdecError as exc:
                 failed.append(row.key)
                 kept_lengths.append(row.n - 1)
@@ -278,8 +293,12 @@ class BatchDecoder:
             stats.target_s += target_s
             stats.draft_s += draft_s
             stats.target_forwards += 1
-            if row.drafter is not None:
+            if self.heads is not None:  # the features of the root and the accepted path only: [k+1, H]
+                self.heads.commit(row, k, scores.hidden[i, keep])
+                stats.draft_forwards = row.drafter.forwards
+            elif row.drafter is not None:
                 row.drafter.commit(row.context[: row.n], k)
+                stats.draft_forwards = row.drafter.forwards
             row.gamma_policy.update(stats)
             # 5. emit, stopping at the first EOS or max_new_tokens.
             emitted, reason = [], None
@@ -315,9 +334,13 @@ class BatchDecoder:
             return [empty for _ in rows], none, none
         if self.draft_model is not None:
             return self.draft_model.propose(rows, gammas), none, none
+        if self.heads is not None:
+            raw = self.heads.propose(rows, gammas, empty)
+        else:
+            raw = [row.drafter.propose(row.context[: row.n], gamma, row.sampling, row.generator) if gamma else empty
+                   for row, gamma in zip(rows, gammas)]
         out, trees, errors = [], [], []  # per-row drafters
-        for row, gamma in zip(rows, gammas):
-            p = row.drafter.propose(row.context[: row.n], gamma, row.sampling, row.generator) if gamma else empty
+        for row, gamma, p in zip(rows, gammas, raw):
             tree, error = None, None
             if p.parents is not None:
                 try:

@@ -28,6 +28,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from specdec.errors import NumericalError, UnsupportedModelError
+from specdec.models.base import Scores
 from specdec.models.causal_lm import check_rollback_support, vocab_size
 from specdec.tree import TreeMask
 
@@ -125,14 +126,19 @@ class BatchedCausalLM:
         self.add_rows([input_ids])
 
     @torch.inference_mode()
-    def add_rows(self, inputs: Sequence[torch.Tensor]) -> None:
+    def add_rows(self, inputs: Sequence[torch.Tensor],
+                 hidden: bool | tuple[int, ...] = False) -> list[torch.Tensor | None] | None:
         """Append rows whose caches hold inputs[i] [n_i]: prefilled together in one forward of their own
-        (right-padded), then spliced in. The existing rows' caches are not recomputed."""
+        (right-padded), then spliced in. The existing rows' caches are not recomputed. With `hidden` (as
+        `score`), return each new row's features [n_i, H] (None where n_i = 0)."""
         start = time.perf_counter()
         fresh = BatchedCausalLM(self.model)
         fresh.valid = self.valid.new_zeros(len(inputs), 0)
+        features = [None] * len(inputs) if hidden else None
         if any(x.shape[0] for x in inputs):
-            fresh.forward(inputs, last_only=True)
+            states = fresh.score(inputs, last_only=True, hidden=hidden).hidden  # [B_new, W, H] | None
+            if hidden:
+                features = [states[i, : x.shape[0]] if x.shape[0] else None for i, x in enumerate(inputs)]
             fresh.forwards, fresh.forward_s = 0, 0.0
         if fresh.keys and not self.keys:
             self.keys = [k.new_zeros(self.rows, k.shape[1], 0, k.shape[3]) for k in fresh.keys]
@@ -148,6 +154,7 @@ class BatchedCausalLM:
             self.values = [torch.cat([a, b]) for a, b in zip(self.values, fresh.values)]
         self.valid = torch.cat([self.valid, fresh.valid])
         self.prefill_s += time.perf_counter() - start
+        return features
 
     def remove_rows(self, keep: Sequence[int]) -> None:
         """Keep only the rows at indices `keep` (in that order); the others' caches are dropped."""
@@ -169,7 +176,6 @@ class BatchedCausalLM:
             self.values[layer] = torch.cat([v.new_zeros(*v.shape[:2], extra, v.shape[3]), v], dim=2)
 
     # -- decoding -------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def forward(self, inputs: Sequence[torch.Tensor], last_only: bool = False,
                 trees: Sequence[TreeMask | None] | None = None) -> torch.Tensor:
         """Append inputs[i] [n_i] (n_i may be 0) to row i; return logits [B, W, V], W = max n_i.
@@ -178,6 +184,14 @@ class BatchedCausalLM:
         prefill that needs none). The cache keeps exactly the real inputs. trees[i] (optional): inputs[i] is
         a root and its tree's nodes (trees[i].size == n_i), scored in this one pass.
         """
+        return self.score(inputs, last_only, trees).logits
+
+    @torch.inference_mode()
+    def score(self, inputs: Sequence[torch.Tensor], last_only: bool = False,
+              trees: Sequence[TreeMask | None] | None = None, hidden: bool | tuple[int, ...] = False) -> Scores:
+        """`forward`, and with `hidden` the features heads read: logits [B, W, V] and hidden [B, W, H]
+        (hidden=True: the final, normed states; a tuple of layer indices: those side by side [B, W, len * H],
+        as `models.base.select_hidden`). Row i's features are meaningful at [i, :n_i] only."""
         start = time.perf_counter()
         rows = self.rows
         counts = torch.tensor([int(x.shape[0]) for x in inputs], device=self.device)  # [B]
@@ -207,6 +221,7 @@ class BatchedCausalLM:
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
+            **({"output_hidden_states": True} if hidden else {}),
         )
         layers = out.past_key_values.layers
         self.keys = [layer.keys for layer in layers]
@@ -217,9 +232,14 @@ class BatchedCausalLM:
         logits = out.logits  # [B, W, V]
         if logits.dtype not in (torch.float32, torch.float64):
             logits = logits.float()
+        states = None
+        if hidden is True:
+            states = out.hidden_states[-1]  # [B, W, H]
+        elif hidden:
+            states = torch.cat([out.hidden_states[j] for j in hidden], dim=-1)  # [B, W, len * H]
         self.forwards += 1
         self.forward_s += time.perf_counter() - start
-        return logits
+        return Scores(logits, states)
 
     def _tree_mask(self, trees: Sequence[TreeMask | None], width: int, position_ids: torch.Tensor) -> torch.Tensor:
         """The 4-D additive mask [B, 1, W, S + W] of a pass where some rows append trees; fills those rows'

@@ -7,6 +7,7 @@ sees the committed context (prompt + generated tokens, a 1-D LongTensor view, ne
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -84,6 +85,13 @@ class Drafter(ABC):
         `sampling.warp(...)` of your distribution and return it as `draft_probs`, or propose
         deterministically with `draft_probs=None`. Both keep decoding exact.
         """
+
+    def fork(self) -> Drafter:
+        """A drafter for another request decoded at the same time (batched decoding keeps one per row): the
+        same weights and settings, its own per-request state; `reset` it before use. Default: a shallow copy,
+        which is a proper fork for drafters whose `reset` rebinds all their per-request state (PromptLookup,
+        Bigram); drafters holding a cache or features across `reset` override it."""
+        return copy.copy(self)
 
     def match_target_vocab(self, target_vocab_size: int) -> bool:
         """Prepare to draft for a target whose logits are `target_vocab_size` wide; False if this drafter's

@@ -23,6 +23,7 @@ the request's first (the short last rounds) runs the same code uncompiled rather
 
 from __future__ import annotations
 
+import copy
 import weakref
 
 import torch
@@ -103,6 +104,13 @@ class Eagle(Drafter):
     def default_gamma(self) -> int:
         """The decoder's γ when none is given: the chain's length / the tree's depth."""
         return self.depth
+
+    def fork(self) -> Eagle:
+        """Another request's drafter over the same head: its own head cache and pending features."""
+        twin = copy.copy(self)
+        twin.slot_cache = None  # reset builds its own (a shared slot cache would mix two requests' rows)
+        twin.reset(torch.zeros(1, dtype=torch.long))
+        return twin
 
     def reset(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """hidden [n-1, H]: the target's features of prompt_ids[:-1]."""

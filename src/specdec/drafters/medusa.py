@@ -10,6 +10,7 @@ the committed context (point masses), hence exact at any temperature: no typical
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -73,6 +74,12 @@ class Medusa(Drafter):
     def forwards(self) -> int:
         return self._forwards
 
+    def fork(self) -> Medusa:
+        """Another request's drafter over the same heads (its own last feature)."""
+        twin = copy.copy(self)
+        twin.reset(torch.zeros(1, dtype=torch.long))
+        return twin
+
     def reset(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         self.feature = hidden[-1] if hidden is not None and hidden.shape[0] else None  # [H]
         self._forwards = 0
@@ -88,9 +95,14 @@ class Medusa(Drafter):
             return Proposal(context.new_empty(0))
         self._forwards += 1
         logits = self.lm_head(self.heads(self.feature.to(self.lm_head.weight.dtype)))  # [K, V]
+        return self.proposal(logits, gamma, context.device)
+
+    def proposal(self, logits: torch.Tensor, gamma: int, device: torch.device) -> Proposal:
+        """The chain or tree that the heads' logits [K, V] propose, at most γ deep (batched decoding runs
+        the heads once for every row's feature and hands each row its slice)."""
         if self.tree is None:
-            return Proposal(logits[:gamma].argmax(-1).to(context.device))  # [min(K, γ)]
+            return Proposal(logits[:gamma].argmax(-1).to(device))  # [min(K, γ)]
         ranked = logits.topk(self._width, dim=-1).indices  # [K, width]
         keep = self._depth < gamma  # no deeper than γ levels
         tokens = ranked[self._depth, self._rank][keep]
-        return Proposal(tokens.to(context.device), None, self._parents[keep].to(context.device))
+        return Proposal(tokens.to(device), None, self._parents[keep].to(device))

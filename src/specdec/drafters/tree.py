@@ -18,6 +18,7 @@ What each node's q is (the verifier needs exactly the distribution the node was 
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -52,6 +53,14 @@ class _TreeDrafter(Drafter):
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self.lm.reset()
         self.lm.prefill(prompt_ids[:-1])  # the last prompt token is the first round's root
+
+    def fork(self) -> _TreeDrafter:
+        """Another request's drafter over the same draft model, with its own (eager) draft cache."""
+        twin = copy.copy(self)
+        twin.lm = CachedCausalLM(self.lm.model)
+        if "_adapters" in vars(self):
+            twin._adapters = {False: twin.lm}
+        return twin
 
     def commit(self, context: torch.Tensor, num_accepted: int) -> None:
         self.lm.crop(min(self.lm.length, context.shape[0] - 1))
