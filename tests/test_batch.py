@@ -119,8 +119,12 @@ def test_bad_inputs_raise_specdec_errors(pairs):
     target, _ = pairs["llama"]
     with pytest.raises(specdec.PromptError):
         generate_batch(target, [[1, 2], [500]])
+    class Unbatched(specdec.Drafter):  # a user's drafter: batched decoding cannot know how to fork its state
+        def propose(self, context, gamma, sampling, generator):
+            return specdec.Proposal(context[-1:])
+
     with pytest.raises(specdec.ConfigError):
-        generate_batch(target, [[1, 2]], drafter=specdec.LayerSkip(target))
+        generate_batch(target, [[1, 2]], drafter=Unbatched())
     with pytest.raises(specdec.ConfigError):
         generate_batch(target, [[1], [2]], seed=[1])
     with pytest.raises(specdec.PromptError):

@@ -18,9 +18,15 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--target", help="target model: local path or hub id (default: the shipped pair)")
     parser.add_argument("--draft", help="draft model path or hub id (same tokenizer as the target)")
-    parser.add_argument("--drafter", choices=[k for k in DRAFTER_KINDS if k != "layer-skip"] + ["none"],
+    parser.add_argument("--drafter", choices=[*DRAFTER_KINDS, "none"],
                         default=None, help="how to draft (default: 'draft' when a draft model is available, else "
-                        "none); 'prompt-lookup' and 'bigram' need no draft model")
+                        "none); 'prompt-lookup', 'bigram' and 'layer-skip' need no draft model, 'eagle' / "
+                        "'medusa' use the heads shipped for the default target")
+    parser.add_argument("--head", default=None, metavar="PATH",
+                        help="--drafter eagle / medusa: a head saved by `specdec train-head` (default: the heads "
+                        "shipped for the default target)")
+    parser.add_argument("--draft-layers", type=int, default=None,
+                        help="--drafter layer-skip: the target's first N layers draft (default: half of them)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument("--model-name", default=None, help="the id clients send as 'model' (default: 'specdec-default' "
@@ -51,7 +57,8 @@ def build_app(args):
         torch.set_num_threads(args.threads)
     target, draft, tokenizer = load_models(args)
     kind = args.drafter or ("draft" if draft is not None else None)
-    drafter = None if kind in (None, "none") else make_drafter(kind, target=target, draft=draft)
+    options = {"head_path": args.head, "draft_layers": args.draft_layers}
+    drafter = None if kind in (None, "none") else make_drafter(kind, target=target, draft=draft, **options)
     if args.gamma < 1 or args.max_batch < 1:
         raise ConfigError("--gamma and --max-batch must be integers >= 1")
     template = Path(args.chat_template).read_text() if args.chat_template else None

@@ -115,6 +115,21 @@ def _usage(prompt_tokens: int, request: Request) -> dict:
     }
 
 
+def served_methods(drafter) -> tuple[str, ...]:
+    """The `speculative.method` names (the CLI's --drafter kinds) that name this server's drafter, canonical
+    first: a request may ask for its server's method or "none", never switch to another one."""
+    if drafter is None:
+        return ("none",)
+    kind = type(drafter).__name__
+    if kind == "Eagle":
+        return ("eagle", "eagle-chain") if drafter.top_k == 1 else ("eagle",)
+    if kind == "Medusa":
+        return ("medusa", "medusa-chain") if drafter.tree is None else ("medusa",)
+    names = {"DraftModel": "draft", "LayerSkip": "layer-skip", "PromptLookup": "prompt-lookup",
+             "Bigram": "bigram", "DraftTree": "draft-tree", "MultiDraft": "multi-draft"}
+    return (names.get(kind, kind),)
+
+
 def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", max_batch: int = 64,
                max_gamma: int = 4, adaptive_gamma: bool = True, max_body_bytes: int = 1 << 20,
                drain_s: float = 10.0, chat_template: str | None = None) -> FastAPI:
@@ -122,9 +137,8 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
     scheduler = Scheduler(target, drafter, max_batch=max_batch, max_gamma=max_gamma, metrics=metrics,
                           adaptive_gamma=adaptive_gamma)
     limit = context_length(target)
-    served_method = {"DraftModel": "draft", "PromptLookup": "prompt-lookup", "Bigram": "bigram",
-                     "DraftTree": "draft-tree", "MultiDraft": "multi-draft"}.get(
-        type(drafter).__name__, type(drafter).__name__) if drafter is not None else "none"
+    served = served_methods(drafter)  # the names a request's `speculative.method` may give
+    served_method = served[0]
     vocab = vocab_size(target)
     created = int(time.time())
     chat_template = chat_template or getattr(tokenizer, "chat_template", None)  # the caller's tokenizer is not changed
@@ -206,7 +220,7 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
             raise APIError("the server is shutting down; retry against another instance", status=503,
                            type_="server_error", code="shutting_down")
         method = sampling.extra.get("method")
-        if method not in (None, "none", served_method):
+        if method not in (None, "none", *served):
             raise APIError(f"'speculative.method' {method!r} is not served here; this server drafts with "
                            f"{served_method!r} (or send \"none\" for plain decoding)", param="speculative.method")
         gamma = FixedGamma(0) if sampling.plain else (sampling.gamma or max_gamma)

@@ -1,0 +1,185 @@
+"""Batched decoding with drafters that read the target's features (Eagle, Medusa) and with LayerSkip: each row is
+what `specdec.generate` gives for that prompt alone, and no head ever reads a feature of a rejected draft."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import tiny, tiny_tokenizer
+
+import specdec
+from specdec.batch import BatchDecoder, generate_batch
+from specdec.drafters.medusa import DEFAULT_TREE
+
+# A vocabulary of 8 makes untrained heads' drafts accepted sometimes and rejected sometimes (ragged acceptance).
+PROMPTS = [[(i * 5 + 3) % 8 for i in range(n)] for n in (9, 1, 14, 4, 2)]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny("llama", hidden=16, layers=2, vocab=8, seed=4)
+
+
+DRAFTERS = {
+    "eagle-chain": lambda t: specdec.Eagle(t, specdec.EagleHead.init(t, seed=0)),
+    "eagle-tree": lambda t: specdec.Eagle(t, specdec.EagleHead.init(t, seed=0), top_k=3, depth=3, max_nodes=8),
+    "medusa-chain": lambda t: specdec.Medusa(t, specdec.MedusaHeads.init(t, num_heads=3, seed=0)),
+    "medusa-tree": lambda t: specdec.Medusa(t, specdec.MedusaHeads.init(t, num_heads=4, seed=0), tree=DEFAULT_TREE),
+    "layer-skip": lambda t: specdec.LayerSkip(t, num_layers=1),
+}
+
+
+def _check_row_state(decoder: BatchDecoder) -> None:
+    """Per row, after every round: the target caches context[:n-1]; a head's state covers exactly the committed
+    positions (Eagle: head-cache rows computed from target features + pending features = n-1, and no row computed
+    from a drafted feature survives); LayerSkip's draft cache at most context[:n-1]."""
+    assert decoder.target.lengths.tolist() == [row.n - 1 for row in decoder.rows]
+    for row in decoder.rows:
+        fork = row.drafter
+        if isinstance(fork, specdec.Eagle):
+            assert fork.rows + fork.pending.shape[0] == row.n - 1
+            assert fork.cache.get_seq_length() == fork.rows
+        elif isinstance(fork, specdec.Medusa):
+            assert fork.feature is not None or row.n == 1
+    if decoder.draft_model is not None:
+        assert decoder.draft_model.lm.rows == len(decoder)
+        assert all(d <= row.n - 1 for d, row in zip(decoder.draft_model.lm.lengths.tolist(), decoder.rows))
+    forks = [id(row.drafter) for row in decoder.rows if row.drafter is not None]
+    assert len(set(forks)) == len(forks)  # one fork per row, never shared
+
+
+@pytest.mark.parametrize("method", list(DRAFTERS))
+def test_greedy_rows_match_lone_requests_across_joins_and_leaves(target, method):
+    """float64, T = 0: rows join every other round and one is cancelled; every other row is token-identical to a
+    lone generate with the same drafter and accepts the same drafts (ragged), with state checked every round."""
+    make = DRAFTERS[method]
+    opts = dict(gamma=3, max_new_tokens=18)
+    lone = [specdec.generate(target, p, drafter=make(target), **opts) for p in PROMPTS]
+    decoder = BatchDecoder(target, make(target))
+    got = {i: [] for i in range(len(PROMPTS))}
+    pending = list(enumerate(PROMPTS))
+    decoder.add_many([(i, p, opts) for i, p in pending[:2]])
+    pending = pending[2:]
+    rounds, cancelled = 0, None
+    while len(decoder) or pending:
+        if rounds % 2 == 1 and pending:
+            decoder.add(*pending.pop(0), **opts)
+        if rounds == 2:
+            decoder.remove([1])  # a client went away
+            cancelled = list(got[1])
+        for event in decoder.step():
+            assert event.error is None
+            got[event.key].extend(event.tokens)
+        rounds += 1
+        _check_row_state(decoder)
+    assert got[1] == cancelled == lone[1].tokens[: len(cancelled)]
+    for i, want in enumerate(lone):
+        if i != 1:
+            assert got[i] == want.tokens, i
+    accepted = [o.stats.accepted for o in lone]
+    assert sum(accepted) > 0 and len(set(accepted)) > 1  # drafts accepted, by different amounts per row
+    assert any(o.stats.accepted < o.stats.drafted for o in lone)  # and rejected: rollback ran
+    batched = generate_batch(target, PROMPTS, drafter=make(target), **opts)
+    assert [o.stats.accepted for o in batched] == accepted  # same rounds, same ragged acceptance
+    assert [o.stats.target_forwards for o in batched] == [o.stats.target_forwards for o in lone]
+
+
+@pytest.mark.parametrize("method", ["eagle-tree", "medusa-tree", "layer-skip"])
+def test_sampled_rows_draw_what_a_lone_request_draws(target, method):
+    """T > 0 with top-k / top-p: a seeded row makes exactly the draws of the lone seeded request."""
+    make = DRAFTERS[method]
+    opts = dict(gamma=3, max_new_tokens=16, temperature=0.9, top_k=6, top_p=0.9)
+    seeds = [21, 22, 23, 24, 25]
+    lone = [specdec.generate(target, p, drafter=make(target), seed=s, **opts).tokens for p, s in zip(PROMPTS, seeds)]
+    batched = generate_batch(target, PROMPTS, drafter=make(target), seed=seeds, **opts)
+    assert [o.tokens for o in batched] == lone
+    assert len({tuple(t) for t in lone}) == len(lone)
+
+
+@pytest.mark.parametrize("top_k", [1, 3], ids=["chain", "tree"])
+def test_batched_eagle_rows_only_ever_read_target_features_of_committed_tokens(target, top_k):
+    """Scripted bookkeeping per row: every feature row fed to a row's head is the target's own feature of that
+    row's committed context, positions in order without gaps; drafted features never survive a commit."""
+    opts = dict(gamma=3, max_new_tokens=20)
+    decoder = BatchDecoder(target, specdec.Eagle(target, specdec.EagleHead.init(target, seed=0), top_k=top_k,
+                                                 depth=3, max_nodes=8))
+    fed: dict[int, list] = {}
+
+    def record(key, fork):
+        real = fork._catch_up
+
+        def catch_up(context):
+            start, features = fork.rows, fork.pending.clone()
+            out = real(context)
+            fed[key].append((start, features, context.shape[0]))
+            return out
+
+        fork._catch_up = catch_up
+
+    got = {i: [] for i in range(len(PROMPTS))}
+    for i, prompt in enumerate(PROMPTS):
+        decoder.add(i, prompt, **opts)
+        fed[i] = []
+        record(i, decoder.rows[-1].drafter)
+        for event in decoder.step():  # the rows already in the batch run a round before the next one joins
+            got[event.key].extend(event.tokens)
+    while len(decoder):
+        for event in decoder.step():
+            got[event.key].extend(event.tokens)
+        _check_row_state(decoder)
+    for i, prompt in enumerate(PROMPTS):
+        assert got[i] == specdec.generate(target, prompt, **opts).tokens
+        with torch.no_grad():
+            full = target(torch.tensor([prompt + got[i]]), output_hidden_states=True).hidden_states[-1][0]  # [n, H]
+        position = 0
+        for start, features, n in fed[i]:
+            assert start == position  # no gap, no position fed twice
+            assert start + features.shape[0] == n - 1  # features of context[:n-1], nothing beyond
+            torch.testing.assert_close(features, full[start : n - 1], rtol=1e-9, atol=1e-9)
+            position = n - 1
+        assert len(fed[i]) > 1 or len(prompt) == 1
+
+
+def test_layer_skip_and_heads_are_batched_not_refused(target):
+    decoder = BatchDecoder(target, specdec.LayerSkip(target, num_layers=1))
+    assert decoder.draft_model is not None  # one batched draft forward per step, over the target's first layer
+    assert BatchDecoder(target, DRAFTERS["medusa-tree"](target)).trees
+
+
+def test_a_medusa_server_streams_what_lone_requests_give():
+    """`specdec serve` with a Medusa drafter, driven by the official openai client: concurrent greedy requests get
+    the lone greedy text; `speculative.method` "medusa" is accepted and another method refused with a 400."""
+    pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+    from test_server import LiveServer
+
+    from specdec.cli import build_parser
+    from specdec.server import create_app
+
+    tokenizer = tiny_tokenizer()
+    model = tiny("llama", hidden=32, layers=2, vocab=len(tokenizer))
+    heads = specdec.MedusaHeads.init(model, num_heads=3, seed=0)
+    server = LiveServer(create_app(model, tokenizer, specdec.Medusa(model, heads, tree=DEFAULT_TREE[:10]),
+                                   model_name="medusa"))
+    prompts = [[(i * 31 + j * 7 + 3) % 250 for j in range(6 + i)] for i in range(4)]
+    try:
+        def one(i):
+            out = server.client.completions.create(model="medusa", prompt=prompts[i], max_tokens=10, temperature=0,
+                                                   extra_body={"speculative": {"method": "medusa"}})
+            return out.choices[0].text
+
+        with ThreadPoolExecutor(4) as pool:
+            texts = list(pool.map(one, range(4)))
+        with pytest.raises(openai.BadRequestError, match="speculative.method"):
+            server.client.completions.create(model="medusa", prompt=prompts[0], max_tokens=4,
+                                             extra_body={"speculative": {"method": "eagle"}})
+    finally:
+        server.stop()
+    for prompt, text in zip(prompts, texts):
+        want = specdec.generate(model, prompt, max_new_tokens=10).tokens
+        assert text == tokenizer.decode(want, skip_special_tokens=True)
+    for kind in ("eagle", "medusa", "layer-skip"):  # the CLI offers them (building loads the default pair)
+        assert build_parser().parse_args(["serve", "--drafter", kind]).drafter == kind
