@@ -28,6 +28,7 @@ class BatchedHeads:
     def __init__(self, drafter: Drafter):
         self.drafter = drafter
         self.hidden = drafter.needs_hidden  # what the target's passes must return (True, or layer indices)
+        self.rowwise = False  # True: run Medusa's heads once per row too (for measuring what batching them saves)
 
     def add_rows(self, rows, features: Sequence[torch.Tensor | None]) -> None:
         """New rows (prefilled): each gets its own fork, reset with its prompt's features (None: a one-token
@@ -40,7 +41,7 @@ class BatchedHeads:
 
     def propose(self, rows, gammas: list[int], empty: Proposal) -> list[Proposal]:
         """Each row's raw proposal (a chain or a tree, checked by the caller); `empty` for rows not drafting."""
-        if isinstance(self.drafter, Medusa):
+        if isinstance(self.drafter, Medusa) and not self.rowwise:
             return self._propose_medusa(rows, gammas, empty)
         return [row.drafter.propose(row.context[: row.n], g, row.sampling, row.generator) if g else empty
                 for row, g in zip(rows, gammas)]
