@@ -4,7 +4,7 @@
 
 Methods (greedy, float32, `code` prompts of 128 tokens): plain, the draft model (γ = 3), the shipped EAGLE head
 (chain γ = 3; EAGLE-2 tree as `--drafter eagle`), the shipped Medusa heads (chain; static tree) and LayerSkip
-(half the target's layers, γ = 3). `*-rowwise` runs the Medusa heads / the EAGLE chain's head once per row
+(half the target's layers, γ = 3). `*-rowwise` runs the Medusa heads / the EAGLE head once per row
 instead of once for the batch (the comparison behind batching them). Every (batch, method) runs once per repeat, interleaved; each
 row's tokens are checked against plain decoding's (greedy: identical whatever the drafter).
 """
@@ -52,8 +52,8 @@ def run(target, drafter, prompts, max_new_tokens: int, gamma: int, rowwise: bool
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--methods", default="plain,draft,eagle-chain,eagle-chain-rowwise,eagle-tree,medusa-chain,"
-                        "medusa-tree,medusa-tree-rowwise,layer-skip")
+    parser.add_argument("--methods", default="plain,draft,eagle-chain,eagle-chain-rowwise,eagle-tree,"
+                        "eagle-tree-rowwise,medusa-chain,medusa-tree,medusa-tree-rowwise,layer-skip")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
@@ -68,6 +68,7 @@ def main() -> int:
         "eagle-chain": lambda: specdec.Eagle(target, heads["eagle"]),
         "eagle-chain-rowwise": lambda: specdec.Eagle(target, heads["eagle"]),
         "eagle-tree": lambda: specdec.Eagle(target, heads["eagle"], **EAGLE_TREE),
+        "eagle-tree-rowwise": lambda: specdec.Eagle(target, heads["eagle"], **EAGLE_TREE),
         "medusa-chain": lambda: specdec.Medusa(target, heads["medusa"]),
         "medusa-tree": lambda: specdec.Medusa(target, heads["medusa"], tree=DEFAULT_TREE),
         "medusa-tree-rowwise": lambda: specdec.Medusa(target, heads["medusa"], tree=DEFAULT_TREE),

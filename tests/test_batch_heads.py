@@ -49,14 +49,44 @@ def _check_row_state(decoder: BatchDecoder) -> None:
     assert len(set(forks)) == len(forks)  # one fork per row, never shared
 
 
+def _recorded(obj, name: str, pick) -> list:
+    """Wrap obj.<name> so that every call appends pick(args, result) (a list) to the returned list."""
+    seen, real = [], getattr(obj, name)
+
+    def wrapper(*args):
+        out = real(*args)
+        seen.extend(pick(args, out))
+        return out
+
+    setattr(obj, name, wrapper)
+    return seen
+
+
+def _plain(proposals) -> list:
+    """Non-empty proposals as comparable lists (tokens, parents)."""
+    return [(p.tokens.tolist(), None if p.parents is None else p.parents.tolist()) for p in proposals if len(p)]
+
+
 @pytest.mark.parametrize("method", list(DRAFTERS))
 def test_greedy_rows_match_lone_requests_across_joins_and_leaves(target, method):
     """float64, T = 0: rows join every other round and one is cancelled; every other row is token-identical to a
     lone generate with the same drafter and accepts the same drafts (ragged), with state checked every round."""
     make = DRAFTERS[method]
     opts = dict(gamma=3, max_new_tokens=18)
-    lone = [specdec.generate(target, p, drafter=make(target), **opts) for p in PROMPTS]
+    lone, lone_proposals = [], []
+    for prompt in PROMPTS:
+        drafter = make(target)
+        lone_proposals.append(_recorded(drafter, "propose", lambda args, p: [p]))
+        lone.append(specdec.generate(target, prompt, drafter=drafter, **opts))
     decoder = BatchDecoder(target, make(target))
+    proposals = {i: [] for i in range(len(PROMPTS))}
+    if decoder.heads is not None:  # what every row's head proposed, round by round (batched head passes)
+        def by_row(args, out):
+            for row, p in zip(args[0], out):
+                proposals[row.key].append(p)
+            return []
+
+        _recorded(decoder.heads, "propose", by_row)
     got = {i: [] for i in range(len(PROMPTS))}
     pending = list(enumerate(PROMPTS))
     decoder.add_many([(i, p, opts) for i, p in pending[:2]])
@@ -82,6 +112,8 @@ def test_greedy_rows_match_lone_requests_across_joins_and_leaves(target, method)
             # Same rounds, same ragged acceptance as the lone request.
             assert (stats[i].accepted, stats[i].drafted) == (want.stats.accepted, want.stats.drafted), i
             assert stats[i].target_forwards == want.stats.target_forwards, i
+            if decoder.heads is not None:  # and the same draft every round
+                assert _plain(proposals[i]) == _plain(lone_proposals[i]), i
     accepted = [o.stats.accepted for o in lone]
     assert sum(accepted) > 0 and len(set(accepted)) > 1  # drafts accepted, by different amounts per row
     assert any(o.stats.accepted < o.stats.drafted for o in lone)  # and rejected: rollback ran

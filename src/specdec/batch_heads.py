@@ -10,8 +10,9 @@ per-row features, and each row's fork is fed exactly what a lone request's draft
 
 so features of rejected drafts (chain tails, tree nodes off the path) never reach a head, and every row
 proposes what the same request decoded alone proposes. Medusa's heads run once for all rows (one stacked
-[R, H] feature through the residual blocks and the LM head), and so does an EAGLE chain's head (one pass
-per level over a temporary batch of the rows' head caches); EAGLE-2 trees draft per row.
+[R, H] feature through the residual blocks and the LM head), and so does an EAGLE head, chain or EAGLE-2
+tree (one pass per level over a temporary batch of the rows' head caches; each row's tree is grown and
+reranked by the same rules as `Eagle._tree`).
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from transformers import DynamicCache
 from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.eagle import Eagle
 from specdec.drafters.medusa import Medusa
+from specdec.heads.static_draft import grow_level
 
 
 class BatchedHeads:
     def __init__(self, drafter: Drafter):
         self.drafter = drafter
         self.hidden = drafter.needs_hidden  # what the target's passes must return (True, or layer indices)
-        self.rowwise = False  # True: run Medusa's heads once per row too (for measuring what batching them saves)
+        self.rowwise = False  # True: each row drafts alone (to measure what batching the head passes saves)
 
     def add_rows(self, rows, features: Sequence[torch.Tensor | None]) -> None:
         """New rows (prefilled): each gets its own fork, reset with its prompt's features (None: a one-token
@@ -46,8 +48,8 @@ class BatchedHeads:
         """Each row's raw proposal (a chain or a tree, checked by the caller); `empty` for rows not drafting."""
         if isinstance(self.drafter, Medusa) and not self.rowwise:
             return self._propose_medusa(rows, gammas, empty)
-        if type(self.drafter) is Eagle and self.drafter.top_k == 1 and not self.rowwise:
-            return self._propose_eagle_chain(rows, gammas, empty)
+        if type(self.drafter) is Eagle and not self.rowwise:
+            return self._propose_eagle(rows, gammas, empty)
         return [row.drafter.propose(row.context[: row.n], g, row.sampling, row.generator) if g else empty
                 for row, g in zip(rows, gammas)]
 
@@ -69,22 +71,39 @@ class BatchedHeads:
         return out
 
     @torch.inference_mode()
-    def _propose_eagle_chain(self, rows, gammas: list[int], empty: Proposal) -> list[Proposal]:
-        """EAGLE chains for every drafting row in one head pass per level (`Eagle._catch_up` + `Eagle._chain`,
-        batched). The rows' head caches are stacked into a temporary left-padded batch cache [R, h, L, d] with a
-        2-D mask over its valid slots; the catch-up pass (each row's pending target features, right-padded)
-        runs on it and each row's new keys/values are appended to the row's own cache; the γ − 1 levels fed
-        drafted features run on the temporary cache only, which is then dropped, so no row computed from a
-        drafted feature ever reaches a row's cache (as `Eagle.commit`'s crop guarantees for a lone request)."""
+    def _propose_eagle(self, rows, gammas: list[int], empty: Proposal) -> list[Proposal]:
+        """EAGLE for every drafting row in one head pass per level: `Eagle._catch_up` then `Eagle._chain` or
+        `Eagle._tree`, batched over rows (`_catch_up`), each row's tree grown by the same `grow_level`."""
         drafting = [i for i, (row, g) in enumerate(zip(rows, gammas)) if g and row.drafter.pending.shape[0]]
         out = [empty] * len(rows)
         if not drafting:
             return out
+        cache, valid, feature = self._catch_up(rows, drafting)
+        gamma = [gammas[i] for i in drafting]
+        base = torch.tensor([rows[i].n - 1 for i in drafting], device=feature.device)  # [R] first level's position
+        if self.drafter.top_k == 1:
+            drafted = self._chain(cache, valid, feature, gamma, base, [rows[i].drafter for i in drafting])
+        else:
+            drafted = self._tree(cache, valid, feature, gamma, base, [rows[i].drafter for i in drafting])
+        for i, (tokens, parents) in zip(drafting, drafted):
+            device = rows[i].context.device
+            out[i] = Proposal(tokens.to(device), None, None if parents is None else parents.to(device))
+        return out
+
+    def _catch_up(self, rows, drafting: list[int]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """Feed every drafting row's pending target features in one head pass.
+
+        The rows' head caches are stacked into a temporary left-padded cache [R, h, L, d] (`valid` [R, L] marks
+        each row's slots; the padding is a hole); row r feeds context[rows_r+1 : n_r] with its pending
+        features at positions rows_r..n_r−2 (right-padded). Each row's new keys/values are appended to its own
+        cache; the levels drafted afterwards run on the temporary cache only, which the caller drops, so a
+        row's head cache only ever holds rows computed from target features (what `Eagle.commit`'s crop
+        guarantees for a lone request). Returns (temporary cache, valid [R, L + M], the head's prediction of
+        f_{n−1} per row [R, H])."""
         eagle = self.drafter
         forks = [rows[i].drafter for i in drafting]
         for i, fork in zip(drafting, forks):
-            n, m = rows[i].n, fork.pending.shape[0]
-            if fork.rows + m != n - 1:
+            if fork.rows + fork.pending.shape[0] != rows[i].n - 1:
                 fork._catch_up(rows[i].context[: rows[i].n])  # raises Eagle's own ConfigError
         device = eagle.lm_head.weight.device
         lengths = torch.tensor([f.rows for f in forks], device=device)  # [R] head-cache rows per row
@@ -92,17 +111,15 @@ class BatchedHeads:
         past, width = int(lengths.max()), int(pending.max())
         cache = DynamicCache()
         if past:
-            template = next(f.cache.layers[0] for f in forks if f.rows)
-            keys = template.keys.new_zeros(len(forks), template.keys.shape[1], past, template.keys.shape[3])
+            template = next(f.cache.layers[0].keys for f in forks if f.rows)  # [1, h, rows, d]
+            keys = template.new_zeros(len(forks), template.shape[1], past, template.shape[3])  # [R, h, L, d]
             values = torch.zeros_like(keys)
             for r, f in enumerate(forks):
                 if f.rows:
                     keys[r, :, past - f.rows :] = f.cache.layers[0].keys[0]
                     values[r, :, past - f.rows :] = f.cache.layers[0].values[0]
             cache = DynamicCache([(keys, values)])
-        slots = torch.arange(past, device=device)  # [L]
-        valid = slots[None] >= (past - lengths)[:, None]  # [R, L] left padding is a hole
-        # Catch-up: row r feeds context[rows+1 : n] with its pending features at positions rows..n-2.
+        valid = torch.arange(past, device=device)[None] >= (past - lengths)[:, None]  # [R, L]
         steps = torch.arange(width, device=device)  # [M]
         tokens = torch.zeros(len(forks), width, dtype=torch.long, device=device)  # [R, M]
         features = forks[0].pending.new_zeros(len(forks), width, eagle.head.hidden_size)  # [R, M, H]
@@ -110,10 +127,11 @@ class BatchedHeads:
             m = f.pending.shape[0]
             tokens[r, :m] = rows[i].context[f.rows + 1 : rows[i].n].to(device)
             features[r, :m] = f.pending
+        # Padding repeats the row's last position and is seen only by later padding of its own row.
         positions = torch.minimum(lengths[:, None] + steps[None], (lengths + pending - 1)[:, None])  # [R, M]
-        new = steps[None] < pending[:, None]  # [R, M] real catch-up inputs
-        mask = torch.cat([valid, torch.ones_like(new)], dim=1).long()  # [R, L + M] padding sees only itself
-        hidden = self._head(eagle, tokens, features, positions, mask, cache)  # [R, M, H]
+        new = steps[None] < pending[:, None]  # [R, M] real inputs
+        mask = torch.cat([valid, torch.ones_like(new)], dim=1).long()  # [R, L + M]
+        hidden = self._head(tokens, features, positions, mask, cache)  # [R, M, H]
         layer = cache.layers[0]
         for r, f in enumerate(forks):
             m = int(pending[r])
@@ -121,35 +139,85 @@ class BatchedHeads:
             f.rows += m
             f.pending = f.pending[:0]
             f._forwards += 1
-        valid = torch.cat([valid, new], dim=1)  # [R, L + M]
-        feature = hidden[torch.arange(len(forks), device=device), pending - 1]  # [R, H] prediction of f_{n-1}
-        # Levels: argmax of the LM head, then the drafted token and feature one position on (temporary rows).
-        gamma = [gammas[i] for i in drafting]
-        base = torch.tensor([rows[i].n - 1 for i in drafting], device=device)  # [R] position of the first level
+        feature = hidden[torch.arange(len(forks), device=device), pending - 1]  # [R, H]
+        return cache, torch.cat([valid, new], dim=1), feature
+
+    def _chain(self, cache, valid, feature, gamma: list[int], base, forks) -> list[tuple[torch.Tensor, None]]:
+        """`Eagle._chain` for R rows: argmax of the LM head, then the drafted token and feature one position on."""
+        rows = len(forks)
         drafts: list[torch.Tensor] = []
         for level in range(max(gamma)):
-            token = eagle.lm_head(feature).argmax(-1)  # [R]
+            token = self.drafter.lm_head(feature).argmax(-1)  # [R]
             drafts.append(token)
             if level + 1 == max(gamma):
                 break
-            mask = torch.cat([valid, valid.new_ones(len(forks), 1)], dim=1).long()  # [R, slots + 1]
-            feature = self._head(eagle, token[:, None], feature[:, None], (base + level)[:, None], mask, cache)[:, 0]
-            valid = torch.cat([valid, valid.new_ones(len(forks), 1)], dim=1)
+            valid = torch.cat([valid, valid.new_ones(rows, 1)], dim=1)  # [R, S + 1]
+            feature = self._head(token[:, None], feature[:, None], (base + level)[:, None], valid.long(), cache)[:, 0]
             for r, f in enumerate(forks):
                 f._forwards += level + 1 < gamma[r]
         chain = torch.stack(drafts, dim=1)  # [R, γmax]
-        for r, i in enumerate(drafting):
-            out[i] = Proposal(chain[r, : gamma[r]].to(rows[i].context.device))
-        return out
+        return [(chain[r, : gamma[r]], None) for r in range(rows)]
 
-    @staticmethod
-    def _head(eagle, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+    def _tree(self, cache, valid, feature, gamma: list[int], base, forks) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`Eagle._tree` (EAGLE-2) for R rows: each level feeds every row's k frontier nodes in one head pass
+        with a 4-D mask [R, 1, k, S + fed + k] (a row's committed slots, then its frontier nodes' own chains of
+        drafted rows); each row's next frontier is picked by `grow_level` on its own log-probabilities."""
+        eagle = self.drafter
+        k, rows, device = eagle.top_k, len(forks), feature.device
+        levels = [min(eagle.depth, g) for g in gamma]
+        logp = torch.log_softmax(eagle.lm_head(feature).float(), -1)  # [R, V]
+        top = logp.topk(k, dim=-1)  # [R, k]
+        tokens = [[top.indices[r]] for r in range(rows)]  # per row, per level: [k] (level 0) or [k*k]
+        scores = [[top.values[r]] for r in range(rows)]
+        parents = [[torch.full((k,), -1, dtype=torch.long, device=device)] for _ in range(rows)]
+        offset = [0] * rows
+        frontier = [torch.arange(k, device=device) for _ in range(rows)]
+        frontier_ids = [torch.arange(k, device=device) for _ in range(rows)]
+        frontier_features = feature[:, None].expand(rows, k, feature.shape[-1])  # [R, k, H]
+        ancestors = None  # [R, k, fed]: which drafted rows each frontier node descends from
+        fed = 0
+        eye = torch.eye(k, dtype=torch.bool, device=device)
+        for level in range(1, max(levels)):
+            level_tokens = torch.stack([tokens[r][-1][frontier[r]] for r in range(rows)])  # [R, k]
+            rows_mask = eye.expand(rows, k, k) if ancestors is None else torch.cat(
+                [ancestors, eye.expand(rows, k, k)], dim=2)  # [R, k, fed + k]
+            allowed = torch.cat([valid[:, None, :].expand(rows, k, valid.shape[1]), rows_mask], dim=2)
+            mask = torch.zeros(allowed.shape, dtype=frontier_features.dtype, device=device)
+            mask.masked_fill_(~allowed, torch.finfo(mask.dtype).min)  # [R, k, S + fed + k]
+            positions = (base + level - 1)[:, None].expand(rows, k)  # [R, k]
+            out = self._head(level_tokens, frontier_features, positions, mask[:, None], cache)  # [R, k, H]
+            fed += k
+            logp = torch.log_softmax(eagle.lm_head(out).float(), -1)  # [R, k, V]
+            for r in range(rows):
+                if level < levels[r]:  # rows drafting fewer levels keep their tree (this level is ignored)
+                    frontier[r], frontier_ids[r], offset[r] = grow_level(
+                        logp[r], tokens[r], scores[r], parents[r], frontier[r], frontier_ids[r], offset[r])
+                    forks[r]._forwards += 1
+            pick = torch.stack([f // k for f in frontier])  # [R, k] which of the k fed nodes each child is under
+            frontier_features = torch.gather(out, 1, pick[:, :, None].expand(rows, k, out.shape[-1]))  # [R, k, H]
+            ancestors = torch.gather(rows_mask, 1, pick[:, :, None].expand(rows, k, fed))  # [R, k, fed]
+        return [_best_nodes(tokens[r], scores[r], parents[r], eagle.max_nodes) for r in range(rows)]
+
+    def _head(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
               cache: DynamicCache) -> torch.Tensor:
-        """One EAGLE head pass over rows: tokens [R, W], features [R, W, H], positions [R, W], a 2-D mask over
-        the cache's slots and the new ones [R, S + W] -> predicted features [R, W, H]."""
+        """One EAGLE head pass over rows: tokens [R, W], features [R, W, H], positions [R, W], a mask over the
+        cache's slots and the new ones (2-D [R, S + W] or additive 4-D [R, 1, W, S + W]) -> features [R, W, H]."""
+        eagle = self.drafter
         embeds = eagle.embed(tokens)  # [R, W, H]
         return eagle.head(embeds, features.to(embeds.dtype), positions, attention_mask=mask, cache=cache)
 
     def commit(self, row, num_accepted: int, features: torch.Tensor) -> None:
         """After verification: features [k+1, H] of the row's root and accepted path."""
         row.drafter.commit(row.context[: row.n], num_accepted, hidden=features)
+
+
+def _best_nodes(tokens: list[torch.Tensor], scores: list[torch.Tensor], parents: list[torch.Tensor],
+                max_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE-2's rerank, as `Eagle._tree`: the `max_nodes` best-scored nodes in topological order (a parent
+    always outscores its child, so they form a subtree), parents re-indexed among them. [N], [N]."""
+    all_tokens, all_scores, all_parents = torch.cat(tokens), torch.cat(scores), torch.cat(parents)
+    keep = all_scores.topk(min(max_nodes, all_scores.shape[0])).indices.sort().values  # [N]
+    remap = torch.full((all_tokens.shape[0],), -1, dtype=torch.long, device=all_tokens.device)
+    remap[keep] = torch.arange(keep.shape[0], device=all_tokens.device)
+    kept = all_parents[keep]
+    return all_tokens[keep], torch.where(kept >= 0, remap[kept.clamp(min=0)], kept)
