@@ -76,7 +76,11 @@ class BatchedHeads:
         `Eagle._tree`, batched over rows (`_catch_up`), each row's tree grown by the same `grow_level`."""
         drafting = [i for i, (row, g) in enumerate(zip(rows, gammas)) if g and row.drafter.pending.shape[0]]
         out = [empty] * len(rows)
-        if not drafting:
+        if len(drafting) == 1:  # one row: its own head cache directly (no temporary batch cache to build)
+            i = drafting[0]
+            out[i] = rows[i].drafter.propose(rows[i].context[: rows[i].n], gammas[i], rows[i].sampling,
+                                             rows[i].generator)
+        if len(drafting) < 2:
             return out
         cache, valid, feature = self._catch_up(rows, drafting)
         gamma = [gammas[i] for i in drafting]
