@@ -136,7 +136,8 @@ def test_batched_eagle_rows_only_ever_read_target_features_of_committed_tokens(t
     """Scripted bookkeeping per row, after every round: the row's head cache holds exactly the rows a head computes
     from the target's own features of the row's committed tokens (recomputed here from one plain forward), and
     its pending features are the target's features of the committed positions after them; so no feature of a
-    rejected draft, and no row computed from a drafted feature, survives a round."""
+    rejected draft, and no row computed from a drafted feature, survives a round (γ capped differently every
+    round, plain rounds included, as the server's goodput policy does)."""
     opts = dict(gamma=3, max_new_tokens=20)
     head = specdec.EagleHead.init(target, seed=0)
     decoder = BatchDecoder(target, specdec.Eagle(target, head, top_k=top_k, depth=3, max_nodes=8))
@@ -162,15 +163,14 @@ def test_batched_eagle_rows_only_ever_read_target_features_of_committed_tokens(t
                 checked += 1
 
     got = {i: [] for i in range(len(PROMPTS))}
-    for i, prompt in enumerate(PROMPTS):  # a row joins every round while the others decode
-        decoder.add(i, prompt, **opts)
-        for event in decoder.step():
+    caps = [None, 0, 2, None, 1]  # the server's load-based γ caps, plain rounds (γ = 0) included
+    rounds = 0
+    while len(decoder) or rounds < len(PROMPTS):
+        if rounds < len(PROMPTS):  # a row joins every round while the others decode
+            decoder.add(rounds, PROMPTS[rounds], **opts)
+        for event in decoder.step(gamma_cap=caps[rounds % len(caps)]):
             got[event.key].extend(event.tokens)
-        _check_row_state(decoder)
-        check_rows()
-    while len(decoder):
-        for event in decoder.step():
-            got[event.key].extend(event.tokens)
+        rounds += 1
         _check_row_state(decoder)
         check_rows()
     lone = [specdec.generate(target, p, drafter=specdec.Eagle(target, head, top_k=top_k, depth=3, max_nodes=8),
