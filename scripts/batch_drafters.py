@@ -5,8 +5,9 @@
 Methods (greedy, float32, `code` prompts of 128 tokens): plain, the draft model (γ = 3), the shipped EAGLE head
 (chain γ = 3; EAGLE-2 tree as `--drafter eagle`), the shipped Medusa heads (chain; static tree) and LayerSkip
 (half the target's layers, γ = 3). `*-rowwise` runs the Medusa heads / the EAGLE head once per row
-instead of once for the batch (the comparison behind batching them). Every (batch, method) runs once per repeat, interleaved; each
-row's tokens are checked against plain decoding's (greedy: identical whatever the drafter).
+instead of once for the batch (the comparison behind batching them). Every (batch, method) runs once per
+repeat, interleaved; each row's tokens are checked against plain decoding's (greedy: identical whatever the
+drafter).
 """
 
 from __future__ import annotations

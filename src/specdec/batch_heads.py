@@ -5,7 +5,7 @@ pending features), created when the row joins and dropped when it leaves. The ba
 per-row features, and each row's fork is fed exactly what a lone request's drafter is fed:
 
     join:   the prompt's features [n-1, H] from the batched prefill          -> fork.reset(prompt, hidden=)
-    round:  fork.propose                                                      -> the row's chain or tree
+    round:  the fork's head drafts (one batched head pass per level for all rows) -> the row's chain or tree
     commit: the features of the root and the accepted path [k+1, H] only     -> fork.commit(context, k, hidden=)
 
 so features of rejected drafts (chain tails, tree nodes off the path) never reach a head, and every row
@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-
 from transformers import DynamicCache
 
 from specdec.drafters.base import Drafter, Proposal
