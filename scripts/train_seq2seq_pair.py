@@ -196,7 +196,7 @@ def main() -> int:
 
     t0 = time.process_time()
     train_data = chunks("train", tokenizer, max_chunks=150_000)
-    held = pairs(random.Random(2).sample(chunks("heldout", tokenizer), 256), mask_id, eos, random.Random(3))
+    held = pairs(random.Random(2).sample(chunks("heldout", tokenizer), 128), mask_id, eos, random.Random(3))
     log(f"{len(train_data)} train chunks / {len(held)} held-out; data cpu {time.process_time() - t0:.0f}s")
     name = args.only
     model = make(**SHAPES[name], vocab=len(tokenizer), seed=0 if name == "target" else 1)

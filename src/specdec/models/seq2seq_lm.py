@@ -19,6 +19,7 @@ drafters for them. The fast path (`compile=True`) is not available and falls bac
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 import warnings
@@ -63,7 +64,7 @@ def tree_unsupported_reason(model: PreTrainedModel) -> str | None:
     must take positions from the caller; HF's T5, BART and Marian decoders compute them from the cache length.
     """
     name = type(model).__name__
-    if "decoder_position_ids" in inspect.signature(type(model).forward).parameters:  # the class: not a patch
+    if _takes_decoder_positions(type(model)):
         return None
     config = model.config
     if getattr(config, "relative_attention_num_buckets", None) is not None:
@@ -73,6 +74,12 @@ def tree_unsupported_reason(model: PreTrainedModel) -> str | None:
     return (f"{name}'s decoder derives each token's absolute position from the cache length and takes no "
             "position ids, so tree nodes (siblings share a position but not a slot) would be scored at the "
             "wrong positions")
+
+
+@functools.cache
+def _takes_decoder_positions(cls: type) -> bool:
+    """Does the class's forward take decoder_position_ids? (The class, not the instance: a check may patch it.)"""
+    return "decoder_position_ids" in inspect.signature(cls.forward).parameters
 
 
 def decoder_context_length(model: PreTrainedModel) -> int | None:
