@@ -1,10 +1,12 @@
-"""Train the shipped seq2seq pair: a T5 target and a smaller T5 draft on BART-style denoising of stdlib code.
+"""Train a seq2seq pair to ship: a T5 (or BART, --arch) target and a smaller draft on denoising stdlib code.
 
 The task: a chunk of code (whole lines, <= 64 tokens) with a few spans replaced by one ``<mask>`` token each is
 the source (read by the encoder); the original chunk is the target (the decoder's output). Data is unlimited
 (every chunk of every training file, with fresh masks every step); most of the output is copied from the source,
 and filling the masked spans is where a larger model beats a smaller one. Held-out split by file, as for the
 default pair (specdec.training.corpus). Reuses the default tokenizer plus one added ``<mask>`` token.
+``--mask-style aligned`` puts one ``<mask>`` per masked token instead, so output and source line up position by
+position (easier to copy for a decoder with absolute positions). Results: BENCHMARKS.md, "Encoder-decoder".
 
     nice -n 10 env OMP_NUM_THREADS=1 python scripts/train_seq2seq_pair.py --out runs/seq2seq --only target \
         --cpu-minutes 21 &
@@ -28,7 +30,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, T5Config, T5ForConditionalGeneration
+from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
 
 from specdec.training.corpus import read_text, stdlib_files
 
@@ -71,8 +73,9 @@ def chunks(split: str, tokenizer, max_chunks: int | None = None) -> list[list[in
     return out
 
 
-def corrupt(ids: list[int], mask_id: int, rng: random.Random) -> list[int]:
-    """Replace spans (lengths ~ Poisson(MEAN_SPAN), >= 1) covering ~MASK_FRACTION of ``ids`` by one mask each."""
+def corrupt(ids: list[int], mask_id: int, rng: random.Random, aligned: bool = False) -> list[int]:
+    """Replace spans (lengths ~ Poisson(MEAN_SPAN), >= 1) covering ~MASK_FRACTION of ``ids`` by one mask each
+    (aligned: by one mask per token, so source and output positions line up)."""
     budget = max(1, round(MASK_FRACTION * len(ids)))
     masked = [False] * len(ids)
     starts = set()
@@ -87,6 +90,8 @@ def corrupt(ids: list[int], mask_id: int, rng: random.Random) -> list[int]:
             masked[i] = True
         starts.add(start)
         budget -= length
+    if aligned:
+        return [mask_id if masked[i] else t for i, t in enumerate(ids)]
     return [mask_id if i in starts else t for i, t in enumerate(ids) if not masked[i] or i in starts]
 
 
@@ -100,8 +105,17 @@ def _poisson(lam: float, rng: random.Random) -> int:
 
 
 def make(d_model: int, enc_layers: int, dec_layers: int, heads: int, d_ff: int, vocab: int,
-         seed: int) -> T5ForConditionalGeneration:
+         seed: int, arch: str = "t5"):
+    """A fresh T5 (relative position bias) or BART (learned absolute positions) of the given shape."""
     torch.manual_seed(seed)
+    if arch == "bart":
+        config = BartConfig(vocab_size=vocab, d_model=d_model, encoder_layers=enc_layers, decoder_layers=dec_layers,
+                            encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=d_ff,
+                            decoder_ffn_dim=d_ff, max_position_embeddings=128, dropout=0.0, attention_dropout=0.0,
+                            activation_dropout=0.0, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+                            decoder_start_token_id=0, forced_bos_token_id=None, forced_eos_token_id=None,
+                            tie_word_embeddings=True)
+        return BartForConditionalGeneration(config)
     config = T5Config(vocab_size=vocab, d_model=d_model, d_kv=d_model // heads, d_ff=d_ff, num_layers=enc_layers,
                       num_decoder_layers=dec_layers, num_heads=heads, dropout_rate=0.0, pad_token_id=0,
                       eos_token_id=0, decoder_start_token_id=0, tie_word_embeddings=True,
@@ -122,8 +136,11 @@ def batch(items, pad: int = 0):
     return src, mask, labels
 
 
+ALIGNED = False  # set from --mask-style
+
+
 def pairs(data: list[list[int]], mask_id: int, eos: int, rng: random.Random) -> list[tuple[list[int], list[int]]]:
-    return [(corrupt(ids, mask_id, rng), ids + [eos]) for ids in data]
+    return [(corrupt(ids, mask_id, rng, ALIGNED), ids + [eos]) for ids in data]
 
 
 @torch.no_grad()
@@ -162,6 +179,10 @@ def main() -> int:
     parser.add_argument("--out", default="runs/seq2seq")
     parser.add_argument("--cpu-minutes", type=float, default=15.0)
     parser.add_argument("--only", choices=("target", "draft"))
+    parser.add_argument("--arch", choices=("t5", "bart"), default="t5")
+    parser.add_argument("--mask-style", choices=("span", "aligned"), default="span",
+                        help="span: one <mask> per masked span (BART's text infilling); aligned: one <mask> per "
+                             "masked token, so the output lines up with the source position by position")
     parser.add_argument("--batch", type=int, default=24)
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--eval-every", type=int, default=100)
@@ -173,13 +194,15 @@ def main() -> int:
     parser.add_argument("--num-prompts", type=int, default=16)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    global ALIGNED
+    ALIGNED = args.mask_style == "aligned"
     tokenizer = load_tokenizer()
     mask_id, eos = tokenizer.mask_token_id, tokenizer.eos_token_id
     if args.heldout_prompts:
         held = chunks("heldout", tokenizer)
         rng = random.Random(1)
         picked = rng.sample([c for c in held if len(c) == MAX_TOKENS], args.num_prompts)
-        rows = [json.dumps({"prompt": tokenizer.decode(corrupt(ids, mask_id, rng))}) for ids in picked]
+        rows = [json.dumps({"prompt": tokenizer.decode(corrupt(ids, mask_id, rng, ALIGNED))}) for ids in picked]
         path = Path(args.heldout_prompts)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("\n".join(rows) + "\n")
@@ -199,12 +222,13 @@ def main() -> int:
     held = pairs(random.Random(2).sample(chunks("heldout", tokenizer), 128), mask_id, eos, random.Random(3))
     log(f"{len(train_data)} train chunks / {len(held)} held-out; data cpu {time.process_time() - t0:.0f}s")
     name = args.only
-    model = make(**SHAPES[name], vocab=len(tokenizer), seed=0 if name == "target" else 1)
+    model = make(**SHAPES[name], vocab=len(tokenizer), seed=0 if name == "target" else 1, arch=args.arch)
     params = sum(p.numel() for p in model.parameters())
     lr = args.lr or (2e-3 if name == "target" else 3e-3)
     report = {"task": "denoising stdlib code: chunk with ~15% of tokens in masked spans -> original chunk",
               "train_chunks": len(train_data), "heldout_examples": len(held), "max_tokens": MAX_TOKENS,
-              "mask_fraction": MASK_FRACTION, "mean_span": MEAN_SPAN, "shape": SHAPES[name], "params": params,
+              "mask_fraction": MASK_FRACTION, "mean_span": MEAN_SPAN, "mask_style": args.mask_style, "arch": args.arch, "shape": SHAPES[name],
+              "params": params,
               "batch": args.batch, "lr": lr, "uniform_loss": math.log(len(tokenizer)), "evals": []}
     budget = args.cpu_minutes * 60 - 20  # the final evaluation and save
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
