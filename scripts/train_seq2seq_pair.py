@@ -183,9 +183,9 @@ def main() -> int:
     parser.add_argument("--mask-style", choices=("span", "aligned"), default="span",
                         help="span: one <mask> per masked span (BART's text infilling); aligned: one <mask> per "
                              "masked token, so the output lines up with the source position by position")
-    parser.add_argument("--batch", type=int, default=24)
+    parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=None)
-    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--eval-every", type=int, default=150)
     parser.add_argument("--wall-minutes", type=float, default=None,
                         help="also stop after this much wall time (a shared, busy machine); the learning rate "
                              "decays with whichever budget runs out first")
@@ -224,11 +224,11 @@ def main() -> int:
     name = args.only
     model = make(**SHAPES[name], vocab=len(tokenizer), seed=0 if name == "target" else 1, arch=args.arch)
     params = sum(p.numel() for p in model.parameters())
-    lr = args.lr or (2e-3 if name == "target" else 3e-3)
+    lr = args.lr or (1.5e-3 if name == "target" else 2e-3)
     report = {"task": "denoising stdlib code: chunk with ~15% of tokens in masked spans -> original chunk",
               "train_chunks": len(train_data), "heldout_examples": len(held), "max_tokens": MAX_TOKENS,
-              "mask_fraction": MASK_FRACTION, "mean_span": MEAN_SPAN, "mask_style": args.mask_style, "arch": args.arch, "shape": SHAPES[name],
-              "params": params,
+              "mask_fraction": MASK_FRACTION, "mean_span": MEAN_SPAN, "mask_style": args.mask_style,
+              "arch": args.arch, "shape": SHAPES[name], "params": params,
               "batch": args.batch, "lr": lr, "uniform_loss": math.log(len(tokenizer)), "evals": []}
     budget = args.cpu_minutes * 60 - 20  # the final evaluation and save
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)

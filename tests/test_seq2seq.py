@@ -278,7 +278,8 @@ def small_vocab_whisper():
     target = tiny_seq2seq("whisper", hidden=16, layers=1, vocab=VOCAB, seed=3)
     enc = encoder_inputs("whisper", seed=4)
     with torch.no_grad():
-        first = torch.softmax(target(**enc, decoder_input_ids=torch.tensor([decoder_start_ids(target)])).logits[0, -1], -1)
+        start = torch.tensor([decoder_start_ids(target)])
+        first = torch.softmax(target(**enc, decoder_input_ids=start).logits[0, -1], -1)
     target.generation_config.eos_token_id = int(first.argsort(descending=True)[1])
     return target, perturbed(target, 0.3, seed=11), enc
 
