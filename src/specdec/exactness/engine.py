@@ -129,8 +129,7 @@ class _Memo:
         def forward(*args, **kwargs):
             if args:  # Whisper's model calls its encoder with the features as the first positional argument
                 kwargs = {main: args[0], **kwargs}
-                args = ()
-            kwargs = {k: v for k, v in kwargs.items() if v is not None or k in source}
+            kwargs = {k: v for k, v in kwargs.items() if v is not None or k in source}  # unset options
             same = set(kwargs) == set(source) and all(
                 isinstance(kwargs[k], torch.Tensor) and kwargs[k].shape == v.shape and torch.equal(kwargs[k], v)
                 for k, v in source.items())
