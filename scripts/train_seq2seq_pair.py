@@ -1,21 +1,27 @@
-"""Train a small T5 target and a smaller T5 draft on a stdlib task: a function's signature + docstring (the
-source, read by the encoder) -> its body (the decoder's output). Reuses the default tokenizer; same held-out
-split by file as the default pair (specdec.training.corpus).
+"""Train a seq2seq pair to ship: a T5 (or BART, --arch) target and a smaller draft on denoising stdlib code.
+
+The task: a chunk of code (whole lines, <= 64 tokens) with a few spans replaced by one ``<mask>`` token each is
+the source (read by the encoder); the original chunk is the target (the decoder's output). Data is unlimited
+(every chunk of every training file, with fresh masks every step); most of the output is copied from the source,
+and filling the masked spans is where a larger model beats a smaller one. Held-out split by file, as for the
+default pair (specdec.training.corpus). Reuses the default tokenizer plus one added ``<mask>`` token.
+``--mask-style aligned`` puts one ``<mask>`` per masked token instead, so output and source line up position by
+position (easier to copy for a decoder with absolute positions). Results: BENCHMARKS.md, "Encoder-decoder".
 
     nice -n 10 env OMP_NUM_THREADS=1 python scripts/train_seq2seq_pair.py --out runs/seq2seq --only target \
-        --cpu-minutes 15 &
+        --cpu-minutes 21 &
     nice -n 10 env OMP_NUM_THREADS=1 python scripts/train_seq2seq_pair.py --out runs/seq2seq --only draft \
-        --cpu-minutes 6
+        --cpu-minutes 8 &
+    python scripts/train_seq2seq_pair.py --heldout-prompts prompts.jsonl   # bench prompts (held-out sources)
 
-Each process trains its model until its CPU budget (process CPU time, data preparation and evaluation
-included) is spent; the held-out loss (nats per body token) and an untrained model's, for comparison, go to
-<out>/report-<name>.json.
+Each process trains its model until its CPU budget (process CPU time, data preparation and evaluation included)
+is spent, evaluating the held-out loss (nats per target token) and saving a checkpoint (fp16) every
+``--eval-every`` steps, so it can be stopped early; the report goes to <out>/report-<name>.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import math
 import random
@@ -24,44 +30,94 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, T5Config, T5ForConditionalGeneration
+from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
 
 from specdec.training.corpus import read_text, stdlib_files
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "src/specdec/assets/default/tokenizer"
-MAX_SOURCE, MAX_TARGET = 96, 96
+MASK = "<mask>"
+CHUNK_CHARS, MAX_TOKENS = 240, 64
+MASK_FRACTION, MEAN_SPAN = 0.15, 3.0
+SHAPES = {
+    "target": dict(d_model=192, enc_layers=3, dec_layers=3, heads=4, d_ff=512),
+    "draft": dict(d_model=96, enc_layers=2, dec_layers=1, heads=2, d_ff=192),
+}
 
 
-def examples(split: str, tokenizer) -> list[tuple[list[int], list[int]]]:
-    """(source ids, target ids) for every function with a docstring in the split's stdlib files."""
-    out = []
+def load_tokenizer():
+    """The default pair's tokenizer with ``<mask>`` added (id 8192)."""
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    tokenizer.add_special_tokens({"mask_token": MASK})
+    return tokenizer
+
+
+def chunks(split: str, tokenizer, max_chunks: int | None = None) -> list[list[int]]:
+    """Token ids of consecutive whole lines (<= CHUNK_CHARS characters, <= MAX_TOKENS tokens) of the split's files."""
+    texts = []
     for path in stdlib_files(split):
-        text = read_text(path)
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        lines = text.splitlines(keepends=True)
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or ast.get_docstring(node) is None:
-                continue
-            doc = node.body[0]
-            if len(node.body) < 2 or node.end_lineno is None:
-                continue
-            source = "".join(lines[node.lineno - 1 : doc.end_lineno])
-            body = "".join(lines[doc.end_lineno : node.end_lineno])
-            src = tokenizer.encode(source)[:MAX_SOURCE]
-            tgt = tokenizer.encode(body)[: MAX_TARGET - 1] + [tokenizer.eos_token_id]
-            if len(tgt) >= 4:
-                out.append((src, tgt))
+        buf = ""
+        for line in read_text(path).splitlines(keepends=True):
+            if len(buf) + len(line) > CHUNK_CHARS and buf.strip():
+                texts.append(buf)
+                buf = ""
+            buf += line
+        if buf.strip() and len(buf) > CHUNK_CHARS // 3:
+            texts.append(buf)
+    if max_chunks is not None and len(texts) > max_chunks:
+        texts = random.Random(0).sample(texts, max_chunks)
+    out = []
+    for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+        if len(ids) >= 16:
+            out.append(ids[:MAX_TOKENS])
     return out
 
 
-def make(d_model: int, layers: int, heads: int, d_ff: int, vocab: int, seed: int) -> T5ForConditionalGeneration:
+def corrupt(ids: list[int], mask_id: int, rng: random.Random, aligned: bool = False) -> list[int]:
+    """Replace spans (lengths ~ Poisson(MEAN_SPAN), >= 1) covering ~MASK_FRACTION of ``ids`` by one mask each
+    (aligned: by one mask per token, so source and output positions line up)."""
+    budget = max(1, round(MASK_FRACTION * len(ids)))
+    masked = [False] * len(ids)
+    starts = set()
+    tries = 0
+    while budget > 0 and tries < 20:
+        tries += 1
+        length = min(budget, max(1, _poisson(MEAN_SPAN, rng)))
+        start = rng.randrange(0, len(ids) - length + 1)
+        if any(masked[max(0, start - 1): start + length + 1]):
+            continue
+        for i in range(start, start + length):
+            masked[i] = True
+        starts.add(start)
+        budget -= length
+    if aligned:
+        return [mask_id if masked[i] else t for i, t in enumerate(ids)]
+    return [mask_id if i in starts else t for i, t in enumerate(ids) if not masked[i] or i in starts]
+
+
+def _poisson(lam: float, rng: random.Random) -> int:
+    limit, k, p = math.exp(-lam), 0, 1.0
+    while True:
+        p *= rng.random()
+        if p <= limit:
+            return k
+        k += 1
+
+
+def make(d_model: int, enc_layers: int, dec_layers: int, heads: int, d_ff: int, vocab: int,
+         seed: int, arch: str = "t5"):
+    """A fresh T5 (relative position bias) or BART (learned absolute positions) of the given shape."""
     torch.manual_seed(seed)
-    config = T5Config(vocab_size=vocab, d_model=d_model, d_kv=d_model // heads, d_ff=d_ff, num_layers=layers,
-                      num_decoder_layers=layers, num_heads=heads, dropout_rate=0.0, pad_token_id=0,
+    if arch == "bart":
+        config = BartConfig(vocab_size=vocab, d_model=d_model, encoder_layers=enc_layers, decoder_layers=dec_layers,
+                            encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=d_ff,
+                            decoder_ffn_dim=d_ff, max_position_embeddings=128, dropout=0.0, attention_dropout=0.0,
+                            activation_dropout=0.0, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+                            decoder_start_token_id=0, forced_bos_token_id=None, forced_eos_token_id=None,
+                            tie_word_embeddings=True)
+        return BartForConditionalGeneration(config)
+    config = T5Config(vocab_size=vocab, d_model=d_model, d_kv=d_model // heads, d_ff=d_ff, num_layers=enc_layers,
+                      num_decoder_layers=dec_layers, num_heads=heads, dropout_rate=0.0, pad_token_id=0,
                       eos_token_id=0, decoder_start_token_id=0, tie_word_embeddings=True,
                       feed_forward_proj="gated-gelu")
     return T5ForConditionalGeneration(config)
@@ -80,6 +136,13 @@ def batch(items, pad: int = 0):
     return src, mask, labels
 
 
+ALIGNED = False  # set from --mask-style
+
+
+def pairs(data: list[list[int]], mask_id: int, eos: int, rng: random.Random) -> list[tuple[list[int], list[int]]]:
+    return [(corrupt(ids, mask_id, rng, ALIGNED), ids + [eos]) for ids in data]
+
+
 @torch.no_grad()
 def heldout_loss(model, data, batch_size: int = 32) -> float:
     model.eval()
@@ -87,7 +150,7 @@ def heldout_loss(model, data, batch_size: int = 32) -> float:
     for i in range(0, len(data), batch_size):
         src, mask, labels = batch(data[i : i + batch_size])
         logits = model(input_ids=src, attention_mask=mask, labels=labels).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
                                                  ignore_index=-100, reduction="sum")
         total += float(loss)
         count += int((labels != -100).sum())
@@ -95,46 +158,55 @@ def heldout_loss(model, data, batch_size: int = 32) -> float:
     return total / count
 
 
-def train(model, data, cpu_seconds: float, batch_size: int, lr: float, log, wall_seconds: float | None = None) -> dict:
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    rng = random.Random(0)
-    start, wall_start = time.process_time(), time.perf_counter()
-    step = 0
-    model.train()
-    while time.process_time() - start < cpu_seconds and (
-            wall_seconds is None or time.perf_counter() - wall_start < wall_seconds):
-        items = rng.sample(data, batch_size)
-        src, mask, labels = batch(items)
-        loss = model(input_ids=src, attention_mask=mask, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        # linear warm-up over 50 steps, then constant (the budget, not a step count, ends training)
-        for group in opt.param_groups:
-            group["lr"] = lr * min(1.0, (step + 1) / 50)
-        opt.step()
-        step += 1
-        if step % 25 == 0:
-            log(f"step {step} loss {float(loss.detach()):.3f} cpu {time.process_time() - start:.0f}s")
-    return {"steps": step, "batch": batch_size, "cpu_s": time.process_time() - start,
-            "wall_s": time.perf_counter() - wall_start}
+def save(model, tokenizer, path: Path) -> None:
+    """fp16 copy of ``model`` + the tokenizer, written to a temporary directory then renamed."""
+    import copy
+    import shutil
+
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    half = copy.deepcopy(model).half()
+    half.generation_config.eos_token_id = 0
+    half.generation_config.decoder_start_token_id = 0
+    half.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", default="runs/seq2seq")
     parser.add_argument("--cpu-minutes", type=float, default=15.0)
     parser.add_argument("--only", choices=("target", "draft"))
-    parser.add_argument("--heldout-prompts", metavar="FILE",
-                        help="write the held-out sources (signature + docstring) as bench JSONL prompts and exit")
+    parser.add_argument("--arch", choices=("t5", "bart"), default="t5")
+    parser.add_argument("--mask-style", choices=("span", "aligned"), default="span",
+                        help="span: one <mask> per masked span (BART's text infilling); aligned: one <mask> per "
+                             "masked token, so the output lines up with the source position by position")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--eval-every", type=int, default=150)
     parser.add_argument("--wall-minutes", type=float, default=None,
-                        help="also stop training after this much wall time (a shared, busy machine)")
+                        help="also stop after this much wall time (a shared, busy machine); the learning rate "
+                             "decays with whichever budget runs out first")
+    parser.add_argument("--heldout-prompts", metavar="FILE",
+                        help="write held-out sources (masked chunks) as bench JSONL prompts and exit")
+    parser.add_argument("--num-prompts", type=int, default=16)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    global ALIGNED
+    ALIGNED = args.mask_style == "aligned"
+    tokenizer = load_tokenizer()
+    mask_id, eos = tokenizer.mask_token_id, tokenizer.eos_token_id
     if args.heldout_prompts:
-        rows = [json.dumps({"prompt": tokenizer.decode(src)}) for src, _ in examples("heldout", tokenizer)]
-        Path(args.heldout_prompts).write_text("\n".join(rows) + "\n")
+        held = chunks("heldout", tokenizer)
+        rng = random.Random(1)
+        picked = rng.sample([c for c in held if len(c) == MAX_TOKENS], args.num_prompts)
+        rows = [json.dumps({"prompt": tokenizer.decode(corrupt(ids, mask_id, rng, ALIGNED))}) for ids in picked]
+        path = Path(args.heldout_prompts)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("\n".join(rows) + "\n")
+        tmp.rename(path)
         return 0
     if args.only is None:
         parser.error("--only target|draft is required to train")
@@ -146,31 +218,53 @@ def main() -> int:
         print(msg, file=logf, flush=True)
 
     t0 = time.process_time()
-    train_data, held = examples("train", tokenizer), examples("heldout", tokenizer)
-    held = held[:400]
-    log(f"{len(train_data)} train / {len(held)} held-out examples; data cpu {time.process_time() - t0:.0f}s")
-    budget = args.cpu_minutes * 60 - (time.process_time() - t0) - 30  # time for the evaluations
-    shapes = {"target": dict(d_model=160, layers=3, heads=4, d_ff=320), "draft": dict(d_model=64, layers=1, heads=2,
-                                                                                    d_ff=128)}
-    report = {"task": "stdlib function signature + docstring -> body", "train_examples": len(train_data),
-              "heldout_examples": len(held), "max_source": MAX_SOURCE, "max_target": MAX_TARGET}
-    untrained = make(**shapes["draft"], vocab=len(tokenizer), seed=1)
-    report["untrained_heldout_loss"] = heldout_loss(untrained, held)
-    report["uniform_loss"] = math.log(len(tokenizer))
-    for name, seed in ((args.only, 0 if args.only == "target" else 1),):
-        model = make(**shapes[name], vocab=len(tokenizer), seed=seed)
-        wall = None if args.wall_minutes is None else args.wall_minutes * 60
-        info = train(model, train_data, budget, 16, 3e-3 if name == "draft" else 2e-3, log, wall)
-        info["params"] = sum(p.numel() for p in model.parameters())
-        info["shape"] = shapes[name]
-        info["heldout_loss"] = heldout_loss(model, held)
-        log(f"{name}: {info}")
-        report[name] = info
-        model.generation_config.eos_token_id = 0
-        model.half().save_pretrained(out / name)
-        tokenizer.save_pretrained(out / name)
+    train_data = chunks("train", tokenizer, max_chunks=150_000)
+    held = pairs(random.Random(2).sample(chunks("heldout", tokenizer), 128), mask_id, eos, random.Random(3))
+    log(f"{len(train_data)} train chunks / {len(held)} held-out; data cpu {time.process_time() - t0:.0f}s")
+    name = args.only
+    model = make(**SHAPES[name], vocab=len(tokenizer), seed=0 if name == "target" else 1, arch=args.arch)
+    params = sum(p.numel() for p in model.parameters())
+    lr = args.lr or (1.5e-3 if name == "target" else 2e-3)
+    report = {"task": "denoising stdlib code: chunk with ~15% of tokens in masked spans -> original chunk",
+              "train_chunks": len(train_data), "heldout_examples": len(held), "max_tokens": MAX_TOKENS,
+              "mask_fraction": MASK_FRACTION, "mean_span": MEAN_SPAN, "mask_style": args.mask_style,
+              "arch": args.arch, "shape": SHAPES[name], "params": params,
+              "batch": args.batch, "lr": lr, "uniform_loss": math.log(len(tokenizer)), "evals": []}
+    budget = args.cpu_minutes * 60 - 20  # the final evaluation and save
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    rng = random.Random(0 if name == "target" else 1)
+    start, wall_start = time.process_time(), time.perf_counter()
+    wall = math.inf if args.wall_minutes is None else args.wall_minutes * 60 - 30
+
+    def spent() -> float:  # the fraction of the budget used (CPU or wall, whichever is further along)
+        return max((time.process_time() - t0) / budget, (time.perf_counter() - wall_start) / wall)
+
+    step = 0
+    model.train()
+    while spent() < 1.0:
+        items = pairs(rng.sample(train_data, args.batch), mask_id, eos, rng)
+        src, mask, labels = batch(items)
+        loss = model(input_ids=src, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        # warm-up over 50 steps, then linear decay to 10% as the CPU budget runs out
+        for group in opt.param_groups:
+            group["lr"] = lr * min(1.0, (step + 1) / 50) * max(0.1, 1.0 - spent())
+        opt.step()
+        step += 1
+        if step % 25 == 0:
+            log(f"step {step} loss {float(loss.detach()):.3f} cpu {time.process_time() - t0:.0f}s")
+        if step % args.eval_every == 0:
+            h = heldout_loss(model, held)
+            report["evals"].append({"step": step, "cpu_s": round(time.process_time() - t0), "heldout_loss": h})
+            log(f"eval step {step} heldout {h:.3f}")
+            save(model, tokenizer, out / name)
+    report.update(steps=step, train_cpu_s=time.process_time() - start, wall_s=time.perf_counter() - wall_start,
+                  heldout_loss=heldout_loss(model, held))
+    save(model, tokenizer, out / name)
     report["total_cpu_s"] = time.process_time() - t0
-    (out / f"report-{args.only}.json").write_text(json.dumps(report, indent=2))
+    (out / f"report-{name}.json").write_text(json.dumps(report, indent=2))
     log(json.dumps(report))
     return 0
 

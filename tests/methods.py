@@ -53,6 +53,22 @@ SEQ2SEQ_METHODS = {
 }
 
 
+#: Token trees and heads on an encoder-decoder target whose decoder takes each token's position (Whisper's
+#: decoder_position_ids; T5, BART and Marian refuse trees, docs/seq2seq.md): tests/test_seq2seq.py runs each
+#: one in the greedy-equality suite and those in SEQ2SEQ_TREE_STATISTICAL in the statistical suite.
+SEQ2SEQ_TREE_METHODS = {
+    "draft-tree": lambda target, draft: specdec.DraftTree(draft, top_k=2, depth=3, max_nodes=5),
+    "multi-draft": lambda target, draft: specdec.MultiDraft(draft, num_drafts=2),
+    "prompt-lookup-branches": lambda target, draft: specdec.PromptLookup(max_ngram=2, min_ngram=1, branches=3),
+    "medusa-chain": lambda target, draft: specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=3)),
+    "medusa": lambda target, draft: specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=3),
+                                                   tree=((0,), (1,), (0, 0), (1, 0), (0, 0, 0))),
+}
+#: One statistical check (CI time): MultiDraft's sampled tree exercises tree passes and commits on target and
+#: draft and q rows; DraftTree's and Medusa's point-mass trees go through the same passes (greedy suite).
+SEQ2SEQ_TREE_STATISTICAL = ("multi-draft",)
+
+
 def build(name: str, target, draft):
     """(drafter or None, extra decoder options) for registry entry `name`."""
     built = METHODS[name](target, draft)

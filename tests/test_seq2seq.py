@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from methods import SEQ2SEQ_METHODS
+from methods import SEQ2SEQ_METHODS, SEQ2SEQ_TREE_METHODS, SEQ2SEQ_TREE_STATISTICAL
 from models import perturbed, tiny
 from seq2seq_models import ARCHS, FRAMES, MELS, encoder_inputs, hf_greedy_seq2seq, tiny_seq2seq
 
@@ -73,9 +73,42 @@ def test_every_registered_seq2seq_method(pairs, arch, method):
     assert out.tokens == reference(target, enc)
 
 
-def build_seq2seq(name, target, draft):
-    built = SEQ2SEQ_METHODS[name](target, draft)
+def build_seq2seq(name, target, draft, methods=SEQ2SEQ_METHODS):
+    built = methods[name](target, draft)
     return (built[0], dict(built[1])) if isinstance(built, tuple) else (built, {})
+
+
+@pytest.mark.parametrize("method", sorted(SEQ2SEQ_TREE_METHODS))
+def test_trees_and_heads_on_a_decoder_that_takes_positions(pairs, method):
+    """Whisper's decoder takes decoder_position_ids and a 4D mask: a tree is scored in one pass."""
+    target, draft, _, enc = pairs["whisper"]
+    drafter, options = build_seq2seq(method, target, draft, SEQ2SEQ_TREE_METHODS)
+    decoder = SpeculativeDecoder(target, drafter, gamma=3, max_new_tokens=24, encoder_inputs=enc, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fall-back to chains
+        assert list(decoder.stream(None)) == reference(target, enc)
+    assert decoder.target.supports_tree(4)
+    if method != "prompt-lookup-branches":  # random features: lookup may find nothing to copy
+        assert decoder.stats.accepted > 0
+
+
+def test_tree_commit_keeps_the_accepted_branch_in_the_decoder_cache(pairs):
+    """Score a two-branch tree, keep the second branch: the cache then equals a chain pass along it."""
+    target, _, _, enc = pairs["whisper"]
+    tree_lm, chain_lm = CachedSeq2SeqLM(target), CachedSeq2SeqLM(target)
+    start = torch.tensor(decoder_start_ids(target))
+    for lm in (tree_lm, chain_lm):
+        lm.reset(encoder_inputs=enc)
+        lm.prefill(start)
+    tree = specdec.tree.TreeMask.from_parents(torch.tensor([-1, -1, 0, 1]))
+    tree_lm.score(torch.tensor([7, 4, 5, 6, 8]), tree=tree)
+    tree_lm.commit(1, torch.tensor([0, 2, 4]))  # the root, node 1 (5), node 3 (8)
+    chain_lm.forward(torch.tensor([7, 5, 8]))
+    assert tree_lm.length == chain_lm.length == 4
+    for a, b in zip(tree_lm.cache.self_attention_cache.layers, chain_lm.cache.self_attention_cache.layers):
+        assert torch.allclose(a.keys, b.keys) and torch.allclose(a.values, b.values)
+    nxt = torch.tensor([9])
+    assert torch.allclose(tree_lm.forward(nxt), chain_lm.forward(nxt))
 
 
 @pytest.mark.parametrize("arch", ["t5", "whisper"])
@@ -196,6 +229,7 @@ def test_decoder_cache_rolls_back_every_round_and_cross_attention_is_untouched(p
 # ----------------------------------------------------------------------------------- statistical exactness
 
 ALPHA = 1e-4
+TREE_ALPHA = 1e-5  # the tree checks: a lower level keeps the suite's family-wise bound under 0.01
 N = 3000
 VOCAB = 8
 STAT_SOURCE = {"input_ids": [[2, 3, 4, 2, 3, 5, 6, 2]]}
@@ -238,6 +272,35 @@ def test_every_seq2seq_method_is_exact(small_vocab_pair, name, setting):
         assert 0 < result.accepted < result.drafted, result.summary()
 
 
+@pytest.fixture(scope="module")
+def small_vocab_whisper():
+    """A V=8 Whisper (float64) with an EOS of decent probability after the decoder start, and a perturbed draft."""
+    target = tiny_seq2seq("whisper", hidden=16, layers=1, vocab=VOCAB, seed=3)
+    enc = encoder_inputs("whisper", seed=4)
+    with torch.no_grad():
+        start = torch.tensor([decoder_start_ids(target)])
+        first = torch.softmax(target(**enc, decoder_input_ids=start).logits[0, -1], -1)
+    target.generation_config.eos_token_id = int(first.argsort(descending=True)[1])
+    return target, perturbed(target, 0.3, seed=11), enc
+
+
+@pytest.mark.exactness_positive(checks=1, alpha=TREE_ALPHA)
+@pytest.mark.parametrize("name", SEQ2SEQ_TREE_STATISTICAL)
+def test_trees_on_whisper_are_exact(small_vocab_whisper, name):
+    """One setting (T = 1, top-k 6) per tree method: the tree passes and commits through Whisper's decoder."""
+    target, draft, enc = small_vocab_whisper
+    drafter, extra = build_seq2seq(name, target, draft, SEQ2SEQ_TREE_METHODS)
+    temperature, top_k, top_p, gamma, max_new, use_eos = SETTINGS["T1.0-top6-g2-L3"]
+    result = check_exactness(target, decoder_start_ids(target), drafter, gamma=gamma, temperature=temperature,
+                             top_k=top_k, top_p=top_p, max_new_tokens=max_new,
+                             eos_token_id=None if use_eos else [], samples=N, seed=1234, alpha=TREE_ALPHA,
+                             encoder_inputs=enc, method=name, **extra)
+    assert result.mode == "enumerate" and result.engine == "memo"
+    assert result.passed, result.summary()
+    assert result.detectable_tv < 0.12, result.summary()
+    assert 0 < result.accepted < result.drafted, result.summary()
+
+
 def test_seq2seq_negative_control_is_caught(small_vocab_pair):
     """A verifier that keeps one accepted token too many is caught through the encoder-decoder path too."""
     target, draft = small_vocab_pair
@@ -266,8 +329,13 @@ def test_bad_pairings_and_inputs_raise_one_clear_error(pairs):
         run(target, specdec.DraftModel(tiny_seq2seq("t5", hidden=16, layers=1, vocab=80)), enc)
     with pytest.raises(specdec.IncompatibleModelsError, match="PromptLookup"):
         run(target, specdec.Bigram.from_corpus(torch.arange(50) % 96, 96), enc)
-    with pytest.raises(specdec.UnsupportedModelError, match="encoder-decoder"):
-        specdec.DraftTree(target)  # token trees drive decoder-only models
+    with pytest.raises(specdec.UnsupportedModelError, match="relative position bias"):
+        run(target, specdec.DraftTree(pairs["t5"][1]), enc)  # T5: no tree positions without forking the model
+    bart, bart_draft, _, bart_enc = pairs["bart"]
+    with pytest.raises(specdec.UnsupportedModelError, match="absolute position from the cache length"):
+        run(bart, specdec.PromptLookup(branches=2), bart_enc)
+    with pytest.raises(specdec.UnsupportedModelError, match="tree"):
+        run(bart, specdec.Medusa(bart, specdec.MedusaHeads.init(bart), tree=[(0,), (1,)]), bart_enc)
     with pytest.raises(specdec.UnsupportedModelError, match="encoder-decoder"):
         specdec.Bigram.from_model(target)
     whisper = pairs["whisper"][0]
@@ -330,3 +398,4 @@ def test_bench_runs_an_encoder_decoder_pair_against_hf_assisted(saved_t5_pair):
     assert all(r["identical_to_hf_plain"] for r in results["runs"])  # every method = HF's greedy decoder output
     assert {c["method"] for c in results["configs"]} == set(settings.methods)
     assert results["forward_costs"]["target_ms"][1] > 0
+

@@ -19,9 +19,9 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.drafters.base import Drafter, Proposal
-from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError
+from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, UnsupportedModelError
 from specdec.models.causal_lm import CachedCausalLM, context_length
-from specdec.models.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder, seq2seq_adapter
+from specdec.models.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder, seq2seq_adapter, tree_unsupported_reason
 from specdec.models.static_lm import DEFAULT_BUCKETS, StaticCausalLM, fast_adapter
 from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats
@@ -200,13 +200,33 @@ def _check_encoder_pairing(target: object, drafter: Drafter | None, encoder_inpu
             "draft cannot see the source; load the draft as an encoder-decoder model of the target's family "
             "(AutoModelForSeq2SeqLM, e.g. t5-small for t5-large), or use specdec.PromptLookup"
         )
+    if drafter is not None and not getattr(drafter, "accepts_encoder_inputs", False) and drafter.needs_hidden:
+        raise UnsupportedModelError(
+            f"{type(drafter).__name__}'s head is one decoder layer of the target's family fed the target's "
+            f"features, and {type(target.model).__name__}'s decoder layers also cross-attend to the encoder "
+            "output, which the head does not model; use specdec.Medusa (its heads read only the decoder's last "
+            "hidden state), specdec.DraftModel or specdec.PromptLookup with this target"
+        )
     if drafter is not None and not getattr(drafter, "accepts_encoder_inputs", False):
         raise IncompatibleModelsError(
             f"{type(drafter).__name__} cannot draft for an encoder-decoder target; use specdec.DraftModel with a "
             "smaller encoder-decoder draft of the same vocabulary, or specdec.PromptLookup (it also copies from "
             "the source)"
         )
+    reason = tree_unsupported_reason(target.model)
+    if drafter is not None and _drafts_trees(drafter) and reason is not None:
+        raise UnsupportedModelError(
+            f"{drafter.name} drafts token trees, but {reason}; draft chains for this target (specdec.DraftModel, "
+            "specdec.PromptLookup with branches=1, specdec.Medusa without tree=), or use a decoder that takes "
+            "decoder_position_ids (Whisper)"
+        )
     return encoder_inputs
+
+
+def _drafts_trees(drafter: Drafter) -> bool:
+    """Does this drafter propose token trees (not only chains)?"""
+    return (getattr(drafter, "max_nodes", None) is not None or getattr(drafter, "num_drafts", None) is not None
+            or getattr(drafter, "tree", None) is not None)
 
 
 class SpeculativeDecoder:

@@ -48,6 +48,8 @@ class Medusa(Drafter):
     """Medusa drafter: `tree=None` proposes a chain of the heads' argmaxes; a tree needs tree verification."""
 
     needs_hidden = True
+    #: An encoder-decoder target: the heads read its decoder's last hidden state, the source is not needed.
+    accepts_encoder_inputs = True
 
     def __init__(self, target, heads: MedusaHeads, tree: Sequence[Sequence[int]] | None = None):
         model: PreTrainedModel = target if isinstance(target, PreTrainedModel) else target.model  # or an adapter
@@ -80,7 +82,8 @@ class Medusa(Drafter):
         twin.reset(torch.zeros(1, dtype=torch.long))
         return twin
 
-    def reset(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+    def reset(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None = None, encoder_inputs=None,
+              encoder_input_ids=None) -> None:
         self.feature = hidden[-1] if hidden is not None and hidden.shape[0] else None  # [H]
         self._forwards = 0
 

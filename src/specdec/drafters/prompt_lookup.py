@@ -26,7 +26,8 @@ continuation the proposal is the same chain as with branches=1.
 Encoder-decoder targets: the request's source tokens (`reset(..., encoder_input_ids=)`, handed over by the
 decoder) get an index of their own, built once per request. For each n, longest first, a match in the decoded
 context wins (most recent); otherwise the source's most recent match is copied (summaries and translations
-often copy spans of the source). Source tokens must be ids of the decoder's vocabulary (T5, BART, Marian
+often copy spans of the source); with branches > 1 the source's k most recent matches follow the context's.
+Source tokens must be ids of the decoder's vocabulary (T5, BART, Marian
 share one vocabulary between encoder and decoder).
 """
 
@@ -82,6 +83,7 @@ class PromptLookup(Drafter):
         self._recent: list[dict[tuple[int, ...], list[int]]] = []
         self._source: list[int] = []  # an encoder-decoder request's source tokens (empty otherwise)
         self._source_index: list[dict[tuple[int, ...], int]] = []  # as _index, over _source
+        self._source_recent: list[dict[tuple[int, ...], list[int]]] = []  # as _recent, over _source
         self.reset(torch.empty(0, dtype=torch.long))
 
     # -- index maintenance -------------------------------------------------------------------------
@@ -93,9 +95,16 @@ class PromptLookup(Drafter):
         self._extend(prompt_ids)
         self._source = [] if encoder_input_ids is None else encoder_input_ids.tolist()
         self._source_index = [{} for _ in range(self.min_ngram, self.max_ngram + 1)]
+        self._source_recent = [{} for _ in self._source_index] if self.branches > 1 else []
         for n, index in zip(range(self.min_ngram, self.max_ngram + 1), self._source_index):
             for end in range(n, len(self._source)):
                 index[tuple(self._source[end - n : end])] = end  # the most recent occurrence with a follower
+        for n, recent in zip(range(self.min_ngram, self.max_ngram + 1), self._source_recent):
+            for end in range(n, len(self._source)):
+                ends = recent.setdefault(tuple(self._source[end - n : end]), [])
+                ends.append(end)
+                if len(ends) > self.branches:
+                    del ends[0]
 
     def _extend(self, context: torch.Tensor) -> None:
         """Index the n-grams that got a follower since the last call. context [n] starts with _tokens."""
@@ -160,8 +169,12 @@ class PromptLookup(Drafter):
         if gamma <= 0:
             return found
         for n in range(min(self.max_ngram, length), self.min_ngram - 1, -1):
-            for end in reversed(self._recent[n - self.min_ngram].get(tuple(tokens[length - n :]), [])):
-                draft = self._continuation(end, gamma)
+            key = tuple(tokens[length - n :])
+            drafts = [self._continuation(end, gamma) for end in reversed(self._recent[n - self.min_ngram].get(key, []))]
+            if self._source_recent:  # then the source's matches (an encoder-decoder request)
+                ends = reversed(self._source_recent[n - self.min_ngram].get(key, []))
+                drafts += [self._source[end : end + gamma] for end in ends]
+            for draft in drafts:
                 if draft and draft not in found:
                     found.append(draft)
                     if len(found) == self.branches:

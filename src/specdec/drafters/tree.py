@@ -27,6 +27,7 @@ from transformers import PreTrainedModel
 from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError
 from specdec.models.causal_lm import CachedCausalLM
+from specdec.models.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
 from specdec.models.static_lm import StaticCausalLM, fast_adapter, select_tree, tree_candidates, tree_log_probs
 from specdec.sampling import SamplingConfig
 from specdec.tree import TreeMask
@@ -43,15 +44,24 @@ class _TreeDrafter(Drafter):
     """A draft model with its own KV cache that can score the nodes of a tree it is growing."""
 
     def __init__(self, model: PreTrainedModel):
-        self.lm = CachedCausalLM(model)
+        # An encoder-decoder draft (for an encoder-decoder target) runs its own encoder once per request.
+        self.lm = CachedSeq2SeqLM(model) if is_encoder_decoder(model) else CachedCausalLM(model)
         self.vocab_size = self.lm.vocab_size
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return isinstance(self.lm, CachedSeq2SeqLM)
+
+    @property
+    def accepts_encoder_inputs(self) -> bool:
+        return self.is_encoder_decoder
 
     @property
     def forwards(self) -> int:
         return self.lm.forwards
 
-    def reset(self, prompt_ids: torch.Tensor) -> None:
-        self.lm.reset()
+    def reset(self, prompt_ids: torch.Tensor, encoder_inputs=None, encoder_input_ids=None) -> None:
+        self.lm.reset(**({} if encoder_inputs is None else {"encoder_inputs": encoder_inputs}))
         self.lm.prefill(prompt_ids[:-1])  # the last prompt token is the first round's root
 
     def fork(self) -> _TreeDrafter:
@@ -146,8 +156,8 @@ class DraftTree(_TreeDrafter):
 
     def use_fast_path(self, mode: bool | str, pinned: bool = False) -> None:
         """Called by the decoder with its `compile` setting; a drafter built with compile=... keeps its own."""
-        if self.compile is not None and not pinned:
-            return
+        if (self.compile is not None and not pinned) or isinstance(self.lm, CachedSeq2SeqLM):
+            return  # a seq2seq draft decodes eagerly (the target warns once about compile)
         if mode not in self._adapters:
             self._adapters[mode] = fast_adapter(self.lm.model, mode)
         self.lm = self._adapters[mode]

@@ -124,8 +124,12 @@ class _Memo:
     def encoder_forward(self, real: Callable) -> Callable:
         """The encoder's forward: the stored output for the check's own source, the real one otherwise."""
         source = self.source
+        main = self.model.main_input_name
 
-        def forward(**kwargs):
+        def forward(*args, **kwargs):
+            if args:  # Whisper's model calls its encoder with the features as the first positional argument
+                kwargs = {main: args[0], **kwargs}
+            kwargs = {k: v for k, v in kwargs.items() if v is not None or k in source}  # unset options
             same = set(kwargs) == set(source) and all(
                 isinstance(kwargs[k], torch.Tensor) and kwargs[k].shape == v.shape and torch.equal(kwargs[k], v)
                 for k, v in source.items())
@@ -241,8 +245,15 @@ def _seq2seq_forward(memo: _Memo, real: Callable, past_key_values: EncoderDecode
         and ids.shape[0] == 1 and not kwargs.get("output_hidden_states") and not kwargs.get("output_attentions")
         and kwargs.get("use_cache") is not False and memo.same_source(kwargs.get("encoder_outputs"))
         and set(kwargs) <= {"decoder_input_ids", "encoder_outputs", "attention_mask", "cache_position", "use_cache",
-                            "input_ids", "output_hidden_states", "output_attentions", "return_dict"}
+                            "input_ids", "output_hidden_states", "output_attentions", "return_dict",
+                            "decoder_attention_mask", "decoder_position_ids"}
     )
+    tree_mask = kwargs.get("decoder_attention_mask")
+    if usual and tree_mask is not None:  # a tree pass: one decoder prefix per row
+        if tree_mask.dim() != 4 or tree_mask.shape[:2] != (1, 1):
+            raise MemoUnsupported(f"a decoder mask of shape {tuple(tree_mask.shape)} is not a tree mask [1, 1, M, L+M]")
+        return _Output(_tree_rows(memo, token_cache, ids[0].tolist(), kwargs.get("decoder_position_ids"), tree_mask,
+                                  True), cache)
     if usual:
         prefix, new = token_cache.tokens, ids[0].tolist()
         positions = kwargs.get("cache_position")

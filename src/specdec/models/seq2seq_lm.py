@@ -7,15 +7,23 @@ the cross-attention keys/values are computed on the first decoder call of a requ
 rollback crops only the self-attention part (`EncoderDecoderCache.crop` does exactly that). Decoder positions
 come from the cache length (`cache_position`), so no model file is forked and no config is touched.
 
-Token trees are not scored in one pass here (`supports_tree` is False: the decoder verifies a tree's first
-branch as a chain); the fast path (`compile=True`) is not available and falls back to this adapter with one
+Token trees are scored in one pass where the decoder takes each row's position from the caller
+(`decoder_position_ids`, Whisper) and honours a 4D self-attention mask (probed once per model): rows get
+position length + depth and see the cache and their own ancestors; `commit` keeps the accepted path by
+moving its self-attention rows down, as `CachedCausalLM.commit` does. Decoders that derive positions from the
+cache length (BART, Marian: absolute positions = slot index; T5: a relative position bias over slot indices)
+cannot place sibling nodes at one position: `tree_unsupported_reason` names why, and the decoder refuses tree
+drafters for them. The fast path (`compile=True`) is not available and falls back to this adapter with one
 `FastPathWarning`. See docs/seq2seq.md.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 import warnings
+import weakref
 from collections.abc import Mapping
 
 import torch
@@ -24,6 +32,10 @@ from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from specdec.errors import NumericalError, PromptError, UnsupportedModelError
 from specdec.models.base import Scores
 from specdec.models.causal_lm import vocab_size
+from specdec.tree import TreeMask
+
+#: model -> True/False: does a decoder tree pass with a 4D mask match per-branch chain passes? (probed once)
+_TREE_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def is_encoder_decoder(model: object) -> bool:
@@ -43,6 +55,31 @@ def seq2seq_adapter(model: PreTrainedModel, compile: bool | str = False) -> Cach
             FastPathWarning, stacklevel=3,
         )
     return CachedSeq2SeqLM(model)
+
+
+def tree_unsupported_reason(model: PreTrainedModel) -> str | None:
+    """Why this encoder-decoder model's decoder cannot score a token tree in one pass (None: it can).
+
+    A tree pass puts sibling nodes at one position while they sit in different cache slots, so the decoder
+    must take positions from the caller; HF's T5, BART and Marian decoders compute them from the cache length.
+    """
+    name = type(model).__name__
+    if _takes_decoder_positions(type(model)):
+        return None
+    config = model.config
+    if getattr(config, "relative_attention_num_buckets", None) is not None:
+        return (f"{name}'s decoder adds a relative position bias computed from cache slot indices, so tree "
+                "nodes (siblings share a position but not a slot) cannot be given their positions without "
+                "forking the model")
+    return (f"{name}'s decoder derives each token's absolute position from the cache length and takes no "
+            "position ids, so tree nodes (siblings share a position but not a slot) would be scored at the "
+            "wrong positions")
+
+
+@functools.cache
+def _takes_decoder_positions(cls: type) -> bool:
+    """Does the class's forward take decoder_position_ids? (The class, not the instance: a check may patch it.)"""
+    return "decoder_position_ids" in inspect.signature(cls.forward).parameters
 
 
 def decoder_context_length(model: PreTrainedModel) -> int | None:
@@ -137,14 +174,17 @@ class CachedSeq2SeqLM:
         return logits[-1:] if last_only else logits
 
     def score(self, input_ids: torch.Tensor, *, tree=None, hidden: bool = False) -> Scores:
-        """Append a chain of decoder tokens input_ids [M]; logits [M, V] (+ decoder hidden states [M, H])."""
+        """Append decoder tokens input_ids [M] (a chain, or a tree whose row 0 is the root); logits [M, V]
+        (+ decoder hidden states [M, H])."""
+        positions = mask = None
         if tree is not None:
-            raise UnsupportedModelError(
-                "encoder-decoder targets score chains only (supports_tree is False); the decoder verifies a "
-                "tree's first branch instead"
-            )
+            reason = tree_unsupported_reason(self.model)
+            if reason is not None:
+                raise UnsupportedModelError(f"{reason}; draft chains for this target (DraftModel, PromptLookup)")
+            positions = self.length + tree.depths  # [M]
+            mask = tree.additive(self.length, self.model.dtype, self.device)  # [1, 1, M, L+M]
         start = time.perf_counter()
-        logits, states = self._run(input_ids, hidden=hidden)
+        logits, states = self._run(input_ids, hidden=hidden, positions=positions, mask=mask)
         self.forwards += 1
         self.forward_s += time.perf_counter() - start
         return Scores(logits, states)
@@ -159,20 +199,36 @@ class CachedSeq2SeqLM:
         self.prefill_s += time.perf_counter() - start
         return states
 
+    def score_visible(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """Append decoder tokens input_ids [m] at positions [m]; row i sees the cache slots and new rows where
+        visible [m, length+m] is True. Logits [m, V] (a tree drafter growing one level per pass)."""
+        mask = torch.zeros(visible.shape, dtype=self.model.dtype)
+        mask.masked_fill_(~visible, torch.finfo(self.model.dtype).min)
+        start = time.perf_counter()
+        logits, _ = self._run(input_ids, hidden=False, positions=positions, mask=mask[None, None].to(self.device))
+        self.forwards += 1
+        self.forward_s += time.perf_counter() - start
+        return logits
+
     @torch.inference_mode()
-    def _run(self, input_ids: torch.Tensor, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run(self, input_ids: torch.Tensor, hidden: bool, positions: torch.Tensor | None = None,
+             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.encoder_outputs is None:
             raise PromptError("call reset(encoder_inputs=...) before decoding with an encoder-decoder model")
         n = input_ids.shape[-1]
-        positions = torch.arange(self.length, self.length + n, device=self.device)  # [n]
+        kwargs = {}
+        if mask is not None:  # a tree: each row's position and who it sees come from the caller
+            kwargs["decoder_attention_mask"] = mask  # [1, 1, n, L+n]
+            kwargs["decoder_position_ids"] = positions.to(self.device)[None]  # [1, n]
         out = self.model(
             encoder_outputs=self.encoder_outputs,
             attention_mask=self.encoder_mask,  # [1, S] source padding mask (None: no mask)
             decoder_input_ids=input_ids.view(1, n).to(self.device),
             past_key_values=self.cache,
-            cache_position=positions,
+            cache_position=torch.arange(self.length, self.length + n, device=self.device),  # [n] cache slots
             use_cache=True,
             output_hidden_states=hidden,
+            **kwargs,
         )
         self.cache = out.past_key_values
         self.length += n
@@ -194,17 +250,60 @@ class CachedSeq2SeqLM:
             self.cache.crop(length - self.length)
             self.length = length
 
+    @torch.inference_mode()
     def commit(self, start: int, keep: torch.Tensor) -> None:
-        """Keep rows keep [k] of the last score: only a prefix (a chain) is supported, i.e. a crop."""
+        """After a score that began at slot `start`, keep rows keep [k] (increasing, relative to start) at
+        slots start..start+k−1 of the self-attention cache (cross-attention untouched); a prefix is a crop."""
         k = int(keep.shape[0])
-        if keep.tolist() != list(range(k)):
-            raise UnsupportedModelError("encoder-decoder targets keep chain prefixes only; trees are verified "
-                                        "as chains")
+        keep_list = keep.tolist()
+        cache = self.cache.self_attention_cache
+        if keep_list != list(range(k)) and hasattr(cache, "keep_rows"):
+            cache.keep_rows(start, keep_list)  # a cache that stores something else than keys/values
+        elif keep_list != list(range(k)):
+            index = (start + keep).to(self.device)  # [k]
+            for layer in cache.layers:
+                # [B, heads, seq, head_dim]: move the kept rows down, then crop the tail.
+                layer.keys[:, :, start : start + k] = layer.keys.index_select(2, index)
+                layer.values[:, :, start : start + k] = layer.values.index_select(2, index)
         self.crop(start + k)
 
     def supports_tree(self, num_rows: int, warn: bool = True) -> bool:
-        """Token trees are verified as chains with encoder-decoder targets (see the module docstring)."""
-        return False
+        """Can a tree be scored in one pass? Only where `tree_unsupported_reason` is None and a probe tree pass
+        matches per-branch chain passes (once per model)."""
+        if tree_unsupported_reason(self.model) is not None:
+            return False
+        limit = self.context_limit
+        if limit is not None and self.length + num_rows > limit:
+            return False
+        supported = _TREE_PROBES.get(self.model)
+        if supported is None:
+            supported = _TREE_PROBES[self.model] = self._probe_tree()
+        return supported
+
+    def _probe_tree(self) -> bool:
+        """Score a small tree (two branches of depth 2 after the decoder start) in one pass on this request's
+        encoder output and compare every row with a chain pass along its branch."""
+        probe = CachedSeq2SeqLM(self.model)
+        if self.encoder_outputs is None:
+            raise PromptError("call reset(encoder_inputs=...) before asking an encoder-decoder model for trees")
+
+        def restart() -> None:
+            probe.encoder_outputs, probe.encoder_mask = self.encoder_outputs, self.encoder_mask
+            probe.cache, probe.length = probe._new_cache(), 0
+
+        root = torch.tensor(self.decoder_prompt()[-1:])  # [1]
+        tokens = torch.tensor([4, 5, 6, 7]) % self.vocab_size  # nodes 0..3
+        restart()
+        tree = TreeMask.from_parents(torch.tensor([-1, -1, 0, 1]))  # branches root-0-2 and root-1-3
+        tree_logits = probe.score(torch.cat([root, tokens]), tree=tree).logits  # [5, V]
+        for branch in ([0, 2], [1, 3]):
+            restart()
+            logits = probe.forward(torch.cat([root, tokens[branch]]))  # [3, V]
+            rows = [0] + [i + 1 for i in branch]
+            tol = 1e-4 * max(1.0, float(logits.abs().max()))
+            if not torch.allclose(tree_logits[rows], logits, atol=tol, rtol=1e-3):
+                return False
+        return True
 
 
 def check_encoder_inputs(model: PreTrainedModel, encoder_inputs: Mapping[str, object]) -> dict[str, torch.Tensor]:
