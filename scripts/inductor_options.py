@@ -27,6 +27,10 @@ OPTION_SETS = {
     "freezing+cpp_wrapper": {"freezing": True, "cpp_wrapper": True},
     "freezing+coordinate_descent": {"freezing": True, "coordinate_descent_tuning": True},
     "freezing+max_autotune": {"freezing": True, "max_autotune": True},
+    "freezing+cpp_wrapper+max_autotune": {"freezing": True, "cpp_wrapper": True, "max_autotune": True},
+    # inductor's CPU GEMM template only (no other autotuning): the skinny GEMMs of a verification pass
+    "freezing+cpp_wrapper+cpp_gemm": {"freezing": True, "cpp_wrapper": True, "max_autotune": True,
+                                      "max_autotune_gemm_backends": "CPP"},
 }
 
 

@@ -100,6 +100,25 @@ def test_theory_compare_uses_per_token_alpha_and_measured_c():
     assert method["gamma_recommended"] == 6 and method["gamma_best_measured"] == 2
 
 
+def test_theory_compares_a_compiled_method_with_compiled_plain_in_one_pass_units():
+    # plain eager 0.1 s a pass, plain compiled 0.05 s; draft-compiled's γ+1 = 3-token pass 0.075 s, and it
+    # drafts at c = 0.2 of that pass: v = 1.5 against the compiled one-token pass (not 0.75 against eager).
+    summaries = [
+        _summary("plain", None),
+        _summary("plain-compiled", None, tokens_per_s=20.0, target_s_per_forward=0.05),
+        _summary("draft-compiled", 2, tokens_per_s=30.0, tau=2.0, alpha_token=0.8, cost_ratio=0.2,
+                 target_s_per_forward=0.075),
+        _summary("draft", 2, tokens_per_s=15.0, tau=2.0, alpha_token=0.8, cost_ratio=0.2, target_s_per_forward=0.15),
+    ]
+    compiled, eager = compare(summaries)["configs"]
+    assert compiled["baseline"] == "plain-compiled" and eager["baseline"] == "plain"
+    assert compiled["verify_cost_ratio"] == pytest.approx(1.5) and eager["verify_cost_ratio"] == pytest.approx(1.5)
+    assert compiled["speedup_measured"] == pytest.approx(1.5) and eager["speedup_measured"] == pytest.approx(1.5)
+    assert compiled["cost_ratio_per_plain_pass"] == pytest.approx(0.3)
+    tau = (1 - 0.8**3) / 0.2
+    assert compiled["speedup_predicted_with_verify_cost"] == pytest.approx(tau / (1.5 * (2 * 0.2 + 1)))
+
+
 # --------------------------------------------------------------------------------------------- parsing
 
 

@@ -91,8 +91,8 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def results_table(results: dict[str, Any]) -> str:
     greedy = results["settings"]["temperature"] == 0.0
-    header = ["method", "γ", "tok/s (median)", "vs hf-plain", "vs plain", "τ", "α", "α/token", "c",
-              "target fwd", "time: target / draft / other"]
+    header = ["method", "γ", "tok/s (median)", "vs hf-plain", "vs plain", "τ", "α", "α/token",
+              "c (÷ its verify pass)", "target fwd", "time: target / draft / other"]
     if greedy:
         header.append("= hf-plain")
     rows = []
@@ -111,11 +111,13 @@ def results_table(results: dict[str, Any]) -> str:
 
 def theory_table(theory: dict[str, Any]) -> str:
     rows = [[r["method"], str(r["gamma"]), _fmt(r["alpha_token"]), _fmt(r["cost_ratio"], 3),
-             _fmt(r["tau_measured"]), _fmt(r["tau_predicted"]), _fmt(r["speedup_measured"], 2, "x"),
-             _fmt(r["speedup_predicted"], 2, "x"), _fmt(r["verify_cost_ratio"]),
-             _fmt(r["speedup_predicted_with_verify_cost"], 2, "x")] for r in theory["configs"]]
-    header = ["method", "γ", "α/token", "c", "τ measured", "τ predicted", f"speedup vs {theory['baseline']}",
-              "predicted τ/(γc+1)", "verify pass cost", "predicted τ/(γc+v)"]
+             _fmt(r.get("cost_ratio_per_plain_pass"), 3), _fmt(r["tau_measured"]), _fmt(r["tau_predicted"]),
+             _fmt(r.get("baseline")), _fmt(r["speedup_measured"], 2, "x"), _fmt(r["speedup_predicted"], 2, "x"),
+             _fmt(r["verify_cost_ratio"]), _fmt(r["speedup_predicted_with_verify_cost"], 2, "x")]
+            for r in theory["configs"]]
+    header = ["method", "γ", "α/token", "c (÷ its verify pass)", "c·v (÷ plain pass)", "τ measured",
+              "τ predicted", "baseline (plain, same path)", "speedup vs baseline", "predicted τ/(γc+1)",
+              "v (verify pass ÷ baseline's pass)", "predicted τ/(v(γc+1))"]
     text = _table(header, rows) if rows else "(no fixed-γ drafting method was run)"
     method_rows = [[m, ",".join(map(str, v["gammas"])), _fmt(v["alpha_token"]), _fmt(v["cost_ratio"], 3),
                     _fmt(v["gamma_recommended"]), _fmt(v["gamma_best_measured"])]
@@ -138,7 +140,9 @@ def markdown(results: dict[str, Any]) -> str:
             f"on {machine.get('cpu', '?')} ({machine.get('device', '?')}, torch {machine.get('torch', '?')}, "
             f"transformers {machine.get('transformers', '?')})")
     parts = [head, "", results_table(results), "", "Theory (Leviathan et al.): α/token and c measured, "
-             "τ = (1−α^(γ+1))/(1−α), speedup = τ/(γc+1); v = a verification pass's time over a plain pass's.",
+             "τ = (1−α^(γ+1))/(1−α), speedup = τ/(γc+1); c = drafting time per token ÷ one target pass of the same "
+             "run (a γ+1-token verification pass); v = that pass ÷ a one-token pass of plain decoding on the same "
+             "path (plain-compiled for -compiled methods).",
              "", theory_table(results["theory"])]
     costs = results.get("forward_costs")
     if costs:

@@ -34,27 +34,38 @@ def compare(summaries: list[dict[str, Any]], max_gamma: int = 16) -> dict[str, A
     """Per fixed-γ config: measured vs predicted τ and speedup. Per method swept over γ: the γ the formula
     recommends (from α and c pooled over the sweep) vs the fastest γ measured.
 
-    Measured speedups are against specdec `plain` (the same loop without drafting, which is what
-    Leviathan's formula models) when it was run, else against `hf-plain`.
+    Measured speedups are against specdec's plain decoding on the same path (the same loop without
+    drafting, which is what Leviathan's formula models): `plain-compiled` for a `-compiled` method when it was
+    run, else `plain`, else `hf-plain`; each row names its `baseline`.
+
+    Units. c (`cost_ratio`) is drafting time per drafted token over the time of one target pass of the SAME
+    run, i.e. a verification pass of γ+1 tokens. v (`verify_cost_ratio`) is that verification pass over the
+    baseline's one-token pass. So a round costs γ·c·v + v one-token passes, c·v (`cost_ratio_per_plain_pass`)
+    is the draft's cost per token in Leviathan's unit, and the prediction with the verification cost is
+    τ / (v·(γc + 1)).
     """
     by_label = {s["label"]: s for s in summaries}
     base = by_label.get("plain") or by_label.get("hf-plain")
-    base_tps = base["tokens_per_s"] if base else None
-    base_per_forward = base.get("target_s_per_forward") if base else None
     rows = []
     for s in summaries:
         if s["gamma"] is None or s.get("alpha_token") is None:
             continue
+        own = by_label.get("plain-compiled") if s["method"].endswith("-compiled") else None
+        row_base = own or base
+        base_tps = row_base["tokens_per_s"] if row_base else None
+        base_per_forward = row_base.get("target_s_per_forward") if row_base else None
         pred = predict(s["alpha_token"], s["gamma"], s.get("cost_ratio"))
-        # How much dearer a verification pass of γ+1 tokens is than a plain one-token pass; the formula
-        # assumes 1.0 (true for memory-bound GPUs, less so for a small model on a CPU).
+        # How much dearer a verification pass of γ+1 tokens is than a plain one-token pass on the same path;
+        # the formula assumes 1.0 (true for memory-bound GPUs, less so for a small model on a CPU).
         verify_cost = (s["target_s_per_forward"] / base_per_forward
                        if s.get("target_s_per_forward") and base_per_forward else None)
-        adjusted = (pred["tau"] / (s["gamma"] * s["cost_ratio"] + verify_cost)
-                    if verify_cost and s.get("cost_ratio") is not None else None)
+        known = verify_cost and s.get("cost_ratio") is not None
+        adjusted = pred["tau"] / (verify_cost * (s["gamma"] * s["cost_ratio"] + 1)) if known else None
         rows.append({
             "label": s["label"], "method": s["method"], "gamma": s["gamma"],
+            "baseline": row_base["label"] if row_base else None,
             "alpha": s.get("alpha"), "alpha_token": s["alpha_token"], "cost_ratio": s.get("cost_ratio"),
+            "cost_ratio_per_plain_pass": s["cost_ratio"] * verify_cost if known else None,
             "mean_drafted_per_round": s.get("mean_drafted_per_round"),
             "tau_measured": s["tau"], "tau_predicted": pred["tau"],
             "speedup_measured": s["tokens_per_s"] / base_tps if base_tps else None,
