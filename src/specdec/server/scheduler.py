@@ -73,13 +73,15 @@ class Request:
 
 class Scheduler:
     def __init__(self, target, drafter=None, *, max_batch: int = 64, max_gamma: int = 4,
-                 metrics: Metrics | None = None, adaptive_gamma: bool = True):
+                 metrics: Metrics | None = None, adaptive_gamma: bool = True, compile: bool | str = False):
         self._models = (target, drafter)
-        self.decoder = BatchDecoder(target, drafter)
+        self.compile = compile
+        self.decoder = BatchDecoder(target, drafter, compile=compile)
         self.speculative = drafter is not None
         self.max_batch = max_batch
         self.max_gamma = max_gamma if self.speculative else 0
-        self.policy = GoodputGamma(self.max_gamma) if adaptive_gamma else None
+        self.policy = (GoodputGamma(self.max_gamma, pass_tokens=self.decoder.target.pass_tokens)
+                       if adaptive_gamma else None)
         self.metrics = metrics or Metrics()
         self.incoming: queue.Queue[Request] = queue.Queue()
         self.waiting: list[Request] = []
@@ -192,7 +194,7 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 (the round as a whole failed: fail its rows, keep serving)
             log.exception("decoding round failed")
             keys = self.decoder.keys
-            self.decoder = BatchDecoder(*self._models)  # its caches may be half-updated: start clean
+            self.decoder = BatchDecoder(*self._models, compile=self.compile)  # caches may be half-updated: start clean
             for rid in keys:
                 self.active.pop(rid).push(Failed(500, f"decoding failed: {type(exc).__name__}: {exc}"))
             return
@@ -204,7 +206,7 @@ class Scheduler:
         m.round_seconds.observe(seconds)
         m.gamma.set(gamma)
         m.gamma_chosen.observe(gamma)
-        committed = 0
+        committed = accepted = rejections = 0
         for event in events:
             request = self.active.get(event.key)
             if request is None:
@@ -214,6 +216,8 @@ class Scheduler:
                 request.push(Failed(500, f"decoding failed for this request: {event.error}"))
                 continue
             m.record_round(event.drafted, event.accepted)
+            accepted += event.accepted
+            rejections += int(event.accepted < event.drafted)
             request.drafted += event.drafted
             request.accepted += event.accepted
             committed += len(event.tokens)
@@ -235,4 +239,8 @@ class Scheduler:
                 m.e2e.observe(now - request.arrived)
                 request.push(Finished(event.finish_reason))
         if self.policy is not None:
-            self.policy.update(batch, gamma, seconds, committed)
+            last = self.decoder.last_round or {}
+            self.policy.update(batch, gamma, seconds, committed,
+                               pass_tokens=self.decoder.target.pass_tokens(batch, last.get("width", 1)),
+                               pass_seconds=last.get("target_s"), draft_seconds=last.get("draft_s", 0.0),
+                               accepted=accepted, rejections=rejections)
