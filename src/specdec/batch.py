@@ -90,10 +90,12 @@ class RowEvent:
 class BatchDecoder:
     """Continuous batching of speculative decoding: `add` rows, run `step` rounds, rows leave when done."""
 
-    def __init__(self, target: PreTrainedModel, drafter: Drafter | None = None, compile: bool | str = False):
-        # compile: True = the target on the batched fast path (compiled passes over a preallocated cache),
-        # "static" = the same cache eager, False = BatchedCausalLM (batch_static.batched_adapter).
-        self.target = batched_adapter(target, compile)
+    def __init__(self, target: PreTrainedModel, drafter: Drafter | None = None, compile: bool | str = False,
+                 max_len: int | None = None):
+        # compile: True = the target on the batched fast path (compiled passes over a preallocated cache of
+        # max_len slot columns; None: grown as needed), "static" = the same cache eager, False =
+        # BatchedCausalLM (batch_static.batched_adapter).
+        self.target = batched_adapter(target, compile, max_len)
         self.model = target
         self.limit = context_length(target)
         if drafter is not None and not isinstance(drafter, Drafter):
@@ -185,6 +187,7 @@ class BatchDecoder:
         prompt = _prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
         n = prompt.shape[0]
         _check_fits(n, max_new_tokens, self.limit)
+        self.target.check_fits(n + max_new_tokens)
         generator = torch.Generator(device=self.target.device)
         if seed is None:
             generator.seed()

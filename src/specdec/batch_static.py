@@ -102,6 +102,8 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         self.dynamic_batch = dynamic_batch
         self.limit = context_length(model)
         self.max_len = max_len
+        self.fixed_max_len = max_len  # None: grow the cache (between rounds) when a row needs more columns
+        self.reserve = 9  # columns kept free for one round: γ + 1 <= 9 inputs per row
         self.cache: SlotCache | None = None  # layers [R, H, max_len, D]
         self.query_buckets: tuple[int, ...] = DEFAULT_BUCKETS
         self.batch_buckets: tuple[int, ...] = BATCH_BUCKETS
@@ -116,11 +118,16 @@ class StaticBatchedCausalLM(BatchedCausalLM):
     def _layer_states(self):
         return [(layer.keys, layer.values) for layer in self.cache.layers]
 
-    def _allocate(self, rows: int, columns: int, template: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def _allocate(self, rows: int, columns: int, template: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
         """(Re)allocate the cache with `rows` rows and `columns` slot columns, keeping the first
         min(rows, old rows) rows' first min(columns, old columns) columns. template: per layer (keys,
-        values) with the right heads, head size, dtype and device."""
+        values) with the right heads, head size, dtype and device (None: from one eager dummy token)."""
         old = self._layer_states() if self.cache is not None else None
+        if template is None:
+            probe = BatchedCausalLM(self.model)
+            probe.valid = probe.valid.new_zeros(1, 0)
+            probe.forward([torch.zeros(1, dtype=torch.long, device=self.device)])
+            template = list(zip(probe.keys, probe.values))
         cache = SlotCache(columns)
         for i, (k, v) in enumerate(template):
             layer = _SlotLayer(cache)
@@ -134,6 +141,15 @@ class StaticBatchedCausalLM(BatchedCausalLM):
                 layer.values[:r, :, :c] = old[i][1][:r, :, :c]
             cache.layers.append(layer)
         self.cache, self.max_len = cache, columns
+
+    def check_fits(self, tokens: int) -> None:
+        """With a fixed `max_len` (the server's): raise a PromptError before any work unless a row of `tokens`
+        tokens plus one round's padded inputs (`reserve`) fits the cache."""
+        if self.fixed_max_len is not None and tokens + self.reserve > self.fixed_max_len:
+            raise PromptError(
+                f"prompt + max_new_tokens = {tokens} tokens does not fit the batched fast path's cache of "
+                f"{self.fixed_max_len} slots ({self.reserve} are kept for one round's drafts); shorten the prompt, "
+                "lower max_tokens, or start the server with a larger --max-len (or --no-compile)")
 
     def pass_tokens(self, rows: int, width: int) -> int:
         """Tokens a pass of `rows` rows x `width` inputs scores, padding to buckets included."""
@@ -172,12 +188,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         if any(x.shape[0] for x in inputs):
             fresh.forward(inputs, last_only=True)
         if self.cache is None:
-            template = [(k, v) for k, v in zip(fresh.keys, fresh.values)]
-            if not template:  # only empty rows so far: one dummy token tells the layers' shapes
-                probe = BatchedCausalLM(self.model)
-                probe.valid = probe.valid.new_zeros(1, 0)
-                probe.forward([torch.zeros(1, dtype=torch.long, device=self.device)])
-                template = list(zip(probe.keys, probe.values))
+            template = list(zip(fresh.keys, fresh.values)) or None
             self._allocate(0, self.max_len or self._columns_for(fresh.slots + 2 * DEFAULT_BUCKETS[-1]), template)
         rows, width = self.rows, fresh.slots
         if width > self.max_len:
@@ -319,9 +330,11 @@ class StaticBatchedCausalLM(BatchedCausalLM):
     # -- compiling up front ---------------------------------------------------------------------------
     def precompile(self, rows: Sequence[int], widths: Sequence[int]) -> None:
         """Compile now the passes of every batch bucket in `rows` x query bucket in `widths` (no later
-        request waits for one). Needs the cache allocated (after a first `add_rows`); a no-op when eager."""
-        if not self.compile or self.cache is None:
+        request waits for one). A no-op when eager."""
+        if not self.compile:
             return
+        if self.cache is None:
+            self._allocate(0, self.max_len or self._columns_for(1), None)
         for r in sorted({self._rows_for(n) for n in rows}):
             for w in sorted({bucket(n, self.query_buckets) for n in widths}):
                 entry = _COMPILED.get(self.model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 
@@ -32,6 +33,13 @@ def register(subparsers) -> None:
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="a Jinja chat template for /v1/chat/completions when the tokenizer has none")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the target's batched passes compiled over a preallocated cache (default on: "
+                        "measured faster at every batch size on this CPU, BENCHMARKS.md 'Serving'); every pass "
+                        "shape is compiled at start-up, one log line each. --no-compile: eager")
+    parser.add_argument("--max-len", type=int, default=512,
+                        help="cache slots per row on the compiled path: prompt + max_tokens + 9 must fit, else "
+                        "the request gets a 400 (default 512)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default=None, help="model dtype (default float32 on CPU)")
     parser.set_defaults(func=run)
@@ -56,8 +64,11 @@ def build_app(args):
         raise ConfigError("--gamma and --max-batch must be integers >= 1")
     template = Path(args.chat_template).read_text() if args.chat_template else None
     name = args.model_name or ("specdec-default" if args.target is None else Path(args.target.rstrip("/")).name)
+    if args.compile and args.max_len < 16:
+        raise ConfigError("--max-len must be at least 16 cache slots")
     return create_app(target, tokenizer, drafter, model_name=name, max_batch=args.max_batch, max_gamma=args.gamma,
-                      adaptive_gamma=not args.fixed_gamma, chat_template=template)
+                      adaptive_gamma=not args.fixed_gamma, chat_template=template, compile=args.compile,
+                      max_len=args.max_len if args.compile else None)
 
 
 def run(args) -> int:

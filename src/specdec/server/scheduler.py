@@ -73,10 +73,11 @@ class Request:
 
 class Scheduler:
     def __init__(self, target, drafter=None, *, max_batch: int = 64, max_gamma: int = 4,
-                 metrics: Metrics | None = None, adaptive_gamma: bool = True, compile: bool | str = False):
+                 metrics: Metrics | None = None, adaptive_gamma: bool = True, compile: bool | str = False,
+                 max_len: int | None = None):
         self._models = (target, drafter)
-        self.compile = compile
-        self.decoder = BatchDecoder(target, drafter, compile=compile)
+        self.compile, self.max_len = compile, max_len
+        self.decoder = BatchDecoder(target, drafter, compile=compile, max_len=max_len)
         self.speculative = drafter is not None
         self.max_batch = max_batch
         self.max_gamma = max_gamma if self.speculative else 0
@@ -117,6 +118,19 @@ class Scheduler:
         self._stop.set()
         self._wake.set()
         self.thread.join(timeout=30)
+
+    def precompile(self) -> None:
+        """On the batched fast path: compile every pass the loop may run (each batch bucket up to max_batch x
+        one input per row and γ + 1 for every γ the policy may pick), logging each compile and its time."""
+        target = self.decoder.target
+        if not hasattr(target, "precompile") or not getattr(target, "compile", False):
+            return
+        gammas = self.policy.candidates if self.policy is not None else [self.max_gamma]
+        widths = sorted({g + 1 for g in gammas} | {1})
+        start = time.perf_counter()
+        target.precompile(range(1, self.max_batch + 1), widths)
+        log.info("batched fast path ready: passes for up to %d rows x %s inputs compiled in %.1f s",
+                 self.max_batch, widths, time.perf_counter() - start)
 
     @property
     def load(self) -> dict:
@@ -194,7 +208,7 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 (the round as a whole failed: fail its rows, keep serving)
             log.exception("decoding round failed")
             keys = self.decoder.keys
-            self.decoder = BatchDecoder(*self._models, compile=self.compile)  # caches may be half-updated: start clean
+            self.decoder = BatchDecoder(*self._models, compile=self.compile, max_len=self.max_len)  # start clean
             for rid in keys:
                 self.active.pop(rid).push(Failed(500, f"decoding failed: {type(exc).__name__}: {exc}"))
             return
