@@ -64,6 +64,13 @@ def build_app(args):
         raise ConfigError("--gamma and --max-batch must be integers >= 1")
     template = Path(args.chat_template).read_text() if args.chat_template else None
     name = args.model_name or ("specdec-default" if args.target is None else Path(args.target.rstrip("/")).name)
+    if args.compile:
+        import logging
+
+        for name in ("specdec.fastpath", "specdec.serve"):  # one line per compile and its time
+            logging.getLogger(name).setLevel(logging.INFO)
+        if not logging.getLogger().handlers:
+            logging.basicConfig(format="[specdec] %(message)s", stream=sys.stderr)
     if args.compile and args.max_len < 16:
         raise ConfigError("--max-len must be at least 16 cache slots")
     return create_app(target, tokenizer, drafter, model_name=name, max_batch=args.max_batch, max_gamma=args.gamma,

@@ -81,8 +81,10 @@ class Scheduler:
         self.speculative = drafter is not None
         self.max_batch = max_batch
         self.max_gamma = max_gamma if self.speculative else 0
-        self.policy = (GoodputGamma(self.max_gamma, pass_tokens=self.decoder.target.pass_tokens)
-                       if adaptive_gamma else None)
+        # On the fast path every (batch bucket, γ + 1) is a compiled shape: fewer candidates, fewer compiles.
+        candidates = sorted({0, self.max_gamma // 2, self.max_gamma}) if compile is True else None
+        self.policy = (GoodputGamma(self.max_gamma, candidates=candidates,
+                                    pass_tokens=self.decoder.target.pass_tokens) if adaptive_gamma else None)
         self.metrics = metrics or Metrics()
         self.incoming: queue.Queue[Request] = queue.Queue()
         self.waiting: list[Request] = []
@@ -126,7 +128,12 @@ class Scheduler:
         if not hasattr(target, "precompile") or not getattr(target, "compile", False):
             return
         gammas = self.policy.candidates if self.policy is not None else [self.max_gamma]
-        widths = sorted({g + 1 for g in gammas} | {1})
+        widths = {g + 1 for g in gammas} | {1}
+        nodes = getattr(self._models[1], "max_nodes", None)  # a tree drafter scores its nodes + the root
+        if isinstance(nodes, int) and self.speculative:
+            widths.add(nodes + 1)
+        widths = sorted(widths)
+        target.query_buckets = tuple(widths)  # a shorter round (a row near its end) pads up to one of these
         start = time.perf_counter()
         target.precompile(range(1, self.max_batch + 1), widths)
         log.info("batched fast path ready: passes for up to %d rows x %s inputs compiled in %.1f s",
@@ -201,7 +208,10 @@ class Scheduler:
     def _round(self) -> None:
         batch = len(self.decoder)
         gamma = self.policy.choose(batch) if self.policy is not None else self.max_gamma
-        caps = {row.key: (gamma if self.active[row.key].adaptive else None) for row in self.decoder.rows}
+        # On the fast path rows that the load may not cap are still held to --gamma: their passes must be
+        # among the shapes compiled at start-up.
+        fixed = self.max_gamma if self.compile is True else None
+        caps = {row.key: (gamma if self.active[row.key].adaptive else fixed) for row in self.decoder.rows}
         start = time.perf_counter()
         try:
             events = self.decoder.step(gamma_cap=caps)
