@@ -65,7 +65,7 @@ def decoder_on(path: str, target, drafter) -> BatchDecoder:
     run eagerly ("static"; a small cache, so that rounds compact it and, once, grow it)."""
     decoder = BatchDecoder(target, drafter)
     if path == "static":
-        decoder.target = StaticBatchedCausalLM(target, max_len=40, compile=False)
+        decoder.target = StaticBatchedCausalLM(target, max_len=40, compile=False, grow=True)
     return decoder
 
 

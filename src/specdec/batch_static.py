@@ -92,17 +92,19 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
 
 class StaticBatchedCausalLM(BatchedCausalLM):
     """A causal LM over a batch of rows with their own lengths, on a preallocated cache of `max_len` slot
-    columns (None: sized by the first rows, rounded up to CACHE_ROUND) with compiled passes (compile=False:
-    the same code, eager; the tests use it to check the layout without compiling)."""
+    columns (None: sized by the first rows, rounded up to CACHE_ROUND; grow=True: a starting size) with
+    compiled passes (compile=False: the same code, eager; the tests use it to check the layout without
+    compiling)."""
 
     def __init__(self, model: PreTrainedModel, *, max_len: int | None = None, compile: bool = True,
-                 dynamic_batch: bool = False):
+                 dynamic_batch: bool = False, grow: bool = False):
         super().__init__(model)
         self.compile = compile
         self.dynamic_batch = dynamic_batch
         self.limit = context_length(model)
         self.max_len = max_len
-        self.fixed_max_len = max_len  # None: grow the cache (between rounds) when a row needs more columns
+        # None (no max_len, or grow=True): reallocate with more columns (between rounds) when a row needs them.
+        self.fixed_max_len = None if grow else max_len
         self.reserve = 9  # columns kept free for one round: γ + 1 <= 9 inputs per row
         self.cache: SlotCache | None = None  # layers [R, H, max_len, D]
         self.query_buckets: tuple[int, ...] = DEFAULT_BUCKETS
