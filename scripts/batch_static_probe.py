@@ -1,8 +1,7 @@
 """Probe: the default target's batched pass, eager (`BatchedCausalLM`) vs compiled over a preallocated cache.
 
 For each B and q: B rows with `--context` cached tokens each, one pass of q new tokens per row, rolled back
-after every call; medians of `--calls` calls. The compiled pass uses `StaticBatchedCausalLM` (fixed B buckets,
-or B marked dynamic with `--dynamic-batch`).
+after every call; medians of `--calls` calls. The compiled pass uses `StaticBatchedCausalLM` (fixed B buckets).
 
     python scripts/batch_static_probe.py --batches 1,8,32 --queries 1,3,5
 """
@@ -38,7 +37,6 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=150)
     parser.add_argument("--max-len", type=int, default=256)
     parser.add_argument("--calls", type=int, default=15)
-    parser.add_argument("--dynamic-batch", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -51,7 +49,7 @@ def main() -> int:
         prompts = [torch.randint(0, 8000, (args.context,), generator=g) for _ in range(b)]
         eager = BatchedCausalLM(target)
         eager.add_rows(prompts)
-        fast = StaticBatchedCausalLM(target, max_len=args.max_len, dynamic_batch=args.dynamic_batch)
+        fast = StaticBatchedCausalLM(target, max_len=args.max_len)
         fast.add_rows(prompts)
         for q in [int(x) for x in args.queries.split(",")]:
             inputs = [torch.randint(0, 8000, (q,), generator=g) for _ in range(b)]

@@ -97,10 +97,9 @@ class StaticBatchedCausalLM(BatchedCausalLM):
     compiling)."""
 
     def __init__(self, model: PreTrainedModel, *, max_len: int | None = None, compile: bool = True,
-                 dynamic_batch: bool = False, grow: bool = False):
+                 grow: bool = False):
         super().__init__(model)
         self.compile = compile
-        self.dynamic_batch = dynamic_batch
         self.limit = context_length(model)
         self.max_len = max_len
         # None (no max_len, or grow=True): reallocate with more columns (between rounds) when a row needs them.
@@ -158,7 +157,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         return self._rows_for(rows) * bucket(width, self.query_buckets)
 
     def _rows_for(self, rows: int) -> int:
-        return rows if self.dynamic_batch else bucket(rows, self.batch_buckets)
+        return bucket(rows, self.batch_buckets)
 
     def _fit_rows(self, rows: int) -> None:
         """Buffers for `rows` rows (a bucket); shrink when the batch has fallen to a smaller bucket."""
@@ -258,9 +257,6 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(
             ~allowed, torch.finfo(dtype).min)[:, None]  # [R, 1, w, L]
         slots = torch.arange(used, used + w, device=self.device)  # [w]
-        if self.compile and self.dynamic_batch:
-            for t in (input_ids, position_ids, mask):
-                torch._dynamo.maybe_mark_dynamic(t, 0)
         logits = self._fn(r, w)(self.model, input_ids, position_ids, slots, mask, self.cache)  # [R, w, V]
         self.valid = torch.cat([self.valid, steps[None] < count[:rows, None]], dim=1)  # [B, S + w]
         self.last_start = used
@@ -275,19 +271,14 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         """The pass for this shape: compiled once per model object (shared by its adapters), or eager."""
         if not self.compile:
             return _batched_pass
-        key = ("batch-pass", "dynamic" if self.dynamic_batch else rows, width, self.max_len)
+        key = ("batch-pass", rows, width, self.max_len)
         entry = _COMPILED.setdefault(self.model, _Compiled())
         fn = entry.fns.get(key)
         if fn is None:
             _raise_recompile_limit()
-            compiled = torch.compile(_batched_pass, fullgraph=True, dynamic=False if not self.dynamic_batch else None,
-                                     options=COMPILE_OPTIONS)
+            compiled = torch.compile(_batched_pass, fullgraph=True, dynamic=False, options=COMPILE_OPTIONS)
             fn = entry.fns[key] = _TimedCompile(compiled, ("batch-pass", rows, width, self.max_len),
                                                 type(self.model).__name__, entry)
-        if self.dynamic_batch:
-            for k, v in self._layer_states():
-                torch._dynamo.maybe_mark_dynamic(k, 0)
-                torch._dynamo.maybe_mark_dynamic(v, 0)
         return fn
 
     # -- rolling back ---------------------------------------------------------------------------------
@@ -340,11 +331,10 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         for r in sorted({self._rows_for(n) for n in rows}):
             for w in sorted({bucket(n, self.query_buckets) for n in widths}):
                 entry = _COMPILED.get(self.model)
-                key = ("batch-pass", "dynamic" if self.dynamic_batch else r, w, self.max_len)
+                key = ("batch-pass", r, w, self.max_len)
                 if entry is not None and key in entry.fns and entry.fns[key].done:
                     continue
-                scratch = StaticBatchedCausalLM(self.model, max_len=self.max_len, compile=True,
-                                                dynamic_batch=self.dynamic_batch)
+                scratch = StaticBatchedCausalLM(self.model, max_len=self.max_len, compile=True)
                 scratch._allocate(r, self.max_len, self._layer_states())
                 scratch.valid = self.valid.new_zeros(r, 0)
                 scratch.forward([torch.zeros(w, dtype=torch.long, device=self.device)] * r)
