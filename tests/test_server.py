@@ -498,9 +498,8 @@ def _simulate_with_costs(policy, batch: int, rounds: int, rng, per_row_ms: float
 
 def test_goodput_cost_model_prior_skips_exploring_a_new_large_batch():
     """With pass times pooled into a cost model (t_pass = a + c * scored tokens), a batch size seen for the first
-    time needs no exploration: on one machine (one cost line), after one row's rounds the policy runs γ = 0 at 32 rows from its first rounds
-    (speculation only in sparse probes), and still speculates at one row; the prior predicts the measured
-    cost model's optimum."""
+    time needs no exploration: on one machine (one cost line), after one row's rounds the policy runs γ = 0 at
+    32 rows from its first rounds (speculation only in sparse probes), and still speculates at one row."""
     import random
 
     from specdec.server.goodput import GoodputGamma, expected_tokens

@@ -120,7 +120,7 @@ class BatchDecoder:
                 "MultiDraft, PromptLookup and Bigram: use one of them, or specdec.generate for one request at a time"
             )
         self.rows: list[Row] = []
-        self.last_round: dict | None = None  # the last step's draft_s, target_s and pass width (the server's cost model)
+        self.last_round: dict | None = None  # the last step's draft_s, target_s, pass width (the server's cost model)
 
     def __len__(self) -> int:
         return len(self.rows)
