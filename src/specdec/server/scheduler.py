@@ -218,7 +218,10 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 (the round as a whole failed: fail its rows, keep serving)
             log.exception("decoding round failed")
             keys = self.decoder.keys
+            buckets = getattr(self.decoder.target, "query_buckets", None)
             self.decoder = BatchDecoder(*self._models, compile=self.compile, max_len=self.max_len)  # start clean
+            if buckets is not None:  # the precompiled input widths
+                self.decoder.target.query_buckets = buckets
             for rid in keys:
                 self.active.pop(rid).push(Failed(500, f"decoding failed: {type(exc).__name__}: {exc}"))
             return
