@@ -517,3 +517,24 @@ def test_goodput_cost_model_prior_skips_exploring_a_new_large_batch():
     again = _simulate_with_costs(policy, 1, 40, rng, per_row_ms=1.0)
     assert sum(g > 0 for g in again) / len(again) > 0.9
     assert expected_tokens(0.6, 0) == 1.0 and abs(expected_tokens(0.6, 2) - 1.96) < 1e-9
+
+
+def test_server_on_the_preallocated_batched_cache(pair, tokenizer):
+    """The fast path's server wiring (its cache run eagerly: compiling is the slow test in test_batch.py):
+    concurrent rows get the lone greedy tokens; a request that does not fit --max-len gets a 400 naming it."""
+    target, draft = pair
+    server = LiveServer(create_app(target, tokenizer, specdec.DraftModel(draft), model_name="tiny", max_gamma=3,
+                                   compile="static", max_len=64))
+    try:
+        assert type(server.app.state.scheduler.decoder.target).__name__ == "StaticBatchedCausalLM"
+        prompts = [prompt_ids(i) for i in range(4)]
+        with ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(lambda p: server.client.completions.create(
+                model="tiny", prompt=p, max_tokens=16, temperature=0), prompts))
+        for out, p in zip(outs, prompts):
+            assert out.choices[0].text == lone_text(tokenizer, target, p, max_new_tokens=16)[0]
+        with pytest.raises(openai.BadRequestError) as info:
+            server.client.completions.create(model="tiny", prompt=prompt_ids(0, 40), max_tokens=30, temperature=0)
+        assert "--max-len" in str(info.value)
+    finally:
+        server.stop()
