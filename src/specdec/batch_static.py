@@ -119,6 +119,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
     def _layer_states(self):
         return [(layer.keys, layer.values) for layer in self.cache.layers]
 
+    @torch.inference_mode()  # inference tensors always: a compiled pass guards on it (else it recompiles)
     def _allocate(self, rows: int, columns: int, template: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
         """(Re)allocate the cache with `rows` rows and `columns` slot columns, keeping the first
         min(rows, old rows) rows' first min(columns, old columns) columns. template: per layer (keys,
@@ -321,6 +322,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         self.compactions += 1
 
     # -- compiling up front ---------------------------------------------------------------------------
+    @torch.inference_mode()
     def precompile(self, rows: Sequence[int], widths: Sequence[int]) -> None:
         """Compile now the passes of every batch bucket in `rows` x query bucket in `widths` (no later
         request waits for one). A no-op when eager."""
