@@ -491,7 +491,7 @@ def _simulate_with_costs(policy, batch: int, rounds: int, rng, per_row_ms: float
                 k += 1
             accepted, rejections, tokens = accepted + k, rejections + (k < gamma), tokens + k + 1
         policy.update(batch, gamma, pass_s + draft_s, tokens, pass_tokens=batch * (gamma + 1), pass_seconds=pass_s,
-                      draft_seconds=draft_s, accepted=accepted, rejections=rejections)
+                      accepted=accepted, rejections=rejections)
         chosen.append(gamma)
     return chosen
 

@@ -8,10 +8,11 @@ CPU) scoring γ extra tokens per row costs nearly γ times more and γ = 0 wins.
 Two sources, blended:
 
 - **measured**: the median goodput of the last `window` rounds of this (bucket, γ);
-- **predicted** (`CostModel`, the prior): rows · τ(α, γ) / (t_pass(N) + γ · t_step(B) + t_rest), with the
-  target pass time t_pass(N) = a + c·N fitted over the padded tokens N that each round's pass scored (at B
-  rows a speculative round scores (γ+1)·B), the draft step time t_step(B) fitted over rows, the rest of the
-  round measured, and α the per-token acceptance (accepted / (accepted + rejections), the estimate of a
+- **predicted** (`CostModel`, the prior): rows · τ(α, γ) / (t_pass(N) + t_rest(B) + γ · t_step(B)), with
+  the target pass time t_pass(N) = a + c·N fitted over the padded tokens N that each round's pass scored (at
+  B rows a speculative round scores (γ+1)·B), t_rest(B) the rest of a plain round and t_step(B) what each
+  drafted position adds besides the pass (draft forward, per-row verification and rollback), both lines
+  over rows, and α the per-token acceptance (accepted / (accepted + rejections), the estimate of a
   geometric acceptance truncated at γ). Its inputs are pooled over every round of every bucket, so a bucket
   seen for the first time needs no exploration, and one slow round moves it little.
 
@@ -73,17 +74,19 @@ class CostModel:
 
     def __init__(self, history: int = 256):
         self.passes: deque[tuple[float, float]] = deque(maxlen=history)  # (tokens scored, seconds)
-        self.steps: deque[tuple[float, float]] = deque(maxlen=history)  # (rows, seconds per draft step)
-        self.rest: deque[float] = deque(maxlen=history)  # round − pass − drafting, seconds
+        self.plain_rest: deque[tuple[float, float]] = deque(maxlen=history)  # γ = 0: (rows, round − pass)
+        self.spec_rest: deque[tuple[float, int, float]] = deque(maxlen=history)  # γ > 0: (rows, γ, round − pass)
         self.outcomes: deque[tuple[int, int]] = deque(maxlen=history)  # (accepted, rejections) per round
 
     def observe(self, rows: int, gamma: int, seconds: float, pass_tokens: int, pass_seconds: float,
-                draft_seconds: float, accepted: int, rejections: int) -> None:
+                accepted: int, rejections: int) -> None:
         self.passes.append((float(pass_tokens), pass_seconds))
-        if gamma > 0 and draft_seconds > 0:
-            self.steps.append((float(rows), draft_seconds / gamma))
+        rest = max(0.0, seconds - pass_seconds)
+        if gamma > 0:
+            self.spec_rest.append((float(rows), gamma, rest))
             self.outcomes.append((accepted, rejections))
-        self.rest.append(max(0.0, seconds - pass_seconds - draft_seconds))
+        else:
+            self.plain_rest.append((float(rows), rest))
 
     @property
     def alpha(self) -> float | None:
@@ -97,12 +100,22 @@ class CostModel:
         line = _line(list(self.passes))
         return None if line is None else line[0] + line[1] * tokens
 
+    def plain_rest_seconds(self, rows: float) -> float:
+        """The rest of a plain round (everything but the target pass) at `rows` rows."""
+        line = _line(list(self.plain_rest))
+        if line is None:
+            return statistics.median(r for _, r in self.plain_rest) if self.plain_rest else 0.0
+        return line[0] + line[1] * rows
+
     def step_seconds(self, rows: int) -> float | None:
-        if not self.steps:
+        """What each drafted position adds to a round besides the target pass at `rows` rows: the draft
+        forward, and the per-row verification, commit and rollback work that grows with γ."""
+        if not self.spec_rest:
             return None
-        line = _line(list(self.steps))
+        points = [(r, max(0.0, rest - self.plain_rest_seconds(r)) / g) for r, g, rest in self.spec_rest]
+        line = _line(points)
         if line is None:  # one batch size so far: its median
-            return statistics.median(s for _, s in self.steps)
+            return statistics.median(s for _, s in points)
         return line[0] + line[1] * rows
 
     def goodput(self, rows: int, gamma: int, pass_tokens: float) -> float | None:
@@ -110,21 +123,18 @@ class CostModel:
         target = self.pass_seconds(pass_tokens)
         if target is None:
             return None
-        tokens = rows * 1.0
-        draft = 0.0
+        tokens, extra = rows * 1.0, 0.0
         if gamma > 0:
             step, alpha = self.step_seconds(rows), self.alpha
             if step is None or alpha is None:
                 return None
-            tokens = rows * expected_tokens(alpha, gamma)
-            draft = gamma * step
-        rest = statistics.median(self.rest) if self.rest else 0.0
-        return tokens / max(target + draft + rest, 1e-9)
+            tokens, extra = rows * expected_tokens(alpha, gamma), gamma * step
+        return tokens / max(target + self.plain_rest_seconds(rows) + extra, 1e-9)
 
 
 class GoodputGamma:
     def __init__(self, max_gamma: int, *, candidates: list[int] | None = None, window: int = 8, warmup: int = 3,
-                 margin: float = 0.10, probe_every: int = 32, prior_weight: float = 8.0,
+                 margin: float = 0.10, probe_every: int = 32, prior_weight: float = 4.0,
                  pass_tokens: Callable[[int, int], int] | None = None):
         """pass_tokens(rows, width): the tokens the target pass scores for `rows` rows of `width` inputs
         (padding included: the fast path pads rows and widths to buckets); default rows · width."""
@@ -187,12 +197,10 @@ class GoodputGamma:
         return current
 
     def update(self, batch: int, gamma: int, seconds: float, tokens: int, *, pass_tokens: int | None = None,
-               pass_seconds: float | None = None, draft_seconds: float = 0.0, accepted: int = 0,
-               rejections: int = 0) -> None:
+               pass_seconds: float | None = None, accepted: int = 0, rejections: int = 0) -> None:
         """A round of `batch` rows under cap `gamma` took `seconds` and committed `tokens` tokens in all.
-        With its target pass's size (pass_tokens, padding included) and time, its drafting time, and its
-        rows' accepted drafts and rejections (rows whose drafts were not all accepted), it also feeds the
-        cost model."""
+        With its target pass's size (pass_tokens, padding included) and time, and its rows' accepted drafts
+        and rejections (rows whose drafts were not all accepted), it also feeds the cost model."""
         self.rounds += 1
         bucket = batch_bucket(batch)
         self.rounds_in[bucket] = self.rounds_in.get(bucket, 0) + 1
@@ -202,8 +210,7 @@ class GoodputGamma:
         self.samples.setdefault(key, deque(maxlen=self.window)).append(rate)
         self.measured_at[key] = self.rounds
         if pass_tokens is not None and pass_seconds is not None:
-            self.cost.observe(batch, gamma, seconds, pass_tokens, pass_seconds, draft_seconds, accepted,
-                              rejections)
+            self.cost.observe(batch, gamma, seconds, pass_tokens, pass_seconds, accepted, rejections)
 
     def table(self) -> dict[str, dict[int, float]]:
         """Median measured goodput (tokens/s) per batch bucket and γ: what `specdec serve` logs."""

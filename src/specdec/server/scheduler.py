@@ -269,5 +269,4 @@ class Scheduler:
             last = self.decoder.last_round or {}
             self.policy.update(batch, gamma, seconds, committed,
                                pass_tokens=self.decoder.target.pass_tokens(batch, last.get("width", 1)),
-                               pass_seconds=last.get("target_s"), draft_seconds=last.get("draft_s", 0.0),
-                               accepted=accepted, rejections=rejections)
+                               pass_seconds=last.get("target_s"), accepted=accepted, rejections=rejections)
