@@ -384,13 +384,14 @@ def test_cli_serve_builds_the_default_pair_app():
 
     if not assets_present():
         pytest.skip("default pair assets not present")
-    args = build_parser().parse_args(["serve", "--port", "0"])
-    assert args.compile and args.max_len == 512  # the batched fast path by default (compiling is not tested here)
-    args = build_parser().parse_args(["serve", "--port", "0", "--gamma", "3", "--no-compile"])
+    args = build_parser().parse_args(["serve", "--port", "0", "--compile"])
+    assert args.compile and args.max_len == 512  # opt-in (compiling is not tested here)
+    args = build_parser().parse_args(["serve", "--port", "0", "--gamma", "3"])
+    assert not args.compile
     app = build_app(args)
     scheduler = app.state.scheduler
     assert scheduler.speculative and scheduler.max_gamma == 3 and not scheduler.thread.is_alive()
-    args = build_parser().parse_args(["serve", "--drafter", "none", "--no-compile"])
+    args = build_parser().parse_args(["serve", "--drafter", "none"])
     assert not build_app(args).state.scheduler.speculative
 
 

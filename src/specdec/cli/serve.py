@@ -33,10 +33,11 @@ def register(subparsers) -> None:
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="a Jinja chat template for /v1/chat/completions when the tokenizer has none")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                        help="run the target's batched passes compiled over a preallocated cache (default on: "
-                        "measured faster at every batch size on this CPU, BENCHMARKS.md 'Serving'); every pass "
-                        "shape is compiled at start-up, one log line each. --no-compile: eager")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                        help="run the target's batched passes compiled over a preallocated cache of --max-len "
+                        "slots; every pass shape (batch bucket x input width) is compiled at start-up, one log "
+                        "line each. Off by default: on this CPU it measured faster at 1 row only and slower at "
+                        "8+ rows (BENCHMARKS.md 'Serving')")
     parser.add_argument("--max-len", type=int, default=512,
                         help="cache slots per row on the compiled path: prompt + max_tokens + 9 must fit, else "
                         "the request gets a 400 (default 512)")
