@@ -36,8 +36,8 @@ def register(subparsers) -> None:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                         help="run the target's batched passes compiled over a preallocated cache of --max-len "
                         "slots; every pass shape (batch bucket x input width) is compiled at start-up, one log "
-                        "line each. Off by default: on this CPU it measured faster at 1 row only and slower at "
-                        "8+ rows (BENCHMARKS.md 'Serving')")
+                        "line each. Off by default: on this CPU it measured faster at 1 row, and not clearly "
+                        "faster at 8+ rows (BENCHMARKS.md 'Serving')")
     parser.add_argument("--max-len", type=int, default=512,
                         help="cache slots per row on the compiled path: prompt + max_tokens + 9 must fit, else "
                         "the request gets a 400 (default 512)")
