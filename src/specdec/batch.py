@@ -391,7 +391,7 @@ def generate_batch(
     top_p: float | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | Sequence[int] | None = None,
-    compile: bool = False,
+    compile: bool | str = False,
 ) -> list[GenerationOutput]:
     """`specdec.generate` for several prompts at once, batched: one output per prompt, in order.
 
@@ -399,7 +399,7 @@ def generate_batch(
     exactly distributed, and with the same seed the same draws as a lone request). `seed`: one seed for
     every row, or one per prompt. `gamma` left unset: a tree drafter's own depth, else the chain default.
     compile=True: the target's passes run compiled over a preallocated cache (`StaticBatchedCausalLM`; the
-    same tokens; falls back to eager with a `FastPathWarning` where the model cannot).
+    same tokens; falls back to eager with a `FastPathWarning` where the model cannot); "static": that cache, eager.
     """
     if isinstance(prompts, torch.Tensor) and prompts.dim() == 1:
         raise PromptError("generate_batch takes a list of prompts; for a single prompt use specdec.generate")
