@@ -64,6 +64,9 @@ def main() -> int:
                         help="run the measured load this many times back to back, reading the server's RSS after "
                         "each (growth that continues phase after phase is a leak; growth in the first only is the "
                         "allocator settling)")
+    parser.add_argument("--start-timeout", type=float, default=1800,
+                        help="seconds to wait for the server's /health (the compiled path compiles its passes first)")
+    parser.add_argument("--server-log", default="/tmp/specdec-serve-load.log", help="the server's stderr goes here")
     parser.add_argument("--json", default=None, help="also write the report here")
     args = parser.parse_args()
 
@@ -78,10 +81,13 @@ def main() -> int:
 
     port = free_port()
     cmd = [sys.executable, "-m", "specdec", "serve", "--port", str(port), *shlex.split(args.serve_args)]
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # The server's log goes to a file (a pipe nobody reads could fill up and block it).
+    log_file = open(args.server_log, "w")  # noqa: SIM115 (closed with the server below)
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log_file, text=True)
     url = f"http://127.0.0.1:{port}"
+    launched = time.perf_counter()
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + args.start_timeout
         while True:
             try:
                 if httpx.get(url + "/health", timeout=1).status_code == 200:
@@ -89,9 +95,12 @@ def main() -> int:
             except httpx.HTTPError:
                 pass
             if server.poll() is not None or time.monotonic() > deadline:
-                print(server.stderr.read(), file=sys.stderr)
+                log_file.flush()
+                with open(args.server_log) as f:
+                    print(f.read()[-5000:], file=sys.stderr)
                 return 1
             time.sleep(0.2)
+        startup_s = time.perf_counter() - launched
         model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
         for _ in range(args.warmup):
@@ -151,6 +160,7 @@ def main() -> int:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
+        log_file.close()
 
     def delta(name: str) -> float:
         return metric(metrics_after, name) - metric(metrics_before, name)
@@ -172,7 +182,7 @@ def main() -> int:
         "mean_gamma_cap": round(delta("specdec:gamma_chosen_sum") / rounds, 2) if rounds else None,
         "rss_before_mb": round(rss_before, 1), "rss_after_mb": round(rss_after, 1),
         "rss_growth_mb": round(rss_after - rss_before, 1),
-        "rss_after_each_phase_mb": rss_phases, "load": os.getloadavg(),
+        "rss_after_each_phase_mb": rss_phases, "load": os.getloadavg(), "startup_s": round(startup_s, 1),
         "mean_tokens_per_request": round(statistics.mean(r["tokens"] for r in results), 1) if results else 0,
     }
     print(json.dumps(report))

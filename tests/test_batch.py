@@ -8,6 +8,7 @@ from models import perturbed, tiny
 
 import specdec
 from specdec.batch import BatchDecoder, generate_batch
+from specdec.batch_static import StaticBatchedCausalLM
 
 LONG = [(i * 37 + 11) % 96 for i in range(120)]
 PROMPTS = [LONG[:20], [7], LONG[:45], LONG[3:9], LONG[:2]]
@@ -59,10 +60,20 @@ def test_sampled_rows_draw_what_a_lone_request_draws(pairs, method):
     assert len({tuple(t) for t in lone}) == len(lone)
 
 
-def test_rows_join_and_leave_between_rounds(pairs):
+def decoder_on(path: str, target, drafter) -> BatchDecoder:
+    """A BatchDecoder whose target is `BatchedCausalLM` ("eager") or the batched fast path's preallocated cache
+    run eagerly ("static"; a small cache, so that rounds compact it and, once, grow it)."""
+    decoder = BatchDecoder(target, drafter)
+    if path == "static":
+        decoder.target = StaticBatchedCausalLM(target, max_len=40, compile=False, grow=True)
+    return decoder
+
+
+@pytest.mark.parametrize("path", ["eager", "static"])
+def test_rows_join_and_leave_between_rounds(pairs, path):
     """Continuous batching: rows added at different rounds and one cancelled; the others are unaffected."""
     target, draft = pairs["llama"]
-    decoder = BatchDecoder(target, specdec.DraftModel(draft))
+    decoder = decoder_on(path, target, specdec.DraftModel(draft))
     lone = {i: specdec.generate(target, p, drafter=specdec.DraftModel(draft), gamma=3, max_new_tokens=16 + i).tokens
             for i, p in enumerate(PROMPTS)}
     got = {i: [] for i in range(len(PROMPTS))}
@@ -82,7 +93,11 @@ def test_rows_join_and_leave_between_rounds(pairs):
         # The invariant of the single-row loop, per row: the target caches context[:n-1], the draft at most that.
         assert decoder.target.lengths.tolist() == [row.n - 1 for row in decoder.rows]
         assert all(d <= row.n - 1 for d, row in zip(decoder.draft_model.lm.lengths.tolist(), decoder.rows))
-        assert decoder.target.slots <= max([row.n for row in decoder.rows], default=0) * 2 + 8  # holes stay bounded
+        if path == "eager":
+            assert decoder.target.slots <= max([row.n for row in decoder.rows], default=0) * 2 + 8  # holes bounded
+        else:
+            assert decoder.target.slots <= decoder.target.max_len
+            assert not len(decoder) or decoder.target.capacity_rows == 1 << (len(decoder) - 1).bit_length()
     assert got[0] == cancelled and lone[0][: len(cancelled)] == cancelled
     for i in range(1, len(PROMPTS)):
         assert got[i] == lone[i]
@@ -188,15 +203,15 @@ def test_logprobs_are_the_target_log_probabilities_of_the_emitted_tokens(pairs):
         assert all(top[0][0] == t for top, t in zip(tops, tokens))  # greedy: the emitted token is the best one
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_tree_rows_match_lone_requests_across_joins_and_leaves(pairs, arch):
+@pytest.mark.parametrize("arch,path", [("llama", "eager"), ("qwen2", "eager"), ("qwen2", "static")])
+def test_tree_rows_match_lone_requests_across_joins_and_leaves(pairs, arch, path):
     """Each row grows its own DraftTree; the target scores every row's tree in one pass (per-row tree blocks in a
     4-D mask). Token-identical to lone generate in float64, rows joining mid-way, cache lengths every round."""
     target, draft = pairs[arch]
     make = lambda: specdec.DraftTree(draft, top_k=2, depth=3, max_nodes=6)  # noqa: E731
     opts = dict(max_new_tokens=20)
     lone = [specdec.generate(target, p, drafter=make(), **opts) for p in PROMPTS]
-    decoder = BatchDecoder(target, make())
+    decoder = decoder_on(path, target, make())
     assert decoder.trees
     got = {i: [] for i in range(len(PROMPTS))}
     pending = list(enumerate(PROMPTS))
@@ -227,3 +242,53 @@ def test_multidraft_rows_draw_what_a_lone_request_draws(pairs):
             for p, s in zip(PROMPTS[:3], seeds)]
     batched = generate_batch(target, PROMPTS[:3], drafter=specdec.MultiDraft(draft, num_drafts=2), seed=seeds, **opts)
     assert [o.tokens for o in batched] == lone
+
+
+def test_static_batched_cache_rows_match_lone_requests(pairs):
+    """The fast path's preallocated batched cache (run eagerly): greedy rows token-identical to lone requests
+    (GPT-2 here: llama rows are checked joining and leaving above, qwen2 with trees)."""
+    target, draft = pairs["gpt2"]
+    lone = [specdec.generate(target, p, drafter=specdec.DraftModel(draft), gamma=3, max_new_tokens=24) for p in PROMPTS]
+    batched = generate_batch(target, PROMPTS, drafter=specdec.DraftModel(draft), gamma=3, max_new_tokens=24,
+                             compile="static")
+    for got, want in zip(batched, lone):
+        assert got.tokens == want.tokens
+        assert got.stats.accepted == want.stats.accepted
+
+
+def test_static_batched_cache_sampled_rows_draw_what_a_lone_request_draws(pairs):
+    target, draft = pairs["llama"]
+    opts = dict(gamma=4, max_new_tokens=20, temperature=0.9, top_k=40, top_p=0.9)
+    seeds = [11, 12, 13]
+    lone = [specdec.generate(target, p, drafter=specdec.DraftModel(draft), seed=s, **opts).tokens
+            for p, s in zip(PROMPTS[:3], seeds)]
+    batched = generate_batch(target, PROMPTS[:3], drafter=specdec.DraftModel(draft), seed=seeds, compile="static",
+                             **opts)
+    assert [o.tokens for o in batched] == lone
+
+
+@pytest.mark.slow  # one inductor compile: ~30 s idle, ~85 s on the loaded CI machine
+def test_compiled_batched_pass_rows_match_lone_requests(pairs):
+    """The batched fast path compiled: one shape (rows padded to 8, inputs to 5) serves every round while rows
+    join, accept ragged amounts and leave; each row token-identical to its lone request."""
+    target, draft = pairs["llama"]
+    decoder = BatchDecoder(target, specdec.DraftModel(draft), compile=True)
+    assert isinstance(decoder.target, StaticBatchedCausalLM) and decoder.target.compile
+    decoder.target.batch_buckets, decoder.target.query_buckets = (8,), (5,)
+    lone = {i: specdec.generate(target, p, drafter=specdec.DraftModel(draft), gamma=3, max_new_tokens=12).tokens
+            for i, p in enumerate(PROMPTS)}
+    got = {i: [] for i in range(len(PROMPTS))}
+    pending = list(enumerate(PROMPTS))
+    decoder.target.precompile([1], [5])  # the one shape, before any row; then no pass may (re)compile
+    decoder.add_many([(i, p, dict(gamma=3, max_new_tokens=12)) for i, p in pending[:3]])
+    pending = pending[3:]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        while len(decoder) or pending:
+            if pending:
+                decoder.add(*pending.pop(0), gamma=3, max_new_tokens=12)
+            for event in decoder.step():
+                got[event.key].extend(event.tokens)
+            assert decoder.target.lengths.tolist() == [row.n - 1 for row in decoder.rows]
+    assert got == lone
+    compiled = [k for k in specdec.models.static_lm._COMPILED[target].fns if k[0] == "batch-pass"]
+    assert len(compiled) == 1

@@ -384,7 +384,10 @@ def test_cli_serve_builds_the_default_pair_app():
 
     if not assets_present():
         pytest.skip("default pair assets not present")
+    args = build_parser().parse_args(["serve", "--port", "0", "--compile"])
+    assert args.compile and args.max_len == 512  # opt-in (compiling is not tested here)
     args = build_parser().parse_args(["serve", "--port", "0", "--gamma", "3"])
+    assert not args.compile
     app = build_app(args)
     scheduler = app.state.scheduler
     assert scheduler.speculative and scheduler.max_gamma == 3 and not scheduler.thread.is_alive()
@@ -471,3 +474,68 @@ def test_goodput_policy_hysteresis_and_following_the_load():
         chosen.append(gamma)
     assert policy.current[8] == 2
     assert chosen[-20:].count(2) >= 19  # (one probe of plain may fall here)
+
+
+def _simulate_with_costs(policy, batch: int, rounds: int, rng, per_row_ms: float, alpha: float = 0.6) -> list[int]:
+    """As _simulate, but each round also reports what the scheduler measures for the cost model: the target
+    pass (its scored tokens and time), the drafting time, and the rows' accepted drafts and rejections."""
+    chosen = []
+    for _ in range(rounds):
+        gamma = policy.choose(batch)
+        noise = rng.uniform(0.6, 1.8)
+        pass_s = (10 + per_row_ms * batch * (gamma + 1)) / 1000 * noise
+        draft_s = (1.0 + 0.15 * batch) * gamma / 1000 * noise
+        accepted = rejections = tokens = 0
+        for _ in range(batch):
+            k = 0
+            while k < gamma and rng.random() < alpha:
+                k += 1
+            accepted, rejections, tokens = accepted + k, rejections + (k < gamma), tokens + k + 1
+        policy.update(batch, gamma, pass_s + draft_s, tokens, pass_tokens=batch * (gamma + 1), pass_seconds=pass_s,
+                      accepted=accepted, rejections=rejections)
+        chosen.append(gamma)
+    return chosen
+
+
+def test_goodput_cost_model_prior_skips_exploring_a_new_large_batch():
+    """With pass times pooled into a cost model (t_pass = a + c * scored tokens), a batch size seen for the first
+    time needs no exploration: on one machine (one cost line), after one row's rounds the policy runs γ = 0 at
+    32 rows from its first rounds (speculation only in sparse probes), and still speculates at one row."""
+    import random
+
+    from specdec.server.goodput import GoodputGamma, expected_tokens
+
+    rng = random.Random(3)
+    policy = GoodputGamma(4)
+    one = _simulate_with_costs(policy, 1, 80, rng, per_row_ms=1.0)
+    assert sum(g > 0 for g in one[20:]) / len(one[20:]) > 0.9
+    assert abs(policy.cost.alpha - 0.6) < 0.1
+    predicted = {g: policy.predicted(32, g) for g in policy.candidates}
+    assert max(predicted, key=predicted.get) == 0  # plain is ~1.2x ahead of the best γ at 32 rows here
+    many = _simulate_with_costs(policy, 32, 60, rng, per_row_ms=1.0)
+    assert sum(g == 0 for g in many) / len(many) > 0.9  # no warm-up rounds of γ = 4, 2, 1 first
+    assert policy.current[32] == 0
+    again = _simulate_with_costs(policy, 1, 40, rng, per_row_ms=1.0)
+    assert sum(g > 0 for g in again) / len(again) > 0.9
+    assert expected_tokens(0.6, 0) == 1.0 and abs(expected_tokens(0.6, 2) - 1.96) < 1e-9
+
+
+def test_server_on_the_preallocated_batched_cache(pair, tokenizer):
+    """The fast path's server wiring (its cache run eagerly: compiling is the slow test in test_batch.py):
+    concurrent rows get the lone greedy tokens; a request that does not fit --max-len gets a 400 naming it."""
+    target, draft = pair
+    server = LiveServer(create_app(target, tokenizer, specdec.DraftModel(draft), model_name="tiny", max_gamma=3,
+                                   compile="static", max_len=64))
+    try:
+        assert type(server.app.state.scheduler.decoder.target).__name__ == "StaticBatchedCausalLM"
+        prompts = [prompt_ids(i) for i in range(4)]
+        with ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(lambda p: server.client.completions.create(
+                model="tiny", prompt=p, max_tokens=16, temperature=0), prompts))
+        for out, p in zip(outs, prompts):
+            assert out.choices[0].text == lone_text(tokenizer, target, p, max_new_tokens=16)[0]
+        with pytest.raises(openai.BadRequestError) as info:
+            server.client.completions.create(model="tiny", prompt=prompt_ids(0, 40), max_tokens=30, temperature=0)
+        assert "--max-len" in str(info.value)
+    finally:
+        server.stop()

@@ -27,6 +27,7 @@ from transformers import PreTrainedModel
 from specdec.batch_draft import BatchedDraftModel
 from specdec.batch_heads import BatchedHeads
 from specdec.batch_lm import BatchedCausalLM, check_finite
+from specdec.batch_static import StaticBatchedCausalLM, batched_adapter, no_features
 from specdec.decoding import (
     DEFAULT_GAMMA,
     GenerationOutput,
@@ -94,8 +95,12 @@ class RowEvent:
 class BatchDecoder:
     """Continuous batching of speculative decoding: `add` rows, run `step` rounds, rows leave when done."""
 
-    def __init__(self, target: PreTrainedModel, drafter: Drafter | None = None):
-        self.target = BatchedCausalLM(target)
+    def __init__(self, target: PreTrainedModel, drafter: Drafter | None = None, compile: bool | str = False,
+                 max_len: int | None = None):
+        # compile: True = the target on the batched fast path (compiled passes over a preallocated cache of
+        # max_len slot columns; None: grown as needed), "static" = the same cache eager, False =
+        # BatchedCausalLM (batch_static.batched_adapter).
+        self.target = batched_adapter(target, compile, max_len)
         self.model = target
         self.limit = context_length(target)
         if drafter is not None and not isinstance(drafter, Drafter):
@@ -117,6 +122,8 @@ class BatchDecoder:
         elif isinstance(drafter, (Eagle, Medusa)):
             self.heads = BatchedHeads(drafter)
             self.hidden = self.heads.hidden
+            if isinstance(self.target, StaticBatchedCausalLM):
+                no_features(self.hidden)  # one clear error before any work
             self.trees = CachedCausalLM(target).supports_tree(2)
         elif type(drafter) in (DraftTree, MultiDraft):
             self.trees = CachedCausalLM(target).supports_tree(2)
@@ -127,6 +134,7 @@ class BatchDecoder:
                 "request at a time"
             )
         self.rows: list[Row] = []
+        self.last_round: dict | None = None  # the last step's draft_s, target_s, pass width (the server's cost model)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -193,6 +201,7 @@ class BatchDecoder:
         prompt = _prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
         n = prompt.shape[0]
         _check_fits(n, max_new_tokens, self.limit)
+        self.target.check_fits(n + max_new_tokens)
         generator = torch.Generator(device=self.target.device)
         if seed is None:
             generator.seed()
@@ -245,6 +254,7 @@ class BatchDecoder:
         target_logits = scores.logits  # [B, W, V]
         width = target_logits.shape[1]
         target_s = time.perf_counter() - t
+        self.last_round = {"draft_s": draft_s, "target_s": target_s, "width": int(target_logits.shape[1])}
 
         # One finiteness check and one argmax for the whole pass (rows are re-checked one by one only if the
         # pass has a non-finite value somewhere, which may be a padding column).
@@ -406,19 +416,22 @@ def generate_batch(
     top_p: float | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | Sequence[int] | None = None,
+    compile: bool | str = False,
 ) -> list[GenerationOutput]:
     """`specdec.generate` for several prompts at once, batched: one output per prompt, in order.
 
     Each output is what `generate` gives for that prompt alone (token-identical at temperature 0; at T > 0
     exactly distributed, and with the same seed the same draws as a lone request). `seed`: one seed for
     every row, or one per prompt. `gamma` left unset: a tree drafter's own depth, else the chain default.
+    compile=True: the target's passes run compiled over a preallocated cache (`StaticBatchedCausalLM`; the
+    same tokens; falls back to eager with a `FastPathWarning` where the model cannot); "static": that cache, eager.
     """
     if isinstance(prompts, torch.Tensor) and prompts.dim() == 1:
         raise PromptError("generate_batch takes a list of prompts; for a single prompt use specdec.generate")
     seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(prompts)
     if len(seeds) != len(prompts):
         raise ConfigError(f"got {len(seeds)} seeds for {len(prompts)} prompts; pass one seed or one per prompt")
-    decoder = BatchDecoder(target, drafter)
+    decoder = BatchDecoder(target, drafter, compile=compile)
     options = dict(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                    eos_token_id=eos_token_id)
     decoder.add_many([(i, prompt, {**options, "seed": seeds[i]}) for i, prompt in enumerate(prompts)])

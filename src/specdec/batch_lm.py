@@ -120,6 +120,14 @@ class BatchedCausalLM:
         """Tokens cached per row: [B] long."""
         return self.valid.sum(dim=1)
 
+    def check_fits(self, tokens: int) -> None:
+        """Raise a PromptError before any work if a row of `tokens` tokens cannot fit (never here: the cache
+        grows; the model's context is checked by the decoder)."""
+
+    def pass_tokens(self, rows: int, width: int) -> int:
+        """Tokens a pass of `rows` rows x `width` inputs scores (the server's cost model): no padding here."""
+        return rows * width
+
     # -- rows join and leave --------------------------------------------------------------------------
     def add_row(self, input_ids: torch.Tensor) -> None:
         """Append a row whose cache holds input_ids [n] (n may be 0)."""

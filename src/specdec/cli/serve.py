@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 
@@ -38,6 +39,14 @@ def register(subparsers) -> None:
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="a Jinja chat template for /v1/chat/completions when the tokenizer has none")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                        help="run the target's batched passes compiled over a preallocated cache of --max-len "
+                        "slots; every pass shape (batch bucket x input width) is compiled at start-up, one log "
+                        "line each. Off by default: on this CPU it measured faster at 1 row, and not clearly "
+                        "faster at 8+ rows (BENCHMARKS.md 'Serving')")
+    parser.add_argument("--max-len", type=int, default=512,
+                        help="cache slots per row on the compiled path: prompt + max_tokens + 9 must fit, else "
+                        "the request gets a 400 (default 512)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default=None, help="model dtype (default float32 on CPU)")
     parser.set_defaults(func=run)
@@ -63,8 +72,18 @@ def build_app(args):
         raise ConfigError("--gamma and --max-batch must be integers >= 1")
     template = Path(args.chat_template).read_text() if args.chat_template else None
     name = args.model_name or ("specdec-default" if args.target is None else Path(args.target.rstrip("/")).name)
+    if args.compile:
+        import logging
+
+        for name in ("specdec.fastpath", "specdec.serve"):  # one line per compile and its time
+            logging.getLogger(name).setLevel(logging.INFO)
+        if not logging.getLogger().handlers:
+            logging.basicConfig(format="[specdec] %(message)s", stream=sys.stderr)
+    if args.compile and args.max_len < 16:
+        raise ConfigError("--max-len must be at least 16 cache slots")
     return create_app(target, tokenizer, drafter, model_name=name, max_batch=args.max_batch, max_gamma=args.gamma,
-                      adaptive_gamma=not args.fixed_gamma, chat_template=template)
+                      adaptive_gamma=not args.fixed_gamma, chat_template=template, compile=args.compile,
+                      max_len=args.max_len if args.compile else None)
 
 
 def run(args) -> int:

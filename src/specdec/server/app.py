@@ -132,10 +132,16 @@ def served_methods(drafter) -> tuple[str, ...]:
 
 def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", max_batch: int = 64,
                max_gamma: int = 4, adaptive_gamma: bool = True, max_body_bytes: int = 1 << 20,
-               drain_s: float = 10.0, chat_template: str | None = None) -> FastAPI:
+               drain_s: float = 10.0, chat_template: str | None = None, compile: bool | str = False,
+               max_len: int | None = None, precompile: bool = True) -> FastAPI:
+    """compile=True: the target's batched passes run compiled over a preallocated cache of `max_len` slot
+    columns (a request that does not fit gets a 400); with `precompile` every pass shape the scheduler may
+    use is compiled here, before the app is returned, so no request waits for a compile."""
     metrics = Metrics()
     scheduler = Scheduler(target, drafter, max_batch=max_batch, max_gamma=max_gamma, metrics=metrics,
-                          adaptive_gamma=adaptive_gamma)
+                          adaptive_gamma=adaptive_gamma, compile=compile, max_len=max_len)
+    if precompile:
+        scheduler.precompile()
     limit = context_length(target)
     served = served_methods(drafter)  # the names a request's `speculative.method` may give
     served_method = served[0]

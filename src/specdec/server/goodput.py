@@ -1,22 +1,32 @@
 """γ under load, from measured goodput (SmartSpec-style): as the batch grows, speculation backs off.
 
-Each round the scheduler picks a cap γ for every row's draft length. The policy measures what it cares about
-directly: the **goodput** of a round, tokens committed by all rows / wall seconds, per batch-size bucket
-(powers of two) and γ. γ = 0 is plain batched decoding. When the target pass stops being memory-bound (large
-B on a small CPU) scoring γ extra tokens per row costs nearly γ times more and γ = 0 wins.
+Each round the scheduler picks a cap γ for every row's draft length. The policy estimates the **goodput** of
+a round, tokens committed by all rows / wall seconds, per batch-size bucket (powers of two) and γ, and runs
+the best. γ = 0 is plain batched decoding. When the target pass stops being memory-bound (large B on a small
+CPU) scoring γ extra tokens per row costs nearly γ times more and γ = 0 wins.
 
-Round times on a shared machine are noisy (a neighbour's burst doubles one round), so the decision is made
-robust three ways:
+Two sources, blended:
 
-- **windows, not single rounds**: a (bucket, γ) estimate is the median of its last `window` rounds, so one
-  slow or fast round does not flip the choice;
-- **hysteresis**: the bucket's current γ is kept unless another γ's median is ahead by more than `margin`
+- **measured**: the median goodput of the last `window` rounds of this (bucket, γ);
+- **predicted** (`CostModel`, the prior): rows · τ(α, γ) / (t_pass(N) + t_rest(B) + γ · t_step(B)), with
+  the target pass time t_pass(N) = a + c·N fitted over the padded tokens N that each round's pass scored (at
+  B rows a speculative round scores (γ+1)·B), t_rest(B) the rest of a plain round and t_step(B) what each
+  drafted position adds besides the pass (draft forward, per-row verification and rollback), both lines
+  over rows, and α the per-token acceptance (accepted / (accepted + rejections), the estimate of a
+  geometric acceptance truncated at γ). Its inputs are pooled over every round of every bucket, so a bucket
+  seen for the first time needs no exploration, and one slow round moves it little.
+
+A (bucket, γ) estimate is (n · measured + prior_weight · predicted) / (n + prior_weight) over its n samples.
+Round times on a shared machine are noisy (a neighbour's burst doubles one round), so the choice also has:
+
+- **hysteresis**: the bucket's current γ is kept unless another γ's estimate is ahead by more than `margin`
   (10%); a measured-equal pair never oscillates;
 - **sparse probing**: every `probe_every` rounds of a bucket the least recently measured γ runs once, so
-  the estimates follow the machine's load; between probes the current γ runs. Once plain decoding is
-  chosen, speculation costs at most one probe round in `probe_every`.
+  the measurements follow the machine's load. Once plain decoding is chosen, speculation costs at most one
+  probe round in `probe_every`.
 
-Unmeasured (bucket, γ) pairs are tried first (`warmup` rounds each) in the order γ_max, ..., 0.
+Before the cost model has seen two pass sizes (the first rounds of a server) unmeasured (bucket, γ) pairs are
+tried first (`warmup` rounds each), in the order γ_max, ..., 0.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Callable
 
 
 def batch_bucket(batch: int) -> int:
@@ -31,45 +42,165 @@ def batch_bucket(batch: int) -> int:
     return 1 << math.ceil(math.log2(max(batch, 1)))
 
 
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Tokens a row commits per round at per-token acceptance α with γ drafts: (1 − α^{γ+1}) / (1 − α)."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Intercept and slope (both >= 0) of a least-squares line through the per-x medians of (x, y) points;
+    None until there are two distinct x values. Medians per x first: one noisy round moves its group's
+    median a little, not the line."""
+    groups: dict[float, list[float]] = {}
+    for x, y in points:
+        groups.setdefault(x, []).append(y)
+    if len(groups) < 2:
+        return None
+    xs = sorted(groups)
+    ys = [statistics.median(groups[x]) for x in xs]
+    weights = [len(groups[x]) for x in xs]
+    total = sum(weights)
+    mx = sum(w * x for w, x in zip(weights, xs)) / total
+    my = sum(w * y for w, y in zip(weights, ys)) / total
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(weights, xs))
+    slope = max(0.0, sum(w * (x - mx) * (y - my) for w, x, y in zip(weights, xs, ys)) / sxx)
+    return max(0.0, my - slope * mx), slope
+
+
+class CostModel:
+    """A round's cost and yield from measurements pooled over the last `history` rounds (see module doc)."""
+
+    def __init__(self, history: int = 256):
+        self.passes: deque[tuple[float, float]] = deque(maxlen=history)  # (tokens scored, seconds)
+        self.plain_rest: deque[tuple[float, float]] = deque(maxlen=history)  # γ = 0: (rows, round − pass)
+        self.spec_rest: deque[tuple[float, int, float]] = deque(maxlen=history)  # γ > 0: (rows, γ, round − pass)
+        self.outcomes: deque[tuple[int, int]] = deque(maxlen=history)  # (accepted, rejections) per round
+
+    def observe(self, rows: int, gamma: int, seconds: float, pass_tokens: int, pass_seconds: float,
+                accepted: int, rejections: int) -> None:
+        self.passes.append((float(pass_tokens), pass_seconds))
+        rest = max(0.0, seconds - pass_seconds)
+        if gamma > 0:
+            self.spec_rest.append((float(rows), gamma, rest))
+            self.outcomes.append((accepted, rejections))
+        else:
+            self.plain_rest.append((float(rows), rest))
+
+    @property
+    def alpha(self) -> float | None:
+        accepted = sum(a for a, _ in self.outcomes)
+        rejections = sum(r for _, r in self.outcomes)
+        if not self.outcomes:
+            return None
+        return (accepted + 1) / (accepted + rejections + 2)  # a uniform prior: 1/2 before any outcome
+
+    def pass_seconds(self, tokens: float) -> float | None:
+        line = _line(list(self.passes))
+        return None if line is None else line[0] + line[1] * tokens
+
+    def plain_rest_seconds(self, rows: float) -> float:
+        """The rest of a plain round (everything but the target pass) at `rows` rows."""
+        line = _line(list(self.plain_rest))
+        if line is None:
+            return statistics.median(r for _, r in self.plain_rest) if self.plain_rest else 0.0
+        return line[0] + line[1] * rows
+
+    def step_seconds(self, rows: int) -> float | None:
+        """What each drafted position adds to a round besides the target pass at `rows` rows: the draft
+        forward, and the per-row verification, commit and rollback work that grows with γ."""
+        if not self.spec_rest:
+            return None
+        points = [(r, max(0.0, rest - self.plain_rest_seconds(r)) / g) for r, g, rest in self.spec_rest]
+        line = _line(points)
+        if line is None:  # one batch size so far: its median
+            return statistics.median(s for _, s in points)
+        return line[0] + line[1] * rows
+
+    def goodput(self, rows: int, gamma: int, pass_tokens: float) -> float | None:
+        """Predicted tokens/s of a round of `rows` rows at γ whose target pass scores `pass_tokens`."""
+        target = self.pass_seconds(pass_tokens)
+        if target is None:
+            return None
+        tokens, extra = rows * 1.0, 0.0
+        if gamma > 0:
+            step, alpha = self.step_seconds(rows), self.alpha
+            if step is None or alpha is None:
+                return None
+            tokens, extra = rows * expected_tokens(alpha, gamma), gamma * step
+        return tokens / max(target + self.plain_rest_seconds(rows) + extra, 1e-9)
+
+
 class GoodputGamma:
     def __init__(self, max_gamma: int, *, candidates: list[int] | None = None, window: int = 8, warmup: int = 3,
-                 margin: float = 0.10, probe_every: int = 32):
+                 margin: float = 0.10, probe_every: int = 32, prior_weight: float = 4.0,
+                 pass_tokens: Callable[[int, int], int] | None = None):
+        """pass_tokens(rows, width): the tokens the target pass scores for `rows` rows of `width` inputs
+        (padding included: the fast path pads rows and widths to buckets); default rows · width."""
         if candidates is None:
             candidates = sorted({0, 1, 2, max_gamma} | ({max_gamma // 2} if max_gamma >= 4 else set()))
         self.candidates = [g for g in candidates if 0 <= g <= max_gamma] or [0]
         self.window, self.warmup, self.margin, self.probe_every = window, warmup, margin, probe_every
+        self.prior_weight = prior_weight
+        self.pass_tokens = pass_tokens or (lambda rows, width: rows * width)
+        self.cost = CostModel()
         self.samples: dict[tuple[int, int], deque[float]] = {}  # (bucket, γ) → recent tokens/s
         self.measured_at: dict[tuple[int, int], int] = {}
         self.current: dict[int, int] = {}  # bucket → the γ it runs between probes
         self.rounds_in: dict[int, int] = {}
         self.rounds = 0
 
-    def estimate(self, bucket: int, gamma: int) -> float | None:
-        """Median goodput (tokens/s) of the last `window` rounds of this bucket at this γ."""
+    def measured(self, bucket: int, gamma: int) -> float | None:
+        """Median goodput (tokens/s, normalised to the bucket's size) of the last `window` rounds."""
         samples = self.samples.get((bucket, gamma))
         return statistics.median(samples) if samples else None
+
+    def predicted(self, batch: int, gamma: int) -> float | None:
+        """The cost model's goodput for `batch` rows at γ, normalised to the bucket's size as `measured`."""
+        rate = self.cost.goodput(batch, gamma, self.pass_tokens(batch, gamma + 1))
+        return None if rate is None else rate * batch_bucket(batch) / max(batch, 1)
+
+    def estimate(self, bucket: int, gamma: int, batch: int | None = None) -> float | None:
+        """Measured and predicted goodput blended by their weights (n samples vs `prior_weight`)."""
+        measured = self.measured(bucket, gamma)
+        prior = self.predicted(batch or bucket, gamma)
+        if prior is None:
+            return measured
+        n = len(self.samples.get((bucket, gamma), ()))
+        if measured is None:
+            return prior
+        return (n * measured + self.prior_weight * prior) / (n + self.prior_weight)
 
     def choose(self, batch: int) -> int:
         if len(self.candidates) == 1:
             return self.candidates[0]
         bucket = batch_bucket(batch)
-        for gamma in reversed(self.candidates):  # warm-up: each γ a few rounds
-            if len(self.samples.get((bucket, gamma), ())) < self.warmup:
-                return gamma
+        if self.cost.pass_seconds(1) is None or self.cost.alpha is None:
+            for gamma in reversed(self.candidates):  # no cost model yet: each γ a few rounds
+                if len(self.samples.get((bucket, gamma), ())) < self.warmup:
+                    return gamma
         n = self.rounds_in.get(bucket, 0)
         if n % self.probe_every == self.probe_every - 1:
-            return min(self.candidates, key=lambda g: self.measured_at[(bucket, g)])
-        return self._decide(bucket)
+            return min(self.candidates, key=lambda g: self.measured_at.get((bucket, g), -1))
+        return self._decide(bucket, batch)
 
-    def _decide(self, bucket: int) -> int:
-        best = max(self.candidates, key=lambda g: self.estimate(bucket, g))
+    def _decide(self, bucket: int, batch: int) -> int:
+        scores = {g: self.estimate(bucket, g, batch) for g in self.candidates}
+        scores = {g: s for g, s in scores.items() if s is not None}
+        if not scores:
+            return max(self.candidates)
+        best = max(scores, key=scores.get)
         current = self.current.get(bucket)
-        if current is None or self.estimate(bucket, best) > (1 + self.margin) * self.estimate(bucket, current):
+        if current not in scores or scores[best] > (1 + self.margin) * scores[current]:
             self.current[bucket] = current = best
         return current
 
-    def update(self, batch: int, gamma: int, seconds: float, tokens: int) -> None:
-        """A round of `batch` rows under cap `gamma` took `seconds` and committed `tokens` tokens in all."""
+    def update(self, batch: int, gamma: int, seconds: float, tokens: int, *, pass_tokens: int | None = None,
+               pass_seconds: float | None = None, accepted: int = 0, rejections: int = 0) -> None:
+        """A round of `batch` rows under cap `gamma` took `seconds` and committed `tokens` tokens in all.
+        With its target pass's size (pass_tokens, padding included) and time, and its rows' accepted drafts
+        and rejections (rows whose drafts were not all accepted), it also feeds the cost model."""
         self.rounds += 1
         bucket = batch_bucket(batch)
         self.rounds_in[bucket] = self.rounds_in.get(bucket, 0) + 1
@@ -78,10 +209,12 @@ class GoodputGamma:
         rate = tokens / max(seconds, 1e-9) * bucket / max(batch, 1)
         self.samples.setdefault(key, deque(maxlen=self.window)).append(rate)
         self.measured_at[key] = self.rounds
+        if pass_tokens is not None and pass_seconds is not None:
+            self.cost.observe(batch, gamma, seconds, pass_tokens, pass_seconds, accepted, rejections)
 
     def table(self) -> dict[str, dict[int, float]]:
         """Median measured goodput (tokens/s) per batch bucket and γ: what `specdec serve` logs."""
         out: dict[str, dict[int, float]] = {}
         for (bucket, gamma) in sorted(self.samples):
-            out.setdefault(str(bucket), {})[gamma] = round(self.estimate(bucket, gamma), 1)
+            out.setdefault(str(bucket), {})[gamma] = round(self.measured(bucket, gamma), 1)
         return out

@@ -73,13 +73,18 @@ class Request:
 
 class Scheduler:
     def __init__(self, target, drafter=None, *, max_batch: int = 64, max_gamma: int = 4,
-                 metrics: Metrics | None = None, adaptive_gamma: bool = True):
+                 metrics: Metrics | None = None, adaptive_gamma: bool = True, compile: bool | str = False,
+                 max_len: int | None = None):
         self._models = (target, drafter)
-        self.decoder = BatchDecoder(target, drafter)
+        self.compile, self.max_len = compile, max_len
+        self.decoder = BatchDecoder(target, drafter, compile=compile, max_len=max_len)
         self.speculative = drafter is not None
         self.max_batch = max_batch
         self.max_gamma = max_gamma if self.speculative else 0
-        self.policy = GoodputGamma(self.max_gamma) if adaptive_gamma else None
+        # On the fast path every (batch bucket, γ + 1) is a compiled shape: fewer candidates, fewer compiles.
+        candidates = sorted({0, self.max_gamma // 2, self.max_gamma}) if compile is True else None
+        self.policy = (GoodputGamma(self.max_gamma, candidates=candidates,
+                                    pass_tokens=self.decoder.target.pass_tokens) if adaptive_gamma else None)
         self.metrics = metrics or Metrics()
         self.incoming: queue.Queue[Request] = queue.Queue()
         self.waiting: list[Request] = []
@@ -115,6 +120,24 @@ class Scheduler:
         self._stop.set()
         self._wake.set()
         self.thread.join(timeout=30)
+
+    def precompile(self) -> None:
+        """On the batched fast path: compile every pass the loop may run (each batch bucket up to max_batch x
+        one input per row and γ + 1 for every γ the policy may pick), logging each compile and its time."""
+        target = self.decoder.target
+        if not hasattr(target, "precompile") or not getattr(target, "compile", False):
+            return
+        gammas = self.policy.candidates if self.policy is not None else [self.max_gamma]
+        widths = {g + 1 for g in gammas} | {1}
+        nodes = getattr(self._models[1], "max_nodes", None)  # a tree drafter scores its nodes + the root
+        if isinstance(nodes, int) and self.speculative:
+            widths.add(nodes + 1)
+        widths = sorted(widths)
+        target.query_buckets = tuple(widths)  # a shorter round (a row near its end) pads up to one of these
+        start = time.perf_counter()
+        target.precompile(range(1, self.max_batch + 1), widths)
+        log.info("batched fast path ready: passes for up to %d rows x %s inputs compiled in %.1f s",
+                 self.max_batch, widths, time.perf_counter() - start)
 
     @property
     def load(self) -> dict:
@@ -185,14 +208,20 @@ class Scheduler:
     def _round(self) -> None:
         batch = len(self.decoder)
         gamma = self.policy.choose(batch) if self.policy is not None else self.max_gamma
-        caps = {row.key: (gamma if self.active[row.key].adaptive else None) for row in self.decoder.rows}
+        # On the fast path rows that the load may not cap are still held to --gamma: their passes must be
+        # among the shapes compiled at start-up.
+        fixed = self.max_gamma if self.compile is True else None
+        caps = {row.key: (gamma if self.active[row.key].adaptive else fixed) for row in self.decoder.rows}
         start = time.perf_counter()
         try:
             events = self.decoder.step(gamma_cap=caps)
         except Exception as exc:  # noqa: BLE001 (the round as a whole failed: fail its rows, keep serving)
             log.exception("decoding round failed")
             keys = self.decoder.keys
-            self.decoder = BatchDecoder(*self._models)  # its caches may be half-updated: start clean
+            buckets = getattr(self.decoder.target, "query_buckets", None)
+            self.decoder = BatchDecoder(*self._models, compile=self.compile, max_len=self.max_len)  # start clean
+            if buckets is not None:  # the precompiled input widths
+                self.decoder.target.query_buckets = buckets
             for rid in keys:
                 self.active.pop(rid).push(Failed(500, f"decoding failed: {type(exc).__name__}: {exc}"))
             return
@@ -204,7 +233,7 @@ class Scheduler:
         m.round_seconds.observe(seconds)
         m.gamma.set(gamma)
         m.gamma_chosen.observe(gamma)
-        committed = 0
+        committed = accepted = rejections = 0
         for event in events:
             request = self.active.get(event.key)
             if request is None:
@@ -214,6 +243,8 @@ class Scheduler:
                 request.push(Failed(500, f"decoding failed for this request: {event.error}"))
                 continue
             m.record_round(event.drafted, event.accepted)
+            accepted += event.accepted
+            rejections += int(event.accepted < event.drafted)
             request.drafted += event.drafted
             request.accepted += event.accepted
             committed += len(event.tokens)
@@ -235,4 +266,7 @@ class Scheduler:
                 m.e2e.observe(now - request.arrived)
                 request.push(Finished(event.finish_reason))
         if self.policy is not None:
-            self.policy.update(batch, gamma, seconds, committed)
+            last = self.decoder.last_round or {}
+            self.policy.update(batch, gamma, seconds, committed,
+                               pass_tokens=self.decoder.target.pass_tokens(batch, last.get("width", 1)),
+                               pass_seconds=last.get("target_s"), accepted=accepted, rejections=rejections)

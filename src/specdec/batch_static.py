@@ -1,0 +1,373 @@
+"""`StaticBatchedCausalLM`: the batched fast path. `BatchedCausalLM`'s interface over a preallocated cache
+and compiled fixed-shape passes (as `models/static_lm.py` is to `CachedCausalLM` for one row).
+
+Layout: the same shared slot columns and `valid [B, S]` as `BatchedCausalLM` (docs/batching.md), but the
+keys and values live in a `SlotCache` allocated once: per layer [R, H, L, D], R rows (a batch bucket) and
+L slot columns. `S` (`slots`) is the number of columns in use; a pass of W inputs per row writes columns
+S..S+W−1 of every row (`cache.slots`), and every query gets an explicit additive mask [R, 1, W, L]: a row
+sees its valid columns and the new columns causally (or its tree block), nothing past them, so stale
+columns need no clearing and a rollback is a flip of `valid` plus a move of S.
+
+Shapes are fixed per pass: rows padded to a batch bucket (1, 2, 4, 8, 16, 32, 64: padding rows see only
+their own inputs), inputs padded to a query bucket (static_lm's `DEFAULT_BUCKETS`; padding columns become
+holes), L fixed per adapter. Each (rows, inputs, L) shape is compiled once per model object and process
+(static_lm's compile options and registry) with a log line and its time; `precompile` does them up front.
+
+Rows join by an eager, batched prefill (`BatchedCausalLM` on the new rows alone) whose states are copied into
+the buffers; rows leave by an index copy of the batch axis. When the next pass would run past L, rows are
+compacted (each row's valid columns gathered to the left, one gather per layer); if that is not enough the
+cache is reallocated with more columns (between rounds; a new L compiles new shapes, so the server sizes
+L for its longest request up front).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec.batch_lm import BatchedCausalLM, check_batchable
+from specdec.errors import PromptError, UnsupportedModelError
+from specdec.models.causal_lm import context_length
+from specdec.models.static_lm import (
+    _COMPILED,
+    CACHE_ROUND,
+    COMPILE_OPTIONS,
+    DEFAULT_BUCKETS,
+    SlotCache,
+    _Compiled,
+    _raise_recompile_limit,
+    _SlotLayer,
+    FastPathWarning,
+    fast_path_problem,
+)
+from specdec.models.base import Scores
+from specdec.tree import TreeMask
+
+log = logging.getLogger("specdec.fastpath")
+
+#: Row counts a pass is padded to.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _batched_pass(model, input_ids, position_ids, slots, mask, cache):
+    """input_ids [R, W] at position_ids [R, W], written to cache columns slots [W]; mask [R, 1, W, L]
+    additive. Returns logits [R, W, V]."""
+    cache.slots = slots
+    if not torch.compiler.is_compiling():  # for models that ask the cache its length (eager only)
+        cache.length = int(slots[-1]) + 1
+    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache,
+                use_cache=True)
+    return out.logits
+
+
+class _TimedCompile:
+    """A compiled pass that logs how long its first call (the compile) took."""
+
+    def __init__(self, fn, key: tuple, model_name: str, entry: _Compiled):
+        self.fn, self.key, self.model_name, self.entry = fn, key, model_name, entry
+        self.done = False
+
+    def __call__(self, *args):
+        if self.done:
+            return self.fn(*args)
+        start = time.perf_counter()
+        out = self.fn(*args)
+        elapsed = time.perf_counter() - start
+        self.done = True
+        self.entry.compile_s[self.key] = elapsed
+        _, rows, width, columns = self.key
+        log.info("compiled %s batched pass of %d rows x %d tokens (cache %d slots) in %.1f s", self.model_name,
+                 rows, width, columns, elapsed)
+        return out
+
+
+def bucket(n: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket >= n (n itself past the largest)."""
+    return next((b for b in buckets if b >= n), n)
+
+
+class StaticBatchedCausalLM(BatchedCausalLM):
+    """A causal LM over a batch of rows with their own lengths, on a preallocated cache of `max_len` slot
+    columns (None: sized by the first rows, rounded up to CACHE_ROUND; grow=True: a starting size) with
+    compiled passes (compile=False: the same code, eager; the tests use it to check the layout without
+    compiling)."""
+
+    def __init__(self, model: PreTrainedModel, *, max_len: int | None = None, compile: bool = True,
+                 grow: bool = False):
+        super().__init__(model)
+        self.compile = compile
+        self.limit = context_length(model)
+        self.max_len = max_len
+        # None (no max_len, or grow=True): reallocate with more columns (between rounds) when a row needs them.
+        self.fixed_max_len = None if grow else max_len
+        self.reserve = 9  # columns kept free for one round: γ + 1 <= 9 inputs per row
+        self.cache: SlotCache | None = None  # layers [R, H, max_len, D]
+        self.query_buckets: tuple[int, ...] = DEFAULT_BUCKETS
+        self.batch_buckets: tuple[int, ...] = BATCH_BUCKETS
+        self.compactions = 0
+        self.last_start = 0  # first column the last pass wrote
+
+    # -- buffers --------------------------------------------------------------------------------------
+    @property
+    def capacity_rows(self) -> int:
+        return int(self.cache.layers[0].keys.shape[0]) if self.cache is not None else 0
+
+    def _layer_states(self):
+        return [(layer.keys, layer.values) for layer in self.cache.layers]
+
+    @torch.inference_mode()  # inference tensors always: a compiled pass guards on it (else it recompiles)
+    def _allocate(self, rows: int, columns: int, template: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
+        """(Re)allocate the cache with `rows` rows and `columns` slot columns, keeping the first
+        min(rows, old rows) rows' first min(columns, old columns) columns. template: per layer (keys,
+        values) with the right heads, head size, dtype and device (None: from one eager dummy token)."""
+        old = self._layer_states() if self.cache is not None else None
+        if template is None:
+            probe = BatchedCausalLM(self.model)
+            probe.valid = probe.valid.new_zeros(1, 0)
+            probe.forward([torch.zeros(1, dtype=torch.long, device=self.device)])
+            template = list(zip(probe.keys, probe.values))
+        cache = SlotCache(columns)
+        for i, (k, v) in enumerate(template):
+            layer = _SlotLayer(cache)
+            layer.dtype, layer.device = k.dtype, k.device
+            layer.keys = k.new_zeros(rows, k.shape[1], columns, k.shape[3])  # [R, H, L, D]
+            layer.values = v.new_zeros(rows, v.shape[1], columns, v.shape[3])
+            layer.is_initialized = True
+            if old is not None:
+                r, c = min(rows, old[i][0].shape[0]), min(columns, old[i][0].shape[2])
+                layer.keys[:r, :, :c] = old[i][0][:r, :, :c]
+                layer.values[:r, :, :c] = old[i][1][:r, :, :c]
+            cache.layers.append(layer)
+        self.cache, self.max_len = cache, columns
+
+    def check_fits(self, tokens: int) -> None:
+        """With a fixed `max_len` (the server's): raise a PromptError before any work unless a row of `tokens`
+        tokens plus one round's padded inputs (`reserve`) fits the cache."""
+        if self.fixed_max_len is not None and tokens + self.reserve > self.fixed_max_len:
+            raise PromptError(
+                f"prompt + max_new_tokens = {tokens} tokens does not fit the batched fast path's cache of "
+                f"{self.fixed_max_len} slots ({self.reserve} are kept for one round's drafts); shorten the prompt, "
+                "lower max_tokens, or start the server with a larger --max-len (or --no-compile)")
+
+    def pass_tokens(self, rows: int, width: int) -> int:
+        """Tokens a pass of `rows` rows x `width` inputs scores, padding to buckets included."""
+        return self._rows_for(rows) * bucket(width, self.query_buckets)
+
+    def _rows_for(self, rows: int) -> int:
+        return bucket(rows, self.batch_buckets)
+
+    def _fit_rows(self, rows: int) -> None:
+        """Buffers for `rows` rows (a bucket); shrink when the batch has fallen to a smaller bucket."""
+        want = self._rows_for(rows)
+        if self.cache is not None and self.capacity_rows != want:
+            self._allocate(want, self.max_len, self._layer_states())
+
+    def _columns_for(self, tokens: int) -> int:
+        size = -(-tokens // CACHE_ROUND) * CACHE_ROUND
+        return min(size, max(self.limit, tokens)) if self.limit is not None else size
+
+    def _make_room(self, width: int) -> None:
+        """Make sure `width` more columns fit after `slots`: compact, then grow if still needed."""
+        if self.slots + width <= self.max_len:
+            return
+        self.compact()
+        if self.slots + width > self.max_len:
+            self._allocate(self.capacity_rows, self._columns_for(self.slots + width), self._layer_states())
+
+    # -- rows join and leave --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def add_rows(self, inputs: Sequence[torch.Tensor], hidden: bool | tuple[int, ...] = False) -> None:
+        """Append rows whose caches hold inputs[i] [n_i]: prefilled eagerly together, copied in. New rows'
+        states end at the current write column (or the existing rows get holes on the right when a new row
+        is longer), so every row's tokens stay in column order."""
+        no_features(hidden)
+        start = time.perf_counter()
+        fresh = BatchedCausalLM(self.model)
+        fresh.valid = self.valid.new_zeros(len(inputs), 0)
+        if any(x.shape[0] for x in inputs):
+            fresh.forward(inputs, last_only=True)
+        if self.cache is None:
+            template = list(zip(fresh.keys, fresh.values)) or None
+            self._allocate(0, self.max_len or self._columns_for(fresh.slots + 2 * DEFAULT_BUCKETS[-1]), template)
+        rows, width = self.rows, fresh.slots
+        if width > self.max_len:
+            self._allocate(self.capacity_rows, self._columns_for(width + self.query_buckets[-1]),
+                           self._layer_states())
+        if width > self.slots:  # existing rows get holes up to the new rows' end
+            self.valid = torch.cat([self.valid, self.valid.new_zeros(rows, width - self.slots)], dim=1)
+        self._fit_rows(rows + len(inputs))
+        first = self.slots - width
+        for (k, v), (fk, fv) in zip(self._layer_states(), zip(fresh.keys, fresh.values)):
+            k[rows : rows + len(inputs), :, first : self.slots] = fk  # [n, H, w, D]
+            v[rows : rows + len(inputs), :, first : self.slots] = fv
+        new_valid = self.valid.new_zeros(len(inputs), self.slots)
+        new_valid[:, first:] = fresh.valid
+        self.valid = torch.cat([self.valid, new_valid])
+        self.prefill_s += time.perf_counter() - start
+
+    @torch.inference_mode()
+    def remove_rows(self, keep: Sequence[int]) -> None:
+        """Keep only the rows at indices `keep` (in that order), moved to the front of the buffers."""
+        index = torch.as_tensor(list(keep), dtype=torch.long, device=self.device)
+        self.valid = self.valid.index_select(0, index)
+        if self.cache is not None:
+            for k, v in self._layer_states():
+                k[: len(keep)] = k.index_select(0, index)
+                v[: len(keep)] = v.index_select(0, index)
+            self._fit_rows(len(keep))
+        self.crop(self.lengths)
+
+    # -- decoding -------------------------------------------------------------------------------------
+    def score(self, inputs: Sequence[torch.Tensor], last_only: bool = False,
+              trees: Sequence[TreeMask | None] | None = None, hidden: bool | tuple[int, ...] = False) -> Scores:
+        """As `BatchedCausalLM.score`, logits only: the compiled passes do not return features."""
+        no_features(hidden)
+        return Scores(self.forward(inputs, last_only=last_only, trees=trees))
+
+    @torch.inference_mode()
+    def forward(self, inputs: Sequence[torch.Tensor], last_only: bool = False,
+                trees: Sequence[TreeMask | None] | None = None) -> torch.Tensor:
+        """As `BatchedCausalLM.forward`: append inputs[i] [n_i] to row i; logits [B, W, V], W = max n_i."""
+        start = time.perf_counter()
+        rows = self.rows
+        counts = [int(x.shape[0]) for x in inputs]
+        width = max(1, max(counts) if rows else 1)
+        w = bucket(width, self.query_buckets)
+        self._make_room(w)
+        r = self.capacity_rows
+        used = self.slots
+        input_ids = torch.zeros(r, w, dtype=torch.long, device=self.device)  # [R, w]
+        for i, ids in enumerate(inputs):
+            input_ids[i, : ids.shape[0]] = ids
+        count = torch.tensor(counts + [0] * (r - rows), device=self.device)  # [R]
+        lengths = torch.cat([self.lengths, count.new_zeros(r - rows)])  # [R]
+        steps = torch.arange(w, device=self.device)  # [w]
+        # Padding columns repeat the row's last real position (as BatchedCausalLM: never a position it
+        # does not own); padding rows sit at positions 0..w−1.
+        last = (lengths + count - 1).clamp_min(0)  # [R]
+        position_ids = torch.minimum(lengths[:, None] + steps[None], last[:, None])  # [R, w]
+        position_ids[rows:] = steps
+        allowed = torch.zeros(r, w, self.max_len, dtype=torch.bool, device=self.device)  # [R, w, L]
+        allowed[:rows, :, :used] = self.valid[:, None, :]
+        allowed[:, :, used : used + w] = torch.ones(w, w, dtype=torch.bool, device=self.device).tril()
+        for i, tree in enumerate(trees or ()):
+            if tree is not None:
+                m = tree.size
+                allowed[i, :m, used : used + m] = tree.ancestors.to(self.device)  # [M, M]
+                depths = tree.depths.to(self.device)  # [M]
+                position_ids[i, :m] = lengths[i] + depths
+                position_ids[i, m:] = lengths[i] + depths.max()
+        dtype = self.model.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(
+            ~allowed, torch.finfo(dtype).min)[:, None]  # [R, 1, w, L]
+        slots = torch.arange(used, used + w, device=self.device)  # [w]
+        logits = self._fn(r, w)(self.model, input_ids, position_ids, slots, mask, self.cache)  # [R, w, V]
+        self.valid = torch.cat([self.valid, steps[None] < count[:rows, None]], dim=1)  # [B, S + w]
+        self.last_start = used
+        logits = logits[:rows, -1:] if last_only else logits[:rows, :width]
+        if logits.dtype not in (torch.float32, torch.float64):
+            logits = logits.float()
+        self.forwards += 1
+        self.forward_s += time.perf_counter() - start
+        return logits
+
+    def _fn(self, rows: int, width: int):
+        """The pass for this shape: compiled once per model object (shared by its adapters), or eager."""
+        if not self.compile:
+            return _batched_pass
+        key = ("batch-pass", rows, width, self.max_len)
+        entry = _COMPILED.setdefault(self.model, _Compiled())
+        fn = entry.fns.get(key)
+        if fn is None:
+            _raise_recompile_limit()
+            compiled = torch.compile(_batched_pass, fullgraph=True, dynamic=False, options=COMPILE_OPTIONS)
+            fn = entry.fns[key] = _TimedCompile(compiled, ("batch-pass", rows, width, self.max_len),
+                                                type(self.model).__name__, entry)
+        return fn
+
+    # -- rolling back ---------------------------------------------------------------------------------
+    def keep_new(self, row: int, width: int, keep: Sequence[int]) -> None:
+        """Of row `row`'s inputs in the last pass (which began at column `last_start`; `width` real inputs
+        at most, padding columns are holes already), keep only the columns in `keep`."""
+        start = self.last_start
+        columns = torch.as_tensor([start + j for j in keep], dtype=torch.long, device=self.device)
+        slots = torch.arange(self.slots, device=self.device)  # [S]
+        drop = (slots >= start) & ~torch.isin(slots, columns)  # [S]
+        rows = torch.arange(self.rows, device=self.device) == row  # [B]
+        self.valid = self.valid & ~(rows[:, None] & drop[None])  # [B, S]
+
+    def crop(self, lengths: Sequence[int] | torch.Tensor) -> None:
+        """Roll row i back to its first lengths[i] tokens: a flip of `valid`; trailing columns no row uses
+        are given back (the next pass overwrites them)."""
+        keep = torch.as_tensor(lengths, device=self.device)[:, None]  # [B, 1]
+        self.valid = self.valid & (self.valid.long().cumsum(dim=1) <= keep)
+        used = self.valid.any(dim=0).nonzero()
+        width = int(used.max()) + 1 if used.numel() else 0
+        self.valid = self.valid[:, :width]
+
+    @torch.inference_mode()
+    def compact(self) -> None:
+        """Gather each row's valid columns to the right end of the first max-length columns (one gather per
+        layer, in place)."""
+        if not self.rows or self.cache is None:
+            self.valid = self.valid[:, :0]
+            return
+        lengths = self.lengths  # [B]
+        width = int(lengths.max())
+        order = torch.argsort(self.valid.long() * (1 + torch.arange(self.slots, device=self.device)), dim=1,
+                              stable=True)
+        index = order[:, self.slots - width :]  # [B, width]
+        for k, v in self._layer_states():
+            gather = index[:, None, :, None].expand(self.rows, k.shape[1], width, k.shape[3])
+            k[: self.rows, :, :width] = k[: self.rows].gather(2, gather)
+            v[: self.rows, :, :width] = v[: self.rows].gather(2, gather)
+        self.valid = torch.arange(width, device=self.device)[None] >= (width - lengths)[:, None]  # [B, width]
+        self.compactions += 1
+
+    # -- compiling up front ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def precompile(self, rows: Sequence[int], widths: Sequence[int]) -> None:
+        """Compile now the passes of every batch bucket in `rows` x query bucket in `widths` (no later
+        request waits for one). A no-op when eager."""
+        if not self.compile:
+            return
+        if self.cache is None:
+            self._allocate(0, self.max_len or self._columns_for(1), None)
+        for r in sorted({self._rows_for(n) for n in rows}):
+            for w in sorted({bucket(n, self.query_buckets) for n in widths}):
+                entry = _COMPILED.get(self.model)
+                key = ("batch-pass", r, w, self.max_len)
+                if entry is not None and key in entry.fns and entry.fns[key].done:
+                    continue
+                scratch = StaticBatchedCausalLM(self.model, max_len=self.max_len, compile=True)
+                scratch._allocate(r, self.max_len, self._layer_states())
+                scratch.valid = self.valid.new_zeros(r, 0)
+                scratch.forward([torch.zeros(w, dtype=torch.long, device=self.device)] * r)
+
+
+def no_features(hidden: bool | tuple[int, ...]) -> None:
+    if hidden:
+        raise UnsupportedModelError(
+            "the compiled batched cache does not return the target's features, which EAGLE, Medusa and LayerSkip "
+            "read; run those drafters batched with compile=False (specdec serve --no-compile)"
+        )
+
+
+def batched_adapter(model: PreTrainedModel, compile: bool | str = False, max_len: int | None = None):
+    """The batched target adapter for `compile` (True: compiled static; "static": static, eager; False:
+    `BatchedCausalLM`), falling back to `BatchedCausalLM` with one `FastPathWarning` naming why when the
+    model or machine cannot take the fast path."""
+    if not compile:
+        return BatchedCausalLM(model)
+    check_batchable(model)  # what batching refuses, it refuses on either path
+    problem = fast_path_problem(model, compile is True)
+    if problem is not None:
+        warnings.warn(f"specdec batched fast path unavailable, decoding eagerly instead (same tokens): {problem}",
+                      FastPathWarning, stacklevel=3)
+        return BatchedCausalLM(model)
+    return StaticBatchedCausalLM(model, max_len=max_len, compile=compile is True)
