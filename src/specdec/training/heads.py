@@ -203,6 +203,15 @@ def evaluate_head(kind: str, head, target, batches: list[torch.Tensor], steps: i
     return metrics
 
 
+def draft_vocabulary(tokens: np.ndarray, size: int, vocab_size: int) -> torch.Tensor:
+    """EAGLE-3's reduced draft vocabulary: the `size` most frequent ids of a token stream, ascending (ties: lower
+    id first). Feed it to `EagleHead.with_draft_vocab`."""
+    if not 0 < size <= vocab_size:
+        raise ConfigError(f"a draft vocabulary needs 1..{vocab_size} tokens, got {size}")
+    counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_size)  # [V]
+    return torch.from_numpy(np.sort(np.argsort(-counts, kind="stable")[:size]))
+
+
 def chain_tau(metrics: dict[str, float]) -> float:
     """Teacher-forced proxy of τ for a chain as long as the depths measured: 1 + a1 + a1 a2 + ..."""
     tau, run = 1.0, 1.0
