@@ -35,7 +35,10 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--draft", action="store_true", help="also the draft model, γ=3, compiled")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--draft", action="store_true", help="also the draft model, compiled, γ = --draft-gamma")
+    p.add_argument("--draft-gamma", type=int, default=3)
     args = p.parse_args()
     torch.set_num_threads(1)
     target, draft, tokenizer = specdec.load_default()
@@ -52,11 +55,12 @@ def main() -> None:
                                                                                          max_nodes=m),
                              depth, modes[mode]))
     if args.draft:
-        runs.append(("draft γ=3 compiled", lambda: specdec.DraftModel(draft), 3, True))
+        runs.append((f"draft γ={args.draft_gamma} compiled", lambda: specdec.DraftModel(draft), args.draft_gamma, True))
     runs.append(("plain compiled", lambda: None, 1, True))
     greedy = args.temperature == 0
     refs = {}
-    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=0)
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+              seed=0)
     print("load before:", os.getloadavg())
     for name, make, gamma, compile in runs:  # warm-up: compiles every shape outside the timings
         t = time.perf_counter()

@@ -81,7 +81,13 @@ def _head_drafter(kind: str, target, head_path) -> Drafter:
     if head_path is not None:
         head = (MedusaHeads if family == "medusa" else EagleHead).load(head_path, target)
     else:
-        head = load_default_heads(target)[family]  # IncompatibleModelsError unless target is the default one
+        heads = load_default_heads(target)  # IncompatibleModelsError unless target is the default one
+        if family not in heads:
+            from specdec.errors import ModelLoadError
+
+            raise ModelLoadError(f"no {family} head is shipped for the default target; train one with "
+                                 f"`specdec train-head --kind {family} --target default` and pass --head DIR")
+        head = heads[family]
     chain = kind.endswith("-chain")
     if family in ("eagle", "eagle3"):
         return Eagle(target, head) if chain else Eagle(target, head, **EAGLE_TREE)
