@@ -202,6 +202,10 @@ def test_cli_export_writes_the_layout(tmp_path, target, monkeypatch, capsys):
     assert main(["export", "--format", "eagle3", "--head", str(tmp_path / "head"), "--target", "x",
                  "--out", str(tmp_path / "o3")]) == 2
     assert "EAGLE-3" in capsys.readouterr().err
+    specdec.EagleHead.init(target, variant="eagle3").save(tmp_path / "head3")
+    assert main(["export", "--format", "eagle3", "--head", str(tmp_path / "head3"), "--target", "x",
+                 "--out", str(tmp_path / "o3")]) == 0
+    assert set(load_file(str(tmp_path / "o3" / "model.safetensors"))) == set(EXPECTED["eagle3"])
 
 
 @pytest.mark.parametrize("fmt", ["vllm-eagle", "vllm-medusa"])
