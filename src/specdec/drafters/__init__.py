@@ -160,7 +160,7 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
         return Bigram.from_model(target)
     if target is None:
         raise ConfigError(f"--drafter {kind} needs the target model (target=model)")
-    if kind in ("eagle", "eagle-chain", "medusa", "medusa-chain"):
+    if kind in ("eagle", "eagle-chain", "eagle3", "eagle3-chain", "medusa", "medusa-chain"):
         return _head_drafter(kind, target, options.get("head_path"))
     return LayerSkip(target, num_layers=options.get("draft_layers"))
 
