@@ -39,9 +39,18 @@ METHODS = {
     "eagle-static": lambda target, draft: (
         specdec.Eagle(target, specdec.EagleHead.init(target, seed=0), top_k=2, depth=4, max_nodes=8),
         {"compile": "static"}),
+    # EAGLE-3: fused low/mid/high features (the target's hidden-state indices), own norm, and a reduced draft
+    # vocabulary (-inf outside it). Its fast-path round is checked against this eager one in test_heads.py.
+    "eagle3": lambda target, draft: specdec.Eagle(target, _reduced_eagle3(target), top_k=2, depth=4, max_nodes=8),
     "medusa": lambda target, draft: specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=4, seed=0),
                                                    tree=specdec.drafters.medusa.DEFAULT_TREE),
 }
+
+
+def _reduced_eagle3(target):
+    """An untrained EAGLE-3 head drafting from the lower half of the target's vocabulary only."""
+    head = specdec.EagleHead.init(target, seed=0, variant="eagle3")
+    return head.with_draft_vocab(target, range(target.get_output_embeddings().weight.shape[0] // 2))
 
 
 #: Methods for encoder-decoder targets (T5, BART, Marian, Whisper): tests/test_seq2seq.py runs each one in the

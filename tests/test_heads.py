@@ -39,18 +39,24 @@ def _peaked_target(seed=4):
     return tiny("llama", hidden=16, layers=2, vocab=8, seed=seed)
 
 
-def _true_features(target, tokens):
+def _true_features(target, tokens, layers=None):
+    """The target's final features [n, H], or (EAGLE-3) the given hidden-state indices side by side [n, 3H]."""
     with torch.no_grad():
-        return target(torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1][0]  # [n, H]
+        states = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+    return states[-1][0] if layers is None else torch.cat([states[i][0] for i in layers], dim=-1)
 
 
 @pytest.mark.parametrize("top_k", [1, 3], ids=["chain", "tree"])
-def test_eagle_head_only_ever_reads_target_features_of_committed_tokens(top_k):
+@pytest.mark.parametrize("variant", ["eagle", "eagle3"])
+def test_eagle_head_only_ever_reads_target_features_of_committed_tokens(top_k, variant):
     """Scripted rollback: record every target-feature row fed to the head and the head's cache length
-    after every commit; rows must be exactly the committed positions, in order, with the target's features."""
+    after every commit; rows must be exactly the committed positions, in order, with the target's features
+    (EAGLE-3: its three layers' features, fused, of exactly those positions)."""
     target = _peaked_target()
     prompt = [1, 2, 3, 4, 5]
-    drafter = specdec.Eagle(target, specdec.EagleHead.init(target, seed=0), top_k=top_k, depth=3, max_nodes=8)
+    head = specdec.EagleHead.init(target, seed=0, variant=variant,
+                                  feature_layers=(1, 0, 2) if variant == "eagle3" else None)  # low/mid/high, shuffled
+    drafter = specdec.Eagle(target, head, top_k=top_k, depth=3, max_nodes=8)
     fed, cache_lengths = [], []
     real_catch_up, real_commit = drafter._catch_up, drafter.commit
 
@@ -68,7 +74,8 @@ def test_eagle_head_only_ever_reads_target_features_of_committed_tokens(top_k):
     out = specdec.generate(target, prompt, drafter=drafter, gamma=3, max_new_tokens=30)
     assert out.tokens == hf_greedy(target, prompt, 30)
     assert 0 < out.stats.accepted < out.stats.drafted  # drafts were rejected: rollback ran
-    full = _true_features(target, prompt + out.tokens)
+    full = _true_features(target, prompt + out.tokens, head.feature_layers)
+    assert full.shape[1] == head.feature_size
     position = 0
     for start, features, context in fed:
         assert start == position  # no gap, no row fed twice
@@ -100,11 +107,15 @@ def _recorded_proposals(target, head, mode, prompts, top_k, depth=4, max_nodes=1
     return seen
 
 
-@pytest.mark.parametrize("top_k", [1, 3], ids=["chain", "tree"])
-def test_eagle_slot_cache_round_proposes_the_eager_trees(top_k):
-    """The fixed-shape round (slot cache, padded catch-up, masked tree levels) = the eager DynamicCache code."""
+@pytest.mark.parametrize(("top_k", "variant"), [(1, "eagle"), (3, "eagle"), (3, "eagle3-reduced")],
+                         ids=["chain", "tree", "eagle3-reduced-tree"])
+def test_eagle_slot_cache_round_proposes_the_eager_trees(top_k, variant):
+    """The fixed-shape round (slot cache, padded catch-up, masked tree levels) = the eager DynamicCache code;
+    for EAGLE-3 with a reduced draft vocabulary too (fused catch-up features, -inf outside the vocabulary)."""
     target = _peaked_target().double()
-    head = specdec.EagleHead.init(target, seed=0)
+    head = specdec.EagleHead.init(target, seed=0, variant=variant.split("-")[0])
+    if variant == "eagle3-reduced":
+        head = head.with_draft_vocab(target, [1, 2, 3, 5, 7])
     prompts = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [3, 1]]
     assert _recorded_proposals(target, head, "static", prompts, top_k) == \
         _recorded_proposals(target, head, False, prompts, top_k)
@@ -175,6 +186,26 @@ def test_save_load_round_trip_drafts_the_same_tokens(tmp_path, cls):
     second = specdec.generate(target, PROMPT, drafter=make(again), gamma=3, max_new_tokens=12)
     assert first.tokens == second.tokens and first.stats.accepted == second.stats.accepted
     assert sorted(p.name for p in (tmp_path).iterdir()) == ["h"]  # no temporary directory left behind
+
+
+def test_eagle3_head_saves_its_variant_layers_and_draft_vocabulary(tmp_path):
+    target = tiny("llama", layers=3)
+    head = specdec.EagleHead.init(target, seed=1, variant="eagle3", feature_layers=(0, 1, 2))
+    reduced = head.with_draft_vocab(target, [5, 1, 7, 1, 40])  # sorted, duplicates dropped: 4 draft tokens
+    reduced.save(tmp_path / "h", dtype=None)
+    again = specdec.EagleHead.load(tmp_path / "h", target)
+    assert (again.variant, again.feature_layers, again.draft_vocab_size) == ("eagle3", (0, 1, 2), 4)
+    assert again.draft_to_target.tolist() == [1, 5, 7, 40]
+    for (ka, a), (kb, b) in zip(reduced.state_dict().items(), again.state_dict().items(), strict=True):
+        assert ka == kb and torch.equal(a, b)
+    logits = again.logits(torch.randn(2, 32, dtype=target.dtype), target.get_output_embeddings())  # [2, V]
+    assert torch.isfinite(logits).sum(-1).tolist() == [4, 4] and set(logits.argmax(-1).tolist()) <= {1, 5, 7, 40}
+    with pytest.raises(ConfigError, match="two or more hidden-state indices in 0..3"):
+        specdec.EagleHead.init(target, variant="eagle3", feature_layers=(0, 4))
+    with pytest.raises(ConfigError, match="variant='eagle3'"):
+        specdec.EagleHead.init(target, feature_layers=(0, 1))
+    with pytest.raises(UnsupportedModelError, match="Llama-style"):
+        specdec.EagleHead.init(tiny("gpt2"), variant="eagle3")
 
 
 @pytest.mark.parametrize("cls", [specdec.EagleHead, specdec.MedusaHeads])
@@ -250,7 +281,7 @@ def test_head_config_records_the_target_and_is_json(tmp_path):
 # ---------------------------------------------------------------------------------------------- training
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
 def test_train_head_runs_resumes_and_reports_per_depth_acceptance(tmp_path, kind):
     from specdec.training.heads import HeadTrainConfig, train_head
     from specdec.training.loop import LoopConfig
@@ -269,8 +300,9 @@ def test_train_head_runs_resumes_and_reports_per_depth_acceptance(tmp_path, kind
     report = train_head(config(3), target, tokenizer, log=lambda s: None)
     assert set(report["final"]) == {"heldout_loss", "accept_d1", "accept_d2"}
     assert all(0 <= report["final"][f"accept_d{d}"] <= 1 for d in (1, 2))
-    cls = specdec.EagleHead if kind == "eagle" else specdec.MedusaHeads
+    cls = specdec.MedusaHeads if kind == "medusa" else specdec.EagleHead
     head = cls.load(tmp_path / "run" / "head", target)
+    assert getattr(head, "variant", "medusa") == kind
     assert head.meta["steps"] == 3 and head.meta["train_tokens"] == 3 * 2 * 16
     resumed = train_head(config(3, resume=True), target, tokenizer, log=lambda s: None)
     assert resumed["resumed_from"] == 3 and resumed["final"] == report["final"]
@@ -333,6 +365,9 @@ def test_make_drafter_builds_head_drafters_from_a_saved_head(tmp_path):
     assert make_drafter("eagle-chain", target=target, head_path=tmp_path / "e").top_k == 1
     assert make_drafter("medusa", target=target, head_path=tmp_path / "m").tree is not None
     assert make_drafter("medusa-chain", target=target, head_path=tmp_path / "m").tree is None
+    specdec.EagleHead.init(target, variant="eagle3").save(tmp_path / "e3")
+    eagle3 = make_drafter("eagle3-chain", target=target, head_path=tmp_path / "e3")
+    assert eagle3.top_k == 1 and eagle3.head.variant == "eagle3" and eagle3.needs_hidden == eagle3.head.feature_layers
     with pytest.raises(IncompatibleModelsError):  # the shipped heads belong to the default target
         make_drafter("medusa", target=target)
 

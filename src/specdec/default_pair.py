@@ -57,21 +57,27 @@ def load_default(
     return target, draft, tokenizer
 
 
-HEAD_DIRS = {"eagle": "eagle", "medusa": "medusa"}
+HEAD_DIRS = {"eagle": "eagle", "medusa": "medusa", "eagle3": "eagle3"}
+#: Heads every install ships; the others are returned when their directory is present.
+REQUIRED_HEADS = ("eagle", "medusa")
 
 
 def load_default_heads(target: Any = None, root: Path | None = None) -> dict[str, Any]:
-    """{"eagle": EagleHead, "medusa": MedusaHeads} trained for the default target (loaded if not given)."""
+    """{"eagle": EagleHead, "medusa": MedusaHeads, "eagle3": EagleHead (EAGLE-3)} trained for the default target
+    (loaded if not given)."""
     from specdec.heads import EagleHead, MedusaHeads
 
     base = Path(root) if root is not None else ASSETS_DIR
     if target is None:
         target, _, _ = load_default(root=base)
-    missing = [name for name in HEAD_DIRS.values() if not (base / name / "model.safetensors").is_file()]
+    missing = [HEAD_DIRS[name] for name in REQUIRED_HEADS if not (base / HEAD_DIRS[name] / "model.safetensors").is_file()]
     if missing:
         raise ModelLoadError(
             f"default heads missing under {base}: {', '.join(missing)}; reinstall specdec, or train them with "
             "`specdec train-head --kind eagle|medusa --target default` (see the cards in assets/default)"
         )
-    return {"eagle": EagleHead.load(base / HEAD_DIRS["eagle"], target),
-            "medusa": MedusaHeads.load(base / HEAD_DIRS["medusa"], target)}
+    heads = {"eagle": EagleHead.load(base / HEAD_DIRS["eagle"], target),
+             "medusa": MedusaHeads.load(base / HEAD_DIRS["medusa"], target)}
+    if (base / HEAD_DIRS["eagle3"] / "model.safetensors").is_file():
+        heads["eagle3"] = EagleHead.load(base / HEAD_DIRS["eagle3"], target)
+    return heads

@@ -50,7 +50,7 @@ POLICY_SUFFIXES = ("-auto", "-heuristic")
 #: A specdec method on the fast path (slot KV cache, compiled passes): "plain-compiled", "draft-compiled", ...
 COMPILED = "-compiled"
 #: Drafters whose fast path is measured (model-free drafters only compile the target).
-COMPILED_KINDS = ("draft", "prompt-lookup", "bigram", "draft-tree", "eagle", "eagle-chain")
+COMPILED_KINDS = ("draft", "prompt-lookup", "bigram", "draft-tree", "eagle", "eagle-chain", "eagle3", "eagle3-chain")
 #: "draft-tree-auto": DraftTree(max_nodes="auto"), its node budget chosen online (not gamma="auto").
 TREE_AUTO = "draft-tree-auto"
 

@@ -35,8 +35,11 @@ def run(args: argparse.Namespace) -> int:
     from specdec.heads import EagleHead, MedusaHeads
     from specdec.heads.export import export_head
 
-    kind = "medusa" if args.format == "vllm-medusa" else "eagle"
+    kind = {"vllm-medusa": "medusa", "eagle3": "eagle3"}.get(args.format, "eagle")
     path = ASSETS_DIR / HEAD_DIRS[kind] if args.head == "default" else Path(args.head)
+    if args.head == "default" and not (path / "config.json").is_file():
+        raise ModelLoadError(f"no {kind} head is shipped for the default target ({path} is missing); train one with "
+                             f"`specdec train-head --kind {kind} --target default` and pass --head DIR")
     if args.target == "default":
         import specdec
 

@@ -21,7 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--kind", choices=["eagle", "medusa"], required=True, help="which head to train")
+    p.add_argument("--kind", choices=["eagle", "eagle3", "medusa"], required=True,
+                   help="which head to train (eagle3: EAGLE-3, fused low/mid/high target features, token loss)")
+    p.add_argument("--feature-layers", default=None,
+                   help="eagle3: comma-separated hidden-state indices of the fused features (input of that layer); "
+                        "default: EAGLE-3's (2, N//2, N-3), the high one moved to N-1 on shallow targets")
     p.add_argument("--target", default="default",
                    help="target model directory or hub id, or 'default' for the shipped default target")
     p.add_argument("--out", required=True, help="run directory (checkpoints, token cache, report, OUT/head)")
@@ -49,7 +53,18 @@ def run(args: argparse.Namespace) -> int:
 
     from specdec.training.heads import HeadTrainConfig, train_head
 
+    from specdec.errors import ConfigError
+
     loop = loop_config(args)
+    layers = None
+    if args.feature_layers is not None:
+        if args.kind != "eagle3":
+            raise ConfigError("--feature-layers applies to --kind eagle3 only; drop it")
+        try:
+            layers = tuple(int(x) for x in args.feature_layers.split(","))
+        except ValueError as exc:
+            raise ConfigError(f"--feature-layers must be comma-separated integers such as 2,3,5, got "
+                              f"{args.feature_layers!r}") from exc
     if args.target == "default":
         import specdec
 
@@ -61,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = HeadTrainConfig(
         kind=args.kind, out=Path(args.out), loop=loop, data=args.data, batch_size=args.batch_size,
         seq_len=args.seq_len, ttt_steps=args.ttt_steps, num_heads=args.num_heads, noise=args.noise,
-        device=args.device, eval_tokens=args.eval_tokens, save_dtype=args.save_dtype, resume=args.resume, init=args.init,
+        feature_layers=layers, device=args.device, eval_tokens=args.eval_tokens, save_dtype=args.save_dtype, resume=args.resume, init=args.init,
     )
     report = train_head(cfg, target, tokenizer)
     final = report["final"]

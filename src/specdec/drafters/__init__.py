@@ -37,7 +37,8 @@ def __getattr__(name: str):
 #: "multi-draft" is MultiDraft's default scheme (recursive rejection sampling); "multi-draft-specinfer" /
 #: "multi-draft-spectr" pick the other two schemes (so `specdec bench` can run them side by side).
 DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft", "eagle", "eagle-chain",
-                 "medusa", "medusa-chain", "draft-tli", "draft-slem", "multi-draft-specinfer", "multi-draft-spectr")
+                 "medusa", "medusa-chain", "draft-tli", "draft-slem", "multi-draft-specinfer", "multi-draft-spectr",
+                 "eagle3", "eagle3-chain")
 
 _TOKENIZERS = {"draft_tokenizer": "--draft-tokenizer", "target_tokenizer": "the target's tokenizer"}
 
@@ -56,6 +57,8 @@ _OPTIONS = {
     "multi-draft-spectr": {"num_drafts": "--num-drafts", "widths": "--widths"},
     "eagle": {"head_path": "--head"},
     "eagle-chain": {"head_path": "--head"},
+    "eagle3": {"head_path": "--head"},
+    "eagle3-chain": {"head_path": "--head"},
     "medusa": {"head_path": "--head"},
     "medusa-chain": {"head_path": "--head"},
 }
@@ -67,7 +70,8 @@ EAGLE_TREE = {"top_k": 4, "depth": 3, "max_nodes": 24}
 
 
 def _head_drafter(kind: str, target, head_path) -> Drafter:
-    """An Eagle / Medusa drafter from a saved head, or the head shipped for the default target."""
+    """An Eagle / Medusa drafter from a saved head, or the head shipped for the default target ("eagle3": the
+    shipped EAGLE-3 head, drafting the same chain / tree as "eagle")."""
     from specdec.default_pair import load_default_heads
     from specdec.drafters.eagle import Eagle
     from specdec.drafters.medusa import DEFAULT_TREE, Medusa
@@ -75,11 +79,17 @@ def _head_drafter(kind: str, target, head_path) -> Drafter:
 
     family = kind.split("-")[0]
     if head_path is not None:
-        head = (EagleHead if family == "eagle" else MedusaHeads).load(head_path, target)
+        head = (MedusaHeads if family == "medusa" else EagleHead).load(head_path, target)
     else:
-        head = load_default_heads(target)[family]  # IncompatibleModelsError unless target is the default one
+        heads = load_default_heads(target)  # IncompatibleModelsError unless target is the default one
+        if family not in heads:
+            from specdec.errors import ModelLoadError
+
+            raise ModelLoadError(f"no {family} head is shipped for the default target; train one with "
+                                 f"`specdec train-head --kind {family} --target default` and pass --head DIR")
+        head = heads[family]
     chain = kind.endswith("-chain")
-    if family == "eagle":
+    if family in ("eagle", "eagle3"):
         return Eagle(target, head) if chain else Eagle(target, head, **EAGLE_TREE)
     return Medusa(target, head) if chain else Medusa(target, head, tree=DEFAULT_TREE)
 
@@ -150,7 +160,7 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
         return Bigram.from_model(target)
     if target is None:
         raise ConfigError(f"--drafter {kind} needs the target model (target=model)")
-    if kind in ("eagle", "eagle-chain", "medusa", "medusa-chain"):
+    if kind in ("eagle", "eagle-chain", "eagle3", "eagle3-chain", "medusa", "medusa-chain"):
         return _head_drafter(kind, target, options.get("head_path"))
     return LayerSkip(target, num_layers=options.get("draft_layers"))
 

@@ -55,9 +55,9 @@ def _positive(name: str, value: object) -> int:
 
 class Eagle(Drafter):
     """EAGLE drafter. `top_k=1` drafts a chain of γ tokens; `top_k > 1` an EAGLE-2 dynamic tree of at most
-    `max_nodes` nodes and `depth` levels (needs a decoder with tree verification)."""
-
-    needs_hidden = True
+    `max_nodes` nodes and `depth` levels (needs a decoder with tree verification). The head may be EAGLE-1/2
+    or EAGLE-3 (`head.variant`): the same rounds, only the features asked of the target (`needs_hidden`: its
+    final features, or EAGLE-3's layer tuple) and the head's readout (`head.logits`) differ."""
 
     def __init__(self, target, head: EagleHead, top_k: int = 1, depth: int = 8, max_nodes: int = 32):
         model: PreTrainedModel = target if isinstance(target, PreTrainedModel) else target.model  # or an adapter
@@ -68,6 +68,7 @@ class Eagle(Drafter):
 
         check_target(head.signature, model, "the given EagleHead")
         self.head = head.eval()
+        self.needs_hidden = head.hidden_request  # True, or the layer indices of EAGLE-3's fused features
         self.embed = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
         self.vocab_size = int(self.lm_head.weight.shape[0])
@@ -113,7 +114,7 @@ class Eagle(Drafter):
         return twin
 
     def reset(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
-        """hidden [n-1, H]: the target's features of prompt_ids[:-1]."""
+        """hidden [n-1, F]: the target's features of prompt_ids[:-1] (F = head.feature_size)."""
         self.cache = DynamicCache()
         self._levels: int | None = None  # the request's first round's levels: the compiled shape
         if self.mode is not False:
@@ -121,13 +122,13 @@ class Eagle(Drafter):
             if self.slot_cache is None or self.slot_cache.max_len < size:
                 self.slot_cache = SlotCache(size)
         self.rows = 0  # head cache rows computed from target features (positions 0..rows-1)
-        h = self.head.hidden_size
+        width = self.head.feature_size
         param = self.lm_head.weight
-        self.pending = torch.empty(0, h, dtype=param.dtype, device=param.device) if hidden is None else hidden  # [m, H]
+        self.pending = torch.empty(0, width, dtype=param.dtype, device=param.device) if hidden is None else hidden  # [m, F]
         self._forwards = 0
 
     def commit(self, context: torch.Tensor, num_accepted: int, hidden: torch.Tensor | None = None) -> None:
-        """hidden [k+1, H]: the target's features of the root and the accepted path."""
+        """hidden [k+1, F]: the target's features of the root and the accepted path."""
         extra = self.cache.get_seq_length() - self.rows  # rows computed from drafted features are stale
         if extra > 0 and self.mode is False:  # (the slot cache needs no crop: its masks hide stale rows)
             self.cache.crop(-extra)
@@ -136,7 +137,7 @@ class Eagle(Drafter):
 
     def _step(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
               mask: torch.Tensor | None = None) -> torch.Tensor:
-        """One head pass: tokens [m], features [m, H], positions [m] -> predicted features [m, H]."""
+        """One head pass: tokens [m], features [m, F] (target's) or [m, H] (drafted), positions [m] -> [m, H]."""
         self._forwards += 1
         embeds = self.embed(tokens.to(self.embed.weight.device))[None]  # [1, m, H]
         out = self.head(embeds, features[None].to(embeds.dtype), positions[None], attention_mask=mask, cache=self.cache)
@@ -242,7 +243,7 @@ class Eagle(Drafter):
         n = context.shape[0]
         tokens = []
         for i in range(gamma):
-            token = self.lm_head(feature).argmax(-1, keepdim=True)  # [1]
+            token = self.head.logits(feature, self.lm_head).argmax(-1, keepdim=True)  # [1]
             tokens.append(token)
             if i + 1 < gamma:
                 position = torch.tensor([n - 1 + i], device=feature.device)
@@ -255,7 +256,7 @@ class Eagle(Drafter):
         n = context.shape[0]
         k = self.top_k
         device = feature.device
-        logp = torch.log_softmax(self.lm_head(feature).float(), -1)  # [V]
+        logp = torch.log_softmax(self.head.logits(feature, self.lm_head).float(), -1)  # [V]
         top = logp.topk(k)
         tokens = [top.indices]  # per level: [k] (level 0) or [k*k]
         scores = [top.values]
@@ -280,7 +281,7 @@ class Eagle(Drafter):
             out = self._step(level_tokens, frontier_features, positions, mask[None, None])  # [k, H]
             fed_rows = rows_mask
             fed += k
-            logp = torch.log_softmax(self.lm_head(out).float(), -1)  # [k, V]
+            logp = torch.log_softmax(self.head.logits(out, self.lm_head).float(), -1)  # [k, V]
             frontier, frontier_ids, offset = grow_level(logp, tokens, scores, parents, frontier, frontier_ids,
                                                         offset)
             frontier_features = out[frontier // k]

@@ -13,9 +13,19 @@ Formats (key names and configs follow the engines' loaders; see docs/heads.md fo
   ``model_type: "medusa"``, ``medusa_num_heads``, ``medusa_num_layers``, ``medusa_fc_bias: true``; keys
   ``blocks.{h}.layers.{l}.weight/.bias`` and ``lm_heads.{h}.weight`` (the target's LM head, copied: specdec
   shares it, vLLM wants one per head).
-* ``eagle3``       EAGLE-3 (`llama_eagle3.py` in both engines) needs a head built on three fused feature
-  depths with its own norm and LM head; specdec's EAGLE head is the EAGLE-1/2 layout, so this format is
-  refused with an explanation rather than written wrongly.
+* ``eagle3``       EAGLE-3, vLLM `vllm/model_executor/models/llama_eagle3.py` (Eagle3LlamaForCausalLM) and
+  SGLang `python/sglang/srt/models/llama_eagle3.py` (LlamaForCausalLMEagle3), the layout NVIDIA
+  Model-Optimizer's `hf_spec_export.py` writes: ``architectures: ["LlamaForCausalLMEagle3"]``, one layer,
+  ``draft_vocab_size``, ``target_hidden_size``, ``eagle_config`` with ``use_aux_hidden_state`` and the
+  feature layers (``eagle_aux_hidden_state_layer_ids``, HF hidden-state indices = input of that layer, the
+  convention vLLM reads as-is; written only when they are not the engines' default (2, N//2, N-3));
+  keys ``midlayer.self_attn.{q,k,v}_proj.weight`` [·, 2H], ``midlayer.self_attn.o_proj.weight``,
+  ``midlayer.mlp.{gate,up,down}_proj.weight``, ``midlayer.{input_layernorm,hidden_norm,
+  post_attention_layernorm}.weight``, ``fc.weight`` [H, 3H] (no bias), ``norm.weight``, ``lm_head.weight``
+  [draft vocab, H] (the target's rows when the head shares its LM head), ``d2t`` [draft vocab] int64
+  (target id = i + d2t[i]) and ``t2d`` [V] bool (ignored by both loaders, kept for EAGLE's own code).
+  Only EAGLE-3 heads (`variant="eagle3"`) with three feature layers below the target's layer count can be
+  written this way, and an EAGLE-3 head cannot be written as ``vllm-eagle`` / ``sglang-eagle``.
 
 Every export is written to a temporary directory and renamed into place.
 """
@@ -43,17 +53,8 @@ LLAMA_LAYOUT = ("llama",)
 EAGLE_ARCHITECTURES = {"vllm-eagle": "LlamaForCausalLM", "sglang-eagle": "LlamaForCausalLMEagle"}
 
 
-def _eagle_files(head: EagleHead, fmt: str, dtype: torch.dtype) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    model_type = head.signature["model_type"]
-    if model_type not in LLAMA_LAYOUT:
-        raise ConfigError(
-            f"--format {fmt} writes a Llama decoder layer, but this head's layer is {model_type!r} (its target's "
-            "family); the engines' EAGLE loaders cannot express it: serve it with specdec, or train a head for a "
-            "Llama-family target"
-        )
-    if fmt == "vllm-eagle" and head.fc.bias is not None:
-        raise ConfigError("--format vllm-eagle needs a bias-free fc (vLLM builds fc with bias=False) but this head "
-                          "has an fc bias; export --format sglang-eagle, or train with the default (no bias)")
+def _llama_config(head: EagleHead, dtype: torch.dtype) -> dict[str, Any]:
+    """The head's one-layer body config as the engines' Llama loaders read it."""
     config = dict(head.body_config.to_dict())
     for key in ("_name_or_path", "transformers_version", "dtype", "torch_dtype", "id2label", "label2id",
                 "auto_map", "layer_types"):
@@ -61,14 +62,85 @@ def _eagle_files(head: EagleHead, fmt: str, dtype: torch.dtype) -> tuple[dict[st
     rope = config.get("rope_parameters") or {}
     if "rope_theta" in rope:
         config.setdefault("rope_theta", rope["rope_theta"])
-    config.update({"architectures": [EAGLE_ARCHITECTURES[fmt]], "model_type": "llama", "num_hidden_layers": 1,
-                   "bias": fmt == "sglang-eagle", "tie_word_embeddings": False,
+    config.update({"model_type": "llama", "num_hidden_layers": 1, "tie_word_embeddings": False,
                    "torch_dtype": str(dtype).removeprefix("torch.")})
+    return config
+
+
+def _check_llama(head: EagleHead, fmt: str) -> None:
+    model_type = head.signature["model_type"]
+    if model_type not in LLAMA_LAYOUT:
+        raise ConfigError(
+            f"--format {fmt} writes a Llama decoder layer, but this head's layer is {model_type!r} (its target's "
+            "family); the engines' EAGLE loaders cannot express it: serve it with specdec, or train a head for a "
+            "Llama-family target"
+        )
+
+
+def _eagle_files(head: EagleHead, fmt: str, dtype: torch.dtype) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    _check_llama(head, fmt)
+    if head.variant != "eagle":
+        raise ConfigError(f"--format {fmt} writes an EAGLE-1/2 head (fc over [embedding, last feature]); this is an "
+                          "EAGLE-3 head (fused features, 2H-input midlayer, own norm): export --format eagle3")
+    if fmt == "vllm-eagle" and head.fc.bias is not None:
+        raise ConfigError("--format vllm-eagle needs a bias-free fc (vLLM builds fc with bias=False) but this head "
+                          "has an fc bias; export --format sglang-eagle, or train with the default (no bias)")
+    config = _llama_config(head, dtype)
+    config.update({"architectures": [EAGLE_ARCHITECTURES[fmt]], "bias": fmt == "sglang-eagle"})
     tensors = {"fc.weight": head.fc.weight}
     if fmt == "sglang-eagle":
         tensors["fc.bias"] = head.fc.bias if head.fc.bias is not None else torch.zeros(head.fc.out_features)
     for name, value in head.body.state_dict().items():
         tensors[name] = value  # layers.0.* (no input_layernorm: the head has none)
+    return config, tensors
+
+
+def engine_default_layers(num_layers: int) -> tuple[int, int, int]:
+    """The feature layers vLLM and SGLang capture when a config names none: EAGLE-3's (2, N//2, N-3)."""
+    return 2, num_layers // 2, num_layers - 3
+
+
+def _eagle3_files(head: EagleHead, target: PreTrainedModel | None,
+                  dtype: torch.dtype) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    _check_llama(head, "eagle3")
+    if head.variant != "eagle3":
+        raise ConfigError(
+            "--format eagle3 needs an EAGLE-3 head (fc over three fused target layers, a 2H-input midlayer, its own "
+            "norm and LM head); this is an EAGLE-1/2 head: export --format vllm-eagle or sglang-eagle, or train one "
+            "with `specdec train-head --kind eagle3`")
+    num_layers = head.signature["num_hidden_layers"]
+    layers = head.feature_layers
+    if len(layers) != 3 or max(layers) >= num_layers:
+        raise ConfigError(
+            f"--format eagle3 captures three features, each the input of a target layer (ids 0..{num_layers - 1}); "
+            f"this head reads hidden states {list(layers)}: train one with --feature-layers of three ids below "
+            f"{num_layers}")
+    if head.fc.bias is not None:
+        raise ConfigError("--format eagle3 needs a bias-free fc (vLLM builds it with bias=False); train without one")
+    if head.lm_head is None and target is None:
+        raise ConfigError("this EAGLE-3 head shares the target's LM head, which the eagle3 layout stores as "
+                          "lm_head.weight: pass the target")
+    hidden, vocab = head.hidden_size, head.signature["vocab_size"]
+    config = _llama_config(head, dtype)
+    config.update({"architectures": ["LlamaForCausalLMEagle3"], "bias": False, "target_hidden_size": hidden,
+                   "norm_before_residual": False,
+                   "draft_vocab_size": head.draft_vocab_size or vocab,
+                   "eagle_config": {"use_aux_hidden_state": True}})
+    if tuple(layers) != engine_default_layers(num_layers):
+        config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = list(layers)
+    tensors = {"fc.weight": head.fc.weight, "norm.weight": head.norm.weight}
+    for name, value in head.body.layers[0].state_dict().items():
+        tensors[f"midlayer.{name}"] = value
+    if head.lm_head is None:  # shared: the target's rows, an identity map
+        tensors["lm_head.weight"] = target.get_output_embeddings().weight
+        draft_to_target = torch.arange(vocab)
+    else:
+        tensors["lm_head.weight"] = head.lm_head.weight
+        draft_to_target = head.draft_to_target.cpu()
+    tensors["d2t"] = draft_to_target - torch.arange(draft_to_target.shape[0])  # [Vd] target = i + d2t[i]
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[draft_to_target] = True
+    tensors["t2d"] = t2d  # [V]
     return config, tensors
 
 
@@ -94,12 +166,6 @@ def export_head(head: EagleHead | MedusaHeads, fmt: str, out: str | Path, target
 
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if fmt == "eagle3":
-        raise ConfigError(
-            "--format eagle3 needs an EAGLE-3 head (fc over three fused target layers, a 2H-input attention, its "
-            "own norm and LM head); specdec's EagleHead is the EAGLE-1/2 layout: export --format vllm-eagle or "
-            "sglang-eagle instead"
-        )
     if fmt == "vllm-medusa":
         if not isinstance(heads := head, MedusaHeads):
             raise ConfigError(f"--format vllm-medusa needs Medusa heads, got {type(head).__name__}")
@@ -110,12 +176,15 @@ def export_head(head: EagleHead | MedusaHeads, fmt: str, out: str | Path, target
     else:
         if not isinstance(head, EagleHead):
             raise ConfigError(f"--format {fmt} needs an EAGLE head, got {type(head).__name__}")
-        config, tensors = _eagle_files(head, fmt, dtype)
+        if target is not None:
+            check_target(head.signature, target, "the head to export")
+        config, tensors = _eagle3_files(head, target, dtype) if fmt == "eagle3" else _eagle_files(head, fmt, dtype)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in tensors.items()},
+        save_file({k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+                   for k, v in tensors.items()},
                   str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         replace_dir(tmp, out)
@@ -154,6 +223,8 @@ def load_exported(path: str | Path, target: PreTrainedModel) -> EagleHead | Medu
         load_state(heads, renamed, str(path))
         return heads
     architectures = config.get("architectures") or []
+    if architectures[:1] == ["LlamaForCausalLMEagle3"]:
+        return _load_eagle3(path, config, tensors, target)
     if architectures[:1] not in (["LlamaForCausalLM"], ["LlamaForCausalLMEagle"]) or "fc.weight" not in tensors:
         raise ModelLoadError(f"{path} is neither an EAGLE (vllm-eagle / sglang-eagle) nor a Medusa export")
     saved = {**sig, "hidden_size": config.get("hidden_size"), "vocab_size": config.get("vocab_size")}
@@ -164,5 +235,37 @@ def load_exported(path: str | Path, target: PreTrainedModel) -> EagleHead | Medu
     state = {("" if k.startswith("fc.") else "body.") + k: v for k, v in tensors.items()}
     if has_bias:
         state["fc.bias"] = bias
+    load_state(head, state, str(path))
+    return head
+
+
+def _load_eagle3(path: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
+                 target: PreTrainedModel) -> EagleHead:
+    """An eagle3 export back as an EagleHead: the target's LM head shared if lm_head.weight is its rows for
+    the whole vocabulary in order, else the head's own over the draft vocabulary."""
+    from specdec.heads.common import load_state, target_signature
+
+    sig = target_signature(target)
+    saved = {**sig, "hidden_size": config.get("target_hidden_size", config.get("hidden_size")),
+             "vocab_size": config.get("vocab_size")}
+    check_target(saved, target, str(path))
+    eagle_config = config.get("eagle_config") or {}
+    layers = eagle_config.get("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids"))
+    layers = tuple(layers) if layers else engine_default_layers(sig["num_hidden_layers"])
+    lm_head, d2t = tensors.pop("lm_head.weight", None), tensors.pop("d2t", None)
+    tensors.pop("t2d", None)
+    if lm_head is None:
+        raise ModelLoadError(f"{path}: an eagle3 export needs lm_head.weight; re-export the head")
+    draft_to_target = torch.arange(lm_head.shape[0]) + (0 if d2t is None else d2t.long())  # [Vd]
+    own = target.get_output_embeddings().weight
+    shared = (lm_head.shape[0] == sig["vocab_size"] and bool((draft_to_target == torch.arange(sig["vocab_size"])).all())
+              and torch.allclose(lm_head.to(own.dtype), own, atol=1e-2, rtol=1e-2))
+    head = EagleHead.init(target, variant="eagle3", feature_layers=layers,
+                          draft_vocab_size=None if shared else lm_head.shape[0])
+    state = {("body.layers.0." + k.removeprefix("midlayer.")) if k.startswith("midlayer.") else k: v
+             for k, v in tensors.items()}
+    if not shared:
+        state["lm_head.weight"] = lm_head
+        state["draft_to_target"] = draft_to_target
     load_state(head, state, str(path))
     return head

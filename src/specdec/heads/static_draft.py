@@ -63,7 +63,8 @@ def draft_round(head, embed, lm_head, cache, tokens, features, count, rows, *, p
     """One drafting round.
 
     tokens [pad]: token_{t+1} of each pending feature row (padded with anything); features [pad, H]: the
-    target's features of rows rows..rows+count-1 (padded); count, rows: 0-d long tensors.
+    target's features of rows rows..rows+count-1 (padded; H wide, or EAGLE-3's fused width); count, rows: 0-d
+    long tensors. The head turns its outputs into draft logits (`head.logits`, with the target's `lm_head`).
     Returns (draft tokens [N], parents [N] with -1 = root (None for a chain), all-finite flag).
     """
     device = features.device
@@ -82,7 +83,7 @@ def draft_round(head, embed, lm_head, cache, tokens, features, count, rows, *, p
     if top_k == 1:  # 2. chain: argmax, feeding the head its own predicted feature
         drafted = []
         for i in range(levels):
-            token = lm_head(feature).argmax(-1)  # [1]
+            token = head.logits(feature, lm_head).argmax(-1)  # [1]
             drafted.append(token)
             if i + 1 < levels:
                 slot = (base + i).view(1)  # [1]
@@ -95,7 +96,7 @@ def draft_round(head, embed, lm_head, cache, tokens, features, count, rows, *, p
     # 2. EAGLE-2 tree: level 0 is the root's top_k children.
     k = top_k
     width = (levels - 1) * k  # drafted rows fed to the head this round
-    logp = torch.log_softmax(lm_head(feature[0]).float(), -1)  # [V]
+    logp = torch.log_softmax(head.logits(feature[0], lm_head).float(), -1)  # [V]
     top = logp.topk(k)
     all_tokens, all_scores = [top.indices], [top.values]  # per level: [k] (level 0) or [k*k]
     all_parents = [torch.full((k,), -1, dtype=torch.long, device=device)]
@@ -116,7 +117,7 @@ def draft_round(head, embed, lm_head, cache, tokens, features, count, rows, *, p
         out = _head_pass(head, embed, cache, all_tokens[-1][frontier], frontier_features, positions, slots,
                          visible)  # [k, H]
         finite = finite & torch.isfinite(out).all()
-        logp = torch.log_softmax(lm_head(out).float(), -1)  # [k, V]
+        logp = torch.log_softmax(head.logits(out, lm_head).float(), -1)  # [k, V]
         frontier, frontier_ids, offset = grow_level(logp, all_tokens, all_scores, all_parents, frontier,
                                                     frontier_ids, offset)
         frontier_features = out[frontier // k]  # [k, H]

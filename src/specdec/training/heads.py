@@ -9,6 +9,10 @@ last hidden states (the input of its LM head) as features f and its logits as so
   more times the way it drafts: at unroll j, row t reads its own prediction from unroll j-1 at t-1 and
   attends to the true rows up to t-j plus its own chain of predicted rows (a 4D mask over the head's
   cache), so it learns to continue from its own features. Step j's loss is weighted 0.8^j.
+* **EAGLE-3** (`--kind eagle3`): the same unrolled training-time test, but the head reads the target's
+  fused low / mid / high features (`EagleHead.feature_layers`) and is trained on tokens only, as in
+  EAGLE-3: soft cross-entropy of its own logits (own norm, target LM head) against the target's
+  distribution, 0.8^j per unroll, no feature regression (its output need not match any target layer).
 * **Medusa**: head k reads f_t and is fit (soft cross-entropy) to the target's distribution at t+k,
   i.e. of token t+k+1; weights 0.8^(k-1).
 
@@ -36,7 +40,7 @@ from specdec.training.data import cached_tokens, sample_batch, sequential_batche
 from specdec.training.loop import LoopConfig, run_loop
 from specdec.training.train import hardware_summary, resolve_device
 
-KINDS = ("eagle", "medusa")
+KINDS = ("eagle", "eagle3", "medusa")
 
 
 @dataclass
@@ -50,6 +54,7 @@ class HeadTrainConfig:
     batch_size: int = 8
     seq_len: int = 256
     ttt_steps: int = 3  # EAGLE: 1 teacher-forced pass + unrolls on its own features
+    feature_layers: tuple[int, ...] | None = None  # EAGLE-3: None = default_feature_layers(target)
     num_heads: int = 4  # Medusa
     noise: float = 0.2  # EAGLE: uniform noise amplitude on input features (x feature RMS)
     device: str = "cpu"
@@ -95,10 +100,13 @@ def token_streams(tokenizer: Any, data: str | None, cache_dir: Path) -> tuple[np
 # -- features and losses -------------------------------------------------------------------------------------
 
 @torch.no_grad()
-def target_features(target, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features [B, L, H], logits [B, L, V]) of the frozen target on batch [B, L]."""
+def target_features(target, batch: torch.Tensor, layers: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features [B, L, H], logits [B, L, V]) of the frozen target on batch [B, L]; with `layers` (EAGLE-3)
+    the features are those hidden-state indices side by side [B, L, len * H]."""
     out = target(input_ids=batch, output_hidden_states=True)
-    return out.hidden_states[-1], out.logits.float()
+    if layers is None:
+        return out.hidden_states[-1], out.logits.float()
+    return torch.cat([out.hidden_states[i] for i in layers], dim=-1), out.logits.float()
 
 
 def soft_ce(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
@@ -121,7 +129,7 @@ def _unroll_mask(n: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
 
 def eagle_unrolls(head: EagleHead, target, batch: torch.Tensor, steps: int, noise: float):
     """Per unroll j: (predicted features [B, n, H], valid-from row j); plus targets (f_next, logits_next)."""
-    feats, logits = target_features(target, batch)
+    feats, logits = target_features(target, batch, head.feature_layers)
     embeds = target.get_input_embeddings()(batch[:, 1:]).detach()  # [B, n, H], n = L - 1
     f_in, f_next, logits_next = feats[:, :-1], feats[:, 1:], logits[:, 1:]
     if noise > 0:
@@ -140,13 +148,20 @@ def eagle_unrolls(head: EagleHead, target, batch: torch.Tensor, steps: int, nois
 
 def eagle_loss(head, target, batch, steps: int, noise: float) -> torch.Tensor:
     preds, f_next, logits_next = eagle_unrolls(head, target, batch, steps, noise)
+    return _unrolled_loss(head, target, preds, f_next, logits_next)
+
+
+def _unrolled_loss(head: EagleHead, target, preds, f_next, logits_next) -> torch.Tensor:
+    """Sum over unrolls j of 0.8^j x (EAGLE-1/2: SmoothL1 to the next feature + 0.1 soft CE; EAGLE-3: soft CE)."""
     lm_head = target.get_output_embeddings()
     total = 0.0
     for j, pred in enumerate(preds):
-        p, f, lg = pred[:, j:], f_next[:, j:], logits_next[:, j:]
-        vloss = F.smooth_l1_loss(p.float(), f.float())
-        ploss = soft_ce(lm_head(p), lg)
-        total = total + 0.8**j * (vloss + 0.1 * ploss)
+        p, lg = pred[:, j:], logits_next[:, j:]
+        ploss = soft_ce(head.logits(p, lm_head), lg)
+        if head.feature_layers is None:
+            total = total + 0.8**j * (F.smooth_l1_loss(p.float(), f_next[:, j:].float()) + 0.1 * ploss)
+        else:
+            total = total + 0.8**j * ploss
     return total
 
 
@@ -169,11 +184,11 @@ def evaluate_head(kind: str, head, target, batches: list[torch.Tensor], steps: i
     agree: dict[int, list[float]] = {}
     losses = []
     for batch in batches:
-        if kind == "eagle":
-            preds, _, logits_next = eagle_unrolls(head, target, batch, steps, 0.0)
-            losses.append(float(eagle_loss_from(preds, target, batch)))
+        if kind in ("eagle", "eagle3"):
+            preds, f_next, logits_next = eagle_unrolls(head, target, batch, steps, 0.0)
+            losses.append(float(_unrolled_loss(head, target, preds, f_next, logits_next)))
             for j, pred in enumerate(preds):
-                hit = lm_head(pred[:, j:]).argmax(-1) == logits_next[:, j:].argmax(-1)
+                hit = head.logits(pred[:, j:], lm_head).argmax(-1) == logits_next[:, j:].argmax(-1)
                 agree.setdefault(j + 1, []).append(hit.float().mean().item())
         else:
             feats, logits = target_features(target, batch)
@@ -188,15 +203,13 @@ def evaluate_head(kind: str, head, target, batches: list[torch.Tensor], steps: i
     return metrics
 
 
-def eagle_loss_from(preds, target, batch) -> torch.Tensor:
-    """Held-out EAGLE loss of already computed unrolls (no noise)."""
-    feats, logits = target_features(target, batch)
-    lm_head = target.get_output_embeddings()
-    total = 0.0
-    for j, pred in enumerate(preds):
-        f, lg = feats[:, 1 + j:], logits[:, 1 + j:]
-        total = total + 0.8**j * (F.smooth_l1_loss(pred[:, j:].float(), f.float()) + 0.1 * soft_ce(lm_head(pred[:, j:]), lg))
-    return total
+def draft_vocabulary(tokens: np.ndarray, size: int, vocab_size: int) -> torch.Tensor:
+    """EAGLE-3's reduced draft vocabulary: the `size` most frequent ids of a token stream, ascending (ties: lower
+    id first). Feed it to `EagleHead.with_draft_vocab`."""
+    if not 0 < size <= vocab_size:
+        raise ConfigError(f"a draft vocabulary needs 1..{vocab_size} tokens, got {size}")
+    counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_size)  # [V]
+    return torch.from_numpy(np.sort(np.argsort(-counts, kind="stable")[:size]))
 
 
 def chain_tau(metrics: dict[str, float]) -> float:
@@ -210,10 +223,12 @@ def chain_tau(metrics: dict[str, float]) -> float:
 
 def _initial_head(cfg: HeadTrainConfig, target):
     """A fresh head (seeded) or, with `--init DIR`, the saved head in DIR ('default': the shipped one)."""
-    cls = EagleHead if cfg.kind == "eagle" else MedusaHeads
+    cls = MedusaHeads if cfg.kind == "medusa" else EagleHead
     if cfg.init is None:
         if cfg.kind == "eagle":
             return EagleHead.init(target, seed=cfg.loop.seed)
+        if cfg.kind == "eagle3":
+            return EagleHead.init(target, seed=cfg.loop.seed, variant="eagle3", feature_layers=cfg.feature_layers)
         return MedusaHeads.init(target, num_heads=cfg.num_heads, seed=cfg.loop.seed)
     path = Path(cfg.init)
     if cfg.init == "default":
@@ -221,6 +236,9 @@ def _initial_head(cfg: HeadTrainConfig, target):
 
         path = default_assets_dir() / cfg.kind
     head = cls.load(path, target)
+    if cfg.kind != "medusa" and head.variant != cfg.kind:
+        raise ConfigError(f"--init {cfg.init} holds a {head.variant!r} head but --kind is {cfg.kind!r}; pass "
+                          f"--kind {head.variant}")
     if cfg.kind == "medusa" and head.num_heads != cfg.num_heads:
         raise ConfigError(f"--init {cfg.init} holds {head.num_heads} Medusa heads but --num-heads is "
                           f"{cfg.num_heads}; pass --num-heads {head.num_heads}")
@@ -250,7 +268,7 @@ def train_head(cfg: HeadTrainConfig, target, tokenizer, log=print) -> dict[str, 
 
     def loss_at(step: int) -> torch.Tensor:
         batch = sample_batch(train_tokens, step, cfg.loop.seed, cfg.batch_size, cfg.seq_len).to(device)
-        if cfg.kind == "eagle":
+        if cfg.kind != "medusa":
             return eagle_loss(head, target, batch, cfg.ttt_steps, cfg.noise)
         return medusa_loss(head, target, batch)
 
@@ -258,7 +276,8 @@ def train_head(cfg: HeadTrainConfig, target, tokenizer, log=print) -> dict[str, 
         return evaluate_head(cfg.kind, head, target, heldout, cfg.ttt_steps)
 
     meta = {"kind": cfg.kind, "data": cfg.data or "stdlib", "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
-            "ttt_steps": cfg.ttt_steps, "num_heads": cfg.num_heads, "noise": cfg.noise, "init": cfg.init}
+            "ttt_steps": cfg.ttt_steps, "num_heads": cfg.num_heads, "noise": cfg.noise, "init": cfg.init,
+            "feature_layers": getattr(head, "feature_layers", None)}
     cpu0 = time.process_time()
     summary = run_loop(head, cfg.loop, out, loss_at, evaluate, meta, cfg.resume, log, desc=f"train-head {cfg.kind}")
     cpu_minutes = (time.process_time() - cpu0) / 60
