@@ -24,6 +24,8 @@ def target():
 DRAFTERS = {
     "eagle-chain": lambda t: specdec.Eagle(t, specdec.EagleHead.init(t, seed=0)),
     "eagle-tree": lambda t: specdec.Eagle(t, specdec.EagleHead.init(t, seed=0), top_k=3, depth=3, max_nodes=8),
+    "eagle3-tree": lambda t: specdec.Eagle(t, specdec.EagleHead.init(t, seed=0, variant="eagle3"), top_k=3, depth=3,
+                                           max_nodes=8),
     "medusa-chain": lambda t: specdec.Medusa(t, specdec.MedusaHeads.init(t, num_heads=3, seed=0)),
     "medusa-tree": lambda t: specdec.Medusa(t, specdec.MedusaHeads.init(t, num_heads=4, seed=0), tree=DEFAULT_TREE),
     "layer-skip": lambda t: specdec.LayerSkip(t, num_layers=1),

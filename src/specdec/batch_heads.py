@@ -125,7 +125,7 @@ class BatchedHeads:
         valid = torch.arange(past, device=device)[None] >= (past - lengths)[:, None]  # [R, L]
         steps = torch.arange(width, device=device)  # [M]
         tokens = torch.zeros(len(forks), width, dtype=torch.long, device=device)  # [R, M]
-        features = forks[0].pending.new_zeros(len(forks), width, eagle.head.hidden_size)  # [R, M, H]
+        features = forks[0].pending.new_zeros(len(forks), width, forks[0].pending.shape[-1])  # [R, M, F]
         for r, (i, f) in enumerate(zip(drafting, forks)):
             m = f.pending.shape[0]
             tokens[r, :m] = rows[i].context[f.rows + 1 : rows[i].n].to(device)
@@ -150,7 +150,7 @@ class BatchedHeads:
         rows = len(forks)
         drafts: list[torch.Tensor] = []
         for level in range(max(gamma)):
-            token = self.drafter.lm_head(feature).argmax(-1)  # [R]
+            token = self.drafter.head.logits(feature, self.drafter.lm_head).argmax(-1)  # [R]
             drafts.append(token)
             if level + 1 == max(gamma):
                 break
@@ -168,7 +168,7 @@ class BatchedHeads:
         eagle = self.drafter
         k, rows, device = eagle.top_k, len(forks), feature.device
         levels = [min(eagle.depth, g) for g in gamma]
-        logp = torch.log_softmax(eagle.lm_head(feature).float(), -1)  # [R, V]
+        logp = torch.log_softmax(eagle.head.logits(feature, eagle.lm_head).float(), -1)  # [R, V]
         top = logp.topk(k, dim=-1)  # [R, k]
         tokens = [[top.indices[r]] for r in range(rows)]  # per row, per level: [k] (level 0) or [k*k]
         scores = [[top.values[r]] for r in range(rows)]
@@ -190,7 +190,7 @@ class BatchedHeads:
             positions = (base + level - 1)[:, None].expand(rows, k)  # [R, k]
             out = self._head(level_tokens, frontier_features, positions, mask[:, None], cache)  # [R, k, H]
             fed += k
-            logp = torch.log_softmax(eagle.lm_head(out).float(), -1)  # [R, k, V]
+            logp = torch.log_softmax(eagle.head.logits(out, eagle.lm_head).float(), -1)  # [R, k, V]
             for r in range(rows):
                 if level < levels[r]:  # rows drafting fewer levels keep their tree (this level is ignored)
                     frontier[r], frontier_ids[r], offset[r] = grow_level(
@@ -203,7 +203,8 @@ class BatchedHeads:
 
     def _head(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
               cache: DynamicCache) -> torch.Tensor:
-        """One EAGLE head pass over rows: tokens [R, W], features [R, W, H], positions [R, W], a mask over the
+        """One EAGLE head pass over rows: tokens [R, W], features [R, W, F] (the target's, F = the head's
+        feature_size) or [R, W, H] (drafted ones), positions [R, W], a mask over the
         cache's slots and the new ones (2-D [R, S + W] or additive 4-D [R, 1, W, S + W]) -> features [R, W, H]."""
         eagle = self.drafter
         embeds = eagle.embed(tokens)  # [R, W, H]
