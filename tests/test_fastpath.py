@@ -93,7 +93,6 @@ def test_gamma_auto_compiles_every_shape_before_its_first_round(monkeypatch):
     assert {k[1] for k in _COMPILED[target].fns} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2", "mistral", "gemma"])
 def test_compiled_other_architectures(arch):
     target = tiny(arch, hidden=32, layers=2)
@@ -103,7 +102,6 @@ def test_compiled_other_architectures(arch):
     assert out.tokens == hf_greedy(target, LONG[:20], 24)
 
 
-@pytest.mark.slow
 @pytest.mark.exactness_positive(checks=1, alpha=1e-4)
 def test_compiled_plain_and_sampling_are_exact(llama_pair):
     target, draft = llama_pair
