@@ -365,7 +365,7 @@ class SpeculativeDecoder:
         if (self.drafter.needs_hidden or getattr(self.drafter, "max_nodes", None) is not None
                 or getattr(self.drafter, "num_drafts", None) is not None):
             return  # their passes have other shapes (hidden states, tree masks): compiled on first use
-        self.target.precompile(self.target.buckets)
+        self.target.precompile(self.target.buckets, verify=self.sampling if self.fused_verify else None)
         draft_lm = getattr(self.drafter, "lm", None)
         if isinstance(draft_lm, StaticCausalLM):
             draft_lm.precompile(draft_lm.catch_up_sizes, allowed, self.sampling, context)

@@ -531,11 +531,12 @@ class StaticCausalLM:
         m = input_ids.shape[0]
         drafts = input_ids[1:].to(self.device)  # [γ]
         uniforms = draw_uniforms(m - 1, generator, self.device)  # [γ+1]
-        if draft_probs is None:  # a point mass as a one-hot row: the same ratio p(x) and residual, one graph
-            q = torch.nn.functional.one_hot(drafts, self.vocab_size).to(self.model.dtype)  # [γ, V]
+        # q in float64 whatever the drafter's dtype (one graph per shape; the ratio is float64 anyway), and a
+        # point mass as its one-hot row: the same ratio p(x) and residual as draft_probs=None.
+        if draft_probs is None:
+            q = torch.nn.functional.one_hot(drafts, self.vocab_size).double()  # [γ, V]
         else:
-            q = draft_probs.to(self.device)  # [γ, V]
-            q = q if q.is_inference() else q.clone()  # an inference tensor, as every compiled call expects
+            q = draft_probs.to(self.device, torch.float64, copy=True)  # [γ, V]
         positions = torch.arange(self.length, self.length + m, device=self.device)
         logits, states, decided = self._pass(input_ids, positions, None, hidden, pad=True,
                                              rule=(q, uniforms, sampling))
@@ -615,16 +616,23 @@ class StaticCausalLM:
         return fn is not None and fn.done
 
     def precompile(self, sizes, draft_gammas=(), sampling: SamplingConfig | None = None,
-                   context: torch.Tensor | None = None) -> None:
+                   context: torch.Tensor | None = None, verify: SamplingConfig | None = None) -> None:
         """Compile now the chain passes of `sizes` rows and (with `context` [n], n >= 2, the committed tokens
         the cache holds all but the last of) the draft graphs of `draft_gammas`, so that no later round of
         any request compiles. Runs after the prefill, past the cache's length, then restores it: the slots
-        it wrote are hidden by the mask and overwritten later. A no-op when eager or already compiled."""
+        it wrote are hidden by the mask and overwritten later. A no-op when eager or already compiled.
+        verify: the sampling config whose verifying passes (`score_and_verify`) of `sizes` rows to compile
+        instead of the plain ones."""
         if not self.compile or self.cache is None or not self.cache.ready:
             return
         length, forwards, forward_s = self.length, self.forwards, self.forward_s
         try:
-            for b in sizes:
+            for b in sizes if verify is not None else ():
+                if not self._compiled(("verify", b, self.max_len, False, verify)) and length + b <= self.max_len:
+                    self.score_and_verify(torch.zeros(b, dtype=torch.long), None, verify,
+                                          torch.Generator(device=self.device).manual_seed(0))
+                    self.length = length
+            for b in sizes if verify is None else ():
                 if not self._compiled(("pass", b, self.max_len, False, False)) and length + b <= self.max_len:
                     self._pass(torch.zeros(b, dtype=torch.long), torch.arange(length, length + b), None, False,
                                pad=False)
