@@ -36,27 +36,38 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="the fast path (the draft's warp/argmax then runs inside its compiled graph and "
                         "counts as draft forward time)")
+    parser.add_argument("--unfused", action="store_true",
+                        help="with --compile, also run T = 1 with the target's warp and rejection rule eager "
+                        "after a plain pass (as before they ran in its graph), interleaved with the fused runs")
     args = parser.parse_args()
     target, draft = (specdec.load_default()[:2]) if args.default else random_pair()
     prompt = list(range(10, 110))
-    for temperature, extra in ((0.0, {}), (1.0, {"top_k": 50, "top_p": 0.9})):
-        pct, per_round_ms, fwd_ms = [], [], []
-        for r in range(args.repeats + 1):
+    sampled = {"temperature": 1.0, "top_k": 50, "top_p": 0.9}
+    arms = {"T=0.0 {}": ({"temperature": 0.0}, True), f"T=1.0 {sampled}": (sampled, True)}
+    if args.compile and args.unfused:
+        arms[f"T=1.0 {sampled}, unfused"] = (sampled, False)
+    runs = {name: ([], [], []) for name in arms}  # % of a target pass, ms/round, ms/target pass
+    decoders = {}
+    for r in range(args.repeats + 1):  # the arms interleaved, repeat by repeat
+        for name, (options, fused) in arms.items():
             drafter = specdec.DraftModel(draft)
-            dec = SpeculativeDecoder(target, drafter, gamma=4, max_new_tokens=128, temperature=temperature,
-                                     seed=r, eos_token_id=[], compile=args.compile, **extra)
+            dec = SpeculativeDecoder(target, drafter, gamma=4, max_new_tokens=128, seed=r, eos_token_id=[],
+                                     compile=args.compile, **options)
+            dec.fused_verify = dec.fused_verify and fused
             list(dec.stream(prompt))
             s = dec.stats
             forwards_s = s.prefill_s + dec.target.forward_s + drafter.lm.forward_s + drafter.lm.prefill_s
             overhead = (s.wall_s - forwards_s) / s.rounds
             one_target = dec.target.forward_s / dec.target.forwards
             if r:  # first run is warm-up
-                pct.append(100 * overhead / one_target)
-                per_round_ms.append(1e3 * overhead)
-                fwd_ms.append(1e3 * one_target)
-        print(f"T={temperature} {extra}: overhead/round {statistics.median(per_round_ms):.3f} ms = "
+                for values, value in zip(runs[name], (100 * overhead / one_target, 1e3 * overhead, 1e3 * one_target)):
+                    values.append(value)
+            decoders[name] = dec
+    for name, (pct, per_round_ms, fwd_ms) in runs.items():
+        print(f"{name}: overhead/round {statistics.median(per_round_ms):.3f} ms = "
               f"{statistics.median(pct):.1f}% of one target forward ({statistics.median(fwd_ms):.2f} ms)")
-        if args.compile and temperature > 0 and getattr(dec, "fused_verify", False):
+        dec = decoders[name]
+        if args.compile and not dec.sampling.greedy and dec.fused_verify:
             fused_ms, plain_ms = fused_pass_cost(dec)
             with_rule = statistics.median(per_round_ms) + fused_ms - plain_ms
             print(f"  verifying pass {fused_ms:.3f} ms vs plain pass {plain_ms:.3f} ms (interleaved medians): "
