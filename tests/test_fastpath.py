@@ -122,6 +122,13 @@ def test_gamma_auto_compiles_every_shape_before_its_first_round(monkeypatch):
             assert 0 in dec.gamma_policy.chosen  # plain rounds happened, so the catch-up ran
     assert late == []
     assert {k[1] for k in _COMPILED[target].fns} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
+    # T > 0: the verifying passes (warp and rejection rule in the graph) are what is compiled up front
+    rounds["started"] = False
+    dec = specdec.SpeculativeDecoder(target, specdec.DraftModel(perturbed(target, 3.0, seed=4)), gamma="auto",
+                                     max_new_tokens=40, compile=True, temperature=1.0, top_k=20, seed=0)
+    assert len(list(dec.stream(LONG[:20]))) == 40 and dec.fused_verify
+    assert late == []
+    assert {k[1] for k in _COMPILED[target].fns if k[0] == "verify"} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
 
 
 @pytest.mark.slow
