@@ -225,6 +225,16 @@ def test_negative_control_is_caught(pair, far_draft, name):
     assert result.tv > result.test.tv_null_mean  # more deviation than an exact sampler shows on average
 
 
+@pytest.mark.slow
+def test_negative_control_on_the_fast_path_is_caught(pair, far_draft):
+    """On the slot cache the default rule runs inside the target's pass; a verify_fn still replaces it
+    (~90 s: the memo engine does not serve the slot cache, so every draw runs the models)."""
+    target, _, _ = pair
+    result = _check(target, specdec.DraftModel(far_draft), "T1.0-g2-L3", verify_fn=FAULTY_VERIFIERS["no_residual"],
+                    compile="static")
+    assert result.p_value < NEGATIVE_P, result.summary()
+
+
 def test_negative_control_unwarped_draft_is_caught(pair, far_draft):
     """The drafter samples from its unwarped distribution but reports the warped one."""
     target, _, _ = pair

@@ -55,6 +55,37 @@ def test_compiled_draft_model_max_new_tokens_cut_and_eos(llama_pair):
     assert out.tokens == free[:2]
 
 
+def test_sampling_verifies_inside_the_pass_with_the_eager_rule_s_tokens(llama_pair):
+    """At T > 0 the slot-cache target verifies a chain in its own pass (warp + verify.rejection_rule, run
+    here uncompiled: the same function the compiled graph runs); a seeded request gives the eager
+    adapter's tokens, with draft probabilities, point masses (prompt lookup) and plain decoding. A custom
+    verify_fn still gets every round's logits on the fast path."""
+    target, draft = llama_pair
+    options = dict(max_new_tokens=30, seed=5, eos_token_id=[], temperature=0.8, top_k=20, top_p=0.9)
+    fast = {}
+    for name, drafter, same in (("draft", lambda: specdec.DraftModel(draft), 26),
+                                ("lookup", lambda: specdec.PromptLookup(), 30), ("plain", lambda: None, 30)):
+        eager = specdec.generate(target, LONG[:20], drafter=drafter(), gamma=3, compile=False, **options)
+        dec = specdec.SpeculativeDecoder(target, drafter(), gamma=3, compile="static", **options)
+        assert dec.fused_verify
+        fast[name] = list(dec.stream(LONG[:20]))
+        # (the static draft draws γ uniforms even when the short last round keeps fewer: from there on the
+        # two paths' draws differ, each exact)
+        assert fast[name][:same] == eager.tokens[:same]
+        assert 0 < dec.stats.accepted < dec.stats.drafted or name != "draft"
+    calls = []
+
+    def recording(draft_tokens, draft_probs, target_logits, sampling, generator):
+        calls.append(target_logits.shape)
+        return specdec.decoding.verify_round(draft_tokens, draft_probs, target_logits, sampling, generator)
+
+    dec = specdec.SpeculativeDecoder(target, specdec.DraftModel(draft), gamma=3, compile="static",
+                                     verify_fn=recording, **options)
+    assert not dec.fused_verify
+    assert list(dec.stream(LONG[:20])) == fast["draft"]
+    assert len(calls) == dec.stats.rounds and calls[0] == (4, target.config.vocab_size)
+
+
 def test_gamma_auto_compiles_every_shape_before_its_first_round(monkeypatch):
     """gamma="auto" on the fast path drafts only FAST_PATH_GAMMAS, whose shapes (draft graphs, verification
     passes, the draft's catch-up after plain rounds) are compiled before the first round of the first request:
@@ -91,6 +122,13 @@ def test_gamma_auto_compiles_every_shape_before_its_first_round(monkeypatch):
             assert 0 in dec.gamma_policy.chosen  # plain rounds happened, so the catch-up ran
     assert late == []
     assert {k[1] for k in _COMPILED[target].fns} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
+    # T > 0: the verifying passes (warp and rejection rule in the graph) are what is compiled up front
+    rounds["started"] = False
+    dec = specdec.SpeculativeDecoder(target, specdec.DraftModel(perturbed(target, 3.0, seed=4)), gamma="auto",
+                                     max_new_tokens=40, compile=True, temperature=1.0, top_k=20, seed=0)
+    assert len(list(dec.stream(LONG[:20]))) == 40 and dec.fused_verify
+    assert late == []
+    assert {k[1] for k in _COMPILED[target].fns if k[0] == "verify"} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2", "mistral", "gemma"])
@@ -112,6 +150,22 @@ def test_compiled_plain_and_sampling_are_exact(llama_pair):
                               gamma=2, temperature=1.0, top_k=6, top_p=0.9, max_new_tokens=3, samples=3000,
                               seed=7, alpha=1e-4, eos_token_id=[], compile=True)
     assert result.passed, result.summary()
+
+
+@pytest.mark.slow
+def test_compiled_sampling_verifies_in_one_graph_with_the_slot_cache_s_tokens(llama_pair):
+    """compile=True at T > 0: one verifying graph per (rows, sampling config), reused by the short last
+    rounds (padded) and by a point-mass drafter; tokens as the uncompiled slot cache's for a seed."""
+    target, draft = llama_pair
+    options = dict(max_new_tokens=24, seed=3, eos_token_id=[], temperature=1.0, top_k=20, top_p=0.9, gamma=3)
+    for drafter in (lambda: specdec.DraftModel(draft), lambda: specdec.PromptLookup()):
+        static = specdec.generate(target, LONG[:20], drafter=drafter(), compile="static", **options)
+        compiled = specdec.generate(target, LONG[:20], drafter=drafter(), compile=True, **options)
+        assert compiled.tokens == static.tokens
+    sampling = specdec.sampling.SamplingConfig(1.0, 20, 0.9)
+    assert ("verify", 4, 256, False, sampling) in _COMPILED[target].fns
+    assert not [key for key in _COMPILED[target].fns if key[0] == "verify" and key != ("verify", 4, 256, False,
+                                                                                          sampling)]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "mistral", "gemma"])

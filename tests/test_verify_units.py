@@ -10,7 +10,14 @@ import torch
 from specdec.decoding import verify_round
 from specdec.sampling import SamplingConfig
 from specdec.stats import best_gamma, expected_speedup, expected_tokens_per_pass
-from specdec.verify import acceptance_ratio, residual_distribution, verify_greedy, verify_sampled
+from specdec.verify import (
+    acceptance_ratio,
+    draw_uniforms,
+    rejection_rule,
+    residual_distribution,
+    verify_greedy,
+    verify_sampled,
+)
 
 P = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
 Q = torch.tensor([0.25, 0.5, 0.25], dtype=torch.float64)
@@ -128,6 +135,67 @@ def test_greedy_verification_matches_the_rule_written_as_a_loop():
         assert verify_round(draft, None, logits, SamplingConfig(0.0), None) == v  # T = 0 routes here
         seen.add((gamma, k))
     assert {(4, k) for k in range(5)} <= seen
+
+
+def _sampled_by_hand(draft, q, p, u):
+    """The rejection rule written as a loop over floats: accept while u_i < p_i(x_i) / q_i(x_i), then draw
+    (inverse CDF with the last uniform) from norm(max(0, p_k − q_k)) at the first rejection, or from p_γ."""
+    gamma = len(draft)
+    k = 0
+    while k < gamma:
+        qx = 1.0 if q is None else q[k][draft[k]]
+        if not u[k] < p[k][draft[k]] / max(qx, torch.finfo(torch.float64).tiny):
+            break
+        k += 1
+    if k == gamma:
+        row = p[gamma]
+    else:
+        qk = [1.0 if (q is None and y == draft[k]) else 0.0 for y in range(len(p[k]))] if q is None else q[k]
+        row = [max(0.0, a - b) for a, b in zip(p[k], qk)]
+        if not sum(row) > 0:
+            row = p[k]
+    cdf = torch.tensor(row, dtype=torch.float64).cumsum(0)
+    return k, min(int(torch.searchsorted(cdf, u[gamma] * cdf[-1:], right=True)), len(row) - 1)
+
+
+def test_rejection_rule_matches_the_rule_written_as_a_loop():
+    """The branch-free rule (the one the fast path's compiled pass runs) against a loop over floats, with
+    draft probabilities and point masses, a point mass also as its one-hot row (what the fast path passes),
+    γ = 0..4, and targets that put zero mass on many tokens (top-k / top-p style) so rejections, residual
+    fallbacks and every accepted length occur."""
+    gen = torch.Generator().manual_seed(1)
+    seen = set()
+    for trial in range(300):
+        gamma, vocab = trial % 5, 6
+        p = torch.rand(gamma + 1, vocab, generator=gen, dtype=torch.float64)
+        p = p * (torch.rand(gamma + 1, vocab, generator=gen) < 0.6)  # zero mass on ~40% of the tokens
+        p[:, 0] += 1e-3  # never an all-zero row
+        p = p / p.sum(-1, keepdim=True)  # [γ+1, V]
+        q = p[:gamma] * torch.rand(gamma, vocab, generator=gen, dtype=torch.float64) ** 2 + 1e-3
+        q = q / q.sum(-1, keepdim=True)  # [γ, V], close to p: partial acceptance
+        draft = torch.multinomial(q, 1, generator=gen)[:, 0] if gamma else torch.empty(0, dtype=torch.long)
+        u = draw_uniforms(gamma, gen)  # [γ+1]
+        one_hot = torch.nn.functional.one_hot(draft, vocab).double()  # [γ, V]
+        for probs, by_hand_q in ((q, q.tolist()), (None, None), (one_hot, None)):
+            k, token = rejection_rule(draft, probs, p, u)
+            assert (int(k), int(token)) == _sampled_by_hand(draft.tolist(), by_hand_q, p.tolist(), u.tolist())
+            seen.add((gamma, int(k)))
+    assert {(4, k) for k in range(5)} <= seen
+
+
+def test_verify_sampled_draws_its_uniforms_as_one_call_of_the_same_stream():
+    """γ accept tests then one draw consume the request's generator exactly as γ + 1 single draws would, so
+    pre-drawing them (the fast path) keeps a seeded request's tokens."""
+    for gamma in (0, 1, 4, 8):
+        one_by_one = torch.Generator().manual_seed(9)
+        singles = [torch.rand(1, dtype=torch.float64, generator=one_by_one) for _ in range(gamma + 1)]
+        assert torch.equal(draw_uniforms(gamma, torch.Generator().manual_seed(9)), torch.cat(singles))
+    p = torch.softmax(torch.randn(4, 7, generator=torch.Generator().manual_seed(2), dtype=torch.float64), -1)
+    draft = torch.tensor([3, 1, 4])
+    for seed in range(20):
+        k, token = rejection_rule(draft, None, p, draw_uniforms(3, torch.Generator().manual_seed(seed)))
+        v = verify_sampled(draft, None, p, torch.Generator().manual_seed(seed))
+        assert (v.num_accepted, v.next_token) == (int(k), int(token))
 
 
 def test_acceptance_is_strict_u_below_ratio(monkeypatch):

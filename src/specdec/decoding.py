@@ -293,6 +293,10 @@ class SpeculativeDecoder:
             self.generator.manual_seed(seed)
         self.verify_fn = verify_fn
         self.tree_verify_fn = tree_verify_fn
+        # A target that can verify a chain inside its own pass (the fast path) does so for the default rule
+        # when sampling; any other verify_fn (e.g. the exactness suite's faulty ones) gets the logits.
+        self.fused_verify = (verify_fn is verify_round and not self.sampling.greedy
+                             and hasattr(self.target, "score_and_verify"))
         self._warned_chain_fallback = False
         self.stats = DecodeStats()
         # Where the token just yielded came from: "accepted" (a verified draft token), "recovered" (the
@@ -381,7 +385,7 @@ class SpeculativeDecoder:
         if (self.drafter.needs_hidden or getattr(self.drafter, "max_nodes", None) is not None
                 or getattr(self.drafter, "num_drafts", None) is not None):
             return  # their passes have other shapes (hidden states, tree masks): compiled on first use
-        self.target.precompile(self.target.buckets)
+        self.target.precompile(self.target.buckets, verify=self.sampling if self.fused_verify else None)
         draft_lm = getattr(self.drafter, "lm", None)
         if isinstance(draft_lm, StaticCausalLM):
             draft_lm.precompile(draft_lm.catch_up_sizes, allowed, self.sampling, context)
@@ -439,11 +443,17 @@ class SpeculativeDecoder:
                 # 2-3. target.score + verify, chain: accepted prefix, then a recovered or bonus token.
                 drafted = proposal.tokens[:gamma]  # [γ']
                 gamma = drafted.shape[0]
-                t = time.perf_counter()
-                scores = self.target.score(torch.cat([context[n - 1 : n], drafted]), hidden=needs_hidden)  # [γ'+1, V]
-                stats.target_s += time.perf_counter() - t
                 draft_probs = proposal.draft_probs[:gamma] if proposal.draft_probs is not None else None
-                verdict = self.verify_fn(drafted, draft_probs, scores.logits, self.sampling, self.generator)
+                t = time.perf_counter()
+                if self.fused_verify:  # the target's pass runs the warp and verify.rejection_rule in its graph
+                    scores, verdict = self.target.score_and_verify(
+                        torch.cat([context[n - 1 : n], drafted]), draft_probs, self.sampling, self.generator,
+                        hidden=needs_hidden)  # [γ'+1, V]
+                    stats.target_s += time.perf_counter() - t
+                else:
+                    scores = self.target.score(torch.cat([context[n - 1 : n], drafted]), hidden=needs_hidden)
+                    stats.target_s += time.perf_counter() - t
+                    verdict = self.verify_fn(drafted, draft_probs, scores.logits, self.sampling, self.generator)
                 k = verdict.num_accepted
                 accepted = drafted[:k]  # [k]
                 keep = None  # the accepted prefix: a crop

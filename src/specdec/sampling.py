@@ -77,14 +77,23 @@ class SamplingConfig:
         return probs  # [n, V]
 
 
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """probs [n, V] (non-negative, rows need not sum to 1), uniforms [n] float64 in [0, 1) -> token ids [n].
+
+    The first token whose cumulative mass is strictly above u * total, so a token of probability 0 is never
+    drawn. No data-dependent branch: it also runs inside a compiled graph (the draft steps, the fused
+    verification pass).
+    """
+    cdf = probs.double().cumsum(dim=-1)  # [n, V]
+    index = torch.searchsorted(cdf, uniforms[:, None] * cdf[:, -1:], right=True)  # [n, 1]
+    return index.squeeze(-1).clamp_max(probs.shape[-1] - 1)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """probs [n, V] (non-negative, rows need not sum to 1) -> token ids [n], one draw per row.
 
-    Inverse-CDF sampling with one float64 uniform per row: a token of probability 0 is never drawn (the
-    search is for the first cumulative mass strictly above u * total). On a CPU this is several times
+    Inverse-CDF sampling with one float64 uniform per row (`inverse_cdf`). On a CPU this is several times
     cheaper than torch.multinomial for a large vocabulary, and it is on the path of every round.
     """
-    cdf = probs.double().cumsum(dim=-1)  # [n, V]
-    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device, generator=generator)  # [n, 1]
-    index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [n, 1]
-    return index.squeeze(-1).clamp_max(probs.shape[-1] - 1)
+    uniforms = torch.rand(probs.shape[0], dtype=torch.float64, device=probs.device, generator=generator)  # [n]
+    return inverse_cdf(probs, uniforms)

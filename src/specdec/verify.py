@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import SamplingConfig, sample
+from specdec.sampling import SamplingConfig, inverse_cdf, sample
 from specdec.tree import children
 
 
@@ -70,18 +70,50 @@ def acceptance_ratio(
 
 
 def residual_distribution(
-    target_row: torch.Tensor, draft_row: torch.Tensor | None, draft_token: int
+    target_row: torch.Tensor, draft_row: torch.Tensor | None, draft_token: int | torch.Tensor
 ) -> torch.Tensor:
-    """max(0, p - q) normalised: [V]. Falls back to p if the residual has no mass (p == q up to rounding)."""
+    """max(0, p - q) normalised: [..., V] for rows [..., V]. Falls back to p if the residual has no mass (p == q
+    up to rounding). draft_row None: q is a point mass on draft_token (an int, or a tensor [...]), so the
+    residual is p with that token removed. No data-dependent branch (it also runs in a compiled graph)."""
     if draft_row is None:
-        residual = target_row.clone()
-        residual[draft_token] = 0.0
+        token = torch.as_tensor(draft_token, device=target_row.device).reshape(*target_row.shape[:-1], 1)
+        residual = target_row.scatter(-1, token, 0.0)
     else:
         residual = (target_row - draft_row).clamp_min(0.0)
-    total = residual.sum()
-    if not total > 0:
-        return target_row
-    return residual / total
+    total = residual.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, residual / total, target_row)
+
+
+def draw_uniforms(gamma: int, generator: torch.Generator | None, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The uniforms one chain verification consumes, float64 [γ+1]: γ accept tests, then the next token's
+    draw. Drawn in one call: the generator's stream is the same as drawing them one at a time."""
+    return torch.rand(gamma + 1, dtype=torch.float64, device=device, generator=generator)
+
+
+def rejection_rule(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule on tensors, with no data-dependent branch, so the same code runs eagerly (`verify_sampled`)
+    and inside the fast path's compiled verification pass (models/static_lm.py `_verify_pass`).
+
+    draft_tokens [γ], draft_probs [γ, V] or None (point mass), target_probs [γ+1, V], uniforms [γ+1] float64
+    (`draw_uniforms`) -> (k, next_token), both 0-dim: k drafts accepted (u_i < p_i(x_i) / q_i(x_i) for every
+    i < k, not at k), then next_token drawn from the residual at k (recovered) or, k == γ, from p_γ (bonus).
+    """
+    gamma = draft_tokens.shape[0]
+    if not gamma:
+        return uniforms.new_zeros((), dtype=torch.long), inverse_cdf(target_probs[:1], uniforms[gamma:])[0]
+    ratio = acceptance_ratio(draft_tokens, draft_probs, target_probs)  # [γ]
+    k = (uniforms[:gamma] < ratio).cumprod(dim=0).sum()  # [] accepted prefix
+    # The row to draw from: the residual at the first rejection, or the target's own at γ (every draft kept).
+    at = k.clamp_max(gamma - 1).view(1)  # [1] the rejected position (any, when k == γ)
+    draft_row = None if draft_probs is None else draft_probs.index_select(0, at)  # [1, V] | None
+    residual = residual_distribution(target_probs.index_select(0, at), draft_row, draft_tokens.index_select(0, at))
+    row = torch.where(k < gamma, residual, target_probs[gamma:])  # [1, V]
+    return k, inverse_cdf(row, uniforms[gamma:])[0]
 
 
 def verify_sampled(
@@ -92,18 +124,15 @@ def verify_sampled(
 ) -> Verdict:
     """draft_tokens [γ], draft_probs [γ, V] or None (point mass), target_probs [γ+1, V] -> Verdict."""
     gamma = draft_tokens.shape[0]
-    if gamma:
-        ratio = acceptance_ratio(draft_tokens, draft_probs, target_probs)  # [γ]
-        u = torch.rand(gamma, dtype=torch.float64, device=ratio.device, generator=generator)  # [γ]
-        accepted = u < ratio  # [γ]
-        k = int(accepted.cumprod(dim=0).sum())
-    else:
-        k = 0
-    if k < gamma:
-        draft_row = None if draft_probs is None else draft_probs[k]
-        residual = residual_distribution(target_probs[k], draft_row, int(draft_tokens[k]))  # [V]
-        return Verdict(k, int(sample(residual[None], generator)), "recovered")
-    return Verdict(k, int(sample(target_probs[gamma][None], generator)), "bonus")
+    uniforms = draw_uniforms(gamma, generator, target_probs.device)  # [γ+1]
+    k, next_token = rejection_rule(draft_tokens, draft_probs, target_probs, uniforms)
+    return chain_verdict(gamma, torch.stack([k, next_token]))
+
+
+def chain_verdict(gamma: int, decided: torch.Tensor) -> Verdict:
+    """The Verdict of `rejection_rule`'s (k, next_token) stacked as decided [2], for γ drafts."""
+    k, next_token = decided.tolist()
+    return Verdict(k, next_token, "bonus" if k == gamma else "recovered")
 
 
 def kseq_rho(target_row: torch.Tensor, draft_row: torch.Tensor, k: int, iterations: int = 60) -> tuple[float, float]:

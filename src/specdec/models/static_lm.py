@@ -39,6 +39,7 @@ from specdec.models.base import Scores, select_hidden
 from specdec.models.causal_lm import check_rollback_support, context_length, vocab_size
 from specdec.sampling import SamplingConfig
 from specdec.tree import TreeMask
+from specdec.verify import Verdict, chain_verdict, draw_uniforms, rejection_rule
 
 log = logging.getLogger("specdec.fastpath")
 
@@ -186,6 +187,19 @@ def _run_model(model, input_ids, position_ids, slots, mask, cache, hidden: bool)
         logits = logits.float()
     states = select_hidden(out.hidden_states, hidden) if hidden else None  # [M, H] (or [M, len * H])
     return logits, states, torch.isfinite(logits).all()
+
+
+def _verify_pass(model, input_ids, position_ids, slots, cache, hidden, draft_tokens, draft_probs, uniforms,
+                 sampling: SamplingConfig):
+    """A chain pass and its verification in one graph: `_run_model` over input_ids [1, G+1] (the last
+    committed token, then the drafts), the target's warp over those rows (`SamplingConfig.warp`) and the
+    rejection rule (`verify.rejection_rule`) with draft_tokens [G], draft_probs [G, V] (a point mass as a
+    one-hot row) and uniforms [G+1] drawn beforehand from the request's generator.
+    Returns logits [G+1, V], hidden | None, whether every logit is finite, and (k, next_token) as [2]."""
+    logits, states, finite = _run_model(model, input_ids, position_ids, slots, None, cache, hidden)
+    target_probs = sampling.warp(logits)  # [G+1, V]
+    k, next_token = rejection_rule(draft_tokens, draft_probs, target_probs, uniforms)
+    return logits, states, finite, torch.stack([k, next_token])
 
 
 def _draft_steps(model, tokens, slot0, cache, uniforms, gamma: int, sampling: SamplingConfig):
@@ -424,8 +438,11 @@ class StaticCausalLM:
 
     @torch.inference_mode()
     def _pass(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-              hidden: bool, pad: bool):
-        """Rows input_ids [M] at positions [M], written to slots length..length+M-1 (padded to a bucket)."""
+              hidden: bool, pad: bool, rule: tuple | None = None):
+        """Rows input_ids [M] at positions [M], written to slots length..length+M-1 (padded to a bucket).
+        Returns logits [M, V] and hidden | None; with `rule` = (draft_probs [M-1, V], uniforms [M] float64,
+        sampling) for a chain, also the rejection rule's (k, next_token) [2] from the same graph
+        (`_verify_pass`), or None for a padded pass (whose graph verified the padding as drafts)."""
         m = input_ids.shape[0]
         b = self._bucket(m) if pad else m
         if self.length + b > self.max_len:
@@ -447,17 +464,28 @@ class StaticCausalLM:
                 mask = full
         if mask is not None:
             mask = mask[None, None]  # [1, 1, b, L]
-        key = ("pass", b, self.max_len, hidden, mask is not None)
-        fn = self._fn(key, _run_model)
         positions = positions.to(self.device).clone()  # [b] inference tensors, as above
-        logits, states, finite = fn(self.model, ids[None], positions[None], slots, mask,
-                                    self.cache, hidden)
+        decided = None
+        if rule is None:
+            fn = self._fn(("pass", b, self.max_len, hidden, mask is not None), _run_model)
+            logits, states, finite = fn(self.model, ids[None], positions[None], slots, mask, self.cache, hidden)
+        else:  # a chain verified in the same graph: padded rows are drafted with q = 0, their result unused
+            draft_probs, uniforms, sampling = rule
+            if b > m:
+                draft_probs = torch.cat([draft_probs, draft_probs.new_zeros(b - m, draft_probs.shape[-1])])
+                uniforms = torch.cat([uniforms, uniforms.new_zeros(b - m)])
+            fn = self._fn(("verify", b, self.max_len, hidden, sampling), _verify_pass)
+            logits, states, finite, decided = fn(self.model, ids[None], positions[None], slots, self.cache, hidden,
+                                                 ids[1:], draft_probs, uniforms, sampling)
+            decided = decided if b == m else None
         if not bool(finite):
             raise NumericalError(
                 f"{type(self.model).__name__} produced NaN or infinite logits at positions "
                 f"{self.length}..{self.length + m - 1}; this usually means float16 overflow or broken "
                 "weights: load the model in float32 or bfloat16")
         self.length += m
+        if rule is not None:
+            return logits[:m], (states[:m] if states is not None else None), decided
         return logits[:m], (states[:m] if states is not None else None)
 
     def forward(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
@@ -490,6 +518,35 @@ class StaticCausalLM:
         self.forwards += 1
         self.forward_s += time.perf_counter() - start
         return Scores(logits, states)
+
+    @torch.inference_mode()
+    def score_and_verify(self, input_ids: torch.Tensor, draft_probs: torch.Tensor | None, sampling: SamplingConfig,
+                         generator: torch.Generator | None, *,
+                         hidden: bool | tuple[int, ...] = False) -> tuple[Scores, Verdict]:
+        """`score` a chain input_ids [γ+1] (the last committed token, then γ drafts with draft_probs [γ, V], or
+        None for a point mass) and verify it at temperature > 0 in the same pass: the target's warp and
+        `verify.rejection_rule` run inside the (compiled) graph, with uniforms drawn here from `generator`
+        exactly as `verify.verify_sampled` draws them, so the tokens are the eager rule's."""
+        start = time.perf_counter()
+        m = input_ids.shape[0]
+        drafts = input_ids[1:].to(self.device)  # [γ]
+        uniforms = draw_uniforms(m - 1, generator, self.device)  # [γ+1]
+        # q in float64 whatever the drafter's dtype (one graph per shape; the ratio is float64 anyway), and a
+        # point mass as its one-hot row: the same ratio p(x) and residual as draft_probs=None.
+        if draft_probs is None:
+            q = torch.nn.functional.one_hot(drafts, self.vocab_size).double()  # [γ, V]
+        else:
+            q = draft_probs.to(self.device, torch.float64, copy=True)  # [γ, V]
+        positions = torch.arange(self.length, self.length + m, device=self.device)
+        logits, states, decided = self._pass(input_ids, positions, None, hidden, pad=True,
+                                             rule=(q, uniforms, sampling))
+        self.forwards += 1
+        if decided is None:  # a padded (short) round: the same rule on the scored rows, eagerly
+            k, next_token = rejection_rule(drafts, q, sampling.warp(logits), uniforms)
+            decided = torch.stack([k, next_token])
+        verdict = chain_verdict(m - 1, decided)
+        self.forward_s += time.perf_counter() - start
+        return Scores(logits, states), verdict
 
     def prefill(self, input_ids: torch.Tensor, hidden: bool | tuple[int, ...] = False) -> torch.Tensor | None:
         """Cache input_ids [n] (eager, any n; not a decoding pass). Returns hidden [n, H] when asked."""
@@ -559,16 +616,23 @@ class StaticCausalLM:
         return fn is not None and fn.done
 
     def precompile(self, sizes, draft_gammas=(), sampling: SamplingConfig | None = None,
-                   context: torch.Tensor | None = None) -> None:
+                   context: torch.Tensor | None = None, verify: SamplingConfig | None = None) -> None:
         """Compile now the chain passes of `sizes` rows and (with `context` [n], n >= 2, the committed tokens
         the cache holds all but the last of) the draft graphs of `draft_gammas`, so that no later round of
         any request compiles. Runs after the prefill, past the cache's length, then restores it: the slots
-        it wrote are hidden by the mask and overwritten later. A no-op when eager or already compiled."""
+        it wrote are hidden by the mask and overwritten later. A no-op when eager or already compiled.
+        verify: the sampling config whose verifying passes (`score_and_verify`) of `sizes` rows to compile
+        instead of the plain ones."""
         if not self.compile or self.cache is None or not self.cache.ready:
             return
         length, forwards, forward_s = self.length, self.forwards, self.forward_s
         try:
-            for b in sizes:
+            for b in sizes if verify is not None else ():
+                if not self._compiled(("verify", b, self.max_len, False, verify)) and length + b <= self.max_len:
+                    self.score_and_verify(torch.zeros(b, dtype=torch.long), None, verify,
+                                          torch.Generator(device=self.device).manual_seed(0))
+                    self.length = length
+            for b in sizes if verify is None else ():
                 if not self._compiled(("pass", b, self.max_len, False, False)) and length + b <= self.max_len:
                     self._pass(torch.zeros(b, dtype=torch.long), torch.arange(length, length + b), None, False,
                                pad=False)
@@ -644,6 +708,9 @@ class _Timed:
 
 
 def _describe(key: tuple) -> str:
+    if key[0] == "verify":
+        return (f"pass of {key[1]} tokens with warp and rejection rule (T={key[4].temperature}, top_k={key[4].top_k}, "
+                f"top_p={key[4].top_p}, cache {key[2]} slots{', hidden' if key[3] else ''})")
     if key[0] == "pass":
         return f"pass of {key[1]} tokens (cache {key[2]} slots{', hidden' if key[3] else ''}{', tree' if key[4] else ''})"
     if key[0].startswith("tree"):
