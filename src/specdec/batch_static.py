@@ -42,6 +42,7 @@ from specdec.models.static_lm import (
     _Compiled,
     _raise_recompile_limit,
     _SlotLayer,
+    _Timed,
     FastPathWarning,
     fast_path_problem,
 )
@@ -63,27 +64,6 @@ def _batched_pass(model, input_ids, position_ids, slots, mask, cache):
     out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache,
                 use_cache=True)
     return out.logits
-
-
-class _TimedCompile:
-    """A compiled pass that logs how long its first call (the compile) took."""
-
-    def __init__(self, fn, key: tuple, model_name: str, entry: _Compiled):
-        self.fn, self.key, self.model_name, self.entry = fn, key, model_name, entry
-        self.done = False
-
-    def __call__(self, *args):
-        if self.done:
-            return self.fn(*args)
-        start = time.perf_counter()
-        out = self.fn(*args)
-        elapsed = time.perf_counter() - start
-        self.done = True
-        self.entry.compile_s[self.key] = elapsed
-        _, rows, width, columns = self.key
-        log.info("compiled %s batched pass of %d rows x %d tokens (cache %d slots) in %.1f s", self.model_name,
-                 rows, width, columns, elapsed)
-        return out
 
 
 def bucket(n: int, buckets: Sequence[int]) -> int:
@@ -286,7 +266,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         if fn is None:
             _raise_recompile_limit()
             compiled = torch.compile(_batched_pass, fullgraph=True, dynamic=False, options=COMPILE_OPTIONS)
-            fn = entry.fns[key] = _TimedCompile(compiled, ("batch-pass", rows, width, self.max_len),
+            fn = entry.fns[key] = _Timed(compiled, ("batch-pass", rows, width, self.max_len),
                                                 type(self.model).__name__, entry)
         return fn
 

@@ -708,6 +708,8 @@ class _Timed:
 
 
 def _describe(key: tuple) -> str:
+    if key[0] == "batch-pass":  # batch_static.StaticBatchedCausalLM
+        return f"batched pass of {key[1]} rows x {key[2]} tokens (cache {key[3]} slots)"
     if key[0] == "verify":
         return (f"pass of {key[1]} tokens with warp and rejection rule (T={key[4].temperature}, top_k={key[4].top_k}, "
                 f"top_p={key[4].top_p}, cache {key[2]} slots{', hidden' if key[3] else ''})")
