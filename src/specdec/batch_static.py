@@ -22,7 +22,6 @@ L for its longest request up front).
 
 from __future__ import annotations
 
-import logging
 import time
 import warnings
 from collections.abc import Sequence
@@ -49,7 +48,6 @@ from specdec.models.static_lm import (
 from specdec.models.base import Scores
 from specdec.tree import TreeMask
 
-log = logging.getLogger("specdec.fastpath")
 
 #: Row counts a pass is padded to.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
