@@ -114,8 +114,15 @@ def make(d_model: int, enc_layers: int, dec_layers: int, heads: int, d_ff: int, 
                             decoder_ffn_dim=d_ff, max_position_embeddings=128, dropout=0.0, attention_dropout=0.0,
                             activation_dropout=0.0, pad_token_id=0, bos_token_id=0, eos_token_id=0,
                             decoder_start_token_id=0, forced_bos_token_id=None, forced_eos_token_id=None,
-                            tie_word_embeddings=True)
-        return BartForConditionalGeneration(config)
+                            tie_word_embeddings=True, init_std=d_model ** -0.5)
+        model = BartForConditionalGeneration(config)
+        # id 0 is pad, eos and decoder start at once: nn.Embedding's padding_idx would pin its row at zero with no
+        # gradient, so the (tied) logit of eos could never be learned and the first decoder input carries nothing.
+        # Padding is already kept out by the attention mask and the -100 labels.
+        for embedding in {model.get_input_embeddings(), model.model.encoder.embed_tokens,
+                          model.model.decoder.embed_tokens}:
+            embedding.padding_idx = None
+        return model
     config = T5Config(vocab_size=vocab, d_model=d_model, d_kv=d_model // heads, d_ff=d_ff, num_layers=enc_layers,
                       num_decoder_layers=dec_layers, num_heads=heads, dropout_rate=0.0, pad_token_id=0,
                       eos_token_id=0, decoder_start_token_id=0, tie_word_embeddings=True,
