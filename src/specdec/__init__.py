@@ -56,6 +56,7 @@ _EXPORTS = {
     "generate_text": "specdec.text",
     "stream_text": "specdec.text",
     "set_threads": "specdec.threads",
+    "load_default_seq2seq": "specdec.default_pair",
     "check_exactness": "specdec.exactness",
 }
 

@@ -81,3 +81,31 @@ def load_default_heads(target: Any = None, root: Path | None = None) -> dict[str
     if (base / HEAD_DIRS["eagle3"] / "model.safetensors").is_file():
         heads["eagle3"] = EagleHead.load(base / HEAD_DIRS["eagle3"], target)
     return heads
+
+
+#: The shipped encoder-decoder pair (a BART target and draft trained on denoising stdlib code, see
+#: assets/seq2seq/CARD.md), by name: `specdec.load(DEFAULT_SEQ2SEQ)`, `specdec generate --target default-seq2seq`.
+DEFAULT_SEQ2SEQ = "default-seq2seq"
+SEQ2SEQ_DIR = Path(__file__).resolve().parent / "assets" / "seq2seq"
+SEQ2SEQ_REQUIRED = ("target/config.json", "target/model.safetensors", "target/tokenizer.json", "draft/config.json",
+                    "draft/model.safetensors")
+
+
+def load_default_seq2seq(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                         root: Path | None = None) -> tuple[Any, Any, Any]:
+    """Load the shipped seq2seq ``(target, draft, tokenizer)`` (16-bit weights upcast to ``dtype``). The source is
+    a chunk of Python with some tokens replaced by ``<mask>``, one per token; the output is the whole chunk.
+    ModelLoadError when the assets are missing."""
+    from specdec.loading import check_device, load_model, load_tokenizer
+
+    check_device(device)
+    base = Path(root) if root is not None else SEQ2SEQ_DIR
+    missing = [rel for rel in SEQ2SEQ_REQUIRED if not (base / rel).is_file()]
+    if missing:
+        raise ModelLoadError(
+            f"shipped seq2seq assets missing under {base}: {', '.join(missing)}; reinstall specdec, or rebuild them "
+            "with scripts/train_seq2seq_pair.py (see assets/seq2seq/CARD.md)"
+        )
+    target = load_model(base / "target", str(device), dtype)
+    draft = load_model(base / "draft", str(device), dtype)
+    return target, draft, load_tokenizer(base / "target")

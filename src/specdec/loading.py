@@ -55,6 +55,13 @@ def _no_progress_bars():
             hf_logging.enable_progress_bar()
 
 
+def resolve_name(path: str | Path) -> str | Path:
+    """A shipped model's name ("default-seq2seq": the seq2seq pair's target) as its directory; else `path`."""
+    from specdec.default_pair import DEFAULT_SEQ2SEQ, SEQ2SEQ_DIR
+
+    return SEQ2SEQ_DIR / "target" if str(path) == DEFAULT_SEQ2SEQ else path
+
+
 def _model_class(path: str | Path):
     """AutoModelForCausalLM; for an encoder-decoder checkpoint AutoModelForSeq2SeqLM (text) or
     AutoModelForSpeechSeq2Seq (speech: Whisper), read from its config."""
@@ -80,6 +87,7 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype |
     """AutoModelForCausalLM.from_pretrained(path) (AutoModelForSeq2SeqLM / AutoModelForSpeechSeq2Seq for an
     encoder-decoder checkpoint), in eval mode on `device`."""
     check_device(device)
+    path = resolve_name(path)
     try:
         with _no_progress_bars():
             model = _model_class(path).from_pretrained(str(path), dtype=resolve_dtype(dtype, device))
@@ -97,6 +105,7 @@ def load_tokenizer(path: str | Path):
     the encoder's input_features, its tokenizer decodes the output."""
     from transformers import AutoProcessor, AutoTokenizer
 
+    path = resolve_name(path)
     try:
         if is_speech_checkpoint(path):
             return AutoProcessor.from_pretrained(str(path))
@@ -110,5 +119,6 @@ def load_tokenizer(path: str | Path):
 
 def load(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None):
     """(model, tokenizer) from a local path or hub id: AutoModelForCausalLM + AutoTokenizer. Encoder-decoder
-    checkpoints: AutoModelForSeq2SeqLM + AutoTokenizer, or AutoModelForSpeechSeq2Seq + AutoProcessor."""
+    checkpoints: AutoModelForSeq2SeqLM + AutoTokenizer, or AutoModelForSpeechSeq2Seq + AutoProcessor.
+    "default-seq2seq" names the shipped seq2seq target (its draft: specdec.load_default_seq2seq())."""
     return load_model(path, device, dtype), load_tokenizer(path)

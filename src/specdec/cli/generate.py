@@ -64,7 +64,8 @@ def register(subparsers) -> None:
         "distributed exactly as the target's own (token-identical at temperature 0). Streams the text, then "
         "prints α (acceptance rate), τ (tokens per target pass), tokens/s and target forwards.",
     )
-    parser.add_argument("--target", help="target model: local path or hub id (default: the shipped pair)")
+    parser.add_argument("--target", help="target model: local path or hub id (default: the shipped pair; "
+                        "'default-seq2seq': the shipped encoder-decoder pair, its draft included)")
     parser.add_argument("--draft", help="draft model path or hub id (its own tokenizer, if it differs from the "
                         "target's, is translated: see --draft-tokenizer)")
     add_draft_tokenizer_arg(parser)
@@ -108,6 +109,7 @@ def load_models(args):
     Checks --device and --threads first, and refuses a --draft whose own tokenizer differs from the target's.
     """
     import specdec
+    from specdec.default_pair import DEFAULT_SEQ2SEQ
     from specdec.loading import check_device, load, load_model
     from specdec.threads import apply_threads
     from specdec.tokenizer_check import check_draft_tokenizer_at
@@ -121,6 +123,9 @@ def load_models(args):
         target, draft, tokenizer = specdec.load_default(
             device=args.device, **({} if dtype == "auto" else {"dtype": dtype}))
         target_name = "the shipped default target"
+    elif args.target == DEFAULT_SEQ2SEQ and args.draft is None:  # the shipped seq2seq pair, draft included
+        target, draft, tokenizer = specdec.load_default_seq2seq(device=args.device)
+        target_name = "the shipped seq2seq target"
     else:
         target, tokenizer = load(args.target, args.device, args.dtype)
         draft, target_name = None, args.target
@@ -133,11 +138,13 @@ def load_models(args):
 
 def run(args) -> int:
     from specdec.decoding import SpeculativeDecoder
+    from specdec.default_pair import DEFAULT_SEQ2SEQ
     from specdec.drafters import make_drafter
     from specdec.text import detokenize, text_request
 
     target, draft, tokenizer = load_models(args)
-    kind = args.drafter or ("draft" if args.draft or (args.target is None and draft is not None) else None)
+    shipped = args.target is None or args.target == DEFAULT_SEQ2SEQ  # a shipped pair: its draft by default
+    kind = args.drafter or ("draft" if args.draft or (shipped and draft is not None) else None)
     kind = None if kind == "plain" else kind
     options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
                "bigram_path": args.bigram, "head_path": args.head}
