@@ -36,6 +36,8 @@ from specdec.decoding import (
     _eos_ids,
     _gamma_policy,
     _prompt_tensor,
+    checked_tree,
+    first_branch_proposal,
     verify_round,
 )
 from specdec.drafters.base import Drafter, Proposal
@@ -51,7 +53,7 @@ from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, Pr
 from specdec.models.causal_lm import CachedCausalLM, context_length
 from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats
-from specdec.tree import TreeMask, first_branch, is_chain, validate_proposal
+from specdec.tree import TreeMask
 from specdec.verify import Verdict, verify_tree
 
 
@@ -369,21 +371,10 @@ class BatchDecoder:
         """As the single-request decoder: validate, cap the depth at γ, and score a chain (or, when the target
         cannot take a 4-D mask, the first branch) as a chain."""
         room = None if self.limit is None else self.limit - n
-        validate_proposal(proposal.tokens, proposal.draft_probs, proposal.parents, self.target.vocab_size, room)
-        tree = TreeMask.from_parents(proposal.parents)  # [N+1] rows: the root and the nodes
-        depth = int(tree.depths.max())
-        if depth > gamma:
-            raise ProposalError(
-                f"the drafter proposed a tree {depth} deep but this round allows {gamma} tokens (gamma, capped by "
-                "the remaining max_new_tokens); a tree drafter must cap its depth at the gamma it is given"
-            )
-        if is_chain(proposal.parents):
+        tree = checked_tree(proposal, gamma, self.target.vocab_size, room)
+        if tree is None:
             return Proposal(proposal.tokens, proposal.draft_probs), None
-        if self.trees:
-            return proposal, tree
-        first = first_branch(proposal.parents)  # [d] node indices
-        probs = proposal.draft_probs[first] if proposal.draft_probs is not None else None
-        return Proposal(proposal.tokens[first], probs), None
+        return (proposal, tree) if self.trees else (first_branch_proposal(proposal), None)
 
 
 def _verify_greedy_from_argmax(drafts: list[int], best: list[int]) -> Verdict:

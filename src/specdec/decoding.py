@@ -229,6 +229,27 @@ def _drafts_trees(drafter: Drafter) -> bool:
             or getattr(drafter, "tree", None) is not None)
 
 
+def checked_tree(proposal: Proposal, gamma: int, vocab_size: int, room: int | None) -> TreeMask | None:
+    """Validate a tree proposal before any target pass (`room`: cache slots left after the root) and build its
+    mask [N+1] rows (root and nodes); None when the proposal is a chain."""
+    validate_proposal(proposal.tokens, proposal.draft_probs, proposal.parents, vocab_size, room)
+    tree = TreeMask.from_parents(proposal.parents)
+    depth = int(tree.depths.max())
+    if depth > gamma:
+        raise ProposalError(
+            f"the drafter proposed a tree {depth} deep but this round allows {gamma} tokens (gamma, capped by "
+            "the remaining max_new_tokens); a tree drafter must cap its depth at the gamma it is given"
+        )
+    return None if is_chain(proposal.parents) else tree
+
+
+def first_branch_proposal(proposal: Proposal) -> Proposal:
+    """A tree proposal's first branch, as a chain (for a target that cannot score the tree)."""
+    first = first_branch(proposal.parents)  # [d] node indices
+    probs = proposal.draft_probs[first] if proposal.draft_probs is not None else None
+    return Proposal(proposal.tokens[first], probs)
+
+
 class SpeculativeDecoder:
     """One request's decode loop. Use `stream()` to iterate final tokens; `stats` fills as it runs."""
 
@@ -313,15 +334,8 @@ class SpeculativeDecoder:
         (a chain, mask None) when the proposal is a chain or the target cannot score a tree now."""
         capacity = getattr(self.target, "capacity", None) or context_length(self.target.model)
         room = None if capacity is None else capacity - n  # cache slots left after the root
-        validate_proposal(proposal.tokens, proposal.draft_probs, proposal.parents, self.target.vocab_size, room)
-        tree = TreeMask.from_parents(proposal.parents)  # [N+1] rows: the root and the nodes
-        depth = int(tree.depths.max())
-        if depth > gamma:
-            raise ProposalError(
-                f"the drafter proposed a tree {depth} deep but this round allows {gamma} tokens (gamma, capped by "
-                "the remaining max_new_tokens); a tree drafter must cap its depth at the gamma it is given"
-            )
-        if is_chain(proposal.parents):
+        tree = checked_tree(proposal, gamma, self.target.vocab_size, room)
+        if tree is None:
             return Proposal(proposal.tokens, proposal.draft_probs), None
         supports = getattr(self.target, "supports_tree", None)  # optional: an adapter without it can do trees
         if supports is None or supports(len(proposal) + 1):
@@ -334,9 +348,7 @@ class SpeculativeDecoder:
                 "as a chain instead (exact, fewer tokens per pass)",
                 stacklevel=3,
             )
-        first = first_branch(proposal.parents)  # [d] node indices
-        probs = proposal.draft_probs[first] if proposal.draft_probs is not None else None
-        return Proposal(proposal.tokens[first], probs), None
+        return first_branch_proposal(proposal), None
 
     def _plan_static(self, prompt_len: int) -> None:
         """Size the slot caches for this request (or raise before any work) and fix the verification shapes:

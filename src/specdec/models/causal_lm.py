@@ -68,6 +68,23 @@ def check_rollback_support(model: PreTrainedModel) -> None:
         )
 
 
+def keep_cache_rows(cache, start: int, keep: torch.Tensor) -> None:
+    """Move rows start + keep [k] (increasing, relative to start) of every layer down to slots start..start+k−1;
+    the caller crops the tail. A prefix keep (0, 1, ..., k−1) moves nothing."""
+    k = int(keep.shape[0])
+    keep_list = keep.tolist()
+    if keep_list == list(range(k)):
+        return
+    if hasattr(cache, "keep_rows"):
+        cache.keep_rows(start, keep_list)  # a cache that stores something else than keys/values
+        return
+    for layer in cache.layers:
+        index = (start + keep).to(layer.keys.device)  # [k]
+        # [B, heads, seq, head_dim]
+        layer.keys[:, :, start : start + k] = layer.keys.index_select(2, index)
+        layer.values[:, :, start : start + k] = layer.values.index_select(2, index)
+
+
 class CachedCausalLM:
     """A causal LM and its KV cache. `length` tokens are in the cache."""
 
@@ -176,17 +193,8 @@ class CachedCausalLM:
     def commit(self, start: int, keep: torch.Tensor) -> None:
         """After a score that began at slot `start`, keep rows keep [k] (increasing, relative to start) at
         slots start..start+k−1; length = start + k. A prefix keep (0, 1, ..., k−1) is a crop."""
-        k = int(keep.shape[0])
-        keep_list = keep.tolist()
-        if keep_list != list(range(k)) and hasattr(self.cache, "keep_rows"):
-            self.cache.keep_rows(start, keep_list)  # a cache that stores something else than keys/values
-        elif keep_list != list(range(k)):
-            index = (start + keep).to(self.device)  # [k]
-            for layer in self.cache.layers:
-                # [B, heads, seq, head_dim]: move the kept rows down, then crop the tail.
-                layer.keys[:, :, start : start + k] = layer.keys.index_select(2, index)
-                layer.values[:, :, start : start + k] = layer.values.index_select(2, index)
-        self.crop(start + k)
+        keep_cache_rows(self.cache, start, keep)
+        self.crop(start + int(keep.shape[0]))
 
     def supports_tree(self, num_rows: int, warn: bool = True) -> bool:
         """Can a tree of `num_rows` rows (root included) be scored now? Probed once per model; False past a

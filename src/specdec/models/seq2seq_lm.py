@@ -31,7 +31,7 @@ from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
 from specdec.errors import NumericalError, PromptError, UnsupportedModelError
 from specdec.models.base import Scores
-from specdec.models.causal_lm import vocab_size
+from specdec.models.causal_lm import keep_cache_rows, vocab_size
 from specdec.tree import TreeMask
 
 #: model -> True/False: does a decoder tree pass with a 4D mask match per-branch chain passes? (probed once)
@@ -255,16 +255,7 @@ class CachedSeq2SeqLM:
         """After a score that began at slot `start`, keep rows keep [k] (increasing, relative to start) at
         slots start..start+k−1 of the self-attention cache (cross-attention untouched); a prefix is a crop."""
         k = int(keep.shape[0])
-        keep_list = keep.tolist()
-        cache = self.cache.self_attention_cache
-        if keep_list != list(range(k)) and hasattr(cache, "keep_rows"):
-            cache.keep_rows(start, keep_list)  # a cache that stores something else than keys/values
-        elif keep_list != list(range(k)):
-            index = (start + keep).to(self.device)  # [k]
-            for layer in cache.layers:
-                # [B, heads, seq, head_dim]: move the kept rows down, then crop the tail.
-                layer.keys[:, :, start : start + k] = layer.keys.index_select(2, index)
-                layer.values[:, :, start : start + k] = layer.values.index_select(2, index)
+        keep_cache_rows(self.cache.self_attention_cache, start, keep)
         self.crop(start + k)
 
     def supports_tree(self, num_rows: int, warn: bool = True) -> bool:
