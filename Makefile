@@ -4,11 +4,13 @@ PIP := $(PYTHON) -m pip
 # gets its own install, and a stamp whose environment lost specdec is redone.
 PY_ID := $(shell $(PYTHON) -c 'import hashlib, sys; print(hashlib.sha1(sys.prefix.encode()).hexdigest()[:12])')
 STAMP := .stamp-install-$(PY_ID)
+# Every dependency pinned (constraints.txt): a new release cannot change what `make test` runs.
+CONSTRAINTS := -c constraints.txt
 
 # torch is pinned to the local CPU build: an unpinned torch pulls GBs of CUDA wheels.
-$(STAMP): pyproject.toml
-	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -e ".[test]"
+$(STAMP): pyproject.toml constraints.txt
+	$(PIP) install -q $(CONSTRAINTS) "torch==2.13.0"
+	$(PIP) install -q $(CONSTRAINTS) -e ".[test]"
 	@touch $(STAMP)
 
 install:
@@ -18,7 +20,18 @@ install:
 demo: install
 	$(PYTHON) -m specdec demo
 
+# The whole suite (what CI runs).
 test: install
 	$(PYTHON) -m pytest -q
 
-.PHONY: install demo test
+# The same suite against today's releases of every dependency (torch stays the pinned CPU build), in its
+# own environment .venv-latest: shows the next upstream break before it reaches constraints.txt.
+LATEST := .venv-latest
+test-latest:
+	test -x $(LATEST)/bin/python || $(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q "torch==2.13.0"
+	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[test]"
+	$(LATEST)/bin/python -m pip list --format=freeze | grep -i -E '^(transformers|tokenizers|accelerate|fastapi|openai)=='
+	$(LATEST)/bin/python -m pytest -q
+
+.PHONY: install demo test test-latest

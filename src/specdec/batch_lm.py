@@ -28,7 +28,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from specdec.errors import NumericalError, UnsupportedModelError
-from specdec.models.base import Scores
+from specdec.models.base import Scores, cache_kwarg
 from specdec.models.causal_lm import check_rollback_support, vocab_size
 from specdec.tree import TreeMask
 
@@ -226,12 +226,12 @@ class BatchedCausalLM:
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=attention_mask,
-            past_key_values=cache,
+            **cache_kwarg(self.model, cache),
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
             **({"output_hidden_states": True} if hidden else {}),
         )
-        layers = out.past_key_values.layers
+        layers = cache.layers
         self.keys = [layer.keys for layer in layers]
         self.values = [layer.values for layer in layers]
         self.key_buffers = [getattr(layer, "key_buffer", None) for layer in layers]

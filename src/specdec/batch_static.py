@@ -45,7 +45,7 @@ from specdec.models.static_lm import (
     FastPathWarning,
     fast_path_problem,
 )
-from specdec.models.base import Scores
+from specdec.models.base import Scores, cache_kwarg
 from specdec.tree import TreeMask
 
 
@@ -59,7 +59,7 @@ def _batched_pass(model, input_ids, position_ids, slots, mask, cache):
     cache.slots = slots
     if not torch.compiler.is_compiling():  # for models that ask the cache its length (eager only)
         cache.length = int(slots[-1]) + 1
-    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache,
+    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **cache_kwarg(model, cache),
                 use_cache=True)
     return out.logits
 

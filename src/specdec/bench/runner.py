@@ -210,7 +210,7 @@ class HFCounter:
         ids = kwargs.get("input_ids") if ids is None else ids
         if ids is None and args:
             ids = args[0]
-        cache = kwargs.get("past_key_values")
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # the keyword's name by transformers version
         cache_len = int(cache.get_seq_length()) if cache is not None else 0
         if cache is None and kwargs.get("position_ids") is not None:
             cache_len = int(kwargs["position_ids"].reshape(-1)[0])

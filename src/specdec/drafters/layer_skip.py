@@ -37,6 +37,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specdec.drafters.draft_model import DraftModel
 from specdec.errors import ConfigError, UnsupportedModelError
+from specdec.models.base import cache_kwarg
 from specdec.models.causal_lm import CachedCausalLM, check_rollback_support
 
 #: Attribute names under which base models keep their decoder layers.
@@ -127,7 +128,7 @@ def _dry_run(view: PreTrainedModel, num_layers: int) -> None:
     cache = DynamicCache()
     try:
         with torch.inference_mode():
-            view(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), past_key_values=cache,
+            view(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), **cache_kwarg(view, cache),
                  use_cache=True, logits_to_keep=1)
     except (IndexError, KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise UnsupportedModelError(

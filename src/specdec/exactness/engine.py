@@ -42,6 +42,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
+from specdec.models.base import cache_kwarg
+
 ENGINES = ("auto", "memo", "cache")
 
 #: Keyword arguments a standard incremental call passes; anything else is not answered from the memo.
@@ -191,7 +193,8 @@ def _memo_forward(memo: _Memo) -> Callable:
     real = memo.forward
 
     def forward(input_ids=None, position_ids=None, past_key_values=None, use_cache=None, logits_to_keep=0,
-                attention_mask=None, **kwargs):
+                attention_mask=None, cache=None, **kwargs):
+        past_key_values = cache if cache is not None else past_key_values  # the keyword's name by version
         if memo.source is not None and isinstance(past_key_values, EncoderDecoderCache):
             return _seq2seq_forward(memo, real, input_ids=input_ids, past_key_values=past_key_values,
                                     use_cache=use_cache, attention_mask=attention_mask, **kwargs)
@@ -228,7 +231,7 @@ def _memo_forward(memo: _Memo) -> Callable:
                 f"{type(memo.model).__name__} was called in a way the memo engine cannot answer "
                 f"(arguments: {sorted(kwargs)}); use engine='cache'"
             )
-        return real(input_ids=input_ids, position_ids=position_ids, past_key_values=past_key_values,
+        return real(input_ids=input_ids, position_ids=position_ids, **cache_kwarg(memo.model, past_key_values),
                     use_cache=use_cache, logits_to_keep=logits_to_keep, attention_mask=attention_mask, **kwargs)
 
     return forward
@@ -266,7 +269,7 @@ def _seq2seq_forward(memo: _Memo, real: Callable, past_key_values: EncoderDecode
     if isinstance(cache.self_attention_cache, TokenCache):
         raise MemoUnsupported(f"{type(memo.model).__name__} was called in a way the memo engine cannot answer "
                               f"(arguments: {sorted(kwargs)}); use engine='cache'")
-    return real(past_key_values=past_key_values, **kwargs)
+    return real(**cache_kwarg(memo.model, past_key_values), **kwargs)
 
 
 def _tree_rows(memo: _Memo, cache: TokenCache, new: list[int], position_ids, attention_mask, use_cache) -> torch.Tensor:
@@ -287,12 +290,12 @@ def _tree_rows(memo: _Memo, cache: TokenCache, new: list[int], position_ids, att
     return torch.cat(rows, dim=1)
 
 
-def _snapshot_forward(real: Callable) -> Callable:
+def _snapshot_forward(model: PreTrainedModel, real: Callable) -> Callable:
     """Serve repeated prefills of the same ids into an empty cache from a stored copy."""
     store: dict[tuple[int, ...], tuple[DynamicCache, object]] = {}
 
-    def forward(input_ids=None, past_key_values=None, **kwargs):
-        cache = past_key_values
+    def forward(input_ids=None, past_key_values=None, cache=None, **kwargs):
+        cache = cache if cache is not None else past_key_values  # the keyword's name by version
         key = None
         if (
             input_ids is not None and input_ids.dim() == 2 and input_ids.shape[0] == 1 and input_ids.shape[1] > 1
@@ -304,8 +307,8 @@ def _snapshot_forward(real: Callable) -> Callable:
                 saved_cache, saved_out = store[key]
                 cache.__dict__.update(copy.deepcopy(saved_cache).__dict__)
                 return _Output(saved_out, cache)
-        out = real(input_ids=input_ids, past_key_values=past_key_values, **kwargs)
-        if key is not None and out.past_key_values is cache:
+        out = real(input_ids=input_ids, **cache_kwarg(model, cache), **kwargs)
+        if key is not None:  # the real forward filled the cache it was given
             store[key] = (copy.deepcopy(cache), out.logits)
         return out
 
@@ -362,7 +365,7 @@ def patched_models(models: Sequence[PreTrainedModel], engine: str,
                     encoder.forward = memo.encoder_forward(encoder.forward)
                     encoders.append(encoder)
             else:
-                model.forward = _snapshot_forward(real)
+                model.forward = _snapshot_forward(model, real)
             patched.append(model)
         yield memos
     finally:

@@ -40,6 +40,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specdec.errors import ConfigError, ModelLoadError, UnsupportedModelError
+from specdec.models.base import cache_kwarg
 from specdec.heads.common import (
     FORMAT_VERSION,
     check_target,
@@ -258,7 +259,7 @@ class EagleHead(nn.Module):
             h = self.fc(features) if features.shape[-1] != self.hidden_size else features  # [B, n, H]
             x = torch.cat([embeds, h], dim=-1)  # [B, n, 2H]
         out = self.body(inputs_embeds=x, position_ids=position_ids, attention_mask=attention_mask,
-                        past_key_values=cache, use_cache=cache is not None)
+                        **cache_kwarg(self.body, cache), use_cache=cache is not None)
         return out.last_hidden_state
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:

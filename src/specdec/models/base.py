@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -31,6 +33,22 @@ def select_hidden(hidden_states: tuple[torch.Tensor, ...], hidden: bool | tuple[
     if not hidden:
         return None
     return torch.cat([hidden_states[i][0] for i in hidden], dim=-1)
+
+
+def cache_kwarg(model: object, cache: object) -> dict[str, object]:
+    """`cache` as the keyword `model`'s forward takes it: `cache` from transformers 5.24 on (where the old name
+    `past_key_values` warns), `past_key_values` before, and in model classes written for the old name."""
+    return {_cache_name(type(model)): cache}
+
+
+@functools.cache
+def _cache_name(model_class: type) -> str:
+    forward = getattr(model_class, "forward", None)
+    try:
+        parameters = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 @runtime_checkable

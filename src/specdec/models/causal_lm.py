@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specdec.errors import NumericalError, UnsupportedModelError
-from specdec.models.base import Scores, select_hidden
+from specdec.models.base import Scores, cache_kwarg, select_hidden
 from specdec.tree import TreeMask
 
 #: model -> True/False: does a tree pass with a 4D mask match per-branch chain passes? (probed once)
@@ -164,12 +164,11 @@ class CachedCausalLM:
         out = self.model(
             input_ids=input_ids.view(1, n).to(self.device),
             position_ids=positions[None],
-            past_key_values=self.cache,
+            **cache_kwarg(self.model, self.cache),
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
             **kwargs,
         )
-        self.cache = out.past_key_values
         self.length += n
         logits = out.logits[0]  # [n or 1, V]
         if logits.dtype not in (torch.float32, torch.float64):

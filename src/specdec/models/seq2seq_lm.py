@@ -30,7 +30,7 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
 from specdec.errors import NumericalError, PromptError, UnsupportedModelError
-from specdec.models.base import Scores
+from specdec.models.base import Scores, cache_kwarg
 from specdec.models.causal_lm import keep_cache_rows, vocab_size
 from specdec.tree import TreeMask
 
@@ -224,13 +224,12 @@ class CachedSeq2SeqLM:
             encoder_outputs=self.encoder_outputs,
             attention_mask=self.encoder_mask,  # [1, S] source padding mask (None: no mask)
             decoder_input_ids=input_ids.view(1, n).to(self.device),
-            past_key_values=self.cache,
+            **cache_kwarg(self.model, self.cache),
             cache_position=torch.arange(self.length, self.length + n, device=self.device),  # [n] cache slots
             use_cache=True,
             output_hidden_states=hidden,
             **kwargs,
         )
-        self.cache = out.past_key_values
         self.length += n
         logits = out.logits[0]  # [n, V]
         if logits.dtype not in (torch.float32, torch.float64):

@@ -35,7 +35,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.errors import NumericalError, PromptError
-from specdec.models.base import Scores, select_hidden
+from specdec.models.base import Scores, cache_kwarg, select_hidden
 from specdec.models.causal_lm import check_rollback_support, context_length, vocab_size
 from specdec.sampling import SamplingConfig
 from specdec.tree import TreeMask
@@ -180,7 +180,7 @@ def _run_model(model, input_ids, position_ids, slots, mask, cache, hidden: bool)
         dtype = model.dtype
         mask = torch.zeros(visible.shape, dtype=dtype, device=slots.device).masked_fill(
             ~visible, torch.finfo(dtype).min)[None, None]  # [1, 1, M, L]
-    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, past_key_values=cache,
+    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **cache_kwarg(model, cache),
                 use_cache=True, output_hidden_states=bool(hidden))
     logits = out.logits[0]  # [M, V]
     if logits.dtype not in (torch.float32, torch.float64):
