@@ -21,11 +21,11 @@ import time
 import torch
 
 import specdec
-from specdec.batch import BatchDecoder
 from specdec.bench.workloads import code_prompts
-from specdec.default_pair import load_default_heads
 from specdec.drafters import EAGLE_TREE
 from specdec.drafters.medusa import DEFAULT_TREE
+from specdec.engine.batch import BatchDecoder
+from specdec.hub.default_pair import load_default_heads
 
 
 def run(target, drafter, prompts, max_new_tokens: int, gamma: int, rowwise: bool = False):

@@ -16,8 +16,8 @@ import time
 import torch
 
 import specdec
-from specdec.batch_lm import BatchedCausalLM
-from specdec.batch_static import StaticBatchedCausalLM
+from specdec.runtime.batch_lm import BatchedCausalLM
+from specdec.runtime.batch_static import StaticBatchedCausalLM
 
 
 def timed(fn, calls: int) -> float:

@@ -23,8 +23,8 @@ import time
 import torch
 
 import specdec
-from specdec.batch import BatchDecoder
 from specdec.bench.workloads import code_prompts
+from specdec.engine.batch import BatchDecoder
 
 
 def main() -> int:

@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM
 
 import specdec
 from specdec.bench.workloads import load_workload
-from specdec.decoding import SpeculativeDecoder
-from specdec.models.static_lm import StaticCausalLM
+from specdec.engine.decoding import SpeculativeDecoder
+from specdec.runtime.static_lm import StaticCausalLM
 
 
 def main() -> None:

@@ -16,8 +16,8 @@ import torch
 
 import specdec
 from specdec.bench.workloads import load_workload
-from specdec.loading import load
-from specdec.vocab import vocab_mapping
+from specdec.hub.loading import load
+from specdec.hub.vocab import vocab_mapping
 
 
 def main() -> None:

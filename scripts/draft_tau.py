@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 import specdec
 from specdec.bench.workloads import load_workload
-from specdec.decoding import SpeculativeDecoder
+from specdec.engine.decoding import SpeculativeDecoder
 torch.set_num_threads(1)
 target, old, tok = specdec.load_default()
 new = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()

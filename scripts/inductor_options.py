@@ -17,9 +17,9 @@ import time
 import torch
 
 import specdec
-from specdec.models import static_lm
-from specdec.models.static_lm import StaticCausalLM
-from specdec.sampling import SamplingConfig
+from specdec.core.sampling import SamplingConfig
+from specdec.runtime import compiled
+from specdec.runtime.static_lm import StaticCausalLM
 
 OPTION_SETS = {
     "none": {},
@@ -45,7 +45,7 @@ def timed(fn, repeats: int) -> list[float]:
 
 def build(name: str, target, draft, gamma: int, context: int):
     """Compile the three shapes with option set `name` on fresh model copies; return runners and compile s."""
-    static_lm.COMPILE_OPTIONS = OPTION_SETS[name]
+    compiled.COMPILE_OPTIONS = OPTION_SETS[name]
     target, draft = copy.deepcopy(target), copy.deepcopy(draft)
     prompt = torch.arange(10, 10 + context)
     runners, compile_s = {}, {}

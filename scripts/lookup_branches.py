@@ -6,9 +6,9 @@
 import json, sys, time, torch
 torch.set_num_threads(1)
 import specdec
-from specdec.default_pair import load_default
 from specdec.bench.workloads import load_workload
-from specdec.decoding import SpeculativeDecoder
+from specdec.engine.decoding import SpeculativeDecoder
+from specdec.hub.default_pair import load_default
 target, draft, tok = load_default()
 nprompts, gamma, repeats = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 branches = (1, 2, 3)

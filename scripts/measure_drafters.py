@@ -5,7 +5,7 @@
 import collections, sys, time
 import torch
 import specdec
-from specdec.adaptive import HeuristicGamma
+from specdec.engine.adaptive import HeuristicGamma
 from specdec.training.corpus import heldout_prompts
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))

@@ -10,9 +10,9 @@ target_s / draft_s are recorded but only comparable between runs of the same (pr
 import json, sys, time, torch
 torch.set_num_threads(1)
 import specdec
-from specdec.default_pair import load_default
 from specdec.bench.workloads import load_workload
-from specdec.decoding import SpeculativeDecoder
+from specdec.engine.decoding import SpeculativeDecoder
+from specdec.hub.default_pair import load_default
 
 if sys.argv[1] == "--summary":
     import runpy

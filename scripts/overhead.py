@@ -18,7 +18,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import specdec
-from specdec.decoding import SpeculativeDecoder
+from specdec.engine.decoding import SpeculativeDecoder
 
 
 def random_pair():

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 import specdec
-from specdec.adaptive import AdaptiveGamma, HeuristicGamma
 from specdec.bench.workloads import load_workload
-from specdec.decoding import FixedGamma
-from specdec.stats import DecodeStats
+from specdec.core.stats import DecodeStats
+from specdec.engine.adaptive import AdaptiveGamma, HeuristicGamma
+from specdec.engine.decoding import FixedGamma
 
 
 def record_traces(num_prompts: int, new_tokens: int) -> list[list[int]]:

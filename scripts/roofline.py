@@ -15,9 +15,9 @@ import time
 import torch
 
 import specdec
-from specdec.models.causal_lm import CachedCausalLM
-from specdec.models.static_lm import StaticCausalLM
-from specdec.sampling import SamplingConfig
+from specdec.core.sampling import SamplingConfig
+from specdec.runtime.causal_lm import CachedCausalLM
+from specdec.runtime.static_lm import StaticCausalLM
 
 
 def median_ms(fn, repeats: int = 30) -> float:

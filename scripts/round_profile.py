@@ -23,10 +23,10 @@ import torch
 
 import specdec
 from specdec.bench.workloads import load_workload
-from specdec.decoding import SpeculativeDecoder
-from specdec.models import static_lm
-from specdec.models.static_lm import StaticCausalLM
-from specdec.sampling import SamplingConfig
+from specdec.core.sampling import SamplingConfig
+from specdec.engine.decoding import SpeculativeDecoder
+from specdec.runtime import draft_graphs, slot_cache
+from specdec.runtime.static_lm import StaticCausalLM
 
 
 class Clock:
@@ -111,7 +111,7 @@ def alone(target, draft, context: torch.Tensor, gamma: int) -> dict[str, float]:
         tgt.crop(n - 1)
         tgt.score(ids)
     out["target score(γ+1) via adapter"] = median_ms(score)
-    fn = tgt._fn(("pass", gamma + 1, tgt.max_len, False, False), static_lm._run_model)
+    fn = tgt._fn(("pass", gamma + 1, tgt.max_len, False, False), slot_cache.run_model)
     slots = torch.arange(n - 1, n + gamma)
     inputs = (ids.clone()[None], slots.clone()[None], slots, None, tgt.cache, False)
     with torch.inference_mode():
@@ -124,7 +124,7 @@ def alone(target, draft, context: torch.Tensor, gamma: int) -> dict[str, float]:
         tgt.crop(n - 1)
         tgt.forward(one)
     out["target pass(1) via adapter"] = median_ms(score1)
-    fn1 = tgt._fn(("pass", 1, tgt.max_len, False, False), static_lm._run_model)
+    fn1 = tgt._fn(("pass", 1, tgt.max_len, False, False), slot_cache.run_model)
     s1 = torch.tensor([n - 1])
     with torch.inference_mode():
         out["target graph(1) bare"] = median_ms(lambda: fn1(target, one[None], s1[None], s1, None, tgt.cache, False))
@@ -139,7 +139,7 @@ def alone(target, draft, context: torch.Tensor, gamma: int) -> dict[str, float]:
         lm.crop(n - 2)
         lm.draft_steps(context, gamma, sampling, None)
     out[f"draft steps(γ={gamma}) via adapter"] = median_ms(steps)
-    dfn = lm._fn(("draft", gamma, sampling, lm.max_len), static_lm._draft_steps)
+    dfn = lm._fn(("draft", gamma, sampling, lm.max_len), draft_graphs.draft_chain)
     two, slot0, u = context[n - 2:].clone(), torch.tensor(n - 2), torch.zeros(gamma, dtype=torch.float64)
     with torch.inference_mode():
         out[f"draft graph(γ={gamma}) bare"] = median_ms(lambda: dfn(draft, two, slot0, lm.cache, u, gamma, sampling))

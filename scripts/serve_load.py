@@ -74,7 +74,7 @@ def main() -> int:
     import openai
 
     from specdec.bench.workloads import code_prompts
-    from specdec.default_pair import load_default
+    from specdec.hub.default_pair import load_default
 
     _, _, tokenizer = load_default()
     prompts = [p.ids for p in code_prompts(tokenizer, max(args.clients * args.requests, 1), args.prompt_tokens)]

@@ -22,11 +22,11 @@ import torch
 
 import specdec
 from specdec.bench.workloads import code_prompts
-from specdec.decoding import SpeculativeDecoder
-from specdec.default_pair import load_default
-from specdec.models.causal_lm import CachedCausalLM
-from specdec.models.static_lm import StaticCausalLM
-from specdec.sampling import SamplingConfig
+from specdec.core.sampling import SamplingConfig
+from specdec.engine.decoding import SpeculativeDecoder
+from specdec.hub.default_pair import load_default
+from specdec.runtime.causal_lm import CachedCausalLM
+from specdec.runtime.static_lm import StaticCausalLM
 
 
 def build(method: str, draft):
@@ -93,7 +93,7 @@ def run(args, target, draft, tokenizer):
     rows = []
     graph_ms = {}
     if args.graph == "pick":  # compile the tree both ways, time both interleaved, keep the faster
-        import specdec.models.static_lm as static_lm
+        import specdec.runtime.draft_graphs as draft_graphs
 
         dlm = StaticCausalLM(draft, compile=True)
         dlm.ensure_capacity(512)
@@ -103,14 +103,14 @@ def run(args, target, draft, tokenizer):
         times = {"level": [], "whole": []}
         for i in range(args.pick_repeats + 1):
             for mode in times:
-                static_lm.TREE_GRAPH = mode
+                draft_graphs.TREE_GRAPH = mode
                 t = time.perf_counter()
                 dlm.draft_tree(ctx, 2, 6, 6, greedy)
                 if i:
                     times[mode].append(time.perf_counter() - t)
         graph_ms = {m: 1000 * statistics.median(v) for m, v in times.items()}
-        static_lm.TREE_GRAPH = min(graph_ms, key=graph_ms.get)
-        print(json.dumps({"tree_graph_ms": graph_ms, "picked": static_lm.TREE_GRAPH, "load": os.getloadavg()}),
+        draft_graphs.TREE_GRAPH = min(graph_ms, key=graph_ms.get)
+        print(json.dumps({"tree_graph_ms": graph_ms, "picked": draft_graphs.TREE_GRAPH, "load": os.getloadavg()}),
               flush=True)
     # warm-up (compiles every shape) on the first prompt, 32 tokens, untimed
     for m in methods:
@@ -183,14 +183,14 @@ def main():
     parser.add_argument("--pick-repeats", type=int, default=15)
     parser.add_argument("--out", default="")
     parser.add_argument("--graph", default="", choices=["", "level", "whole", "pick"],
-                        help="override static_lm.TREE_GRAPH (one graph per level, or the whole tree)")
+                        help="override draft_graphs.TREE_GRAPH (one graph per level, or the whole tree)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.graph in ("level", "whole"):
-        import specdec.models.static_lm as static_lm
+        import specdec.runtime.draft_graphs as draft_graphs
 
-        static_lm.TREE_GRAPH = args.graph
+        draft_graphs.TREE_GRAPH = args.graph
     target, draft, tokenizer = load_default()
     print(json.dumps({"load": os.getloadavg(), "threads": torch.get_num_threads()}), flush=True)
     if args.what == "costs":

@@ -14,9 +14,9 @@ import random
 
 import pytest
 
-from specdec.adaptive import AdaptiveGamma, markov_rates, plan
+from specdec.core.stats import DecodeStats, expected_tokens_per_pass
+from specdec.engine.adaptive import AdaptiveGamma, markov_rates, plan
 from specdec.errors import ConfigError
-from specdec.stats import DecodeStats, expected_tokens_per_pass
 
 
 class Synthetic:
@@ -364,7 +364,7 @@ def test_a_gamma_set_is_never_left(accept):
 
 
 def test_gamma_auto_on_a_compiled_target_uses_the_fast_path_set():
-    from specdec.adaptive import FAST_PATH_GAMMAS
+    from specdec.engine.adaptive import FAST_PATH_GAMMAS
 
     class Model:
         pass

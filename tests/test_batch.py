@@ -7,8 +7,8 @@ import torch
 from models import perturbed, tiny
 
 import specdec
-from specdec.batch import BatchDecoder, generate_batch
-from specdec.batch_static import StaticBatchedCausalLM
+from specdec.engine.batch import BatchDecoder, generate_batch
+from specdec.runtime.batch_static import StaticBatchedCausalLM
 
 LONG = [(i * 37 + 11) % 96 for i in range(120)]
 PROMPTS = [LONG[:20], [7], LONG[:45], LONG[3:9], LONG[:2]]
@@ -290,5 +290,5 @@ def test_compiled_batched_pass_rows_match_lone_requests(pairs):
                 got[event.key].extend(event.tokens)
             assert decoder.target.lengths.tolist() == [row.n - 1 for row in decoder.rows]
     assert got == lone
-    compiled = [k for k in specdec.models.static_lm._COMPILED[target].fns if k[0] == "batch-pass"]
+    compiled = [k for k in specdec.runtime.compiled.COMPILED[target].fns if k[0] == "batch-pass"]
     assert len(compiled) == 1

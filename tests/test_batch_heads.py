@@ -9,8 +9,8 @@ from models import tiny, tiny_tokenizer
 from transformers import DynamicCache
 
 import specdec
-from specdec.batch import BatchDecoder, generate_batch
 from specdec.drafters.medusa import DEFAULT_TREE
+from specdec.engine.batch import BatchDecoder, generate_batch
 
 # A vocabulary of 8 makes untrained heads' drafts accepted sometimes and rejected sometimes (ragged acceptance).
 PROMPTS = [[(i * 5 + 3) % 8 for i in range(n)] for n in (9, 1, 14, 4, 2)]

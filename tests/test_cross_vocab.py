@@ -15,7 +15,7 @@ import specdec
 from specdec.drafters.cross_vocab import CrossVocabDraft
 from specdec.exactness import check_exactness
 from specdec.exactness.faulty import OutsideIntersection, UnnormalisedIntersection
-from specdec.vocab import _CACHE, token_bytes, vocab_mapping
+from specdec.hub.vocab import _CACHE, token_bytes, vocab_mapping
 
 ARCHS = ["llama", "qwen2", "gpt2", "gemma"]
 CODE = "    def parse(self, text):\n        return self."
@@ -400,7 +400,7 @@ def test_shipped_cross_vocab_draft_with_the_default_target(method):
     """Real trained models (float64): the 4096-token draft drafts for the 8192-token default target."""
     from pathlib import Path
 
-    from specdec.default_pair import assets_present, load_default
+    from specdec.hub.default_pair import assets_present, load_default
 
     path = Path(specdec.__file__).parent / "assets" / "cross_vocab_draft"
     if not assets_present() or not (path / "model.safetensors").is_file():

@@ -11,11 +11,11 @@ import torch
 from models import ScriptedLM, hf_greedy, one_hot_table, tiny
 
 import specdec
-from specdec.adaptive import AdaptiveGamma, HeuristicGamma
+from specdec.core.sampling import SamplingConfig
+from specdec.core.stats import DecodeStats
 from specdec.drafters import DRAFTER_KINDS, make_drafter
 from specdec.drafters.layer_skip import shallow_layer_view
-from specdec.sampling import SamplingConfig
-from specdec.stats import DecodeStats
+from specdec.engine.adaptive import AdaptiveGamma, HeuristicGamma
 
 ARCHS = ["llama", "qwen2", "mistral", "gpt2"]
 LAYERS = 4

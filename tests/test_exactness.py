@@ -41,6 +41,7 @@ from models import perturbed, tiny
 from scipy import stats
 
 import specdec
+from specdec.core.sampling import SamplingConfig
 from specdec.exactness import (
     check_exactness,
     detectable_tv,
@@ -53,7 +54,6 @@ from specdec.exactness import (
 from specdec.exactness.engine import draw, find_models, torch_threads
 from specdec.exactness.faulty import FAULTY_VERIFIERS, UnwarpedDraft
 from specdec.exactness.gof import Group
-from specdec.sampling import SamplingConfig
 
 ALPHA = 9e-5  # per positive check
 NEGATIVE_P = 1e-6  # every negative control must reach this
@@ -259,7 +259,7 @@ def test_greedy_is_a_point_mass_and_a_wrong_token_is_impossible(pair):
     assert ok.passed and ok.test.cells == 1 and ok.tv == 0.0
 
     def flip_last(draft_tokens, draft_probs, target_logits, sampling, generator):
-        verdict = specdec.decoding.verify_round(draft_tokens, draft_probs, target_logits, sampling, generator)
+        verdict = specdec.engine.decoding.verify_round(draft_tokens, draft_probs, target_logits, sampling, generator)
         return type(verdict)(verdict.num_accepted, (verdict.next_token + 1) % VOCAB, verdict.outcome)
 
     bad = check_exactness(target, PROMPT, specdec.DraftModel(draft), gamma=3, temperature=0.0, max_new_tokens=4,
@@ -290,7 +290,7 @@ def test_enumeration_sums_to_one_and_respects_eos_and_the_cut(pair):
 def test_enumeration_probabilities_match_incremental_decoding(pair):
     """Each continuation's probability equals the product of warped conditionals computed independently,
     one token at a time through the decoder's KV-cached model adapter."""
-    from specdec.models.causal_lm import CachedCausalLM
+    from specdec.runtime.causal_lm import CachedCausalLM
 
     target, _, eos = pair
     sampling = SamplingConfig(0.8, 5, 0.95)

@@ -148,7 +148,7 @@ def test_exported_head_loads_back_and_drafts_the_same_tokens(tmp_path, target, c
 
 
 def _features(target, tokens, request):
-    from specdec.models.base import select_hidden
+    from specdec.runtime.base import select_hidden
 
     with torch.no_grad():
         return select_hidden(target(torch.tensor([tokens]), output_hidden_states=True).hidden_states, request)
@@ -195,7 +195,7 @@ def test_cli_export_writes_the_layout(tmp_path, target, monkeypatch, capsys):
     from specdec.cli import main
 
     specdec.EagleHead.init(target).save(tmp_path / "head")
-    monkeypatch.setattr("specdec.loading.load_model", lambda *a, **k: target)
+    monkeypatch.setattr("specdec.hub.loading.load_model", lambda *a, **k: target)
     assert main(["export", "--format", "sglang-eagle", "--head", str(tmp_path / "head"), "--target", "x",
                  "--out", str(tmp_path / "out")]) == 0
     assert set(load_file(str(tmp_path / "out" / "model.safetensors"))) == set(EXPECTED["sglang-eagle"])

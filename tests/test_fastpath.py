@@ -15,11 +15,12 @@ import torch
 from models import hf_greedy, perturbed, tiny
 
 import specdec
+from specdec.core.tree import TreeMask
 from specdec.errors import PromptError
 from specdec.exactness import check_exactness
-from specdec.models.causal_lm import CachedCausalLM
-from specdec.models.static_lm import _COMPILED, FastPathWarning, StaticCausalLM
-from specdec.tree import TreeMask
+from specdec.runtime.causal_lm import CachedCausalLM
+from specdec.runtime.compiled import COMPILED, FastPathWarning
+from specdec.runtime.static_lm import StaticCausalLM
 
 LONG = [(i * 37 + 11) % 96 for i in range(120)]
 
@@ -39,8 +40,8 @@ def test_compiled_draft_model_is_token_identical_and_compiles_each_shape_once(ll
         assert 0 < out.stats.accepted < out.stats.drafted
     # one verification shape (γ+1 = 4 rows) for the target, one γ=3 graph for the draft: both reused by the
     # second request, and by the short last rounds (padded to the compiled shapes)
-    assert sorted(_COMPILED[target].fns) == [("pass", 4, 256, False, False)]
-    assert [k[:2] for k in _COMPILED[draft].fns] == [("draft", 3)]
+    assert sorted(COMPILED[target].fns) == [("pass", 4, 256, False, False)]
+    assert [k[:2] for k in COMPILED[draft].fns] == [("draft", 3)]
 
 
 def test_compiled_draft_model_max_new_tokens_cut_and_eos(llama_pair):
@@ -77,7 +78,7 @@ def test_sampling_verifies_inside_the_pass_with_the_eager_rule_s_tokens(llama_pa
 
     def recording(draft_tokens, draft_probs, target_logits, sampling, generator):
         calls.append(target_logits.shape)
-        return specdec.decoding.verify_round(draft_tokens, draft_probs, target_logits, sampling, generator)
+        return specdec.engine.decoding.verify_round(draft_tokens, draft_probs, target_logits, sampling, generator)
 
     dec = specdec.SpeculativeDecoder(target, specdec.DraftModel(draft), gamma=3, compile="static",
                                      verify_fn=recording, **options)
@@ -91,7 +92,7 @@ def test_gamma_auto_compiles_every_shape_before_its_first_round(monkeypatch):
     passes, the draft's catch-up after plain rounds) are compiled before the first round of the first request:
     no round of any request compiles. torch.compile is replaced by the identity here (what is checked is WHEN
     a shape is compiled, and the tokens; the real compiler runs in the tests above)."""
-    from specdec.adaptive import FAST_PATH_GAMMAS, AdaptiveGamma
+    from specdec.engine.adaptive import FAST_PATH_GAMMAS, AdaptiveGamma
 
     late: list[str] = []
     rounds = {"started": False}
@@ -121,14 +122,14 @@ def test_gamma_auto_compiles_every_shape_before_its_first_round(monkeypatch):
         if noise > 1:
             assert 0 in dec.gamma_policy.chosen  # plain rounds happened, so the catch-up ran
     assert late == []
-    assert {k[1] for k in _COMPILED[target].fns} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
+    assert {k[1] for k in COMPILED[target].fns} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
     # T > 0: the verifying passes (warp and rejection rule in the graph) are what is compiled up front
     rounds["started"] = False
     dec = specdec.SpeculativeDecoder(target, specdec.DraftModel(perturbed(target, 3.0, seed=4)), gamma="auto",
                                      max_new_tokens=40, compile=True, temperature=1.0, top_k=20, seed=0)
     assert len(list(dec.stream(LONG[:20]))) == 40 and dec.fused_verify
     assert late == []
-    assert {k[1] for k in _COMPILED[target].fns if k[0] == "verify"} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
+    assert {k[1] for k in COMPILED[target].fns if k[0] == "verify"} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2", "mistral", "gemma"])
@@ -162,9 +163,9 @@ def test_compiled_sampling_verifies_in_one_graph_with_the_slot_cache_s_tokens(ll
         static = specdec.generate(target, LONG[:20], drafter=drafter(), compile="static", **options)
         compiled = specdec.generate(target, LONG[:20], drafter=drafter(), compile=True, **options)
         assert compiled.tokens == static.tokens
-    sampling = specdec.sampling.SamplingConfig(1.0, 20, 0.9)
-    assert ("verify", 4, 256, False, sampling) in _COMPILED[target].fns
-    assert not [key for key in _COMPILED[target].fns if key[0] == "verify" and key != ("verify", 4, 256, False,
+    sampling = specdec.core.sampling.SamplingConfig(1.0, 20, 0.9)
+    assert ("verify", 4, 256, False, sampling) in COMPILED[target].fns
+    assert not [key for key in COMPILED[target].fns if key[0] == "verify" and key != ("verify", 4, 256, False,
                                                                                           sampling)]
 
 

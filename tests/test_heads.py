@@ -376,7 +376,7 @@ def test_make_drafter_builds_head_drafters_from_a_saved_head(tmp_path):
 def test_adapters_return_the_hidden_states_of_chosen_layers(compile):
     """hidden=(i, j, k): those layers' outputs of the SAME pass side by side (EAGLE-3's fused features);
     hidden=True stays the final state."""
-    from specdec.models.static_lm import fast_adapter
+    from specdec.runtime.static_lm import fast_adapter
 
     target = tiny("llama", hidden=32, layers=3).double()
     tokens = [3, 9, 4, 1, 7, 2]

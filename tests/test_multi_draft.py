@@ -12,14 +12,14 @@ from models import PrefixScriptedLM, tiny
 from test_trees import DUP_P, DUP_Q, RecordingMulti, _assert_caches_hold_the_accepted_path, _draft_table, _run
 
 import specdec
+from specdec.core.sampling import SamplingConfig
+from specdec.core.tree import children
+from specdec.core.verify import kseq_residual, kseq_rho, verify_tree
 from specdec.drafters import make_drafter
 from specdec.drafters.base import Proposal
 from specdec.errors import ConfigError, ProposalError
 from specdec.exactness import multinomial_test
 from specdec.exactness.faulty import tree_kseq_rho_one
-from specdec.sampling import SamplingConfig
-from specdec.tree import children
-from specdec.verify import kseq_residual, kseq_rho, verify_tree
 
 V = 8
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from specdec.core.sampling import SamplingConfig, sample
 from specdec.exactness.warp import reference_warp
-from specdec.sampling import SamplingConfig, sample
 
 
 def hf_warp(logits, temperature, top_k, top_p):

@@ -13,7 +13,7 @@ import torch
 from models import ScriptedLM, one_hot_table
 
 import specdec
-from specdec.decoding import SpeculativeDecoder
+from specdec.engine.decoding import SpeculativeDecoder
 
 V = 8
 TARGET_SEQ = [(3 * i + 1) % V for i in range(200)]

@@ -12,11 +12,11 @@ from models import perturbed, tiny
 from seq2seq_models import ARCHS, FRAMES, MELS, encoder_inputs, hf_greedy_seq2seq, tiny_seq2seq
 
 import specdec
-from specdec.decoding import SpeculativeDecoder
 from specdec.drafters.base import Drafter, Proposal
+from specdec.engine.decoding import SpeculativeDecoder
 from specdec.exactness import check_exactness
 from specdec.exactness.faulty import FAULTY_VERIFIERS
-from specdec.models.seq2seq_lm import CachedSeq2SeqLM, decoder_start_ids
+from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, decoder_start_ids
 
 SOURCE = [(i * 37 + 11) % 90 + 3 for i in range(16)]  # source token ids (text encoders)
 #: Noise scale (x each weight's std) that makes a perturbed copy agree with the target often but not always.
@@ -100,7 +100,7 @@ def test_tree_commit_keeps_the_accepted_branch_in_the_decoder_cache(pairs):
     for lm in (tree_lm, chain_lm):
         lm.reset(encoder_inputs=enc)
         lm.prefill(start)
-    tree = specdec.tree.TreeMask.from_parents(torch.tensor([-1, -1, 0, 1]))
+    tree = specdec.core.tree.TreeMask.from_parents(torch.tensor([-1, -1, 0, 1]))
     tree_lm.score(torch.tensor([7, 4, 5, 6, 8]), tree=tree)
     tree_lm.commit(1, torch.tensor([0, 2, 4]))  # the root, node 1 (5), node 3 (8)
     chain_lm.forward(torch.tensor([7, 5, 8]))
@@ -372,7 +372,7 @@ def test_load_text_api_and_cli_read_the_prompt_with_the_encoder(saved_t5_pair, c
     assert target.config.is_encoder_decoder and draft.config.is_encoder_decoder
     whisper_dir = target_dir.parent / "whisper"
     tiny_seq2seq("whisper", dtype=torch.float32).save_pretrained(whisper_dir)
-    assert type(specdec.loading.load_model(whisper_dir)).__name__ == "WhisperForConditionalGeneration"
+    assert type(specdec.hub.loading.load_model(whisper_dir)).__name__ == "WhisperForConditionalGeneration"
     prompt = "def add(a, b):\n    return a + b"
     source = tokenizer(prompt)
     enc = {"input_ids": torch.tensor([source["input_ids"]]), "attention_mask": torch.tensor([source["attention_mask"]])}

@@ -380,7 +380,7 @@ def test_graceful_shutdown_finishes_in_flight_requests(pair, tokenizer):
 def test_cli_serve_builds_the_default_pair_app():
     from specdec.cli import build_parser
     from specdec.cli.serve import build_app
-    from specdec.default_pair import assets_present
+    from specdec.hub.default_pair import assets_present
 
     if not assets_present():
         pytest.skip("default pair assets not present")

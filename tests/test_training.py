@@ -214,7 +214,7 @@ def test_distillation_lowers_kl(tmp_path, tiny_tokenizer, patched_corpus):
 
 
 def test_load_default_gives_finite_logits():
-    from specdec.default_pair import assets_present, load_default
+    from specdec.hub.default_pair import assets_present, load_default
 
     if not assets_present():
         pytest.skip("default model assets not built")
@@ -230,7 +230,7 @@ def test_load_default_gives_finite_logits():
 
 
 def test_load_default_missing_assets_raises(tmp_path):
-    from specdec.default_pair import load_default
+    from specdec.hub.default_pair import load_default
     from specdec.errors import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="missing"):

@@ -2,7 +2,7 @@
 
 The fixed-shape tree must propose exactly the eager DraftTree's nodes from the same draft logits, every
 round of a generation; compiled, it must stay token-identical to greedy decoding with each graph compiled
-once. The budget model (specdec.tree_budget) is checked on synthetic costs and acceptances.
+once. The budget model (specdec.drafters.tree_budget) is checked on synthetic costs and acceptances.
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ import torch
 from models import hf_greedy, perturbed, tiny
 
 import specdec
-from specdec.decoding import SpeculativeDecoder
-from specdec.models.static_lm import _COMPILED, StaticCausalLM, select_tree, tree_candidates
-from specdec.sampling import SamplingConfig
-from specdec.tree import TreeMask
-from specdec.tree_budget import COMPILED_BUDGETS, WARM_PASSES, TreeBudget, _accepted_nodes
+from specdec.core.sampling import SamplingConfig
+from specdec.core.tree import TreeMask
+from specdec.drafters.tree_budget import COMPILED_BUDGETS, WARM_PASSES, TreeBudget, _accepted_nodes
+from specdec.engine.decoding import SpeculativeDecoder
+from specdec.runtime.compiled import COMPILED
+from specdec.runtime.draft_graphs import select_tree, tree_candidates
+from specdec.runtime.static_lm import StaticCausalLM
 
 LONG = [(i * 37 + 11) % 96 for i in range(120)]
 
@@ -97,8 +99,8 @@ def test_compiled_tree_is_token_identical_and_compiles_each_graph_once(pair):
         assert out.stats.accepted > 0
     # one tree graph for the draft (reused by every round and request, the short last rounds included), one
     # verification shape (max_nodes + 1 rows) for the target
-    assert [k[:3] for k in _COMPILED[draft].fns if k[0].startswith("tree")] == [("tree", 2, 3)]
-    assert {k[:2] for k in _COMPILED[target].fns if k[0] == "pass"} == {("pass", 5)}
+    assert [k[:3] for k in COMPILED[draft].fns if k[0].startswith("tree")] == [("tree", 2, 3)]
+    assert {k[:2] for k in COMPILED[target].fns if k[0] == "pass"} == {("pass", 5)}
 
 
 # ------------------------------------------------------------------------------------------ max_nodes="auto"

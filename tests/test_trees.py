@@ -9,15 +9,15 @@ import torch
 from models import PrefixScriptedLM, cached_tokens, perturbed, tiny
 
 import specdec
-from specdec.decoding import SpeculativeDecoder
+from specdec.core.sampling import SamplingConfig
+from specdec.core.tree import TreeMask, first_branch, validate_proposal
+from specdec.core.verify import verify_tree
 from specdec.drafters.base import Drafter, Proposal
+from specdec.engine.decoding import SpeculativeDecoder
 from specdec.exactness import check_exactness, multinomial_test
 from specdec.exactness.faulty import SiblingVisibleLM, SoftmaxQDraftTree, tree_duplicates_skipped
-from specdec.models.causal_lm import CachedCausalLM
-from specdec.models.static_lm import StaticCausalLM
-from specdec.sampling import SamplingConfig
-from specdec.tree import TreeMask, first_branch, validate_proposal
-from specdec.verify import verify_tree
+from specdec.runtime.causal_lm import CachedCausalLM
+from specdec.runtime.static_lm import StaticCausalLM
 
 V = 8
 

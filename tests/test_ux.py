@@ -89,7 +89,7 @@ def test_demo_validates_before_anything_prints(capsys, args, words):
 
 def test_threads_option(monkeypatch):
     from specdec.errors import ConfigError
-    from specdec.threads import set_threads
+    from specdec.runtime.threads import set_threads
 
     before = torch.get_num_threads()
     try:
@@ -102,7 +102,7 @@ def test_threads_option(monkeypatch):
 
 
 def test_a_draft_with_another_tokenizer_of_the_same_size_is_refused(tmp_path):
-    from specdec.tokenizer_check import check_draft_tokenizer, check_draft_tokenizer_at
+    from specdec.hub.tokenizer_check import check_draft_tokenizer, check_draft_tokenizer_at
 
     words = ["<unk>", "def", "class", "return", "import", "x"]
     a, same, b = _word_tokenizer(words), _word_tokenizer(words), _word_tokenizer(words[:1] + words[:0:-1])
@@ -155,7 +155,7 @@ def test_bench_says_why_the_acceptance_plot_is_empty():
 
 def test_demo_json_contract(capsys):
     pytest.importorskip("rich")
-    from specdec.default_pair import assets_present
+    from specdec.hub.default_pair import assets_present
 
     if not assets_present():
         pytest.skip("default assets missing")

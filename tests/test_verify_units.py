@@ -7,10 +7,9 @@ import math
 import pytest
 import torch
 
-from specdec.decoding import verify_round
-from specdec.sampling import SamplingConfig
-from specdec.stats import best_gamma, expected_speedup, expected_tokens_per_pass
-from specdec.verify import (
+from specdec.core.sampling import SamplingConfig
+from specdec.core.stats import best_gamma, expected_speedup, expected_tokens_per_pass
+from specdec.core.verify import (
     acceptance_ratio,
     draw_uniforms,
     rejection_rule,
@@ -18,6 +17,7 @@ from specdec.verify import (
     verify_greedy,
     verify_sampled,
 )
+from specdec.engine.decoding import verify_round
 
 P = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
 Q = torch.tensor([0.25, 0.5, 0.25], dtype=torch.float64)

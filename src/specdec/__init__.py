@@ -15,15 +15,15 @@ __version__ = "0.1.0"
 
 #: public name -> module that defines it
 _EXPORTS = {
-    "AdaptiveGamma": "specdec.adaptive",
-    "HeuristicGamma": "specdec.adaptive",
-    "DEFAULT_GAMMA": "specdec.decoding",
-    "GenerationOutput": "specdec.decoding",
-    "SpeculativeDecoder": "specdec.decoding",
-    "generate": "specdec.decoding",
-    "stream": "specdec.decoding",
-    "BatchDecoder": "specdec.batch",
-    "generate_batch": "specdec.batch",
+    "AdaptiveGamma": "specdec.engine.adaptive",
+    "HeuristicGamma": "specdec.engine.adaptive",
+    "DEFAULT_GAMMA": "specdec.engine.decoding",
+    "GenerationOutput": "specdec.engine.decoding",
+    "SpeculativeDecoder": "specdec.engine.decoding",
+    "generate": "specdec.engine.decoding",
+    "stream": "specdec.engine.decoding",
+    "BatchDecoder": "specdec.engine.batch",
+    "generate_batch": "specdec.engine.batch",
     "Bigram": "specdec.drafters",
     "DraftTree": "specdec.drafters",
     "MultiDraft": "specdec.drafters",
@@ -31,9 +31,9 @@ _EXPORTS = {
     "Medusa": "specdec.drafters",
     "EagleHead": "specdec.heads",
     "MedusaHeads": "specdec.heads",
-    "FastPathWarning": "specdec.models.static_lm",
-    "StaticCausalLM": "specdec.models.static_lm",
-    "TreeMask": "specdec.tree",
+    "FastPathWarning": "specdec.runtime.compiled",
+    "StaticCausalLM": "specdec.runtime.static_lm",
+    "TreeMask": "specdec.core.tree",
     "ProposalError": "specdec.errors",
     "Drafter": "specdec.drafters",
     "DraftModel": "specdec.drafters",
@@ -47,23 +47,23 @@ _EXPORTS = {
     "PromptError": "specdec.errors",
     "SpecdecError": "specdec.errors",
     "UnsupportedModelError": "specdec.errors",
-    "load": "specdec.loading",
-    "SamplingConfig": "specdec.sampling",
-    "DecodeStats": "specdec.stats",
-    "expected_speedup": "specdec.stats",
-    "expected_tokens_per_pass": "specdec.stats",
-    "TextOutput": "specdec.text",
-    "generate_text": "specdec.text",
-    "stream_text": "specdec.text",
-    "set_threads": "specdec.threads",
-    "load_default_seq2seq": "specdec.default_pair",
+    "load": "specdec.hub.loading",
+    "SamplingConfig": "specdec.core.sampling",
+    "DecodeStats": "specdec.core.stats",
+    "expected_speedup": "specdec.core.stats",
+    "expected_tokens_per_pass": "specdec.core.stats",
+    "TextOutput": "specdec.engine.text",
+    "generate_text": "specdec.engine.text",
+    "stream_text": "specdec.engine.text",
+    "set_threads": "specdec.runtime.threads",
+    "load_default_seq2seq": "specdec.hub.default_pair",
     "check_exactness": "specdec.exactness",
 }
 
 
 def load_default_heads(*args, **kwargs):
     """{"eagle": EagleHead, "medusa": MedusaHeads}: the heads shipped for the default target."""
-    from specdec.default_pair import load_default_heads as _load_default_heads
+    from specdec.hub.default_pair import load_default_heads as _load_default_heads
 
     return _load_default_heads(*args, **kwargs)
 
@@ -77,7 +77,7 @@ def train_head(*args, **kwargs):
 
 def load_default(*args, **kwargs):
     """(target, draft, tokenizer): the default pair shipped with specdec, trained on Python's stdlib."""
-    from specdec.default_pair import load_default as _load_default
+    from specdec.hub.default_pair import load_default as _load_default
 
     return _load_default(*args, **kwargs)
 

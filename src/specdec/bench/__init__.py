@@ -54,7 +54,7 @@ def resummarize(results: dict[str, Any], out: str | Path | None = None,
     """Recompute summaries, theory and plots from the raw runs of a saved `results.json` (e.g. after a
     change in how they are summarized); the runs, outputs and the original command are kept."""
     from specdec.bench.report import command_line, write_plots, write_results
-    from specdec.bench.runner import Config, _add_speedups, summarize
+    from specdec.bench.runner import Config, add_speedups, summarize
     from specdec.bench.theory import compare
 
     runs = results["runs"]
@@ -62,7 +62,7 @@ def resummarize(results: dict[str, Any], out: str | Path | None = None,
         run.setdefault("target_all_s", run["target_prefill_s"] + run["target_s"])
     configs = [Config(c["method"], c["gamma"]) for c in results["configs"]]
     summaries = [summarize(c, [r for r in runs if r["label"] == c.label]) for c in configs]
-    _add_speedups(summaries)
+    add_speedups(summaries)
     results = dict(results, configs=summaries,
                    theory=compare(summaries, max_gamma=max([16] + [c.gamma or 0 for c in configs])),
                    resummarized_by=command if command is not None else command_line())

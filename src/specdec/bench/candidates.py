@@ -35,7 +35,7 @@ class Models:
         """The target adapter of a decode path: "eager" (CachedCausalLM) or "compiled" (the fast path's slot
         cache with compiled passes; eager, with a warning, where the model or machine cannot take it)."""
         if path not in self.adapters:
-            from specdec.models.static_lm import fast_adapter
+            from specdec.runtime.static_lm import fast_adapter
 
             if path not in ("eager", "compiled"):
                 raise ConfigError(f"unknown decode path {path!r}")
@@ -64,13 +64,13 @@ class Candidate:
 
     def decoder(self, models: Models, *, speculative: bool = True, **settings):
         """A SpeculativeDecoder for one request: this method's, or plain decoding on the same target path."""
-        from specdec.decoding import SpeculativeDecoder
+        from specdec.engine.decoding import SpeculativeDecoder
 
         drafter, gamma = self.drafter(models) if speculative else (None, 1)
         return SpeculativeDecoder(self.target(models), drafter, gamma=gamma, **dict(self.options), **settings)
 
 
-def _draft_model(gamma_policy: Callable[[], Any]) -> Callable[[Models], tuple[Any, Any]]:
+def draft_model_candidate(gamma_policy: Callable[[], Any]) -> Callable[[Models], tuple[Any, Any]]:
     def build(models: Models):
         from specdec.drafters import DraftModel
 
@@ -79,7 +79,7 @@ def _draft_model(gamma_policy: Callable[[], Any]) -> Callable[[Models], tuple[An
 
 
 def _heuristic():
-    from specdec.adaptive import HeuristicGamma
+    from specdec.engine.adaptive import HeuristicGamma
 
     return HeuristicGamma()
 
@@ -102,7 +102,7 @@ _HEADS: dict[int, Any] = {}  # id(target) -> its shipped heads (or None: not the
 
 def _default_heads(target) -> dict[str, Any] | None:
     if id(target) not in _HEADS:
-        from specdec.default_pair import load_default_heads
+        from specdec.hub.default_pair import load_default_heads
         from specdec.errors import SpecdecError
 
         try:
@@ -122,17 +122,17 @@ def _eagle_tree(models: Models):
 #: The registry. A method that lands later (a compiled fast path, `specdec.DraftTree`, EAGLE heads) is one
 #: more entry here, with `target=` for its own decode path and `setup_note=` when its first use is slow.
 CANDIDATES: list[Candidate] = [
-    Candidate("draft-g3", "draft model, γ = 3", _draft_model(lambda: 3), needs_draft=True),
+    Candidate("draft-g3", "draft model, γ = 3", draft_model_candidate(lambda: 3), needs_draft=True),
     Candidate("draft-heuristic", "draft model, γ +2/−1 schedule (transformers' heuristic)",
-              _draft_model(_heuristic), needs_draft=True),
+              draft_model_candidate(_heuristic), needs_draft=True),
     Candidate("draft-auto", "draft model, γ chosen each round from measured α and cost (gamma='auto')",
-              _draft_model(lambda: "auto"), needs_draft=True),
+              draft_model_candidate(lambda: "auto"), needs_draft=True),
     Candidate("prompt-lookup-auto", "prompt lookup (n-grams of the prompt and output), gamma='auto'",
               _prompt_lookup),
     Candidate("draft-tree", "draft model proposing a token tree (EAGLE-2-style, top-k 4, depth 6, 24 nodes)",
               _draft_tree, needs_draft=True),
     Candidate("draft-g3-compiled", "draft model, γ = 3, on the fast path (slot KV cache, compiled passes)",
-              _draft_model(lambda: 3), needs_draft=True, target=lambda models: models.adapter("compiled"),
+              draft_model_candidate(lambda: 3), needs_draft=True, target=lambda models: models.adapter("compiled"),
               options=(("compile", True),), opt_in="--compile",
               setup_note="compiling the target's and the draft's passes (once per shape; about a minute on a "
               "busy 2-core CPU, less once inductor's disk cache is warm)..."),

@@ -251,7 +251,7 @@ class HFCounter:
         """A `DecodeStats` rebuilt from the calls: round i drafted cache_len + n_in - committed tokens, and
         kept (next committed - committed - 1) of them. The first call also prefills the prompt: its time
         goes to `prefill_s`, and `target_s` covers the other calls."""
-        from specdec.stats import DecodeStats
+        from specdec.core.stats import DecodeStats
 
         s = DecodeStats()
         committed = prompt_len
@@ -288,8 +288,8 @@ class Bench:
 
     def __init__(self, target, draft, settings: BenchSettings, pad_token_id: int | None = None,
                  tokenizers: tuple | None = None):
-        from specdec.models.causal_lm import CachedCausalLM
-        from specdec.models.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
+        from specdec.runtime.causal_lm import CachedCausalLM
+        from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
 
         # (draft tokenizer, target tokenizer) when the draft has its own vocabulary: the draft-tli/-slem
         # drafters and HF's universal assisted generation translate between them.
@@ -328,7 +328,7 @@ class Bench:
         if not compiled:
             return self.target_lm
         if self._target_fast is None:
-            from specdec.models.static_lm import fast_adapter
+            from specdec.runtime.static_lm import fast_adapter
 
             self._target_fast = fast_adapter(self.target, True)
         return self._target_fast
@@ -337,7 +337,7 @@ class Bench:
         return self._run_hf(config, prompt_ids, seed) if config.is_hf else self._run_specdec(config, prompt_ids, seed)
 
     def _run_specdec(self, config: Config, prompt_ids: list[int], seed: int) -> RunResult:
-        from specdec.decoding import SpeculativeDecoder
+        from specdec.engine.decoding import SpeculativeDecoder
 
         s = self.settings
         compiled = is_compiled(config.method)
@@ -347,7 +347,7 @@ class Bench:
         if tree_auto:
             gamma = None  # the tree's depth; the budget is the drafter's own (max_nodes="auto")
         elif suffix == "-heuristic":
-            from specdec.adaptive import HeuristicGamma
+            from specdec.engine.adaptive import HeuristicGamma
 
             gamma = HeuristicGamma()
         else:
@@ -436,7 +436,7 @@ class Bench:
         if hooked:
             stats = counter.stats(prompt_len, out.shape[1])
         else:  # one forward per token; no per-call timings
-            from specdec.stats import DecodeStats
+            from specdec.core.stats import DecodeStats
 
             stats = DecodeStats(new_tokens=len(tokens), target_forwards=len(tokens))
         stats.wall_s = wall
@@ -458,8 +458,8 @@ def forward_costs(target, draft, prompt_ids: list[int], sizes: Sequence[int], re
     """Median milliseconds of one cached forward pass after `prompt_ids`, for each number of new tokens in
     `sizes` (target) and for one token (draft): what a verification pass of γ+1 tokens costs next to a
     plain one-token pass, without any decode loop around it."""
-    from specdec.models.causal_lm import CachedCausalLM
-    from specdec.models.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
+    from specdec.runtime.causal_lm import CachedCausalLM
+    from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
 
     def measure(model, n: int) -> float:
         lm = CachedSeq2SeqLM(model) if is_encoder_decoder(model) else CachedCausalLM(model)
@@ -552,7 +552,7 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
         bar.close()
         transformers.logging.set_verbosity(verbosity)
     summaries = [summarize(config, [r for r in runs if r["label"] == config.label]) for config in configs]
-    _add_speedups(summaries)
+    add_speedups(summaries)
     costs = None
     if settings.forward_costs and prompts:
         needs_draft = any(_base(m) in NEEDS_DRAFT_MODEL for m in settings.methods)
@@ -571,7 +571,7 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
 
 def _check_lengths(target, prompts, max_new_tokens: int) -> None:
     from specdec.errors import PromptError
-    from specdec.models.causal_lm import context_length
+    from specdec.runtime.causal_lm import context_length
 
     limit = context_length(target)
     for prompt in prompts:
@@ -686,7 +686,7 @@ def _all_or_none(values: list) -> bool | None:
     return None if not values or any(v is None for v in values) else all(values)
 
 
-def _add_speedups(summaries: list[dict[str, Any]]) -> None:
+def add_speedups(summaries: list[dict[str, Any]]) -> None:
     by_label = {s["label"]: s for s in summaries}
     for ref in ("hf-plain", "plain"):
         base = by_label.get(ref, {}).get("tokens_per_s")

@@ -3,7 +3,7 @@
 With a per-token acceptance probability α (i.i.d.), γ drafts per round and a cost ratio c (time to draft
 one token over the time of one target forward), a round yields on average
 τ = (1 − α^(γ+1)) / (1 − α) tokens per target forward, and the expected speedup over plain decoding is
-τ / (γc + 1). The formulas live in `specdec.stats`; this module applies them to measured α and c.
+τ / (γc + 1). The formulas live in `specdec.core.stats`; this module applies them to measured α and c.
 
 Which α: `DecodeStats.acceptance_rate` (accepted / drafted) counts the drafts after a rejection as
 rejected although they were never tested, so it underestimates the per-token α of the model. The α fed
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec.stats import best_gamma, expected_speedup, expected_tokens_per_pass
+from specdec.core.stats import best_gamma, expected_speedup, expected_tokens_per_pass
 
 
 def predict(alpha: float, gamma: int, cost_ratio: float | None) -> dict[str, float | None]:

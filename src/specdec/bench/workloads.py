@@ -226,7 +226,7 @@ def read_prompt_file(path: str | Path) -> list[str]:
 
 
 def user_prompts(tokenizer: Any, texts: list[str], source: str = "user") -> list[BenchPrompt]:
-    from specdec.text import encode_prompt
+    from specdec.engine.text import encode_prompt
 
     out = []
     for i, text in enumerate(texts):

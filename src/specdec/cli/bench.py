@@ -36,7 +36,7 @@ examples:
 
 
 def register(subparsers) -> None:
-    from specdec.threads import add_threads_arg
+    from specdec.runtime.threads import add_threads_arg
 
     parser = subparsers.add_parser(
         "bench",
@@ -111,7 +111,7 @@ def run(args) -> int:
     from specdec.bench.workloads import load_workload
     from specdec.cli.generate import load_models
     from specdec.errors import ConfigError
-    from specdec.sampling import SamplingConfig
+    from specdec.core.sampling import SamplingConfig
 
     if args.list_methods:
         print("\n".join(available_methods()))
@@ -129,7 +129,7 @@ def run(args) -> int:
     target, draft, tokenizer = load_models(args)
     if args.dtype is not None and args.target is None:
         # load_default loads float32 whatever --dtype says: cast the shipped pair here.
-        from specdec.loading import resolve_dtype
+        from specdec.hub.loading import resolve_dtype
 
         dtype = resolve_dtype(args.dtype, args.device)
         if dtype != "auto":

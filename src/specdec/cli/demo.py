@@ -20,7 +20,7 @@ SOURCE_STYLE = {"accepted": "green", "recovered": "yellow", "bonus": "cyan", "ta
 
 
 def register(subparsers) -> None:
-    from specdec.threads import add_threads_arg
+    from specdec.runtime.threads import add_threads_arg
 
     parser = subparsers.add_parser(
         "demo",
@@ -61,10 +61,10 @@ def register(subparsers) -> None:
 
 def _validate(args):
     """Every option checked before anything loads or prints; returns the fixed candidate or None (calibrate)."""
-    from specdec.bench.candidates import CANDIDATES, Candidate, _draft_model, get_candidate
+    from specdec.bench.candidates import CANDIDATES, Candidate, draft_model_candidate, get_candidate
     from specdec.errors import ConfigError
-    from specdec.sampling import SamplingConfig
-    from specdec.threads import check_threads
+    from specdec.core.sampling import SamplingConfig
+    from specdec.runtime.threads import check_threads
 
     for name in ("repeats", "max_new_tokens"):
         if getattr(args, name) < 1:
@@ -86,7 +86,7 @@ def _validate(args):
         gamma = args.gamma if args.gamma == "auto" else int(args.gamma) if args.gamma.isdigit() else None
         if gamma is None or gamma == 0:
             raise ConfigError(f"--gamma must be an integer >= 1 or 'auto', got {args.gamma!r}")
-        return Candidate(f"draft-g{gamma}", f"draft model, γ = {gamma}", _draft_model(lambda: gamma),
+        return Candidate(f"draft-g{gamma}", f"draft model, γ = {gamma}", draft_model_candidate(lambda: gamma),
                          needs_draft=True)
     return None if args.method == "auto" else get_candidate(args.method, CANDIDATES)
 
@@ -118,7 +118,7 @@ def _stream(console, decoder, tokenizer, prompt_ids):
     """Print the continuation as tokens become final, coloured by where each came from."""
     from rich.text import Text
 
-    from specdec.text import detokenize
+    from specdec.engine.text import detokenize
 
     def tokens():
         for token in decoder.stream(prompt_ids):
@@ -139,12 +139,12 @@ def run(args) -> int:
 
     fixed = _validate(args)
     console = Console(highlight=False, quiet=args.json)
-    from specdec.threads import apply_threads
+    from specdec.runtime.threads import apply_threads
 
     apply_threads(args)
     import specdec
     from specdec.bench.candidates import CANDIDATES, Models, calibrate
-    from specdec.text import encode_prompt
+    from specdec.engine.text import encode_prompt
 
     with console.status("loading the default model pair..."):
         target, draft, tokenizer = specdec.load_default()
@@ -308,7 +308,7 @@ def _show(console, chosen, gamma, rows, result, vs_hf, vs_plain) -> None:
     method's γ when it is fixed (the theory line applies), else its policy."""
     from rich.table import Table
 
-    from specdec.stats import expected_speedup, expected_tokens_per_pass
+    from specdec.core.stats import expected_speedup, expected_tokens_per_pass
 
     table = Table(title=f"tokens/s and speedups of {chosen.name}: greedy, {result['max_new_tokens']} new tokens, "
                         f"median of {result['repeats']} interleaved run(s) per prompt", box=None, pad_edge=False)

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from specdec.default_pair import ASSETS_DIR, HEAD_DIRS
+    from specdec.hub.default_pair import ASSETS_DIR, HEAD_DIRS
     from specdec.errors import ModelLoadError
     from specdec.heads import EagleHead, MedusaHeads
     from specdec.heads.export import export_head
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
         target, _, _ = specdec.load_default()
     else:
-        from specdec.loading import load_model
+        from specdec.hub.loading import load_model
 
         target = load_model(args.target, "cpu", "float32")
     try:

@@ -29,8 +29,8 @@ def draft_tokenizer(args, target_tokenizer):
     """The draft's tokenizer: --draft-tokenizer, else the one saved with --draft (None if absent or the same
     vocabulary as the target's)."""
     from specdec.errors import ModelLoadError
-    from specdec.loading import load_tokenizer
-    from specdec.vocab import same_vocabulary
+    from specdec.hub.loading import load_tokenizer
+    from specdec.hub.vocab import same_vocabulary
 
     path = getattr(args, "draft_tokenizer", None)
     if path is None and getattr(args, "draft", None):
@@ -55,7 +55,7 @@ def parse_gamma(value: str | None) -> int | str | None:
 
 def register(subparsers) -> None:
     from specdec.drafters import DRAFTER_KINDS
-    from specdec.threads import add_threads_arg
+    from specdec.runtime.threads import add_threads_arg
 
     parser = subparsers.add_parser(
         "generate",
@@ -109,15 +109,15 @@ def load_models(args):
     Checks --device and --threads first, and refuses a --draft whose own tokenizer differs from the target's.
     """
     import specdec
-    from specdec.default_pair import DEFAULT_SEQ2SEQ
-    from specdec.loading import check_device, load, load_model
-    from specdec.threads import apply_threads
-    from specdec.tokenizer_check import check_draft_tokenizer_at
+    from specdec.hub.default_pair import DEFAULT_SEQ2SEQ
+    from specdec.hub.loading import check_device, load, load_model
+    from specdec.runtime.threads import apply_threads
+    from specdec.hub.tokenizer_check import check_draft_tokenizer_at
 
     check_device(args.device)
     apply_threads(args)
     if args.target is None:
-        from specdec.loading import resolve_dtype
+        from specdec.hub.loading import resolve_dtype
 
         dtype = resolve_dtype(getattr(args, "dtype", None), args.device)
         target, draft, tokenizer = specdec.load_default(
@@ -137,10 +137,10 @@ def load_models(args):
 
 
 def run(args) -> int:
-    from specdec.decoding import SpeculativeDecoder
-    from specdec.default_pair import DEFAULT_SEQ2SEQ
+    from specdec.engine.decoding import SpeculativeDecoder
+    from specdec.hub.default_pair import DEFAULT_SEQ2SEQ
     from specdec.drafters import make_drafter
-    from specdec.text import detokenize, text_request
+    from specdec.engine.text import detokenize, text_request
 
     target, draft, tokenizer = load_models(args)
     shipped = args.target is None or args.target == DEFAULT_SEQ2SEQ  # a shipped pair: its draft by default

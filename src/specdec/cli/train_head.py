@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
         target, _, tokenizer = specdec.load_default()
     else:
-        from specdec.loading import load
+        from specdec.hub.loading import load
 
         target, tokenizer = load(args.target, "cpu", "float32")
     cfg = HeadTrainConfig(

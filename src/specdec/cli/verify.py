@@ -8,7 +8,7 @@ import json
 def register(subparsers) -> None:
     from specdec.cli.generate import add_decoding_args
     from specdec.drafters import DRAFTER_KINDS
-    from specdec.threads import add_threads_arg
+    from specdec.runtime.threads import add_threads_arg
 
     parser = subparsers.add_parser(
         "verify",
@@ -78,9 +78,9 @@ def _ids(text: str, what: str) -> list[int]:
 def _load(args):
     """(target, draft or None, tokenizer or None); the tokenizer is only needed for --prompt."""
     import specdec
-    from specdec.loading import check_device, load_model, load_tokenizer
-    from specdec.threads import apply_threads
-    from specdec.tokenizer_check import check_draft_tokenizer_at
+    from specdec.hub.loading import check_device, load_model, load_tokenizer
+    from specdec.runtime.threads import apply_threads
+    from specdec.hub.tokenizer_check import check_draft_tokenizer_at
 
     check_device(args.device)
     apply_threads(args)
@@ -107,11 +107,11 @@ def run(args) -> int:
     from rich.table import Table
 
     from specdec.cli.generate import parse_gamma
-    from specdec.drafters import _OPTIONS, make_drafter
+    from specdec.drafters import DRAFTER_OPTIONS, make_drafter
     from specdec.errors import ConfigError
     from specdec.exactness import check_exactness
     from specdec.exactness.verifier import settings_text
-    from specdec.text import encode_prompt
+    from specdec.engine.text import encode_prompt
 
     if args.samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {args.samples}")
@@ -131,7 +131,7 @@ def run(args) -> int:
     results = []
     for kind in dict.fromkeys(kinds):
         # Each drafter gets the options that apply to it (several kinds may be checked in one run).
-        applicable = {k: v for k, v in options.items() if k in _OPTIONS.get(kind, {})}
+        applicable = {k: v for k, v in options.items() if k in DRAFTER_OPTIONS.get(kind, {})}
         drafter = None if kind == "plain" else make_drafter(kind, target=target, draft=draft, **applicable)
         with console.status(f"verifying {kind}: {args.samples} draws ..."):
             result = check_exactness(

@@ -43,7 +43,7 @@ DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree",
 _TOKENIZERS = {"draft_tokenizer": "--draft-tokenizer", "target_tokenizer": "the target's tokenizer"}
 
 #: Options each kind accepts (make_drafter keyword -> CLI flag, for error messages).
-_OPTIONS = {
+DRAFTER_OPTIONS = {
     "draft": dict(_TOKENIZERS),
     "draft-tli": dict(_TOKENIZERS),
     "draft-slem": dict(_TOKENIZERS),
@@ -72,7 +72,7 @@ EAGLE_TREE = {"top_k": 4, "depth": 3, "max_nodes": 24}
 def _head_drafter(kind: str, target, head_path) -> Drafter:
     """An Eagle / Medusa drafter from a saved head, or the head shipped for the default target ("eagle3": the
     shipped EAGLE-3 head, drafting the same chain / tree as "eagle")."""
-    from specdec.default_pair import load_default_heads
+    from specdec.hub.default_pair import load_default_heads
     from specdec.drafters.eagle import Eagle
     from specdec.drafters.medusa import DEFAULT_TREE, Medusa
     from specdec.heads import EagleHead, MedusaHeads
@@ -116,13 +116,13 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     from specdec.drafters.multi_draft import MultiDraft
     from specdec.drafters.tree import DraftTree
 
-    if kind not in _OPTIONS:
+    if kind not in DRAFTER_OPTIONS:
         raise ConfigError(f"unknown drafter {kind!r}; choose one of: {', '.join(DRAFTER_KINDS)}")
     options = {k: v for k, v in options.items() if v is not None}
     for key in options:
-        if key not in _OPTIONS[kind]:
-            owners = [f"--drafter {k}" for k, opts in _OPTIONS.items() if key in opts]
-            flag = next((opts[key] for opts in _OPTIONS.values() if key in opts), key)
+        if key not in DRAFTER_OPTIONS[kind]:
+            owners = [f"--drafter {k}" for k, opts in DRAFTER_OPTIONS.items() if key in opts]
+            flag = next((opts[key] for opts in DRAFTER_OPTIONS.values() if key in opts), key)
             where = f"; it applies to {' / '.join(owners)}" if owners else ""
             raise ConfigError(f"option {flag} does not apply to --drafter {kind}{where}")
     if kind in ("draft", "draft-tli", "draft-slem"):

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.core.sampling import SamplingConfig
 from specdec.errors import ProposalError
-from specdec.sampling import SamplingConfig
 
 
 @dataclass(frozen=True)

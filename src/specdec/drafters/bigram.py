@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
+from specdec.core.sampling import SamplingConfig, sample
 from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError
-from specdec.sampling import SamplingConfig, sample
 
 #: Vocabularies up to this size get a dense [V, V] table by default (4096² float32 = 64 MiB).
 DENSE_MAX_VOCAB = 4096
@@ -201,7 +201,7 @@ class Bigram(Drafter):
         target: a Hugging Face causal LM (or a CachedCausalLM). top_k: as in `from_corpus` (dense by
         default up to DENSE_MAX_VOCAB tokens). Costs V one-token forwards, batch_size at a time.
         """
-        from specdec.models.causal_lm import CachedCausalLM, check_rollback_support, vocab_size as model_vocab
+        from specdec.runtime.causal_lm import CachedCausalLM, check_rollback_support, vocab_size as model_vocab
 
         model = target.model if isinstance(target, CachedCausalLM) else target
         if getattr(model.config, "is_encoder_decoder", False):

@@ -4,7 +4,7 @@
 returns one of these when the two tokenizers differ. Two exact ways to draft:
 
 - **TLI** (token-level intersection): the draft's logits are restricted to the tokens both vocabularies
-  share (`specdec.vocab.VocabMapping`), placed at the target's ids (-inf elsewhere) and warped there, so the
+  share (`specdec.hub.vocab.VocabMapping`), placed at the target's ids (-inf elsewhere) and warped there, so the
   proposal is an ordinary `draft_probs` row over the target's vocabulary: sampled from exactly the reported
   q, zero outside the intersection, and verified by the usual rejection rule.
 - **SLEM** (string-level exact match): the draft writes γ tokens of text (its argmax); the text is
@@ -29,11 +29,11 @@ import time
 
 import torch
 
+from specdec.core.sampling import SamplingConfig, sample
 from specdec.drafters.base import Proposal
 from specdec.drafters.draft_model import CROSS_VOCAB_METHODS, DraftModel
 from specdec.errors import ConfigError
-from specdec.sampling import SamplingConfig, sample
-from specdec.vocab import VocabMapping, check_tokenizer_fits, encode, vocab_mapping
+from specdec.hub.vocab import VocabMapping, check_tokenizer_fits, encode, vocab_mapping
 
 #: "auto" considers TLI only when at least this share of the draft's vocabulary exists in the target's ...
 AUTO_MIN_SHARED = 0.5

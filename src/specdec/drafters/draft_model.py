@@ -10,12 +10,12 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from specdec.core.sampling import SamplingConfig, sample
 from specdec.drafters.base import Drafter, Proposal
-from specdec.models.causal_lm import CachedCausalLM
-from specdec.models.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
-from specdec.models.static_lm import StaticCausalLM, fast_adapter
-from specdec.sampling import SamplingConfig, sample
-from specdec.vocab import check_tokenizer_fits, padded_widths_match, same_vocabulary
+from specdec.hub.vocab import check_tokenizer_fits, padded_widths_match, same_vocabulary
+from specdec.runtime.causal_lm import CachedCausalLM
+from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
+from specdec.runtime.static_lm import StaticCausalLM, fast_adapter
 
 #: DraftModel(method=...) for a draft with another tokenizer: pick by the shared vocabulary, token-level
 #: intersection (TLI), or string-level exact match (SLEM).

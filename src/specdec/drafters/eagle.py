@@ -29,19 +29,19 @@ import weakref
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specdec.core.sampling import SamplingConfig
 from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError, NumericalError, PromptError
 from specdec.heads import EagleHead
 from specdec.heads.static_draft import draft_round, grow_level, round_slots
-from specdec.models.static_lm import (
+from specdec.runtime.compiled import (
     CACHE_ROUND,
     COMPILE_OPTIONS,
-    SlotCache,
-    _raise_recompile_limit,
     fast_path_problem,
+    raise_recompile_limit,
     static_cache_problem,
 )
-from specdec.sampling import SamplingConfig
+from specdec.runtime.slot_cache import SlotCache
 
 #: Compiled draft rounds per head object, keyed by (pad, levels, top_k, max_nodes, cache slots).
 _GRAPHS: weakref.WeakKeyDictionary[EagleHead, dict[tuple, object]] = weakref.WeakKeyDictionary()
@@ -235,7 +235,7 @@ class Eagle(Drafter):
         graphs = _GRAPHS.setdefault(self.head, {})
         fn = graphs.get(key)
         if fn is None:
-            _raise_recompile_limit()
+            raise_recompile_limit()
             fn = graphs[key] = torch.compile(draft_round, fullgraph=True, dynamic=False, options=COMPILE_OPTIONS)
         return fn
 

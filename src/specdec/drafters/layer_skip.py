@@ -37,8 +37,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specdec.drafters.draft_model import DraftModel
 from specdec.errors import ConfigError, UnsupportedModelError
-from specdec.models.base import cache_kwarg
-from specdec.models.causal_lm import CachedCausalLM, check_rollback_support
+from specdec.runtime.base import cache_kwarg
+from specdec.runtime.causal_lm import CachedCausalLM, check_rollback_support
 
 #: Attribute names under which base models keep their decoder layers.
 LAYER_LIST_NAMES = ("layers", "h")

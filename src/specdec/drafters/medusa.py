@@ -16,10 +16,10 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
+from specdec.core.sampling import SamplingConfig
 from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError
 from specdec.heads import MedusaHeads
-from specdec.sampling import SamplingConfig
 
 #: A small static tree for 4 heads: wide at the first head, narrow below (rank paths, 0 = argmax).
 DEFAULT_TREE = (

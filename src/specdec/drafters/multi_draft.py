@@ -4,7 +4,7 @@ The tree is grown one level per draft pass: level 0 holds `widths[0]` children o
 committed token), and every node of level l gets `widths[l]` children (1 past the end of `widths`), down to
 γ levels. `widths=(k,)` is k draft chains that share only the root; `widths=(3, 2)` is six drafts whose
 pairs share their first token, i.e. identical sampled prefixes kept as one node. The draft's KV cache
-stays at the committed context between rounds (`_TreeDrafter`); each level re-scores the tree in one
+stays at the committed context between rounds (`TreeDrafter`); each level re-scores the tree in one
 4D-masked pass (`CachedCausalLM.score(tree=...)`), cropped away afterwards.
 
 How a node's children are drawn, per `scheme`, and the q each one carries (`draft_probs` row: exactly the
@@ -18,7 +18,7 @@ distribution it was drawn from, which is what keeps `verify_tree` exact):
   residual update (skipping it is biased; a negative control checks this).
 - "spectr" (SpecTr's k-sequential selection): the same i.i.d. draws as "specinfer", but the proposal is
   tagged `selection="spectr"` and the verifier accepts among the siblings by SpecTr's ρ rule
-  (`specdec.verify.verify_kseq`) instead of sequential residuals.
+  (`specdec.core.verify.verify_kseq`) instead of sequential residuals.
 At T = 0 every scheme proposes the top-w children of each node (point masses, `draft_probs=None`).
 """
 
@@ -29,10 +29,10 @@ import math
 import torch
 from transformers import PreTrainedModel
 
+from specdec.core.sampling import SamplingConfig, sample
 from specdec.drafters.base import Proposal
-from specdec.drafters.tree import _positive_int, _TreeDrafter
+from specdec.drafters.tree import positive_int, TreeDrafter
 from specdec.errors import ConfigError
-from specdec.sampling import SamplingConfig, sample
 
 #: Drafting schemes: how a node's sibling children are drawn (and verified).
 SCHEMES = ("rrs", "specinfer", "spectr")
@@ -52,7 +52,7 @@ def _scheme(scheme: str | None, replacement: bool | None) -> str:
     return scheme
 
 
-class MultiDraft(_TreeDrafter):
+class MultiDraft(TreeDrafter):
     """Sampled drafts from `draft_model` verified as one tree.
 
     num_drafts: children of the root (k draft chains when `widths` is not given).
@@ -77,11 +77,11 @@ class MultiDraft(_TreeDrafter):
         super().__init__(draft_model)
         self.scheme = _scheme(scheme, replacement)
         if widths is None:
-            widths = (_positive_int("num_drafts", num_drafts),)
+            widths = (positive_int("num_drafts", num_drafts),)
         if isinstance(widths, int) or not len(widths):
             raise ConfigError(f"widths must be a non-empty sequence of integers >= 1 (children per node by level, "
                               f"e.g. widths=(2, 2)), got {widths!r}")
-        self.widths = tuple(_positive_int("widths[i]", w) for w in widths)
+        self.widths = tuple(positive_int("widths[i]", w) for w in widths)
         self.num_drafts = math.prod(self.widths)  # leaves of a full tree: an upper bound on nodes per level
 
     @property

@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import torch
 
+from specdec.core.sampling import SamplingConfig
 from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError
-from specdec.sampling import SamplingConfig
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:

@@ -24,23 +24,24 @@ import math
 import torch
 from transformers import PreTrainedModel
 
+from specdec.core.sampling import SamplingConfig
+from specdec.core.tree import TreeMask
 from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.tree_budget import TreeBudget
 from specdec.errors import ConfigError
-from specdec.models.causal_lm import CachedCausalLM
-from specdec.models.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
-from specdec.models.static_lm import StaticCausalLM, fast_adapter, select_tree, tree_candidates, tree_log_probs
-from specdec.sampling import SamplingConfig
-from specdec.tree import TreeMask
-from specdec.tree_budget import TreeBudget
+from specdec.runtime.causal_lm import CachedCausalLM
+from specdec.runtime.draft_graphs import select_tree, tree_candidates, tree_log_probs
+from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
+from specdec.runtime.static_lm import StaticCausalLM, fast_adapter
 
 
-def _positive_int(name: str, value: object) -> int:
+def positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
     return value
 
 
-class _TreeDrafter(Drafter):
+class TreeDrafter(Drafter):
     """A draft model with its own KV cache that can score the nodes of a tree it is growing."""
 
     def __init__(self, model: PreTrainedModel):
@@ -64,7 +65,7 @@ class _TreeDrafter(Drafter):
         self.lm.reset(**({} if encoder_inputs is None else {"encoder_inputs": encoder_inputs}))
         self.lm.prefill(prompt_ids[:-1])  # the last prompt token is the first round's root
 
-    def fork(self) -> _TreeDrafter:
+    def fork(self) -> TreeDrafter:
         """Another request's drafter over the same draft model, with its own (eager) draft cache."""
         twin = copy.copy(self)
         twin.lm = CachedCausalLM(self.lm.model)
@@ -100,7 +101,7 @@ class _TreeDrafter(Drafter):
         return torch.cat(out)
 
 
-class DraftTree(_TreeDrafter):
+class DraftTree(TreeDrafter):
     """EAGLE-2-style dynamic tree from a draft model.
 
     Each level expands the `top_k` best frontier nodes (by cumulative draft log-probability) into their
@@ -114,7 +115,7 @@ class DraftTree(_TreeDrafter):
     the whole tree is grown as ONE fixed-shape graph (`StaticCausalLM.draft_tree`): the same nodes as the
     eager drafter from the same draft logits. `max_nodes="auto"` picks the node budget online from the
     measured cost of the target's pass and the measured acceptance of each ranked node
-    (specdec.tree_budget, docs/trees.md). The defaults (top_k=2, depth=6, max_nodes=8) were chosen by
+    (specdec.drafters.tree_budget, docs/trees.md). The defaults (top_k=2, depth=6, max_nodes=8) were chosen by
     measurement on the default pair on a 2-core CPU: 8 nodes beat 12 and 16 on the fast path in two runs
     and matched 12 on the eager path (BENCHMARKS.md, "Token trees on the fast path"); the same defaults
     serve both paths.
@@ -125,8 +126,8 @@ class DraftTree(_TreeDrafter):
     def __init__(self, draft_model: PreTrainedModel, top_k: int = 2, depth: int = 6, max_nodes: int | str = 8,
                  compile: bool | str | None = None):
         super().__init__(draft_model)
-        self.top_k = _positive_int("top_k", top_k)
-        self.depth = _positive_int("depth", depth)
+        self.top_k = positive_int("top_k", top_k)
+        self.depth = positive_int("depth", depth)
         self.budget: TreeBudget | None = None
         if max_nodes == "auto":
             self.budget = TreeBudget(tree_candidates(self.top_k, self.depth))
@@ -196,8 +197,8 @@ class DraftTree(_TreeDrafter):
             self.budget.accepted(context, num_accepted)
 
     def _grow(self, context, depth, sampling):
-        """The eager tree: one draft pass per level on the dynamic cache. Candidates as in `_expand_tree`
-        (tokens, parents, scores, rank), children of −inf score left out."""
+        """The eager tree: one draft pass per level on the dynamic cache. Candidates as in
+        `draft_graphs.expand_tree` (tokens, parents, scores, rank), children of −inf score left out."""
         n = context.shape[0]
         # Catch up and keep the root in the cache (slot n − 1); each level then feeds only its frontier.
         root_logits = self.lm.forward(context[self.lm.length :], last_only=True)[0]  # [V]

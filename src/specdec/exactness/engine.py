@@ -42,7 +42,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
-from specdec.models.base import cache_kwarg
+from specdec.runtime.base import cache_kwarg
 
 ENGINES = ("auto", "memo", "cache")
 
@@ -116,7 +116,7 @@ class _Memo:
         self.source_hidden: torch.Tensor | None = None  # [1, S, H] its encoder output
         self.encoder_output = None
         if encoder_inputs is not None and getattr(model.config, "is_encoder_decoder", False):
-            from specdec.models.seq2seq_lm import check_encoder_inputs  # noqa: PLC0415
+            from specdec.runtime.seq2seq_lm import check_encoder_inputs  # noqa: PLC0415
 
             self.source = check_encoder_inputs(model, encoder_inputs)
             with torch.inference_mode():

@@ -3,7 +3,7 @@
 Never use these to decode. Each reproduces a plausible bug in speculative sampling; the test suite plugs
 them in (via `SpeculativeDecoder(..., verify_fn=...)` or as the drafter) and requires the verifier to
 reject them, which shows the statistical test has power against real mistakes. All keep the interface of
-`specdec.decoding.verify_round` (draft_tokens [γ], draft_probs [γ, V] | None, target_logits [γ+1, V],
+`specdec.engine.decoding.verify_round` (draft_tokens [γ], draft_probs [γ, V] | None, target_logits [γ+1, V],
 sampling, generator) -> Verdict.
 """
 
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from specdec.decoding import verify_round
+from specdec.core.sampling import SamplingConfig, sample
+from specdec.core.tree import TreeMask, children
+from specdec.core.verify import Verdict, acceptance_ratio, kseq_residual, residual_distribution, verify_sampled
 from specdec.drafters.base import Proposal
 from specdec.drafters.draft_model import DraftModel
 from specdec.drafters.tree import DraftTree
-from specdec.models.causal_lm import CachedCausalLM
-from specdec.sampling import SamplingConfig, sample
-from specdec.tree import TreeMask, children
-from specdec.verify import Verdict, acceptance_ratio, kseq_residual, residual_distribution, verify_sampled
+from specdec.engine.decoding import verify_round
+from specdec.runtime.causal_lm import CachedCausalLM
 
 
 def _accept(draft_tokens, draft_probs, target_probs, generator) -> int:

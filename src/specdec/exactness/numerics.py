@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import PreTrainedModel
 
-from specdec.models.causal_lm import CachedCausalLM
+from specdec.runtime.causal_lm import CachedCausalLM
 
 
 @dataclass
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         target, draft, tokenizer = specdec.load_default()
         models["default target"], models["default draft"] = target, draft
     for path in args.model:
-        from specdec.loading import load_model
+        from specdec.hub.loading import load_model
 
         models[path] = load_model(path)
     text_tokens = None

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from specdec.core.sampling import SamplingConfig
 from specdec.exactness.warp import reference_warp
-from specdec.sampling import SamplingConfig
 
 
 def warped(logits: torch.Tensor, sampling: SamplingConfig) -> np.ndarray:

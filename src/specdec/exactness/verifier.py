@@ -30,9 +30,10 @@ import torch
 from scipy import sparse
 from transformers import PreTrainedModel
 
-from specdec.decoding import DEFAULT_GAMMA, SpeculativeDecoder, TreeVerifyFn, VerifyFn, _eos_ids, verify_round
-from specdec.verify import verify_tree
+from specdec.core.sampling import SamplingConfig
+from specdec.core.verify import verify_tree
 from specdec.drafters.base import Drafter
+from specdec.engine.decoding import DEFAULT_GAMMA, SpeculativeDecoder, TreeVerifyFn, VerifyFn, eos_ids, verify_round
 from specdec.errors import ConfigError
 from specdec.exactness.engine import Draws, draw, find_models, torch_threads
 from specdec.exactness.gof import (
@@ -45,10 +46,9 @@ from specdec.exactness.gof import (
     pooled_conditional_test,
 )
 from specdec.exactness.reference import Enumeration, enumerate_continuations, iter_conditionals
-from specdec.models.causal_lm import CachedCausalLM
-from specdec.models.seq2seq_lm import CachedSeq2SeqLM, FixedSourceDecoder
-from specdec.models.causal_lm import vocab_size as model_vocab_size
-from specdec.sampling import SamplingConfig
+from specdec.runtime.causal_lm import CachedCausalLM
+from specdec.runtime.causal_lm import vocab_size as model_vocab_size
+from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, FixedSourceDecoder
 
 MODES = ("auto", "enumerate", "conditional")
 DEFAULT_ALPHA = 1e-3
@@ -195,7 +195,7 @@ def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p
     model = _unwrap(target)
     prompt = [int(t) for t in (prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else prompt_ids)]
     sampling = SamplingConfig(temperature, top_k, top_p)
-    eos = _eos_ids(model, eos_token_id)
+    eos = eos_ids(model, eos_token_id)
     if not isinstance(drafter, Drafter) and callable(drafter):
         drafter = drafter()
     vocab = model_vocab_size(model)

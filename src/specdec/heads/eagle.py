@@ -40,7 +40,6 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specdec.errors import ConfigError, ModelLoadError, UnsupportedModelError
-from specdec.models.base import cache_kwarg
 from specdec.heads.common import (
     FORMAT_VERSION,
     check_target,
@@ -49,6 +48,7 @@ from specdec.heads.common import (
     target_signature,
     write_head,
 )
+from specdec.runtime.base import cache_kwarg
 
 #: Attribute names, per HF family, of the base model's token embedding, layer list, final norm, and a
 #: layer's input norm. The head drops the embedding (it is fed `inputs_embeds`) and both norms.

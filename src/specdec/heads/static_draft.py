@@ -4,7 +4,7 @@
 shape fixed by (pad, levels, top_k, max_nodes, cache size), so the whole round (catch-up on the target's
 features, every tree level, the rerank) is one `torch.compile` graph with no host synchronisation:
 
-* the head's KV cache is a `SlotCache` (models/static_lm.py): rows are written at explicit slots and every
+* the head's KV cache is a `SlotCache` (runtime/slot_cache.py): rows are written at explicit slots and every
   query row gets an additive mask over all slots, so stale rows need no crop, only a mask;
 * the pending target features (k+1 of them after a round that accepted k drafts) are padded to `pad` rows
   at the END; their count `count` and the committed row count `rows` are 0-d tensors, so a different

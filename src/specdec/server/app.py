@@ -17,8 +17,8 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from specdec.decoding import FixedGamma
-from specdec.models.causal_lm import context_length, vocab_size
+from specdec.engine.decoding import FixedGamma
+from specdec.runtime.causal_lm import context_length, vocab_size
 from specdec.server.metrics import Metrics
 from specdec.server.protocol import APIError, Sampling, parse_sampling
 from specdec.server.scheduler import Failed, Finished, Request, Scheduler, Tokens

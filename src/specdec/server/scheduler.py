@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from specdec.batch import BatchDecoder
+from specdec.engine.batch import BatchDecoder
 from specdec.errors import SpecdecError
 from specdec.server.goodput import GoodputGamma
 from specdec.server.metrics import Metrics

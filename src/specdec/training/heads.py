@@ -232,7 +232,7 @@ def _initial_head(cfg: HeadTrainConfig, target):
         return MedusaHeads.init(target, num_heads=cfg.num_heads, seed=cfg.loop.seed)
     path = Path(cfg.init)
     if cfg.init == "default":
-        from specdec.default_pair import default_assets_dir
+        from specdec.hub.default_pair import default_assets_dir
 
         path = default_assets_dir() / cfg.kind
     head = cls.load(path, target)

@@ -21,9 +21,9 @@ import weakref
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specdec.core.tree import TreeMask
 from specdec.errors import NumericalError, UnsupportedModelError
-from specdec.models.base import Scores, cache_kwarg, select_hidden
-from specdec.tree import TreeMask
+from specdec.runtime.base import Scores, cache_kwarg, select_hidden
 
 #: model -> True/False: does a tree pass with a 4D mask match per-branch chain passes? (probed once)
 _TREE_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

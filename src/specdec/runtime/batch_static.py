@@ -1,5 +1,5 @@
 """`StaticBatchedCausalLM`: the batched fast path. `BatchedCausalLM`'s interface over a preallocated cache
-and compiled fixed-shape passes (as `models/static_lm.py` is to `CachedCausalLM` for one row).
+and compiled fixed-shape passes (as `static_lm.py` is to `CachedCausalLM` for one row).
 
 Layout: the same shared slot columns and `valid [B, S]` as `BatchedCausalLM` (docs/batching.md), but the
 keys and values live in a `SlotCache` allocated once: per layer [R, H, L, D], R rows (a batch bucket) and
@@ -9,9 +9,10 @@ sees its valid columns and the new columns causally (or its tree block), nothing
 columns need no clearing and a rollback is a flip of `valid` plus a move of S.
 
 Shapes are fixed per pass: rows padded to a batch bucket (1, 2, 4, 8, 16, 32, 64: padding rows see only
-their own inputs), inputs padded to a query bucket (static_lm's `DEFAULT_BUCKETS`; padding columns become
+their own inputs), inputs padded to a query bucket (`compiled.DEFAULT_BUCKETS`; padding columns become
 holes), L fixed per adapter. Each (rows, inputs, L) shape is compiled once per model object and process
-(static_lm's compile options and registry) with a log line and its time; `precompile` does them up front.
+(`compiled.compile_once`: the fast path's compile options and registry) with a log line and its time;
+`precompile` does them up front.
 
 Rows join by an eager, batched prefill (`BatchedCausalLM` on the new rows alone) whose states are copied into
 the buffers; rows leave by an index copy of the batch axis. When the next pass would run past L, rows are
@@ -29,24 +30,20 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from specdec.batch_lm import BatchedCausalLM, check_batchable
+from specdec.core.tree import TreeMask
 from specdec.errors import PromptError, UnsupportedModelError
-from specdec.models.causal_lm import context_length
-from specdec.models.static_lm import (
-    _COMPILED,
+from specdec.runtime.base import Scores, cache_kwarg
+from specdec.runtime.batch_lm import BatchedCausalLM, check_batchable
+from specdec.runtime.causal_lm import context_length
+from specdec.runtime.compiled import (
     CACHE_ROUND,
-    COMPILE_OPTIONS,
     DEFAULT_BUCKETS,
-    SlotCache,
-    _Compiled,
-    _raise_recompile_limit,
-    _SlotLayer,
-    _Timed,
     FastPathWarning,
+    compile_once,
     fast_path_problem,
+    is_compiled,
 )
-from specdec.models.base import Scores, cache_kwarg
-from specdec.tree import TreeMask
+from specdec.runtime.slot_cache import SlotCache, SlotLayer
 
 
 #: Row counts a pass is padded to.
@@ -111,7 +108,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
             template = list(zip(probe.keys, probe.values))
         cache = SlotCache(columns)
         for i, (k, v) in enumerate(template):
-            layer = _SlotLayer(cache)
+            layer = SlotLayer(cache)
             layer.dtype, layer.device = k.dtype, k.device
             layer.keys = k.new_zeros(rows, k.shape[1], columns, k.shape[3])  # [R, H, L, D]
             layer.values = v.new_zeros(rows, v.shape[1], columns, v.shape[3])
@@ -258,15 +255,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         """The pass for this shape: compiled once per model object (shared by its adapters), or eager."""
         if not self.compile:
             return _batched_pass
-        key = ("batch-pass", rows, width, self.max_len)
-        entry = _COMPILED.setdefault(self.model, _Compiled())
-        fn = entry.fns.get(key)
-        if fn is None:
-            _raise_recompile_limit()
-            compiled = torch.compile(_batched_pass, fullgraph=True, dynamic=False, options=COMPILE_OPTIONS)
-            fn = entry.fns[key] = _Timed(compiled, ("batch-pass", rows, width, self.max_len),
-                                                type(self.model).__name__, entry)
-        return fn
+        return compile_once(self.model, ("batch-pass", rows, width, self.max_len), _batched_pass)
 
     # -- rolling back ---------------------------------------------------------------------------------
     def keep_new(self, row: int, width: int, keep: Sequence[int]) -> None:
@@ -318,9 +307,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
             self._allocate(0, self.max_len or self._columns_for(1), None)
         for r in sorted({self._rows_for(n) for n in rows}):
             for w in sorted({bucket(n, self.query_buckets) for n in widths}):
-                entry = _COMPILED.get(self.model)
-                key = ("batch-pass", r, w, self.max_len)
-                if entry is not None and key in entry.fns and entry.fns[key].done:
+                if is_compiled(self.model, ("batch-pass", r, w, self.max_len)):
                     continue
                 scratch = StaticBatchedCausalLM(self.model, max_len=self.max_len, compile=True)
                 scratch._allocate(r, self.max_len, self._layer_states())

@@ -24,37 +24,37 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from specdec.batch_draft import BatchedDraftModel
-from specdec.batch_heads import BatchedHeads
-from specdec.batch_lm import BatchedCausalLM, check_finite
-from specdec.batch_static import StaticBatchedCausalLM, batched_adapter, no_features
-from specdec.decoding import (
-    DEFAULT_GAMMA,
-    GenerationOutput,
-    _check_fits,
-    _check_max_new_tokens,
-    _eos_ids,
-    _gamma_policy,
-    _prompt_tensor,
-    checked_tree,
-    first_branch_proposal,
-    verify_round,
-)
+from specdec.core.sampling import SamplingConfig
+from specdec.core.stats import DecodeStats
+from specdec.core.tree import TreeMask
+from specdec.core.verify import Verdict, verify_tree
 from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.batched import BatchedDraftModel
+from specdec.drafters.batched_heads import BatchedHeads
 from specdec.drafters.bigram import Bigram
 from specdec.drafters.draft_model import DraftModel
 from specdec.drafters.eagle import Eagle
 from specdec.drafters.layer_skip import LayerSkip
 from specdec.drafters.medusa import Medusa
-from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.drafters.multi_draft import MultiDraft
+from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.drafters.tree import DraftTree
+from specdec.engine.decoding import (
+    DEFAULT_GAMMA,
+    GenerationOutput,
+    check_max_new_tokens,
+    check_prompt_fits,
+    checked_tree,
+    eos_ids,
+    first_branch_proposal,
+    make_gamma_policy,
+    prompt_tensor,
+    verify_round,
+)
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, SpecdecError
-from specdec.models.causal_lm import CachedCausalLM, context_length
-from specdec.sampling import SamplingConfig
-from specdec.stats import DecodeStats
-from specdec.tree import TreeMask
-from specdec.verify import Verdict, verify_tree
+from specdec.runtime.batch_lm import BatchedCausalLM, check_finite
+from specdec.runtime.batch_static import StaticBatchedCausalLM, batched_adapter, no_features
+from specdec.runtime.causal_lm import CachedCausalLM, context_length
 
 
 @dataclass
@@ -198,11 +198,11 @@ class BatchDecoder:
         sampling = SamplingConfig(temperature, top_k, top_p)
         if gamma is None:  # as generate: a tree drafter's own depth, else the chain default
             gamma = getattr(self.drafter, "default_gamma", None) or DEFAULT_GAMMA
-        policy = _gamma_policy(gamma)
-        max_new_tokens = _check_max_new_tokens(max_new_tokens)
-        prompt = _prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
+        policy = make_gamma_policy(gamma)
+        max_new_tokens = check_max_new_tokens(max_new_tokens)
+        prompt = prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
         n = prompt.shape[0]
-        _check_fits(n, max_new_tokens, self.limit)
+        check_prompt_fits(n, max_new_tokens, self.limit)
         self.target.check_fits(n + max_new_tokens)
         generator = torch.Generator(device=self.target.device)
         if seed is None:
@@ -211,7 +211,7 @@ class BatchDecoder:
             generator.manual_seed(int(seed))
         context = torch.empty(n + max_new_tokens + 1, dtype=torch.long, device=self.target.device)
         context[:n] = prompt
-        return Row(key, context, n, max_new_tokens, sampling, generator, policy, _eos_ids(self.model, eos_token_id),
+        return Row(key, context, n, max_new_tokens, sampling, generator, policy, eos_ids(self.model, eos_token_id),
                    logprobs=logprobs)
 
     def remove(self, keys: Sequence[object]) -> None:

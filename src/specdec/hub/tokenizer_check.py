@@ -34,7 +34,7 @@ def check_draft_tokenizer(target_tokenizer: Any, draft_tokenizer: Any, *, target
 def check_draft_tokenizer_at(target_tokenizer: Any, draft_path: str, *, target_name: str) -> None:
     """Load the tokenizer stored with the draft model at `draft_path`, if any, and compare it (none: no check)."""
     from specdec.errors import ModelLoadError
-    from specdec.loading import load_tokenizer
+    from specdec.hub.loading import load_tokenizer
 
     try:
         draft_tokenizer = load_tokenizer(draft_path)

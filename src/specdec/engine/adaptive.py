@@ -73,8 +73,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdec.core.stats import DecodeStats
 from specdec.errors import ConfigError
-from specdec.stats import DecodeStats
 
 #: Markov states: the last tested draft token was accepted / rejected.
 ACCEPTED, REJECTED = 0, 1

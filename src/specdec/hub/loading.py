@@ -57,7 +57,7 @@ def _no_progress_bars():
 
 def resolve_name(path: str | Path) -> str | Path:
     """A shipped model's name ("default-seq2seq": the seq2seq pair's target) as its directory; else `path`."""
-    from specdec.default_pair import DEFAULT_SEQ2SEQ, SEQ2SEQ_DIR
+    from specdec.hub.default_pair import DEFAULT_SEQ2SEQ, SEQ2SEQ_DIR
 
     return SEQ2SEQ_DIR / "target" if str(path) == DEFAULT_SEQ2SEQ else path
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import SamplingConfig, inverse_cdf, sample
-from specdec.tree import children
+from specdec.core.sampling import SamplingConfig, inverse_cdf, sample
+from specdec.core.tree import children
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def rejection_rule(
     uniforms: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rule on tensors, with no data-dependent branch, so the same code runs eagerly (`verify_sampled`)
-    and inside the fast path's compiled verification pass (models/static_lm.py `_verify_pass`).
+    and inside the fast path's compiled verification pass (runtime/static_lm.py `_verify_pass`).
 
     draft_tokens [γ], draft_probs [γ, V] or None (point mass), target_probs [γ+1, V], uniforms [γ+1] float64
     (`draw_uniforms`) -> (k, next_token), both 0-dim: k drafts accepted (u_i < p_i(x_i) / q_i(x_i) for every

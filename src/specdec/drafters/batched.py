@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.batch_lm import BatchedCausalLM
+from specdec.core.sampling import sample
 from specdec.drafters.base import Proposal
 from specdec.drafters.draft_model import DraftModel
-from specdec.sampling import sample
+from specdec.runtime.batch_lm import BatchedCausalLM
 
 
 class BatchedDraftModel:

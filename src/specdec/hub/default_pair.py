@@ -9,7 +9,7 @@ import torch
 
 from specdec.errors import ModelLoadError
 
-ASSETS_DIR = Path(__file__).resolve().parent / "assets" / "default"
+ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets" / "default"
 REQUIRED = ("target/config.json", "target/model.safetensors", "draft/config.json", "draft/model.safetensors",
             "tokenizer/tokenizer.json")
 
@@ -27,7 +27,7 @@ def assets_present(root: Path | None = None) -> bool:
 
 def _load_model(path: Path, device: str | torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """One causal LM from ``path``, cast to ``dtype`` on ``device``, in eval mode."""
-    from specdec.loading import load_model
+    from specdec.hub.loading import load_model
 
     return load_model(path, str(device), dtype)
 
@@ -39,7 +39,7 @@ def load_default(
 
     Raises ModelLoadError when the assets are missing (e.g. a source checkout without them).
     """
-    from specdec.loading import check_device
+    from specdec.hub.loading import check_device
 
     check_device(device)
     base = Path(root) if root is not None else ASSETS_DIR
@@ -86,7 +86,7 @@ def load_default_heads(target: Any = None, root: Path | None = None) -> dict[str
 #: The shipped encoder-decoder pair (a BART target and draft trained on denoising stdlib code, see
 #: assets/seq2seq/CARD.md), by name: `specdec.load(DEFAULT_SEQ2SEQ)`, `specdec generate --target default-seq2seq`.
 DEFAULT_SEQ2SEQ = "default-seq2seq"
-SEQ2SEQ_DIR = Path(__file__).resolve().parent / "assets" / "seq2seq"
+SEQ2SEQ_DIR = Path(__file__).resolve().parents[1] / "assets" / "seq2seq"
 SEQ2SEQ_REQUIRED = ("target/config.json", "target/model.safetensors", "target/tokenizer.json", "draft/config.json",
                     "draft/model.safetensors")
 
@@ -96,7 +96,7 @@ def load_default_seq2seq(device: str | torch.device = "cpu", dtype: torch.dtype 
     """Load the shipped seq2seq ``(target, draft, tokenizer)`` (16-bit weights upcast to ``dtype``). The source is
     a chunk of Python with some tokens replaced by ``<mask>``, one per token; the output is the whole chunk.
     ModelLoadError when the assets are missing."""
-    from specdec.loading import check_device, load_model, load_tokenizer
+    from specdec.hub.loading import check_device, load_model, load_tokenizer
 
     check_device(device)
     base = Path(root) if root is not None else SEQ2SEQ_DIR

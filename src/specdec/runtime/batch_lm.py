@@ -27,10 +27,10 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from specdec.core.tree import TreeMask
 from specdec.errors import NumericalError, UnsupportedModelError
-from specdec.models.base import Scores, cache_kwarg
-from specdec.models.causal_lm import check_rollback_support, vocab_size
-from specdec.tree import TreeMask
+from specdec.runtime.base import Scores, cache_kwarg
+from specdec.runtime.causal_lm import check_rollback_support, vocab_size
 
 
 def check_batchable(model: PreTrainedModel) -> None:
@@ -51,7 +51,7 @@ def check_batchable(model: PreTrainedModel) -> None:
         )
 
 
-class _SlotLayer(DynamicLayer):
+class _AppendLayer(DynamicLayer):
     """A `DynamicLayer` that appends into the spare capacity of preallocated buffers [B, H, capacity, D]
     instead of concatenating (which copies the whole cache on every forward)."""
 
@@ -291,7 +291,7 @@ class BatchedCausalLM:
                 if not (_is_prefix_view(k, kb) and _is_prefix_view(v, vb)):
                     capacity = k.shape[2] + 64
                     kb, vb = _with_capacity(k, capacity), _with_capacity(v, capacity)
-                layers.append(_SlotLayer(kb, vb, k.shape[2]))
+                layers.append(_AppendLayer(kb, vb, k.shape[2]))
             cache.layers = layers
         return cache
 

@@ -18,15 +18,16 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from specdec.core.sampling import SamplingConfig
+from specdec.core.stats import DecodeStats
+from specdec.core.tree import TreeMask, first_branch, is_chain, validate_proposal
+from specdec.core.verify import Verdict, verify_greedy, verify_sampled, verify_tree
 from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, UnsupportedModelError
-from specdec.models.causal_lm import CachedCausalLM, context_length
-from specdec.models.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder, seq2seq_adapter, tree_unsupported_reason
-from specdec.models.static_lm import DEFAULT_BUCKETS, StaticCausalLM, fast_adapter
-from specdec.sampling import SamplingConfig
-from specdec.stats import DecodeStats
-from specdec.tree import TreeMask, first_branch, is_chain, validate_proposal
-from specdec.verify import Verdict, verify_greedy, verify_sampled, verify_tree
+from specdec.runtime.causal_lm import CachedCausalLM, context_length
+from specdec.runtime.compiled import DEFAULT_BUCKETS
+from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder, seq2seq_adapter, tree_unsupported_reason
+from specdec.runtime.static_lm import StaticCausalLM, fast_adapter
 
 DEFAULT_GAMMA = 4
 
@@ -76,13 +77,13 @@ def _check_gamma(gamma: object) -> int:
     return gamma
 
 
-def _check_max_new_tokens(max_new_tokens: object) -> int:
+def check_max_new_tokens(max_new_tokens: object) -> int:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     return max_new_tokens
 
 
-def _check_fits(prompt_len: int, max_new_tokens: int, limit: int | None) -> None:
+def check_prompt_fits(prompt_len: int, max_new_tokens: int, limit: int | None) -> None:
     """Raise before any work if the prompt plus every new token would pass the target's context `limit`."""
     if limit is not None and prompt_len + max_new_tokens > limit:
         raise PromptError(
@@ -91,18 +92,18 @@ def _check_fits(prompt_len: int, max_new_tokens: int, limit: int | None) -> None
         )
 
 
-def _gamma_policy(gamma: object, target: object = None, drafter: object = None):
+def make_gamma_policy(gamma: object, target: object = None, drafter: object = None):
     if hasattr(gamma, "choose") and hasattr(gamma, "update"):
         return gamma
     if gamma == "auto":
-        from specdec.adaptive import AdaptiveGamma  # noqa: PLC0415 (optional policy, loaded on demand)
+        from specdec.engine.adaptive import AdaptiveGamma  # noqa: PLC0415 (optional policy, loaded on demand)
 
         # One policy per (drafter, target, adapter) in this process: a reused drafter keeps its measured costs.
         return AdaptiveGamma.for_pair(target, drafter) if drafter is not None else AdaptiveGamma()
     return FixedGamma(_check_gamma(gamma))
 
 
-def _eos_ids(target: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+def eos_ids(target: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
     if eos_token_id is None:
         config = getattr(target, "generation_config", None)
         eos_token_id = getattr(config, "eos_token_id", None)
@@ -135,7 +136,7 @@ def _check_seed(seed: object) -> int | None:
         raise ConfigError(f"seed must be an integer or None, got {seed!r}") from None
 
 
-def _prompt_tensor(prompt_ids: Sequence[int] | torch.Tensor, vocab: int) -> torch.Tensor:
+def prompt_tensor(prompt_ids: Sequence[int] | torch.Tensor, vocab: int) -> torch.Tensor:
     if isinstance(prompt_ids, Mapping):  # a tokenizer's BatchEncoding: use its input_ids
         if "input_ids" not in prompt_ids:
             raise PromptError("prompt_ids is a mapping without 'input_ids'; pass tokenizer(text).input_ids")
@@ -285,8 +286,8 @@ class SpeculativeDecoder:
         self.sampling = SamplingConfig(temperature, top_k, top_p)
         if gamma is None:  # a tree drafter's own depth, else the chain default
             gamma = getattr(drafter, "default_gamma", None) or DEFAULT_GAMMA
-        self.gamma_policy = _gamma_policy(gamma, self.target, drafter)
-        self.max_new_tokens = _check_max_new_tokens(max_new_tokens)
+        self.gamma_policy = make_gamma_policy(gamma, self.target, drafter)
+        self.max_new_tokens = check_max_new_tokens(max_new_tokens)
         if drafter is not None:
             if not isinstance(drafter, Drafter):
                 raise ConfigError(
@@ -305,7 +306,7 @@ class SpeculativeDecoder:
         self.encoder_inputs = _check_encoder_pairing(self.target, drafter, encoder_inputs)
         if drafter is not None and hasattr(drafter, "use_fast_path"):
             drafter.use_fast_path(compile)
-        self.eos = _eos_ids(self.target.model, eos_token_id)
+        self.eos = eos_ids(self.target.model, eos_token_id)
         self.generator = torch.Generator(device=self.target.device)
         seed = _check_seed(seed)
         if seed is None:
@@ -327,7 +328,7 @@ class SpeculativeDecoder:
     def _check_fits(self, prompt_len: int) -> None:
         limit = self.target.context_limit if isinstance(self.target, CachedSeq2SeqLM) else context_length(
             self.target.model)
-        _check_fits(prompt_len, self.max_new_tokens, limit)
+        check_prompt_fits(prompt_len, self.max_new_tokens, limit)
 
     def _check_tree(self, proposal: Proposal, gamma: int, n: int) -> tuple[Proposal, TreeMask | None]:
         """Validate a tree proposal before any target pass and build its mask; fall back to its first branch
@@ -407,7 +408,7 @@ class SpeculativeDecoder:
         prompt (None: its decoder start token)."""
         if prompt_ids is None and isinstance(self.target, CachedSeq2SeqLM):
             prompt_ids = self.target.decoder_prompt()
-        prompt = _prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
+        prompt = prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
         self._check_fits(prompt.shape[0])
         self._plan_static(prompt.shape[0])
         device = self.target.device

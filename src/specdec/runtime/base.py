@@ -12,7 +12,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from specdec.tree import TreeMask
+    from specdec.core.tree import TreeMask
 
 
 @dataclass(frozen=True)

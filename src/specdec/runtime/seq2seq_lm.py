@@ -29,10 +29,11 @@ from collections.abc import Mapping
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
+from specdec.core.tree import TreeMask
 from specdec.errors import NumericalError, PromptError, UnsupportedModelError
-from specdec.models.base import Scores, cache_kwarg
-from specdec.models.causal_lm import keep_cache_rows, vocab_size
-from specdec.tree import TreeMask
+from specdec.runtime.base import Scores, cache_kwarg
+from specdec.runtime.causal_lm import keep_cache_rows, vocab_size
+from specdec.runtime.compiled import FastPathWarning
 
 #: model -> True/False: does a decoder tree pass with a 4D mask match per-branch chain passes? (probed once)
 _TREE_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -47,8 +48,6 @@ def is_encoder_decoder(model: object) -> bool:
 def seq2seq_adapter(model: PreTrainedModel, compile: bool | str = False) -> CachedSeq2SeqLM:
     """The adapter for an encoder-decoder model; compile=True/"static" warns once and decodes eagerly."""
     if compile:
-        from specdec.models.static_lm import FastPathWarning  # noqa: PLC0415
-
         warnings.warn(
             f"specdec fast path unavailable, decoding eagerly instead (same tokens): {type(model).__name__} is an "
             "encoder-decoder model, and the slot cache covers decoder-only models only",

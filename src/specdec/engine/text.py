@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from specdec.decoding import SpeculativeDecoder
+from specdec.core.stats import DecodeStats
+from specdec.engine.decoding import SpeculativeDecoder
 from specdec.errors import PromptError
-from specdec.stats import DecodeStats
 
 
 @dataclass
@@ -31,7 +31,7 @@ def text_request(target, tokenizer, prompt: str, encoder_inputs=None) -> tuple[l
     encoder-decoder text target (T5, BART, Marian) reads the prompt with its encoder and decodes from its start
     token. A speech target (Whisper) needs its audio features as encoder_inputs; the text is then ignored unless
     given (a decoder prompt)."""
-    from specdec.models.seq2seq_lm import is_encoder_decoder  # noqa: PLC0415
+    from specdec.runtime.seq2seq_lm import is_encoder_decoder  # noqa: PLC0415
 
     model = getattr(target, "model", target)
     if not is_encoder_decoder(model):

@@ -1,0 +1,140 @@
+"""The fast path's compiled shapes: which models and machines can take it (`fast_path_problem`, with a
+`FastPathWarning` when they cannot), the inductor options, and the registry of compiled callables shared by
+every adapter of one model object (`compile_once`), each compiled once per shape key and logged with its time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec.runtime.causal_lm import context_length
+
+log = logging.getLogger("specdec.fastpath")
+
+#: Query lengths a verification pass is padded to when the decoder has not planned its own.
+DEFAULT_BUCKETS = (1, 2, 3, 5, 9, 17, 33)
+#: Cache sizes are rounded up to a multiple of this, so nearby requests share compiled shapes.
+CACHE_ROUND = 256
+
+#: Inductor options measured on the default pair (docs/fastpath.md); freezing folds the weights in as
+#: constants, which is only valid while they do not change (inference).
+COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True}
+
+
+def static_cache_problem(model: PreTrainedModel) -> str | None:
+    """Why `model` cannot run on the static cache, or None when it can."""
+    config = model.config.get_text_config()
+    window = getattr(config, "sliding_window", None)
+    limit = context_length(model)
+    # A window at least as long as the model's context never hides a key: plain causal attention.
+    if window and getattr(config, "use_sliding_window", True) is not False and (limit is None or window < limit):
+        layer_types = getattr(config, "layer_types", None)
+        if layer_types is None or any(t != "full_attention" for t in layer_types):
+            return (f"{type(model).__name__} uses sliding-window attention (window {window} < context "
+                    f"{limit}), whose rolling cache the slot cache does not model")
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types and any(t not in ("full_attention", "sliding_attention") for t in layer_types):
+        return f"{type(model).__name__} mixes attention types {sorted(set(layer_types))}"
+    if getattr(config, "add_cross_attention", False):
+        return f"{type(model).__name__} has cross-attention"
+    return None
+
+
+def compiler_problem() -> str | None:
+    """Why torch.compile cannot run here, or None."""
+    import shutil  # noqa: PLC0415
+
+    if not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+        return "no C++ compiler (g++/clang++) on PATH, which inductor needs on a CPU"
+    return None
+
+
+class Compiled:
+    """Compiled callables of one model, keyed by shape; shared by every adapter of that model object."""
+
+    def __init__(self):
+        self.fns: dict[tuple, object] = {}
+        self.compile_s: dict[tuple, float] = {}
+
+
+COMPILED: weakref.WeakKeyDictionary[PreTrainedModel, Compiled] = weakref.WeakKeyDictionary()
+
+
+def raise_recompile_limit() -> None:
+    # One code object serves every shape (each its own cache entry), so allow more than dynamo's default 8.
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name) and getattr(cfg, name) < 64:
+            setattr(cfg, name, 64)
+    if hasattr(cfg, "accumulated_recompile_limit") and cfg.accumulated_recompile_limit < 1024:
+        cfg.accumulated_recompile_limit = 1024
+
+
+def compile_once(model: PreTrainedModel, key: tuple, fn):
+    """`fn` compiled for the shape `key` (fullgraph, static shapes, COMPILE_OPTIONS): once per model object and
+    process, shared by every adapter of that model; its first call is timed and logged."""
+    entry = COMPILED.setdefault(model, Compiled())
+    compiled = entry.fns.get(key)
+    if compiled is None:
+        raise_recompile_limit()
+        compiled = entry.fns[key] = Timed(
+            torch.compile(fn, fullgraph=True, dynamic=False, options=COMPILE_OPTIONS), key,
+            type(model).__name__, entry)
+    return compiled
+
+
+def is_compiled(model: PreTrainedModel, key: tuple) -> bool:
+    """Whether the callable for `key` of `model` has been compiled (and run once) in this process."""
+    entry = COMPILED.get(model)
+    fn = entry.fns.get(key) if entry is not None else None
+    return fn is not None and fn.done
+
+
+class Timed:
+    """A compiled callable that logs how long its first call (the compile) took."""
+
+    def __init__(self, fn, key: tuple, model_name: str, entry: Compiled):
+        self.fn, self.key, self.model_name, self.entry = fn, key, model_name, entry
+        self.done = False
+
+    def __call__(self, *args):
+        if self.done:
+            return self.fn(*args)
+        start = time.perf_counter()
+        out = self.fn(*args)
+        elapsed = time.perf_counter() - start
+        self.done = True
+        self.entry.compile_s[self.key] = elapsed
+        log.info("compiled %s %s in %.1f s", self.model_name, _describe(self.key), elapsed)
+        return out
+
+
+def _describe(key: tuple) -> str:
+    if key[0] == "batch-pass":  # batch_static.StaticBatchedCausalLM
+        return f"batched pass of {key[1]} rows x {key[2]} tokens (cache {key[3]} slots)"
+    if key[0] == "verify":
+        return (f"pass of {key[1]} tokens with warp and rejection rule (T={key[4].temperature}, top_k={key[4].top_k}, "
+                f"top_p={key[4].top_p}, cache {key[2]} slots{', hidden' if key[3] else ''})")
+    if key[0] == "pass":
+        return f"pass of {key[1]} tokens (cache {key[2]} slots{', hidden' if key[3] else ''}{', tree' if key[4] else ''})"
+    if key[0].startswith("tree"):
+        return (f"{key[0]} draft (top_k={key[1]}, depth={key[2]}, {'greedy' if key[3].greedy else 'sampling'}, "
+                f"cache {key[4]} slots)")
+    return f"γ={key[1]} draft steps ({'greedy' if key[2].greedy else 'sampling'}, cache {key[3]} slots)"
+
+
+def fast_path_problem(model: PreTrainedModel, compile: bool) -> str | None:
+    """Why `model` cannot take the fast path (static cache, and compiling when asked), or None."""
+    problem = static_cache_problem(model)
+    if problem is None and compile:
+        problem = compiler_problem()
+    return problem
+
+
+class FastPathWarning(UserWarning):
+    """The fast path (compile=True) was asked for but this model or machine cannot take it."""

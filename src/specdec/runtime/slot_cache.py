@@ -1,0 +1,102 @@
+"""The fast path's KV cache: `SlotCache`, a preallocated `transformers.Cache` written at explicit slots, and
+`run_model`, one model pass over it.
+
+The cache (passed as the forward's cache keyword; no model file forked, nothing written on the config) holds
+`max_len` slots per layer, allocated once. A call writes its rows at explicit slots (`cache.slots`), and every
+query row gets an explicit additive mask over all `max_len` slots, so a rollback is only a move of a length
+pointer: stale slots are hidden by the mask and overwritten by the next write. Keeping a non-prefix path of a
+tree (`SlotCache.move`) is one index copy. Used by `StaticCausalLM`, `StaticBatchedCausalLM` (rows of a
+batch) and the EAGLE head's fixed-shape round.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from specdec.runtime.base import cache_kwarg, select_hidden
+
+
+class SlotLayer(CacheLayerMixin):
+    """One layer's keys and values: [1, heads, max_len, head_dim], written at the owner's `slots`."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, owner: SlotCache):
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        shape = (key_states.shape[0], key_states.shape[1], self.owner.max_len)
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = key_states.new_zeros((*shape, key_states.shape[-1]))
+        self.values = value_states.new_zeros((*shape, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        slots = self.owner.slots  # [M]
+        self.keys.index_copy_(2, slots, key_states)
+        self.values.index_copy_(2, slots, value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.max_len, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.length
+
+    def get_max_length(self) -> int:
+        return self.owner.max_len
+
+
+class SlotCache(Cache):
+    """A preallocated KV cache written at explicit slots. `length` (slots in use once the current write is
+    done) is bookkeeping for models that ask; the masks alone decide what a query sees."""
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self.length = 0
+        self.slots = torch.zeros(1, dtype=torch.long)
+        super().__init__(layers=[])
+
+    @property
+    def ready(self) -> bool:
+        """Every layer allocated (by a first, eager write): from then on a pass can run compiled."""
+        return bool(self.layers) and all(layer.is_initialized for layer in self.layers)
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        while len(self.layers) <= layer_idx:  # layers appear on the first (eager) pass
+            self.layers.append(SlotLayer(self))
+        return self.layers[layer_idx].update(key_states, value_states)
+
+    @torch.inference_mode()
+    def move(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy slots src [k] to slots dst [k] in every layer (the accepted path of a tree)."""
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.keys[:, :, dst] = layer.keys[:, :, src]
+                layer.values[:, :, dst] = layer.values[:, :, src]
+
+
+def run_model(model, input_ids, position_ids, slots, mask, cache, hidden: bool):
+    """One pass: input_ids [1, M] at position_ids [1, M], written to cache slots [M]; mask [1, 1, M, L]
+    additive, or None for a chain (row i sees slots <= slots[i]). Returns logits [M, V], hidden | None,
+    and whether every logit is finite."""
+    cache.slots = slots
+    if not torch.compiler.is_compiling():  # for models that ask the cache its length (eager only)
+        cache.length = int(slots[-1]) + 1
+    if mask is None:
+        visible = torch.arange(cache.max_len, device=slots.device)[None, :] <= slots[:, None]  # [M, L]
+        dtype = model.dtype
+        mask = torch.zeros(visible.shape, dtype=dtype, device=slots.device).masked_fill(
+            ~visible, torch.finfo(dtype).min)[None, None]  # [1, 1, M, L]
+    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **cache_kwarg(model, cache),
+                use_cache=True, output_hidden_states=bool(hidden))
+    logits = out.logits[0]  # [M, V]
+    if logits.dtype not in (torch.float32, torch.float64):
+        logits = logits.float()
+    states = select_hidden(out.hidden_states, hidden) if hidden else None  # [M, H] (or [M, len * H])
+    return logits, states, torch.isfinite(logits).all()
