@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.core.masks import additive_mask
 from specdec.errors import ProposalError
 
 
@@ -45,10 +46,8 @@ class TreeMask:
 
     def additive(self, past: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """The 4D additive mask [1, 1, M, past + M] for a model call after `past` cached tokens."""
-        allowed = torch.cat([torch.ones(self.size, past, dtype=torch.bool), self.ancestors], dim=1)
-        mask = torch.zeros(allowed.shape, dtype=dtype)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask[None, None].to(device)
+        allowed = torch.cat([torch.ones(self.size, past, dtype=torch.bool), self.ancestors], dim=1)  # [M, past+M]
+        return additive_mask(allowed, dtype)[None, None].to(device)
 
 
 def is_chain(parents: torch.Tensor | None) -> bool:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
+from specdec.core.masks import additive_mask
 from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.eagle import Eagle
 from specdec.drafters.medusa import Medusa
@@ -185,8 +186,7 @@ class BatchedHeads:
             rows_mask = eye.expand(rows, k, k) if ancestors is None else torch.cat(
                 [ancestors, eye.expand(rows, k, k)], dim=2)  # [R, k, fed + k]
             allowed = torch.cat([valid[:, None, :].expand(rows, k, valid.shape[1]), rows_mask], dim=2)
-            mask = torch.zeros(allowed.shape, dtype=frontier_features.dtype, device=device)
-            mask.masked_fill_(~allowed, torch.finfo(mask.dtype).min)  # [R, k, S + fed + k]
+            mask = additive_mask(allowed, frontier_features.dtype)  # [R, k, S + fed + k]
             positions = (base + level - 1)[:, None].expand(rows, k)  # [R, k]
             out = self._head(level_tokens, frontier_features, positions, mask[:, None], cache)  # [R, k, H]
             fed += k

@@ -29,6 +29,7 @@ import weakref
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specdec.core.masks import additive_mask
 from specdec.core.sampling import SamplingConfig
 from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError, NumericalError, PromptError
@@ -197,8 +198,7 @@ class Eagle(Drafter):
             visible = torch.arange(cache.max_len, device=device)[None, :] <= slots[:, None]  # [feed, L]
             cache.slots = slots
             embeds = self.embed(ids)[None]  # [1, feed, H]
-            mask = torch.zeros(visible.shape, dtype=embeds.dtype, device=device).masked_fill(
-                ~visible, torch.finfo(embeds.dtype).min)[None, None]  # [1, 1, feed, L]
+            mask = additive_mask(visible, embeds.dtype)[None, None]  # [1, 1, feed, L]
             self.head(embeds, self.pending[:feed][None].to(embeds.dtype), slots[None], attention_mask=mask,
                       cache=cache)
             self._forwards += 1
@@ -275,8 +275,7 @@ class Eagle(Drafter):
                 rows_mask[:, :fed] = ancestors_of_frontier
             rows_mask[:, fed:] = torch.eye(k, dtype=torch.bool, device=device)
             full = torch.cat([torch.ones(k, self.rows, dtype=torch.bool, device=device), rows_mask], dim=1)
-            mask = torch.zeros(full.shape, dtype=frontier_features.dtype, device=device)
-            mask.masked_fill_(~full, torch.finfo(mask.dtype).min)
+            mask = additive_mask(full, frontier_features.dtype)  # [k, rows + fed + k]
             positions = torch.full((k,), n - 1 + level - 1, device=device)
             out = self._step(level_tokens, frontier_features, positions, mask[None, None])  # [k, H]
             fed_rows = rows_mask

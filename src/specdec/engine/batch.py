@@ -52,7 +52,8 @@ from specdec.engine.decoding import (
     verify_round,
 )
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, SpecdecError
-from specdec.runtime.batch_lm import BatchedCausalLM, check_finite
+from specdec.runtime.base import check_finite
+from specdec.runtime.batch_lm import BatchedCausalLM
 from specdec.runtime.batch_static import StaticBatchedCausalLM, batched_adapter, no_features
 from specdec.runtime.causal_lm import CachedCausalLM, context_length
 
@@ -272,7 +273,7 @@ class BatchDecoder:
                 if errors[i] is not None:
                     raise errors[i]
                 if not all_finite:
-                    check_finite(logits, self.model, f"request {row.key!r}")
+                    check_finite(logits, self.model, f"for request {row.key!r}")
                 # 3. verify this row with its own generator.
                 if greedy[i]:
                     drafts = proposal.tokens.tolist()

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
+from specdec.errors import NumericalError
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -33,6 +35,24 @@ def select_hidden(hidden_states: tuple[torch.Tensor, ...], hidden: bool | tuple[
     if not hidden:
         return None
     return torch.cat([hidden_states[i][0] for i in hidden], dim=-1)
+
+
+def as_float_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Logits as sampling and verification read them: float32 or float64 kept, anything narrower upcast to float32."""
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+
+def numerical_error(model: object, where: str) -> NumericalError:
+    """The error for NaN or infinite logits from `model`; `where` says which ("at positions 3..7")."""
+    return NumericalError(
+        f"{type(model).__name__} produced NaN or infinite logits {where}; this usually means float16 overflow or "
+        "broken weights: load the model in float32 or bfloat16")
+
+
+def check_finite(logits: torch.Tensor, model: object, where: str) -> None:
+    """Raise `numerical_error(model, where)` unless every logit is finite (one host sync)."""
+    if not bool(torch.isfinite(logits).all()):
+        raise numerical_error(model, where)
 
 
 def cache_kwarg(model: object, cache: object) -> dict[str, object]:

@@ -27,9 +27,10 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from specdec.core.masks import additive_mask
 from specdec.core.tree import TreeMask
-from specdec.errors import NumericalError, UnsupportedModelError
-from specdec.runtime.base import Scores, cache_kwarg
+from specdec.errors import UnsupportedModelError
+from specdec.runtime.base import Scores, as_float_logits, cache_kwarg
 from specdec.runtime.causal_lm import check_rollback_support, vocab_size
 
 
@@ -237,9 +238,7 @@ class BatchedCausalLM:
         self.key_buffers = [getattr(layer, "key_buffer", None) for layer in layers]
         self.value_buffers = [getattr(layer, "value_buffer", None) for layer in layers]
         self.valid = torch.cat([self.valid, steps[None] < counts[:, None]], dim=1)  # [B, S + W]
-        logits = out.logits  # [B, W, V]
-        if logits.dtype not in (torch.float32, torch.float64):
-            logits = logits.float()
+        logits = as_float_logits(out.logits)  # [B, W, V]
         states = None
         if hidden is True:
             states = out.hidden_states[-1]  # [B, W, H]
@@ -265,10 +264,7 @@ class BatchedCausalLM:
             depths = tree.depths.to(self.device)  # [M]
             position_ids[i, :m] = lengths[i] + depths
             position_ids[i, m:] = lengths[i] + depths.max()
-        dtype = self.model.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask[:, None]
+        return additive_mask(allowed, self.model.dtype)[:, None]
 
     def keep_new(self, row: int, width: int, keep: Sequence[int]) -> None:
         """Of row `row`'s inputs in the last pass (the cache's last `width` slots), keep only the columns in
@@ -334,11 +330,3 @@ class BatchedCausalLM:
             self.keys[layer] = k.gather(2, gather)
             self.values[layer] = v.gather(2, gather)
         self.valid = new_valid
-
-
-def check_finite(logits: torch.Tensor, model: PreTrainedModel, what: str) -> None:
-    if not bool(torch.isfinite(logits).all()):
-        raise NumericalError(
-            f"{type(model).__name__} produced NaN or infinite logits for {what}; this usually means float16 "
-            "overflow or broken weights: load the model in float32 or bfloat16"
-        )

@@ -30,9 +30,10 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
+from specdec.core.masks import additive_mask
 from specdec.core.tree import TreeMask
 from specdec.errors import PromptError, UnsupportedModelError
-from specdec.runtime.base import Scores, cache_kwarg
+from specdec.runtime.base import Scores, as_float_logits, cache_kwarg
 from specdec.runtime.batch_lm import BatchedCausalLM, check_batchable
 from specdec.runtime.causal_lm import context_length
 from specdec.runtime.compiled import (
@@ -237,16 +238,12 @@ class StaticBatchedCausalLM(BatchedCausalLM):
                 depths = tree.depths.to(self.device)  # [M]
                 position_ids[i, :m] = lengths[i] + depths
                 position_ids[i, m:] = lengths[i] + depths.max()
-        dtype = self.model.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill_(
-            ~allowed, torch.finfo(dtype).min)[:, None]  # [R, 1, w, L]
+        mask = additive_mask(allowed, self.model.dtype)[:, None]  # [R, 1, w, L]
         slots = torch.arange(used, used + w, device=self.device)  # [w]
         logits = self._fn(r, w)(self.model, input_ids, position_ids, slots, mask, self.cache)  # [R, w, V]
         self.valid = torch.cat([self.valid, steps[None] < count[:rows, None]], dim=1)  # [B, S + w]
         self.last_start = used
-        logits = logits[:rows, -1:] if last_only else logits[:rows, :width]
-        if logits.dtype not in (torch.float32, torch.float64):
-            logits = logits.float()
+        logits = as_float_logits(logits[:rows, -1:] if last_only else logits[:rows, :width])
         self.forwards += 1
         self.forward_s += time.perf_counter() - start
         return logits

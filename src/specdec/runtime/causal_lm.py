@@ -21,9 +21,10 @@ import weakref
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specdec.core.masks import additive_mask
 from specdec.core.tree import TreeMask
-from specdec.errors import NumericalError, UnsupportedModelError
-from specdec.runtime.base import Scores, cache_kwarg, select_hidden
+from specdec.errors import UnsupportedModelError
+from specdec.runtime.base import Scores, as_float_logits, cache_kwarg, check_finite, select_hidden
 
 #: model -> True/False: does a tree pass with a 4D mask match per-branch chain passes? (probed once)
 _TREE_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -138,8 +139,7 @@ class CachedCausalLM:
         where visible [m, length+m] is True. Logits [m, V]. (A drafter growing a tree level by level feeds
         only the new level; its rows see earlier levels already in the cache.)"""
         start = time.perf_counter()
-        mask = torch.zeros(visible.shape, dtype=self.model.dtype)
-        mask.masked_fill_(~visible, torch.finfo(self.model.dtype).min)
+        mask = additive_mask(visible, self.model.dtype)  # [m, length+m]
         logits, _ = self._run(input_ids, False, positions=positions, mask=mask[None, None])
         self.forwards += 1
         self.forward_s += time.perf_counter() - start
@@ -170,15 +170,8 @@ class CachedCausalLM:
             **kwargs,
         )
         self.length += n
-        logits = out.logits[0]  # [n or 1, V]
-        if logits.dtype not in (torch.float32, torch.float64):
-            logits = logits.float()
-        if not bool(torch.isfinite(logits).all()):
-            raise NumericalError(
-                f"{type(self.model).__name__} produced NaN or infinite logits at positions "
-                f"{self.length - n}..{self.length - 1}; this usually means float16 overflow or broken "
-                "weights: load the model in float32 or bfloat16"
-            )
+        logits = as_float_logits(out.logits[0])  # [n or 1, V]
+        check_finite(logits, self.model, f"at positions {self.length - n}..{self.length - 1}")
         states = select_hidden(out.hidden_states, hidden) if hidden else None  # [n, H] (or [n, len * H])
         return logits, states
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.core.masks import additive_mask
 from specdec.core.sampling import SamplingConfig
 from specdec.runtime.slot_cache import run_model
 
@@ -77,9 +78,7 @@ def tree_level(model, frontier_tokens, frontier_scores, seen, n, level, cache, t
     columns = torch.arange(cache.max_len, device=device) - n  # [L] slot − n
     in_region = (columns >= 0) & (columns < region)  # [L]
     visible = (columns < 0)[None, :] | (seen[:, columns.clamp(0, region - 1)] & in_region[None, :])  # [k, L]
-    dtype = model.dtype
-    mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(
-        ~visible, torch.finfo(dtype).min)[None, None]  # [1, 1, k, L]
+    mask = additive_mask(visible, model.dtype)[None, None]  # [1, 1, k, L]
     logits, _, finite = run_model(model, frontier_tokens[None], positions[None], row_slots, mask, cache,
                                    False)  # [k, V]
     values, index = tree_log_probs(logits, sampling).topk(k, dim=-1)  # [k, k]

@@ -29,9 +29,10 @@ from collections.abc import Mapping
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
+from specdec.core.masks import additive_mask
 from specdec.core.tree import TreeMask
-from specdec.errors import NumericalError, PromptError, UnsupportedModelError
-from specdec.runtime.base import Scores, cache_kwarg
+from specdec.errors import PromptError, UnsupportedModelError
+from specdec.runtime.base import Scores, as_float_logits, cache_kwarg, check_finite
 from specdec.runtime.causal_lm import keep_cache_rows, vocab_size
 from specdec.runtime.compiled import FastPathWarning
 
@@ -201,8 +202,7 @@ class CachedSeq2SeqLM:
     def score_visible(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
         """Append decoder tokens input_ids [m] at positions [m]; row i sees the cache slots and new rows where
         visible [m, length+m] is True. Logits [m, V] (a tree drafter growing one level per pass)."""
-        mask = torch.zeros(visible.shape, dtype=self.model.dtype)
-        mask.masked_fill_(~visible, torch.finfo(self.model.dtype).min)
+        mask = additive_mask(visible, self.model.dtype)  # [m, length+m]
         start = time.perf_counter()
         logits, _ = self._run(input_ids, hidden=False, positions=positions, mask=mask[None, None].to(self.device))
         self.forwards += 1
@@ -230,15 +230,8 @@ class CachedSeq2SeqLM:
             **kwargs,
         )
         self.length += n
-        logits = out.logits[0]  # [n, V]
-        if logits.dtype not in (torch.float32, torch.float64):
-            logits = logits.float()
-        if not bool(torch.isfinite(logits).all()):
-            raise NumericalError(
-                f"{type(self.model).__name__} produced NaN or infinite logits at decoder positions "
-                f"{self.length - n}..{self.length - 1}; this usually means float16 overflow or broken "
-                "weights: load the model in float32 or bfloat16"
-            )
+        logits = as_float_logits(out.logits[0])  # [n, V]
+        check_finite(logits, self.model, f"at decoder positions {self.length - n}..{self.length - 1}")
         states = out.decoder_hidden_states[-1][0] if hidden else None  # [n, H]
         return logits, states
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from specdec.runtime.base import cache_kwarg, select_hidden
+from specdec.core.masks import additive_mask
+from specdec.runtime.base import as_float_logits, cache_kwarg, select_hidden
 
 
 class SlotLayer(CacheLayerMixin):
@@ -90,13 +91,9 @@ def run_model(model, input_ids, position_ids, slots, mask, cache, hidden: bool):
         cache.length = int(slots[-1]) + 1
     if mask is None:
         visible = torch.arange(cache.max_len, device=slots.device)[None, :] <= slots[:, None]  # [M, L]
-        dtype = model.dtype
-        mask = torch.zeros(visible.shape, dtype=dtype, device=slots.device).masked_fill(
-            ~visible, torch.finfo(dtype).min)[None, None]  # [1, 1, M, L]
+        mask = additive_mask(visible, model.dtype)[None, None]  # [1, 1, M, L]
     out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **cache_kwarg(model, cache),
                 use_cache=True, output_hidden_states=bool(hidden))
-    logits = out.logits[0]  # [M, V]
-    if logits.dtype not in (torch.float32, torch.float64):
-        logits = logits.float()
+    logits = as_float_logits(out.logits[0])  # [M, V]
     states = select_hidden(out.hidden_states, hidden) if hidden else None  # [M, H] (or [M, len * H])
     return logits, states, torch.isfinite(logits).all()

@@ -28,12 +28,13 @@ import warnings
 import torch
 from transformers import PreTrainedModel
 
+from specdec.core.masks import additive_mask
 from specdec.core.sampling import SamplingConfig
 from specdec.core.tree import TreeMask
 from specdec.core.verify import Verdict, chain_verdict, draw_uniforms, rejection_rule
-from specdec.errors import NumericalError, PromptError
+from specdec.errors import PromptError
 from specdec.runtime import draft_graphs
-from specdec.runtime.base import Scores
+from specdec.runtime.base import Scores, numerical_error
 from specdec.runtime.causal_lm import CachedCausalLM, check_rollback_support, context_length, vocab_size
 from specdec.runtime.compiled import (
     CACHE_ROUND,
@@ -156,9 +157,10 @@ class StaticCausalLM:
         return compile_once(self.model, key, fn)
 
     @torch.inference_mode()
-    def _pass(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+    def _pass(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor | None,
               hidden: bool, pad: bool, rule: tuple | None = None):
-        """Rows input_ids [M] at positions [M], written to slots length..length+M-1 (padded to a bucket).
+        """Rows input_ids [M] at positions [M], written to slots length..length+M-1 (padded to a bucket), each
+        seeing the slots where visible [M, L] is True (None: a chain, row i sees the slots up to its own).
         Returns logits [M, V] and hidden | None; with `rule` = (draft_probs [M-1, V], uniforms [M] float64,
         sampling) for a chain, also the rejection rule's (k, next_token) [2] from the same graph
         (`_verify_pass`), or None for a padded pass (whose graph verified the padding as drafts)."""
@@ -172,17 +174,16 @@ class StaticCausalLM:
         slots = torch.arange(self.length, self.length + b, device=self.device)  # [b]
         if b > m:
             ids = torch.cat([ids, ids.new_zeros(b - m)])
-            if mask is None:  # a chain: padded rows continue it
+            if visible is None:  # a chain: padded rows continue it
                 positions = torch.cat([positions, positions[-1] + torch.arange(1, b - m + 1, device=self.device)])
             else:  # a tree: each padded row sees the cache and itself, one position past the cache
                 positions = torch.cat([positions, positions.new_full((b - m,), self.length)])
-                full = mask.new_full((b, self.max_len), torch.finfo(mask.dtype).min)
-                full[:m] = mask
-                full[m:, : self.length] = 0
-                full[torch.arange(m, b), slots[m:]] = 0
-                mask = full
-        if mask is not None:
-            mask = mask[None, None]  # [1, 1, b, L]
+                full = visible.new_zeros((b, self.max_len))  # [b, L]
+                full[:m] = visible
+                full[m:, : self.length] = True
+                full[torch.arange(m, b), slots[m:]] = True
+                visible = full
+        mask = None if visible is None else additive_mask(visible, self.model.dtype)[None, None]  # [1, 1, b, L]
         positions = positions.to(self.device).clone()  # [b] inference tensors, as above
         decided = None
         if rule is None:
@@ -198,10 +199,7 @@ class StaticCausalLM:
                                                  ids[1:], draft_probs, uniforms, sampling)
             decided = decided if b == m else None
         if not bool(finite):
-            raise NumericalError(
-                f"{type(self.model).__name__} produced NaN or infinite logits at positions "
-                f"{self.length}..{self.length + m - 1}; this usually means float16 overflow or broken "
-                "weights: load the model in float32 or bfloat16")
+            raise numerical_error(self.model, f"at positions {self.length}..{self.length + m - 1}")
         self.length += m
         if rule is not None:
             return logits[:m], (states[:m] if states is not None else None), decided
@@ -224,16 +222,13 @@ class StaticCausalLM:
         m = input_ids.shape[0]
         if tree is None:
             positions = torch.arange(self.length, self.length + m, device=self.device)
-            mask = None
+            visible = None
         else:
             positions = self.length + tree.depths.to(self.device)
-            dtype = self.model.dtype
-            visible = torch.zeros(m, self.max_len, dtype=torch.bool, device=self.device)
+            visible = torch.zeros(m, self.max_len, dtype=torch.bool, device=self.device)  # [M, L]
             visible[:, : self.length] = True
             visible[:, self.length : self.length + m] = tree.ancestors.to(self.device)
-            mask = torch.zeros(m, self.max_len, dtype=dtype, device=self.device).masked_fill(
-                ~visible, torch.finfo(dtype).min)  # [M, L]
-        logits, states = self._pass(input_ids, positions, mask, hidden, pad=True)
+        logits, states = self._pass(input_ids, positions, visible, hidden, pad=True)
         self.forwards += 1
         self.forward_s += time.perf_counter() - start
         return Scores(logits, states)
@@ -306,10 +301,7 @@ class StaticCausalLM:
                                    sampling)
         self.forward_s += time.perf_counter() - t
         if not bool(finite):
-            raise NumericalError(
-                f"{type(self.model).__name__} produced NaN or infinite logits at positions "
-                f"{n - 2}..{n + gamma - 2} (drafting); this usually means float16 overflow or broken weights: load the "
-                "model in float32 or bfloat16")
+            raise numerical_error(self.model, f"at positions {n - 2}..{n + gamma - 2} (drafting)")
         self.forwards += gamma
         self.length = n + gamma - 1  # context[:n] and the first γ-1 drafts
         return tokens, probs
@@ -394,10 +386,7 @@ class StaticCausalLM:
             level_fn = self._fn(("tree-level", top_k, depth, sampling, self.max_len), tree_level)
             tokens, parents, scores, rank, finite = expand_tree(*args, root_fn=root_fn, level_fn=level_fn)
         if not bool(finite):
-            raise NumericalError(
-                f"{type(self.model).__name__} produced NaN or infinite logits while drafting a tree after "
-                f"position {n - 1}; this usually means float16 overflow or broken weights: load the model in "
-                "float32 or bfloat16")
+            raise numerical_error(self.model, f"while drafting a tree after position {n - 1}")
         out = tokens.tolist(), parents.tolist(), scores.tolist(), rank.tolist()
         self.forward_s += time.perf_counter() - t
         self.forwards += depth
