@@ -22,13 +22,13 @@ def _deterministic_torch():
     yield
 
 
-FAULTY_MODULE = "specdec.exactness.faulty"
+FAULTY_MODULE = "faulty"  # tests/faulty.py, imported from this directory
 
 
 @pytest.fixture(autouse=True)
 def _positive_exactness_checks_are_declared(request, monkeypatch):
     """Counts the `check_exactness` runs of a test that a correct implementation must pass (T > 0, the real
-    verifiers, no model or drafter from `specdec.exactness.faulty`) and requires the test to declare them with
+    verifiers, no model or drafter from tests/faulty.py) and requires the test to declare them with
     @pytest.mark.exactness_positive(checks=..., alpha=...), so the family-wise bound in test_exactness.py
     covers every statistical check of the suite."""
     import specdec.exactness

@@ -8,13 +8,13 @@ import gc
 import pytest
 import torch
 from methods import CROSS_VOCAB_METHODS, build_cross_vocab
+from faulty import OutsideIntersection, UnnormalisedIntersection
 from models import hf_greedy, tiny
 from vocab_models import letter_tokenizers, permuted, stdlib_tokenizers, transplant
 
 import specdec
 from specdec.drafters.cross_vocab import CrossVocabDraft
 from specdec.exactness import check_exactness
-from specdec.exactness.faulty import OutsideIntersection, UnnormalisedIntersection
 from specdec.hub.vocab import _CACHE, token_bytes, vocab_mapping
 
 ARCHS = ["llama", "qwen2", "gpt2", "gemma"]

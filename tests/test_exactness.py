@@ -21,7 +21,7 @@ Thresholds and error rates
   fixed, so a given commit passes or fails deterministically (gamma="auto" excepted: its γ choices follow
   measured timings). Each positive check also asserts its power: every deviation of TV >= 0.12 on the
   test's cells is detected with probability >= 0.8 (typically 0.065-0.095 here).
-- Negative controls (7 deliberately broken verifiers/drafters from `specdec.exactness.faulty`, plus one in
+- Negative controls (7 deliberately broken verifiers/drafters from tests/faulty.py, plus one in
   conditional mode) must FAIL with p < 1e-6 at the same N; measured p-values are 5e-21 or smaller.
 - Statistics unit tests (p-value uniformity, power) use their own stated tolerances on fixed seeds.
 Runtime: about a minute on an idle 2-core CPU (the draws run through the memo engine, ~1000-2000 draws/s).
@@ -37,6 +37,7 @@ import numpy as np
 import pytest
 import torch
 from methods import CROSS_VOCAB_METHODS, METHODS, SEQ2SEQ_METHODS, SEQ2SEQ_TREE_STATISTICAL, build
+from faulty import FAULTY_VERIFIERS, UnwarpedDraft
 from models import perturbed, tiny
 from scipy import stats
 
@@ -52,7 +53,6 @@ from specdec.exactness import (
     power_at,
 )
 from specdec.exactness.engine import draw, find_models, torch_threads
-from specdec.exactness.faulty import FAULTY_VERIFIERS, UnwarpedDraft
 from specdec.exactness.gof import Group
 
 ALPHA = 9e-5  # per positive check

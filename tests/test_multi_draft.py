@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 import torch
+from faulty import tree_kseq_rho_one
 from models import PrefixScriptedLM, tiny
 from test_trees import DUP_P, DUP_Q, RecordingMulti, _assert_caches_hold_the_accepted_path, _draft_table, _run
 
@@ -19,7 +20,6 @@ from specdec.drafters import make_drafter
 from specdec.drafters.base import Proposal
 from specdec.errors import ConfigError, ProposalError
 from specdec.exactness import multinomial_test
-from specdec.exactness.faulty import tree_kseq_rho_one
 
 V = 8
 

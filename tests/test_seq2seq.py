@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 from methods import SEQ2SEQ_METHODS, SEQ2SEQ_TREE_METHODS, SEQ2SEQ_TREE_STATISTICAL
+from faulty import FAULTY_VERIFIERS
 from models import perturbed, tiny
 from seq2seq_models import ARCHS, FRAMES, MELS, encoder_inputs, hf_greedy_seq2seq, tiny_seq2seq
 
@@ -15,7 +16,6 @@ import specdec
 from specdec.drafters.base import Drafter, Proposal
 from specdec.engine.decoding import SpeculativeDecoder
 from specdec.exactness import check_exactness
-from specdec.exactness.faulty import FAULTY_VERIFIERS
 from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, decoder_start_ids
 
 SOURCE = [(i * 37 + 11) % 90 + 3 for i in range(16)]  # source token ids (text encoders)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -235,3 +237,32 @@ def test_load_default_missing_assets_raises(tmp_path):
 
     with pytest.raises(ModelLoadError, match="missing"):
         load_default(root=tmp_path)
+
+
+# --------------------------------------------------------------------------- the seq2seq pair's recipe
+
+
+def test_seq2seq_pair_recipe_writes_the_shipped_bench_prompts(tmp_path, capsys):
+    """`specdec train --recipe seq2seq-pair --heldout-prompts`: the held-out masked sources the shipped pair was
+    benchmarked on, byte for byte (the recipe's tokenizer, chunking and masking unchanged)."""
+    from specdec.cli import main
+
+    out = tmp_path / "prompts.jsonl"
+    assert main(["train", "--recipe", "seq2seq-pair", "--out", str(tmp_path / "run"), "--heldout-prompts", str(out),
+                 "--num-prompts", "8"]) == 0
+    shipped = Path(__file__).resolve().parents[1] / "docs/bench/cpu-seq2seq-trained/prompts.jsonl"
+    rows = [json.loads(line)["prompt"] for line in out.read_text().splitlines()]
+    assert len(rows) == 8 and all("<mask>" in r for r in rows)
+    if sys.version_info[:2] == (3, 11):  # the corpus is the running Python's stdlib: the shipped run's was 3.11
+        assert out.read_bytes() == shipped.read_bytes()
+
+
+def test_train_recipes_refuse_each_other_s_options(tmp_path, capsys):
+    from specdec.cli import main
+
+    assert main(["train", "--out", str(tmp_path), "--only", "target"]) == 2
+    assert "--only: only for --recipe seq2seq-pair" in capsys.readouterr().err
+    assert main(["train", "--recipe", "seq2seq-pair", "--out", str(tmp_path), "--model-size", "draft"]) == 2
+    assert "--model-size: only for --recipe llama" in capsys.readouterr().err
+    assert main(["train", "--recipe", "seq2seq-pair", "--out", str(tmp_path)]) == 2
+    assert "give --only target or --only draft" in capsys.readouterr().err

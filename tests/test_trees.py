@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from faulty import SiblingVisibleLM, SoftmaxQDraftTree, tree_duplicates_skipped
 from models import PrefixScriptedLM, cached_tokens, perturbed, tiny
 
 import specdec
@@ -15,7 +16,6 @@ from specdec.core.verify import verify_tree
 from specdec.drafters.base import Drafter, Proposal
 from specdec.engine.decoding import SpeculativeDecoder
 from specdec.exactness import check_exactness, multinomial_test
-from specdec.exactness.faulty import SiblingVisibleLM, SoftmaxQDraftTree, tree_duplicates_skipped
 from specdec.runtime.causal_lm import CachedCausalLM
 from specdec.runtime.static_lm import StaticCausalLM
 

@@ -39,11 +39,6 @@ class TreeMask:
             depths[i] = depths[rows[i]] + 1
         return TreeMask(torch.tensor(depths, dtype=torch.long), ancestors)
 
-    @staticmethod
-    def chain(m: int) -> TreeMask:
-        """A chain of m rows (the causal mask)."""
-        return TreeMask(torch.arange(m), torch.ones(m, m, dtype=torch.bool).tril())
-
     def additive(self, past: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """The 4D additive mask [1, 1, M, past + M] for a model call after `past` cached tokens."""
         allowed = torch.cat([torch.ones(self.size, past, dtype=torch.bool), self.ancestors], dim=1)  # [M, past+M]
@@ -75,15 +70,6 @@ def first_branch(parents: torch.Tensor) -> torch.Tensor:
         node = kids[node + 1][0]
         path.append(node)
     return torch.tensor(path, dtype=torch.long)
-
-
-def path_to(parents: list[int], node: int) -> list[int]:
-    """Node indices from the root's child down to `node` (inclusive)."""
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]
 
 
 def validate_proposal(tokens: torch.Tensor, draft_probs: torch.Tensor | None, parents: torch.Tensor | None,

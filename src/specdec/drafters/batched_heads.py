@@ -33,7 +33,6 @@ class BatchedHeads:
     def __init__(self, drafter: Drafter):
         self.drafter = drafter
         self.hidden = drafter.needs_hidden  # what the target's passes must return (True, or layer indices)
-        self.rowwise = False  # True: each row drafts alone (to measure what batching the head passes saves)
 
     def add_rows(self, rows, features: Sequence[torch.Tensor | None]) -> None:
         """New rows (prefilled): each gets its own fork, reset with its prompt's features (None: a one-token
@@ -46,9 +45,9 @@ class BatchedHeads:
 
     def propose(self, rows, gammas: list[int], empty: Proposal) -> list[Proposal]:
         """Each row's raw proposal (a chain or a tree, checked by the caller); `empty` for rows not drafting."""
-        if isinstance(self.drafter, Medusa) and not self.rowwise:
+        if isinstance(self.drafter, Medusa):
             return self._propose_medusa(rows, gammas, empty)
-        if type(self.drafter) is Eagle and not self.rowwise:
+        if type(self.drafter) is Eagle:
             return self._propose_eagle(rows, gammas, empty)
         return [row.drafter.propose(row.context[: row.n], g, row.sampling, row.generator) if g else empty
                 for row, g in zip(rows, gammas)]

@@ -349,7 +349,6 @@ class AdaptiveGamma:
         self.draft_token = _Estimate(self.warmup, self.memory, self.clip)  # d: seconds per drafted token
         # B(γ): seconds of a round that drafted γ tokens, drafting excluded.
         self.round_base = _CostTable(self.max_gamma, self.memory, self.shrink, self.clip)
-        self._last_gamma = 0  # the γ' drafted last (for overhead_ratio)
         self.state: int | None = None  # ACCEPTED / REJECTED: outcome of the last tested draft token
         self.skipped = 0  # consecutive rounds with nothing drafted by choice
         self.chosen: list[int] = []  # γ asked for in each round of the current request
@@ -452,11 +451,6 @@ class AdaptiveGamma:
             return 1.0
         return base[min(gamma, self.max_gamma)] / base[0]
 
-    @property
-    def overhead_ratio(self) -> float:
-        """v at the γ drafted last (1.0 before anything was drafted)."""
-        return self.verify_cost(self._last_gamma) if self._last_gamma else 1.0
-
     def plan(self) -> Plan | None:
         """The best (γ_A, γ_R) for the current estimates (None until the costs are measured)."""
         costs = self.round_costs()
@@ -521,7 +515,6 @@ class AdaptiveGamma:
         if self.clock is not None:  # plus verification and bookkeeping: the round's wall time, drafting excluded
             base_dt = max(base_dt, self.clock() - snap.clock - draft_dt)
         self.round_base.add(drafted, base_dt)
-        self._last_gamma = drafted or self._last_gamma
         if drafted == 0:
             self.skipped = self.skipped + 1 if self.chosen and self.chosen[-1] == 0 else 0
             self._last_drafted = False

@@ -7,7 +7,7 @@
 
 The reference is computed exactly from the target (`reference`), the draws come from the real decode loop
 (`engine`), the statistics are in `gof`; `warp` holds the reference warp, written separately from the
-decoder's. `faulty` holds deliberately broken verifiers for negative controls.
+decoder's. The deliberately broken verifiers of the negative controls live with the tests (tests/faulty.py).
 See docs/exactness.md.
 """
 

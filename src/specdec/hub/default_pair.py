@@ -104,7 +104,7 @@ def load_default_seq2seq(device: str | torch.device = "cpu", dtype: torch.dtype 
     if missing:
         raise ModelLoadError(
             f"shipped seq2seq assets missing under {base}: {', '.join(missing)}; reinstall specdec, or rebuild them "
-            "with scripts/train_seq2seq_pair.py (see assets/seq2seq/CARD.md)"
+            "with `specdec train --recipe seq2seq-pair` (see assets/seq2seq/CARD.md)"
         )
     target = load_model(base / "target", str(device), dtype)
     draft = load_model(base / "draft", str(device), dtype)

@@ -130,10 +130,6 @@ class BatchedCausalLM:
         return rows * width
 
     # -- rows join and leave --------------------------------------------------------------------------
-    def add_row(self, input_ids: torch.Tensor) -> None:
-        """Append a row whose cache holds input_ids [n] (n may be 0)."""
-        self.add_rows([input_ids])
-
     @torch.inference_mode()
     def add_rows(self, inputs: Sequence[torch.Tensor],
                  hidden: bool | tuple[int, ...] = False) -> list[torch.Tensor | None] | None:

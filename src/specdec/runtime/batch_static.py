@@ -85,7 +85,6 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         self.cache: SlotCache | None = None  # layers [R, H, max_len, D]
         self.query_buckets: tuple[int, ...] = DEFAULT_BUCKETS
         self.batch_buckets: tuple[int, ...] = BATCH_BUCKETS
-        self.compactions = 0
         self.last_start = 0  # first column the last pass wrote
 
     # -- buffers --------------------------------------------------------------------------------------
@@ -291,7 +290,6 @@ class StaticBatchedCausalLM(BatchedCausalLM):
             k[: self.rows, :, :width] = k[: self.rows].gather(2, gather)
             v[: self.rows, :, :width] = v[: self.rows].gather(2, gather)
         self.valid = torch.arange(width, device=self.device)[None] >= (width - lengths)[:, None]  # [B, width]
-        self.compactions += 1
 
     # -- compiling up front ---------------------------------------------------------------------------
     @torch.inference_mode()

@@ -76,19 +76,3 @@ def forward_kl(target_logits: torch.Tensor, draft_logits: torch.Tensor, temperat
     log_p = torch.log_softmax(target_logits.float() / temperature, dim=-1)
     log_q = torch.log_softmax(draft_logits.float() / temperature, dim=-1)
     return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-
-
-@torch.no_grad()
-def mean_kl(
-    target: torch.nn.Module,
-    draft: torch.nn.Module,
-    token_batches: Iterable[torch.Tensor],
-    temperature: float = 1.0,
-    device: str | torch.device = "cpu",
-) -> float:
-    """Teacher-forced KL(target || draft) averaged over batches."""
-    values = [
-        forward_kl(target(input_ids=b.to(device)).logits, draft(input_ids=b.to(device)).logits, temperature).item()
-        for b in token_batches
-    ]
-    return sum(values) / max(len(values), 1)

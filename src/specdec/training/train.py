@@ -44,7 +44,7 @@ class ModelSpec:
             )
 
 
-#: The shipped default pair (chosen with scripts/size_sweep.py; see the model card).
+#: The shipped default pair (chosen with benchmarks/size_sweep.py; see the model card).
 MODEL_SIZES: dict[str, ModelSpec] = {
     "target": ModelSpec(hidden_size=384, layers=6, heads=6, intermediate_size=1024),
     "draft": ModelSpec(hidden_size=128, layers=1, heads=2, intermediate_size=384),

@@ -1,6 +1,6 @@
 """Two drafts for the same target, side by side on the fast path: τ, per-token α and tokens/s on held-out
 `code` and `edit` prompts, greedy (and T = 1 with --temperature 1), interleaved prompt by prompt. Usage:
-    flock /tmp/specdec-bench.lock python scripts/compare_drafts.py NEW_DRAFT_DIR [--old DIR] [--gammas 3,4]
+    flock /tmp/specdec-bench.lock python benchmarks/compare_drafts.py NEW_DRAFT_DIR [--old DIR] [--gammas 3,4]
 """
 
 from __future__ import annotations

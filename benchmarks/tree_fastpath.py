@@ -1,8 +1,8 @@
 """Token trees on the fast path, default pair: the target's pass cost vs rows, the draft tree graph's cost,
 and decoding runs of chains and trees side by side (methods interleaved per prompt and repeat).
 
-    flock /tmp/specdec-bench.lock python scripts/tree_fastpath.py costs --rows 4,5,9,13,17
-    flock /tmp/specdec-bench.lock python scripts/tree_fastpath.py run --methods plain,chain3,tree:2:6:12,auto \
+    flock /tmp/specdec-bench.lock python benchmarks/tree_fastpath.py costs --rows 4,5,9,13,17
+    flock /tmp/specdec-bench.lock python benchmarks/tree_fastpath.py run --methods plain,chain3,tree:2:6:12,auto \
         --prompts 4 --tokens 128 --path compiled
 
 Methods: plain, chainG (DraftModel, γ = G), tree:K:D:N (DraftTree(top_k=K, depth=D, max_nodes=N)),

@@ -3,7 +3,7 @@
 For each B and q: B rows with `--context` cached tokens each, one pass of q new tokens per row, rolled back
 after every call; medians of `--calls` calls. The compiled pass uses `StaticBatchedCausalLM` (fixed B buckets).
 
-    python scripts/batch_static_probe.py --batches 1,8,32 --queries 1,3,5
+    python benchmarks/batch_static_probe.py --batches 1,8,32 --queries 1,3,5
 """
 
 from __future__ import annotations

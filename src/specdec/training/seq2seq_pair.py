@@ -8,13 +8,14 @@ and filling the masked spans is where a larger model beats a smaller one. Held-o
 default pair (specdec.training.corpus). Reuses the default tokenizer plus one added ``<mask>`` token.
 With aligned masks output and source line up position by position, which BART's absolute positions copy
 within a few hundred steps. Results: BENCHMARKS.md, "Encoder-decoder"; the shipped pair's card:
-src/specdec/assets/seq2seq/CARD.md. The shipped pair (the two ran side by side, one thread each):
+src/specdec/assets/seq2seq/CARD.md. Run as `specdec train --recipe seq2seq-pair`; the shipped pair (the two ran
+side by side, one thread each):
 
-    OMP_NUM_THREADS=1 python scripts/train_seq2seq_pair.py --out runs/seq2seq --only target \
+    OMP_NUM_THREADS=1 specdec train --recipe seq2seq-pair --out runs/seq2seq --only target \
         --cpu-minutes 20 --wall-minutes 35 &
-    OMP_NUM_THREADS=1 python scripts/train_seq2seq_pair.py --out runs/seq2seq --only draft \
+    OMP_NUM_THREADS=1 specdec train --recipe seq2seq-pair --out runs/seq2seq --only draft \
         --cpu-minutes 8 --wall-minutes 35 &
-    python scripts/train_seq2seq_pair.py --heldout-prompts prompts.jsonl --num-prompts 8  # bench prompts
+    specdec train --recipe seq2seq-pair --out runs/seq2seq --heldout-prompts prompts.jsonl --num-prompts 8
 
 Each process trains its model until its CPU budget (process CPU time, data preparation and evaluation included)
 is spent, evaluating the held-out loss (nats per target token) and saving a checkpoint (fp16) every
@@ -23,21 +24,19 @@ is spent, evaluating the held-out loss (nats per target token) and saving a chec
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
 
+from specdec.hub.default_pair import default_assets_dir
 from specdec.training.corpus import read_text, stdlib_files
 
-ROOT = Path(__file__).resolve().parents[1]
-TOKENIZER = ROOT / "src/specdec/assets/default/tokenizer"
 MASK = "<mask>"
 CHUNK_CHARS, MAX_TOKENS = 240, 64
 MASK_FRACTION, MEAN_SPAN = 0.15, 3.0
@@ -49,7 +48,7 @@ SHAPES = {
 
 def load_tokenizer():
     """The default pair's tokenizer with ``<mask>`` added (id 8192)."""
-    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    tokenizer = AutoTokenizer.from_pretrained(default_assets_dir() / "tokenizer")
     tokenizer.add_special_tokens({"mask_token": MASK})
     return tokenizer
 
@@ -145,11 +144,9 @@ def batch(items, pad: int = 0):
     return src, mask, labels
 
 
-ALIGNED = False  # set from --mask-style
-
-
-def pairs(data: list[list[int]], mask_id: int, eos: int, rng: random.Random) -> list[tuple[list[int], list[int]]]:
-    return [(corrupt(ids, mask_id, rng, ALIGNED), ids + [eos]) for ids in data]
+def pairs(data: list[list[int]], mask_id: int, eos: int, rng: random.Random,
+          aligned: bool) -> list[tuple[list[int], list[int]]]:
+    return [(corrupt(ids, mask_id, rng, aligned), ids + [eos]) for ids in data]
 
 
 @torch.no_grad()
@@ -183,67 +180,68 @@ def save(model, tokenizer, path: Path) -> None:
     tmp.rename(path)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="runs/seq2seq")
-    parser.add_argument("--cpu-minutes", type=float, default=15.0)
-    parser.add_argument("--only", choices=("target", "draft"))
-    parser.add_argument("--arch", choices=("t5", "bart"), default="bart")
-    parser.add_argument("--mask-style", choices=("span", "aligned"), default="aligned",
-                        help="span: one <mask> per masked span (BART's text infilling); aligned: one <mask> per "
-                             "masked token, so the output lines up with the source position by position")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=None)
-    parser.add_argument("--eval-every", type=int, default=150)
-    parser.add_argument("--wall-minutes", type=float, default=None,
-                        help="also stop after this much wall time (a shared, busy machine); the learning rate "
-                             "decays with whichever budget runs out first")
-    parser.add_argument("--heldout-prompts", metavar="FILE",
-                        help="write held-out sources (masked chunks) as bench JSONL prompts and exit")
-    parser.add_argument("--num-prompts", type=int, default=16)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    global ALIGNED
-    ALIGNED = args.mask_style == "aligned"
+@dataclass(frozen=True)
+class PairConfig:
+    """One model of the pair to train (`specdec train --recipe seq2seq-pair`): `only` "target" or "draft", until
+    `cpu_minutes` of process CPU time (or `wall_minutes` of wall time) are spent; lr None: 1e-3 for the target,
+    1.5e-3 for the draft."""
+
+    out: Path
+    only: str
+    cpu_minutes: float = 15.0
+    wall_minutes: float | None = None
+    arch: str = "bart"
+    mask_style: str = "aligned"
+    batch: int = 8
+    lr: float | None = None
+    eval_every: int = 150
+
+
+def write_heldout_prompts(path: Path, num_prompts: int = 16, mask_style: str = "aligned") -> None:
+    """Held-out sources (masked chunks of MAX_TOKENS tokens) as bench JSONL prompts, written atomically."""
+    tokenizer = load_tokenizer()
+    held = chunks("heldout", tokenizer)
+    rng = random.Random(1)
+    picked = rng.sample([c for c in held if len(c) == MAX_TOKENS], num_prompts)
+    rows = [json.dumps({"prompt": tokenizer.decode(corrupt(ids, tokenizer.mask_token_id, rng,
+                                                            mask_style == "aligned"))}) for ids in picked]
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(rows) + "\n")
+    tmp.rename(path)
+
+
+def train_pair(cfg: PairConfig) -> dict:
+    """Train one model of the pair; checkpoints (fp16) under cfg.out / cfg.only, the report in
+    cfg.out / report-<name>.json (also returned)."""
+    aligned = cfg.mask_style == "aligned"
     tokenizer = load_tokenizer()
     mask_id, eos = tokenizer.mask_token_id, tokenizer.eos_token_id
-    if args.heldout_prompts:
-        held = chunks("heldout", tokenizer)
-        rng = random.Random(1)
-        picked = rng.sample([c for c in held if len(c) == MAX_TOKENS], args.num_prompts)
-        rows = [json.dumps({"prompt": tokenizer.decode(corrupt(ids, mask_id, rng, ALIGNED))}) for ids in picked]
-        path = Path(args.heldout_prompts)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("\n".join(rows) + "\n")
-        tmp.rename(path)
-        return 0
-    if args.only is None:
-        parser.error("--only target|draft is required to train")
-    out = Path(args.out)
+    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    logf = open(out / f"train-{args.only}.log", "a")
+    logf = open(out / f"train-{cfg.only}.log", "a")
 
     def log(msg: str) -> None:
         print(msg, file=logf, flush=True)
 
     t0 = time.process_time()
     train_data = chunks("train", tokenizer, max_chunks=150_000)
-    held = pairs(random.Random(2).sample(chunks("heldout", tokenizer), 128), mask_id, eos, random.Random(3))
+    held = pairs(random.Random(2).sample(chunks("heldout", tokenizer), 128), mask_id, eos, random.Random(3), aligned)
     log(f"{len(train_data)} train chunks / {len(held)} held-out; data cpu {time.process_time() - t0:.0f}s")
-    name = args.only
-    model = make(**SHAPES[name], vocab=len(tokenizer), seed=0 if name == "target" else 1, arch=args.arch)
+    name = cfg.only
+    model = make(**SHAPES[name], vocab=len(tokenizer), seed=0 if name == "target" else 1, arch=cfg.arch)
     params = sum(p.numel() for p in model.parameters())
-    lr = args.lr or (1e-3 if name == "target" else 1.5e-3)
+    lr = cfg.lr or (1e-3 if name == "target" else 1.5e-3)
     report = {"task": "denoising stdlib code: chunk with ~15% of tokens in masked spans -> original chunk",
               "train_chunks": len(train_data), "heldout_examples": len(held), "max_tokens": MAX_TOKENS,
-              "mask_fraction": MASK_FRACTION, "mean_span": MEAN_SPAN, "mask_style": args.mask_style,
-              "arch": args.arch, "shape": SHAPES[name], "params": params,
-              "batch": args.batch, "lr": lr, "uniform_loss": math.log(len(tokenizer)), "evals": []}
-    budget = args.cpu_minutes * 60 - 20  # the final evaluation and save
+              "mask_fraction": MASK_FRACTION, "mean_span": MEAN_SPAN, "mask_style": cfg.mask_style,
+              "arch": cfg.arch, "shape": SHAPES[name], "params": params,
+              "batch": cfg.batch, "lr": lr, "uniform_loss": math.log(len(tokenizer)), "evals": []}
+    budget = cfg.cpu_minutes * 60 - 20  # the final evaluation and save
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     rng = random.Random(0 if name == "target" else 1)
     start, wall_start = time.process_time(), time.perf_counter()
-    wall = math.inf if args.wall_minutes is None else args.wall_minutes * 60 - 30
+    wall = math.inf if cfg.wall_minutes is None else cfg.wall_minutes * 60 - 30
 
     def spent() -> float:  # the fraction of the budget used (CPU or wall, whichever is further along)
         return max((time.process_time() - t0) / budget, (time.perf_counter() - wall_start) / wall)
@@ -251,7 +249,7 @@ def main() -> int:
     step = 0
     model.train()
     while spent() < 1.0:
-        items = pairs(rng.sample(train_data, args.batch), mask_id, eos, rng)
+        items = pairs(rng.sample(train_data, cfg.batch), mask_id, eos, rng, aligned)
         src, mask, labels = batch(items)
         loss = model(input_ids=src, attention_mask=mask, labels=labels).loss
         opt.zero_grad()
@@ -264,7 +262,7 @@ def main() -> int:
         step += 1
         if step % 25 == 0:
             log(f"step {step} loss {float(loss.detach()):.3f} cpu {time.process_time() - t0:.0f}s")
-        if step % args.eval_every == 0:
+        if step % cfg.eval_every == 0:
             h = heldout_loss(model, held)
             report["evals"].append({"step": step, "cpu_s": round(time.process_time() - t0), "heldout_loss": h})
             log(f"eval step {step} heldout {h:.3f}")
@@ -275,8 +273,5 @@ def main() -> int:
     report["total_cpu_s"] = time.process_time() - t0
     (out / f"report-{name}.json").write_text(json.dumps(report, indent=2))
     log(json.dumps(report))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    logf.close()
+    return report

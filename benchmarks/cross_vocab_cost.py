@@ -4,7 +4,7 @@ and reports, per method, the time spent in the mapping per round (TLI: placing t
 target's ids; both: re-syncing the draft's token stream; SLEM: re-tokenising the draft's text) against the
 target's time per forward pass, plus α and τ.
 
-    python scripts/cross_vocab_cost.py --draft DRAFT_DIR [--gamma 3] [--num-prompts 4] [--max-new-tokens 128]
+    python benchmarks/cross_vocab_cost.py --draft DRAFT_DIR [--gamma 3] [--num-prompts 4] [--max-new-tokens 128]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ prompts (teacher-forced: one target generation and one draft pass per prompt), t
 `choose` / `update` with synthetic `DecodeStats`. A round's cost is the target pass over γ+1 tokens plus γ draft
 forwards, taken from a `specdec bench` results.json (`forward_costs`), times lognormal noise.
 
-    python scripts/replay_gamma_policies.py --costs docs/bench/forward-costs-float32/results.json \
+    python benchmarks/replay_gamma_policies.py --costs docs/bench/forward-costs-float32/results.json \
         --num-prompts 16 --noise 0.2 --seeds 8
 """
 

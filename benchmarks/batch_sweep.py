@@ -3,8 +3,8 @@
 Prints aggregate tokens/s per (B, γ) on the default pair (float32, greedy) and the best γ per batch size:
 the crossover the server's goodput policy should find by itself.
 
-    python scripts/batch_sweep.py --batches 1,4,8,16,32 --gammas 0,2,4 --max-new-tokens 48
-    python scripts/batch_sweep.py --batches 1,8,32,64 --gammas 0,4 --paths eager,compiled   # the fast path too
+    python benchmarks/batch_sweep.py --batches 1,4,8,16,32 --gammas 0,2,4 --max-new-tokens 48
+    python benchmarks/batch_sweep.py --batches 1,8,32,64 --gammas 0,4 --paths eager,compiled   # the fast path too
 
 `--paths eager,compiled` runs each (B, γ) on `BatchedCausalLM` and on the batched fast path
 (`StaticBatchedCausalLM`, compiled; its query buckets cut to 1 and γ+1 so that few shapes compile, every

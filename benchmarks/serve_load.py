@@ -5,7 +5,7 @@ drives it with the openai client (streaming, include_usage), and reports: aggreg
 p50/p99 time-to-first-token and inter-token latency (per request: (last chunk - first chunk) / (tokens - 1)),
 draft acceptance from /metrics, 5xx count, and the server's RSS before and after.
 
-    python scripts/serve_load.py --clients 8 --requests 2 --max-tokens 128 --serve-args "--drafter none"
+    python benchmarks/serve_load.py --clients 8 --requests 2 --max-tokens 128 --serve-args "--drafter none"
 """
 
 from __future__ import annotations

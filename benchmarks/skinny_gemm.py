@@ -2,9 +2,10 @@
 passes), one thread, `torch.nn.functional.linear` (what the compiled pass calls as aten::mm): how much dearer
 the skinny M-row product is than the one-row one. Medians of 200 calls.
 
-    flock /tmp/specdec-bench.lock python scripts/skinny_gemm.py
+    flock /tmp/specdec-bench.lock python benchmarks/skinny_gemm.py
 """
 
+import argparse
 import statistics
 import time
 
@@ -23,6 +24,7 @@ def median_ms(fn, repeats: int = 200) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     torch.set_num_threads(1)
     # (in, out): attention projections, MLP up/gate, MLP down, LM head (d = 384, ffn 1024, V = 8192)
     for k, n in ((384, 384), (384, 1024), (1024, 384), (384, 8192)):

@@ -1,5 +1,5 @@
 """Per-round overhead of the decode loop: all work except the two models' forward passes, as a percentage
-of one target forward. Usage: python scripts/overhead.py [--default] (default: random Llama pair of
+of one target forward. Usage: python benchmarks/overhead.py [--default] (default: random Llama pair of
 realistic width; --default: the shipped default pair; --compile: on the fast path).
 
 On the fast path at T > 0 the target's pass also runs the warp and the rejection rule in its graph

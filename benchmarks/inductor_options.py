@@ -3,7 +3,7 @@ median warm time of the default target's 1-token and γ+1-token passes and of th
 
 Each option set compiles fresh copies of the models (compiled callables are cached per model object), and the
 sets are timed in turn, interleaved, `--rounds` times. Usage:
-    flock /tmp/specdec-bench.lock python scripts/inductor_options.py [--gamma 4] [--threads 1] [--only freezing,cpp_wrapper]
+    flock /tmp/specdec-bench.lock python benchmarks/inductor_options.py [--gamma 4] [--threads 1] [--only freezing,cpp_wrapper]
 """
 
 from __future__ import annotations

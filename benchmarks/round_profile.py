@@ -4,7 +4,7 @@ work around each graph call (padding, slot tensors, the finite-logits sync), ver
 policy, and the decode loop's own Python; then the same graph calls timed alone, with the inputs a round
 gives them, and the target's one-token pass (what plain compiled decoding pays per token).
 
-    flock /tmp/specdec-bench.lock python scripts/round_profile.py --gamma 3,6 [--prompts 4] [--threads 1]
+    flock /tmp/specdec-bench.lock python benchmarks/round_profile.py --gamma 3,6 [--prompts 4] [--threads 1]
 
 Timings are perf_counter around each call (no profiler hooks inside the graphs, so nothing is perturbed
 beyond the wrappers' own ~1 µs). Each phase's total over all rounds is divided by the number of rounds.

@@ -1,7 +1,7 @@
 """Roofline of the default pair's target on this machine: compiled (fast path) and eager forward times for 1
 and γ+1 tokens against the floors set by weight bytes ÷ measured memory bandwidth and FLOPs ÷ measured GEMM
 throughput. Also times the compiled draft's γ-step graph. Usage:
-    flock /tmp/specdec-bench.lock python scripts/roofline.py [--gamma 4] [--threads 2] [--context 200]
+    flock /tmp/specdec-bench.lock python benchmarks/roofline.py [--gamma 4] [--threads 2] [--context 200]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Sweep Eagle's tree settings (top_k, depth, max_nodes) on the default pair, eager and compiled, side by side.
 
-    python scripts/eagle_sweep.py [--head DIR | --heads eagle=default,eagle3=DIR,eagle3-v2048=DIR:2048]
+    python benchmarks/eagle_sweep.py [--head DIR | --heads eagle=default,eagle3=DIR,eagle3-v2048=DIR:2048]
                                   [--configs 4:8:24,3:6:12,1:6:6] [--modes eager,compiled]
                                   [--num-prompts 4] [--max-new-tokens 128] [--temperature 0] [--no-time]
 

@@ -5,7 +5,7 @@ For each candidate: fp32 on CPU, ``torch.inference_mode()``, a KV cache already 
 ``gamma + 1`` tokens (each forward rolls the cache back so the context length stays fixed).
 Also times one training step (forward + backward + AdamW) to estimate training tokens/s.
 
-    python scripts/size_sweep.py --vocab 8192 --threads 2
+    python benchmarks/size_sweep.py --vocab 8192 --threads 2
 """
 
 from __future__ import annotations

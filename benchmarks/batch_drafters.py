@@ -1,6 +1,6 @@
 """Batched decoding with every drafter on the default pair: aggregate tokens/s at 1 and 8 rows, in-process.
 
-    python scripts/batch_drafters.py --batches 1,8 --max-new-tokens 64 --repeats 2
+    python benchmarks/batch_drafters.py --batches 1,8 --max-new-tokens 64 --repeats 2
 
 Methods (greedy, float32, `code` prompts of 128 tokens): plain, the draft model (γ = 3), the shipped EAGLE head
 (chain γ = 3; EAGLE-2 tree as `--drafter eagle`), the shipped Medusa heads (chain; static tree) and LayerSkip
@@ -28,11 +28,21 @@ from specdec.engine.batch import BatchDecoder
 from specdec.hub.default_pair import load_default_heads
 
 
+def draft_rowwise(heads) -> None:
+    """Make `heads` (a BatchDecoder's BatchedHeads) draft each row alone, one head pass per row and level: the
+    baseline that shows what batching the head passes saves."""
+    def propose(rows, gammas, empty):
+        return [row.drafter.propose(row.context[: row.n], g, row.sampling, row.generator) if g else empty
+                for row, g in zip(rows, gammas)]
+
+    heads.propose = propose
+
+
 def run(target, drafter, prompts, max_new_tokens: int, gamma: int, rowwise: bool = False):
     """(tokens per row, wall seconds, decoder) of one batched generation, rows all added at the start."""
     decoder = BatchDecoder(target, drafter)
     if rowwise:
-        decoder.heads.rowwise = True
+        draft_rowwise(decoder.heads)
     start = time.perf_counter()
     decoder.add_many([(i, p, dict(gamma=gamma, max_new_tokens=max_new_tokens, eos_token_id=[]))
                       for i, p in enumerate(prompts)])

@@ -1,0 +1,66 @@
+"""Every script in benchmarks/ still starts: one smoke test per script, run in this process (runpy), so that a
+change of the library cannot silently break the scripts behind the published numbers (benchmarks/README.md).
+Each answers `--help` (its argument parser is built and every module it imports is importable); the two table
+scripts also run on tiny inputs."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+SCRIPTS = sorted(p.stem for p in BENCHMARKS.glob("*.py"))
+
+
+def run_script(name: str, *args: str, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / f"{name}.py"), *args])
+    runpy.run_path(str(BENCHMARKS / f"{name}.py"), run_name="__main__")
+
+
+def _multi_draft_runs(tmp_path: Path) -> list[str]:
+    rows = []
+    for prompt in range(2):
+        for cfg, tau, drafted in (("chain:2", 1.8, 2), ("chain:4", 2.4, 4), ("rrs:2:2", 2.2, 3)):
+            rows.append(dict(cfg=cfg, wl="code", prompt=prompt, seed=0, tau=tau + prompt / 10, rounds=10,
+                             drafted=10 * drafted, accepted=5, wall=1.0, target_s=0.5, draft_s=0.2))
+            rows.append({**rows[-1], "wl": "edit"})
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return [str(path)]
+
+
+def _tree_fastpath_run(tmp_path: Path) -> list[str]:
+    rows = [dict(method=m, prompt=f"code-{p}", rep=0, tok_s=speed + p, load=1.0, drafted_per_round=3.0, tau=2.0,
+                 target_ms=10.0, draft_ms=4.0)
+            for m, speed in (("plain", 50.0), ("chain-g3", 80.0), ("tree-8", 90.0)) for p in (0, 1)]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"rows": rows}))
+    return [str(path), "code-1"]
+
+
+#: Scripts that also run on tiny inputs: script -> (tmp_path -> arguments, a line the output must contain).
+TINY_RUNS = {
+    "multi_draft_summary": (_multi_draft_runs, "edit rrs:2:2        drafted/round  3.00 τ 2.250 chain τ at that many "
+                                               "drafts (interp.) 2.150 ratio 1.047"),
+    "tree_fastpath_table": (_tree_fastpath_run, "| tree-8 | 3.0 | 2.00 | 90.0 | 1.80x | 1.12x | 10.0 | 4.0 |"),
+}
+
+
+def test_every_script_has_a_smoke_test():
+    assert len(SCRIPTS) >= 20 and set(TINY_RUNS) <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_benchmark_script_starts(name, monkeypatch, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        run_script(name, "--help", monkeypatch=monkeypatch)
+    assert exit_info.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+    if name in TINY_RUNS:
+        make_args, expected = TINY_RUNS[name]
+        run_script(name, *make_args(tmp_path), monkeypatch=monkeypatch)
+        assert expected in capsys.readouterr().out
