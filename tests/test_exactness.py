@@ -52,7 +52,7 @@ from specdec.exactness import (
     pooled_conditional_test,
     power_at,
 )
-from specdec.exactness.engine import draw, find_models, torch_threads
+from specdec.exactness.engine import SlotTokens, draw, find_models, torch_threads
 from specdec.exactness.gof import Group
 
 ALPHA = 9e-5  # per positive check
@@ -330,6 +330,28 @@ def test_memo_engine_draws_what_real_forwards_draw(pair):
     assert runs["memo"].sequences == runs["cache"].sequences
     assert runs["memo"].accepted == runs["cache"].accepted
     assert "forward" not in target.__dict__ and "forward" not in draft.__dict__  # unpatched afterwards
+
+
+@pytest.mark.parametrize("name", ["plain-static", "draft-model-static", "draft-tree-static"])
+def test_memo_engine_answers_the_slot_cache(pair, name):
+    """compile="static": the memo answers the slot cache's masked calls (its caches become SlotTokens), and
+    draws what real forwards on the slot cache draw, same seed, float64."""
+    target, draft, _ = pair
+    runs, caches = {}, {}
+    for engine in ("memo", "cache"):
+        drafter, options = build(name, target, draft)
+        decoders = []
+
+        def make():
+            decoders.append(specdec.SpeculativeDecoder(target, drafter, max_new_tokens=4, temperature=1.0, seed=5,
+                                                       eos_token_id=[], **{"gamma": 3, **options}))
+            return decoders[-1]
+
+        runs[engine] = draw(make, PROMPT, 60, models=find_models(target, drafter), engine=engine)
+        caches[engine] = type(decoders[-1].target.cache)
+    assert runs["memo"].engine == "memo" and caches["memo"] is SlotTokens and caches["cache"] is not SlotTokens
+    assert runs["memo"].sequences == runs["cache"].sequences
+    assert runs["memo"].accepted == runs["cache"].accepted
 
 
 @positive()  # does not assert PASS; counted anyway

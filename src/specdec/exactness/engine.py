@@ -19,14 +19,25 @@ in the core touched). Two engines:
     Real KV-cached forwards. Only the prompt prefill is shared: the first prefill of each model is kept
     (cache and logits) and every later prefill of the same ids gets a copy instead of a forward.
 
+The fast path's slot cache (`compile="static"`) is answered the same way: an empty `SlotCache` becomes, in
+place, a `SlotTokens` that records, per slot, the position and the whole prefix (token ids, its own last) of
+the row written there, and `SlotCache.move` (a tree commit) moves those records. A query row's prefix is read
+from the slots its explicit additive mask lets it see, which must end at the row's own slot and hold, in slot
+order, positions 0, 1, ... with each slot's recorded prefix the visible one up to it (so a key computed in
+another context, which real forwards would read, is refused rather than answered); else the call is refused. When the adapters compile their passes (`draw(..., compiled=True)`), slot-cache calls run the real
+model instead, so that the compiled graphs are what is checked.
+
 Encoder-decoder targets (`draw(..., encoder_inputs=)`): the source is fixed for a whole check, so a decoder
 output depends only on the decoder prefix and the same table applies. The memo answers calls that pass the
 check's own encoder output (compared exactly) and an `EncoderDecoderCache` whose self-attention part becomes
 the `TokenCache` (decoder positions are checked through `cache_position`); the cross-attention part stays
 empty. The encoder is memoised too: called on the check's source it returns the output stored up front.
 
-A call the memo cannot answer (a batch, an attention mask, hidden states, a cache that already holds real
-keys) goes to the real forward when that is safe and raises `MemoUnsupported` when it is not (a real call
+A causal model's hidden states (EAGLE and Medusa read the target's features) come from the same table: each
+prefix's entry keeps the states at its last token, every layer's, from the same full-sequence pass.
+
+A call the memo cannot answer (a batch, another attention mask, an encoder-decoder's hidden states, a cache that
+already holds real keys) goes to the real forward when that is safe and raises `MemoUnsupported` when it is not (a real call
 on a `TokenCache`); `draw(..., engine="auto")` then starts over with ``"cache"``.
 """
 
@@ -43,6 +54,7 @@ from torch import nn
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
 from specdec.runtime.base import cache_kwarg
+from specdec.runtime.slot_cache import SlotCache
 
 ENGINES = ("auto", "memo", "cache")
 
@@ -51,13 +63,15 @@ _STANDARD_KWARGS = {"return_dict", "output_attentions", "output_hidden_states", 
 
 
 class _Output:
-    """The two fields callers read from a causal LM's output (a ModelOutput costs ~30 µs to build)."""
+    """The fields callers read from a causal LM's output (a ModelOutput costs ~30 µs to build): hidden_states
+    only when asked for (a tuple over the embeddings and every layer of [1, n, H])."""
 
-    __slots__ = ("logits", "past_key_values")
+    __slots__ = ("logits", "past_key_values", "hidden_states")
 
-    def __init__(self, logits: torch.Tensor, past_key_values):
+    def __init__(self, logits: torch.Tensor, past_key_values, hidden_states: tuple[torch.Tensor, ...] | None = None):
         self.logits = logits
         self.past_key_values = past_key_values
+        self.hidden_states = hidden_states
 
     def __getitem__(self, index):
         return (self.logits, self.past_key_values)[index] if isinstance(index, int) else getattr(self, index)
@@ -103,13 +117,48 @@ def _as_token_cache(cache) -> TokenCache | None:
     return None
 
 
-class _Memo:
-    """prefix (tuple of ids) -> next-token logits [V], for one model; filled lazily or by `prefetch`."""
+class SlotTokens(SlotCache):
+    """A SlotCache stand-in that holds, per slot, (position, prefix) of the row written there (the prefix: the
+    token ids it saw, its own last; None: never written), not keys and values."""
 
-    def __init__(self, model: PreTrainedModel, forward: Callable, encoder_inputs: dict | None = None):
+    written: list[tuple[int, tuple[int, ...]] | None]
+
+    def update(self, *args, **kwargs):
+        raise MemoUnsupported(
+            "a real model layer wrote into a memo SlotTokens cache: this method calls model internals that the "
+            "memo engine cannot serve; use engine='cache'"
+        )
+
+    def move(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy slots src [k] to slots dst [k], as `SlotCache.move` copies keys and values."""
+        moved = [self.written[s] for s in src.tolist()]
+        for d, entry in zip(dst.tolist(), moved):
+            self.written[d] = entry
+
+
+def _as_slot_tokens(cache: SlotCache) -> SlotTokens | None:
+    """Turn a SlotCache without layers (nothing real written yet) into SlotTokens in place."""
+    if isinstance(cache, SlotTokens):
+        return cache
+    if type(cache) is SlotCache and not cache.layers:
+        cache.__class__ = SlotTokens
+        cache.written = [None] * cache.max_len
+        return cache
+    return None
+
+
+class _Memo:
+    """prefix (tuple of ids) -> next-token logits [V], for one model; filled lazily or by `prefetch`.
+    slot_cache: answer the fast path's slot-cache calls too (False: they run the real model)."""
+
+    def __init__(self, model: PreTrainedModel, forward: Callable, encoder_inputs: dict | None = None,
+                 slot_cache: bool = True):
         self.model = model
         self.forward = forward  # the unpatched bound forward
+        self.slot_cache = slot_cache
         self.table: dict[tuple[int, ...], torch.Tensor] = {}
+        #: prefix -> the hidden states at its last token, per layer ([1, 1, H] each; causal models only)
+        self.states: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}
         self.misses = 0
         self.hits = 0
         self.source: dict[str, torch.Tensor] | None = None  # an encoder-decoder model's fixed encoder input
@@ -147,7 +196,8 @@ class _Memo:
 
     @torch.inference_mode()
     def _compute(self, batch: torch.Tensor) -> None:
-        """Run the real model (no cache) on sequences batch [b, m]; store the logits after every prefix."""
+        """Run the real model (no cache) on sequences batch [b, m]; store the logits after every prefix (and, for a
+        causal model, the hidden states at its last token)."""
         device = next(self.model.parameters()).device
         b, m = batch.shape
         if self.source is not None:  # decoder sequences of an encoder-decoder model, on the fixed source
@@ -155,12 +205,18 @@ class _Memo:
             out = self.forward(**source, decoder_input_ids=batch.to(device), use_cache=False)
         else:
             positions = torch.arange(m, device=device).expand(b, m)
-            out = self.forward(input_ids=batch.to(device), position_ids=positions, use_cache=False)
+            out = self.forward(input_ids=batch.to(device), position_ids=positions, use_cache=False,
+                               output_hidden_states=True)
         rows = out.logits.detach().reshape(b * m, 1, 1, -1).unbind(0)  # b*m views of [1, 1, V]
-        table = self.table
+        layers = [h.detach().reshape(b * m, 1, 1, -1).unbind(0) for h in out.hidden_states] \
+            if self.source is None else []  # per layer, b*m views of [1, 1, H]
+        table, states = self.table, self.states
         for r, ids in enumerate(batch.tolist()):
             for j in range(m):
-                table.setdefault(tuple(ids[: j + 1]), rows[r * m + j])
+                key = tuple(ids[: j + 1])
+                table.setdefault(key, rows[r * m + j])
+                if layers:
+                    states.setdefault(key, tuple(layer[r * m + j] for layer in layers))
 
     def prefetch(self, sequences: Sequence[Sequence[int]], batch_size: int = 1024) -> None:
         """Compute the logits after every prefix of `sequences` (batched by length)."""
@@ -188,6 +244,12 @@ class _Memo:
             return table[last]  # [1, 1, V], no copy
         return torch.cat([table[tuple(full[:j])] for j in range(first, total + 1)], dim=1)
 
+    def hidden_rows(self, prefix: list[int], new: list[int]) -> tuple[torch.Tensor, ...]:
+        """The hidden states at new's tokens after prefix, per layer [1, len(new), H] (after `rows` of the same)."""
+        full = prefix + new
+        per_token = [self.states[tuple(full[:j])] for j in range(len(prefix) + 1, len(full) + 1)]
+        return tuple(torch.cat(layer, dim=1) for layer in zip(*per_token))
+
 
 def _memo_forward(memo: _Memo) -> Callable:
     real = memo.forward
@@ -198,20 +260,27 @@ def _memo_forward(memo: _Memo) -> Callable:
         if memo.source is not None and isinstance(past_key_values, EncoderDecoderCache):
             return _seq2seq_forward(memo, real, input_ids=input_ids, past_key_values=past_key_values,
                                     use_cache=use_cache, attention_mask=attention_mask, **kwargs)
+        if memo.slot_cache and isinstance(past_key_values, SlotCache):
+            return _slot_forward(memo, real, input_ids=input_ids, position_ids=position_ids,
+                                 past_key_values=past_key_values, use_cache=use_cache, logits_to_keep=logits_to_keep,
+                                 attention_mask=attention_mask, **kwargs)
         unusual = (
             input_ids is None or input_ids.dim() != 2 or input_ids.shape[0] != 1
             or (attention_mask is not None and (attention_mask.dim() != 4 or attention_mask.shape[:2] != (1, 1)))
-            or any(k not in _STANDARD_KWARGS for k in kwargs) or kwargs.get("output_hidden_states")
-            or kwargs.get("output_attentions") or not isinstance(logits_to_keep, int)
+            or any(k not in _STANDARD_KWARGS for k in kwargs) or kwargs.get("output_attentions")
+            or (kwargs.get("output_hidden_states") and (memo.source is not None or logits_to_keep))
+            or not isinstance(logits_to_keep, int)
         )
+        hidden = bool(kwargs.get("output_hidden_states"))
         cache = past_key_values
         if not unusual and (cache is None or isinstance(cache, DynamicCache)):
             if cache is None and use_cache is not False:  # HF would start a new cache and return it
                 cache = DynamicCache()
             token_cache = _as_token_cache(cache) if cache is not None else None
             if attention_mask is not None and token_cache is not None:  # a tree pass: one prefix per row
-                return _Output(_tree_rows(memo, token_cache, input_ids[0].tolist(), position_ids, attention_mask,
-                                          use_cache), token_cache)
+                logits, states = _tree_rows(memo, token_cache, input_ids[0].tolist(), position_ids, attention_mask,
+                                            use_cache, hidden)
+                return _Output(logits, token_cache, states)
             if attention_mask is None and (cache is None or token_cache is not None):
                 prefix = token_cache.tokens if token_cache is not None else []
                 new = input_ids[0].tolist()
@@ -223,9 +292,10 @@ def _memo_forward(memo: _Memo) -> Callable:
                             f"length {len(prefix)}: the caller feeds tokens at the wrong positions"
                         )
                 logits = memo.rows(prefix, new, logits_to_keep)  # [1, n or logits_to_keep, V]
+                states = memo.hidden_rows(prefix, new) if hidden else None  # per layer [1, n, H]
                 if token_cache is not None and use_cache is not False:
                     token_cache.tokens.extend(new)
-                return _Output(logits, token_cache)
+                return _Output(logits, token_cache, states)
         if isinstance(cache, TokenCache):
             raise MemoUnsupported(
                 f"{type(memo.model).__name__} was called in a way the memo engine cannot answer "
@@ -256,7 +326,7 @@ def _seq2seq_forward(memo: _Memo, real: Callable, past_key_values: EncoderDecode
         if tree_mask.dim() != 4 or tree_mask.shape[:2] != (1, 1):
             raise MemoUnsupported(f"a decoder mask of shape {tuple(tree_mask.shape)} is not a tree mask [1, 1, M, L+M]")
         return _Output(_tree_rows(memo, token_cache, ids[0].tolist(), kwargs.get("decoder_position_ids"), tree_mask,
-                                  True), cache)
+                                  True)[0], cache)
     if usual:
         prefix, new = token_cache.tokens, ids[0].tolist()
         positions = kwargs.get("cache_position")
@@ -272,22 +342,68 @@ def _seq2seq_forward(memo: _Memo, real: Callable, past_key_values: EncoderDecode
     return real(**cache_kwarg(memo.model, past_key_values), **kwargs)
 
 
-def _tree_rows(memo: _Memo, cache: TokenCache, new: list[int], position_ids, attention_mask, use_cache) -> torch.Tensor:
-    """Logits [1, M, V] of a 4D-masked pass: row i continues the tokens it may attend to (mask entry 0)."""
+def _slot_forward(memo: _Memo, real: Callable, input_ids, position_ids, past_key_values: SlotCache, use_cache,
+                  logits_to_keep, attention_mask, **kwargs):
+    """A slot-cache call (one row of queries at explicit slots and positions, an explicit additive mask over all
+    the cache's slots): answered from the table, one prefix per query row; otherwise the real forward (or
+    MemoUnsupported if the cache is a memo one)."""
+    cache = past_key_values
+    usual = (
+        input_ids is not None and input_ids.dim() == 2 and input_ids.shape[0] == 1 and position_ids is not None
+        and attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[:2] == (1, 1)
+        and attention_mask.shape[-1] == cache.max_len and use_cache is not False and logits_to_keep == 0
+        and all(k in _STANDARD_KWARGS for k in kwargs) and not kwargs.get("output_attentions")
+        and not (kwargs.get("output_hidden_states") and memo.source is not None)
+    )
+    tokens = _as_slot_tokens(cache) if usual else None
+    if tokens is None:
+        if isinstance(cache, SlotTokens):
+            raise MemoUnsupported(f"{type(memo.model).__name__} was called on the slot cache in a way the memo engine "
+                                  f"cannot answer (arguments: {sorted(kwargs)}); use engine='cache'")
+        return real(input_ids=input_ids, position_ids=position_ids, **cache_kwarg(memo.model, cache),
+                    use_cache=use_cache, logits_to_keep=logits_to_keep, attention_mask=attention_mask, **kwargs)
+    slots = cache.slots.tolist()  # [M] where the query rows are written
+    ids, positions = input_ids[0].tolist(), position_ids.view(-1).tolist()
+    visible = attention_mask[0, 0] == 0  # [M, L] the slots each row sees
+    rows: list[torch.Tensor | None] = [None] * len(slots)
+    for i in sorted(range(len(slots)), key=slots.__getitem__):  # an earlier slot (an ancestor) first
+        seen = visible[i].nonzero().view(-1).tolist()
+        before = [tokens.written[s] for s in seen[:-1]]
+        prefix = before[-1][1] if before and before[-1] is not None else ()
+        if not seen or seen[-1] != slots[i] or positions[i] != len(before) or any(
+                entry is None or entry[0] != j or entry[1] != prefix[: j + 1] for j, entry in enumerate(before)):
+            raise MemoUnsupported(f"row {i} (slot {slots[i]}, position {positions[i]}) sees slots {seen}, which do "
+                                  "not hold one prefix in order ending at its own slot")
+        tokens.written[slots[i]] = (positions[i], (*prefix, ids[i]))
+        rows[i] = memo.rows(list(prefix), [ids[i]], 1)  # [1, 1, V]
+    states = None
+    if kwargs.get("output_hidden_states"):  # per layer [1, M, H]: each row's state after its own prefix
+        per_row = [memo.states[tokens.written[slot][1]] for slot in slots]
+        states = tuple(torch.cat(layer, dim=1) for layer in zip(*per_row))
+    return _Output(torch.cat(rows, dim=1), cache, states)
+
+
+def _tree_rows(memo: _Memo, cache: TokenCache, new: list[int], position_ids, attention_mask, use_cache,
+               hidden: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    """Logits [1, M, V] of a 4D-masked pass: row i continues the tokens it may attend to (mask entry 0); with
+    `hidden`, each row's hidden states too (per layer [1, M, H]; else None)."""
     tokens = cache.tokens + new
     visible = attention_mask[0, 0] == 0  # [M, L+M]
     if visible.shape[1] != len(tokens):
         raise MemoUnsupported(f"a {tuple(attention_mask.shape)} mask does not cover the {len(tokens)} cached + new tokens")
     positions = position_ids.view(-1).tolist() if position_ids is not None else None
-    rows = []
+    rows, per_row = [], []
     for i, allowed in enumerate(visible.tolist()):
         prefix = [t for t, a in zip(tokens, allowed) if a]
         if positions is not None and positions[i] != len(prefix) - 1:
             raise MemoUnsupported(f"row {i} is at position {positions[i]} but sees {len(prefix)} tokens")
         rows.append(memo.rows(prefix[:-1], prefix[-1:], 1))  # [1, 1, V]
+        if hidden:
+            per_row.append(memo.states[tuple(prefix)])
     if use_cache is not False:
         cache.tokens.extend(new)
-    return torch.cat(rows, dim=1)
+    states = tuple(torch.cat(layer, dim=1) for layer in zip(*per_row)) if hidden else None
+    return torch.cat(rows, dim=1), states
 
 
 def _snapshot_forward(model: PreTrainedModel, real: Callable) -> Callable:
@@ -346,9 +462,10 @@ def find_models(*roots: object, depth: int = 3) -> list[PreTrainedModel]:
 
 
 @contextlib.contextmanager
-def patched_models(models: Sequence[PreTrainedModel], engine: str,
-                   encoder_inputs: dict | None = None) -> Iterator[dict[int, _Memo]]:
-    """Patch `forward` on each model instance for the block; yields the memos (empty for "cache")."""
+def patched_models(models: Sequence[PreTrainedModel], engine: str, encoder_inputs: dict | None = None,
+                   compiled: bool = False) -> Iterator[dict[int, _Memo]]:
+    """Patch `forward` on each model instance for the block; yields the memos (empty for "cache").
+    compiled: the adapters compile their passes, so slot-cache calls run the real model."""
     memos: dict[int, _Memo] = {}
     patched = []
     encoders = []
@@ -358,7 +475,7 @@ def patched_models(models: Sequence[PreTrainedModel], engine: str,
                 continue
             real = model.forward
             if engine == "memo":
-                memo = memos[id(model)] = _Memo(model, real, encoder_inputs)
+                memo = memos[id(model)] = _Memo(model, real, encoder_inputs, slot_cache=not compiled)
                 model.forward = _memo_forward(memo)
                 encoder = model.get_encoder() if memo.source is not None else None
                 if encoder is not None and "forward" not in encoder.__dict__:
@@ -430,6 +547,7 @@ def draw(
     prefetch: Sequence[Sequence[int]] = (),
     threads: int | None = 1,
     encoder_inputs: dict | None = None,
+    compiled: bool = False,
 ) -> Draws:
     """`n` continuations of `prompt_ids`, each a full `decoder.stream(prompt_ids)` of one decoder.
 
@@ -438,22 +556,24 @@ def draw(
     `prefetch`: full sequences (prompt included) whose prefixes are computed in batches up front (memo).
     `threads`: torch intra-op threads while drawing (None: leave the current setting); see `torch_threads`.
     `encoder_inputs`: an encoder-decoder request's fixed source (the memo keys decoder prefixes on it).
+    `compiled`: the decoder compiles its passes (compile=True); the memo then leaves slot-cache calls to the
+    real model, so that the compiled graphs are what is drawn through.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if engine == "auto":
         try:
             return draw(make_decoder, prompt_ids, n, models=models, engine="memo", prefetch=prefetch,
-                        threads=threads, encoder_inputs=encoder_inputs)
+                        threads=threads, encoder_inputs=encoder_inputs, compiled=compiled)
         except MemoUnsupported:
             return draw(make_decoder, prompt_ids, n, models=models, engine="cache", threads=threads,
-                        encoder_inputs=encoder_inputs)
+                        encoder_inputs=encoder_inputs, compiled=compiled)
     with torch_threads(threads):
-        return _draw(make_decoder, list(prompt_ids), n, models, engine, prefetch, encoder_inputs)
+        return _draw(make_decoder, list(prompt_ids), n, models, engine, prefetch, encoder_inputs, compiled)
 
 
-def _draw(make_decoder, prompt, n, models, engine, prefetch, encoder_inputs=None) -> Draws:
-    with patched_models(models, engine, encoder_inputs) as memos:
+def _draw(make_decoder, prompt, n, models, engine, prefetch, encoder_inputs=None, compiled=False) -> Draws:
+    with patched_models(models, engine, encoder_inputs, compiled) as memos:
         if prefetch:
             for memo in memos.values():
                 memo.prefetch(prefetch)

@@ -232,7 +232,7 @@ def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p
     elif enum is None and 1 < max_new_tokens and vocab ** (max_new_tokens - 1) <= 2 * samples:
         prefetch = [prompt + list(s) for s in itertools.product(range(vocab), repeat=max_new_tokens - 1)]
     draws: Draws = draw(make_decoder, prompt, samples, models=find_models(model, drafter), engine=engine,
-                        prefetch=prefetch, threads=None, encoder_inputs=encoder_inputs)
+                        prefetch=prefetch, threads=None, encoder_inputs=encoder_inputs, compiled=compile is True)
     timings["draw_s"] = draws.elapsed_s
 
     t = time.perf_counter()
