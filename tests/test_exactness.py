@@ -52,7 +52,7 @@ from specdec.exactness import (
     pooled_conditional_test,
     power_at,
 )
-from specdec.exactness.engine import SlotTokens, draw, find_models, torch_threads
+from specdec.exactness.engine import SlotTokens, TokenCache, draw, find_models, torch_threads
 from specdec.exactness.gof import Group
 
 ALPHA = 9e-5  # per positive check
@@ -350,6 +350,29 @@ def test_memo_engine_answers_the_slot_cache(pair, name):
         runs[engine] = draw(make, PROMPT, 60, models=find_models(target, drafter), engine=engine)
         caches[engine] = type(decoders[-1].target.cache)
     assert runs["memo"].engine == "memo" and caches["memo"] is SlotTokens and caches["cache"] is not SlotTokens
+    assert runs["memo"].sequences == runs["cache"].sequences
+    assert runs["memo"].accepted == runs["cache"].accepted
+
+
+@pytest.mark.parametrize("name", ["eagle", "medusa", "eagle-static"])
+def test_memo_engine_answers_the_target_s_hidden_states(pair, name):
+    """Heads read the target's features: the memo answers those calls too (the target's cache becomes a memo
+    one), and draws what real forwards draw, same seed, float64."""
+    target, draft, _ = pair
+    runs, caches = {}, {}
+    for engine in ("memo", "cache"):
+        drafter, options = build(name, target, draft)
+        decoders = []
+
+        def make():
+            decoders.append(specdec.SpeculativeDecoder(target, drafter, max_new_tokens=4, temperature=1.0, seed=5,
+                                                       eos_token_id=[], **{"gamma": 3, **options}))
+            return decoders[-1]
+
+        runs[engine] = draw(make, PROMPT, 60, models=find_models(target, drafter), engine=engine)
+        caches[engine] = type(decoders[-1].target.cache)
+    assert runs["memo"].engine == "memo" and caches["memo"] in (TokenCache, SlotTokens)
+    assert caches["cache"] not in (TokenCache, SlotTokens)
     assert runs["memo"].sequences == runs["cache"].sequences
     assert runs["memo"].accepted == runs["cache"].accepted
 
