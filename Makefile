@@ -20,8 +20,14 @@ install:
 demo: install
 	$(PYTHON) -m specdec demo
 
-# The whole suite (what CI runs).
+# The suite CI runs: every test but the `slow` ones (statistical and compile tiers included), two workers, each
+# test file on one worker (module fixtures built once).
+TEST_ALL := -q -m "not slow" -n 2 --dist loadfile
 test: install
+	$(PYTHON) -m pytest $(TEST_ALL)
+
+# The default tier (pyproject's addopts): no `slow`, `statistical` or `compile` tests; minutes.
+test-quick: install
 	$(PYTHON) -m pytest -q
 
 # The same suite against today's releases of every dependency (torch stays the pinned CPU build), in its
@@ -32,6 +38,6 @@ test-latest:
 	$(LATEST)/bin/python -m pip install -q "torch==2.13.0"
 	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[test]"
 	$(LATEST)/bin/python -m pip list --format=freeze | grep -i -E '^(transformers|tokenizers|accelerate|fastapi|openai)=='
-	$(LATEST)/bin/python -m pytest -q
+	$(LATEST)/bin/python -m pytest $(TEST_ALL)
 
-.PHONY: install demo test test-latest
+.PHONY: install demo test test-quick test-latest

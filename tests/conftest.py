@@ -13,7 +13,33 @@ torch.set_num_threads(1)
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "exactness_positive(checks, alpha): runs statistical exactness checks a correct "
-        "implementation must pass (tests/test_exactness.py counts them in its family-wise bound)")
+        "implementation must pass (tests/test_exactness.py counts them in its family-wise bound); implies "
+        "`statistical`")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """A test that declares positive exactness checks is a statistical one (the default tier leaves it out)."""
+    for item in items:
+        if item.get_closest_marker("exactness_positive") is not None:
+            item.add_marker(pytest.mark.statistical)
+
+
+@pytest.fixture(autouse=True)
+def _compiling_tests_are_marked(request, monkeypatch):
+    """A test that calls torch.compile must be marked `compile` (an inductor compile takes seconds to minutes a
+    shape on a CPU), so that the default tier, which leaves those out, stays fast."""
+    calls = []
+    real = torch.compile
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", counted)
+    yield
+    assert not calls or request.node.get_closest_marker("compile") is not None, (
+        f"{request.node.name} calls torch.compile: mark it @pytest.mark.compile")
 
 
 @pytest.fixture(autouse=True)

@@ -267,6 +267,7 @@ def test_static_batched_cache_sampled_rows_draw_what_a_lone_request_draws(pairs)
     assert [o.tokens for o in batched] == lone
 
 
+@pytest.mark.compile
 @pytest.mark.slow  # one inductor compile: ~30 s idle, ~85 s on the loaded CI machine
 def test_compiled_batched_pass_rows_match_lone_requests(pairs):
     """The batched fast path compiled: one shape (rows padded to 8, inputs to 5) serves every round while rows

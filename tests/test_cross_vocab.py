@@ -190,6 +190,7 @@ def test_cross_vocab_methods_are_exact(letters, method, setting):
     assert 0 < result.accepted < result.drafted, result.summary()
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("faulty", [UnnormalisedIntersection, OutsideIntersection])
 def test_negative_controls_are_caught(letters, faulty):
     target, _, far, target_tok, draft_tok = letters

@@ -55,6 +55,8 @@ from specdec.exactness import (
 from specdec.exactness.engine import SlotTokens, TokenCache, draw, find_models, torch_threads
 from specdec.exactness.gof import Group
 
+pytestmark = pytest.mark.statistical  # the whole module: draws and chi-square tests (make test runs it)
+
 ALPHA = 9e-5  # per positive check
 NEGATIVE_P = 1e-6  # every negative control must reach this
 N = 3000  # draws per check

@@ -31,6 +31,7 @@ def llama_pair():
     return target, perturbed(target, 0.1)
 
 
+@pytest.mark.compile
 def test_compiled_draft_model_is_token_identical_and_compiles_each_shape_once(llama_pair):
     target, draft = llama_pair
     for prompt in (LONG[:20], LONG[:37]):
@@ -44,6 +45,7 @@ def test_compiled_draft_model_is_token_identical_and_compiles_each_shape_once(ll
     assert [k[:2] for k in COMPILED[draft].fns] == [("draft", 3)]
 
 
+@pytest.mark.compile
 def test_compiled_draft_model_max_new_tokens_cut_and_eos(llama_pair):
     target, draft = llama_pair
     free = hf_greedy(target, LONG[:20], 24)
@@ -132,6 +134,7 @@ def test_gamma_auto_compiles_every_shape_before_its_first_round(monkeypatch):
     assert {k[1] for k in COMPILED[target].fns if k[0] == "verify"} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2", "mistral", "gemma"])
 def test_compiled_other_architectures(arch):
     target = tiny(arch, hidden=32, layers=2)
@@ -141,6 +144,7 @@ def test_compiled_other_architectures(arch):
     assert out.tokens == hf_greedy(target, LONG[:20], 24)
 
 
+@pytest.mark.compile
 @pytest.mark.exactness_positive(checks=1, alpha=1e-4)
 def test_compiled_plain_and_sampling_are_exact(llama_pair):
     target, draft = llama_pair
@@ -153,6 +157,7 @@ def test_compiled_plain_and_sampling_are_exact(llama_pair):
     assert result.passed, result.summary()
 
 
+@pytest.mark.compile
 @pytest.mark.slow
 def test_compiled_sampling_verifies_in_one_graph_with_the_slot_cache_s_tokens(llama_pair):
     """compile=True at T > 0: one verifying graph per (rows, sampling config), reused by the short last

@@ -121,6 +121,7 @@ def test_eagle_slot_cache_round_proposes_the_eager_trees(top_k, variant):
         _recorded_proposals(target, head, False, prompts, top_k)
 
 
+@pytest.mark.compile
 def test_compiled_eagle_round_proposes_the_eager_trees_and_compiles_once():
     from specdec.drafters.eagle import _GRAPHS
 

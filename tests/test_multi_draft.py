@@ -86,6 +86,7 @@ def test_spectr_verification_is_exact_statistically():
     assert multinomial_test(counts, DUP_P, alpha=1e-4).p_value >= 1e-4
 
 
+@pytest.mark.statistical
 def test_negative_control_spectr_with_rho_one():
     """ρ fixed at 1 (accept each i.i.d. draft with p/q, no ρ): TV 0.24 by enumeration here."""
     counts = _first_token_counts(tree_kseq_rho_one, DUP_P, DUP_Q, k=4, n=3000, seed=5)

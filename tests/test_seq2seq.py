@@ -301,6 +301,7 @@ def test_trees_on_whisper_are_exact(small_vocab_whisper, name):
     assert 0 < result.accepted < result.drafted, result.summary()
 
 
+@pytest.mark.statistical
 def test_seq2seq_negative_control_is_caught(small_vocab_pair):
     """A verifier that keeps one accepted token too many is caught through the encoder-decoder path too."""
     target, draft = small_vocab_pair

@@ -90,6 +90,7 @@ def test_select_tree_keeps_ties_towards_the_parent():
     assert tree_candidates(2, 6) == 2 + 5 * 4
 
 
+@pytest.mark.compile
 def test_compiled_tree_is_token_identical_and_compiles_each_graph_once(pair):
     target, draft = pair
     for prompt in (LONG[:20], LONG[:37]):

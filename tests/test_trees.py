@@ -316,11 +316,13 @@ def test_iid_children_with_duplicates_are_exact():
     assert multinomial_test(counts, DUP_P, alpha=1e-4).p_value >= 1e-4
 
 
+@pytest.mark.statistical
 def test_negative_control_duplicate_iid_children_skipped():
     counts = _first_token_counts(tree_duplicates_skipped, DUP_P, DUP_Q, k=4, n=3000, seed=5)
     assert multinomial_test(counts, DUP_P, alpha=1e-4).p_value < 1e-6
 
 
+@pytest.mark.statistical
 def test_negative_control_duplicates_end_to_end_has_the_hook(pair):
     """The same broken verifier through the decode loop (check_exactness's tree_verify_fn); the bias of this
     bug is small on the toy pair (TV ≈ 0.04), so only a loose bound is asserted here."""
@@ -332,12 +334,14 @@ def test_negative_control_duplicates_end_to_end_has_the_hook(pair):
     assert result.p_value < 0.01, result.summary()
 
 
+@pytest.mark.statistical
 def test_negative_control_softmax_q_for_top_k_children(pair):
     target, draft = pair
     result = _check(target, SoftmaxQDraftTree(draft, top_k=3, depth=2, max_nodes=8))
     assert not result.passed and result.p_value < 1e-6, result.summary()
 
 
+@pytest.mark.statistical
 @pytest.mark.exactness_positive(checks=1, alpha=1e-4)  # the correct run
 def test_negative_control_mask_lets_a_node_see_its_sibling():
     # a sharper random target (initializer_range 1.0) so that one extra visible token moves its logits a lot;
