@@ -236,14 +236,7 @@ class BatchDecoder:
         if not self.rows:
             return []
         rows = self.rows
-        gammas = []
-        for row in rows:
-            remaining = row.max_new_tokens - row.produced
-            gamma = min(row.gamma_policy.choose(row.stats), remaining - 1) if self.drafter is not None else 0
-            cap = gamma_cap.get(row.key) if isinstance(gamma_cap, dict) else gamma_cap
-            if cap is not None:
-                gamma = min(gamma, cap)
-            gammas.append(max(0, gamma))
+        gammas = [self._gamma(row, gamma_cap) for row in rows]
 
         # 1. drafters propose.
         t = time.perf_counter()
@@ -265,7 +258,7 @@ class BatchDecoder:
         greedy = [row.sampling.greedy and tree is None for row, tree in zip(rows, trees)]
         best = target_logits.argmax(dim=-1).tolist() if any(greedy) else None  # [B, W]
 
-        events, failed, kept_lengths = [], [], []
+        events, kept_lengths = [], []
         for i, (row, proposal) in enumerate(zip(rows, proposals)):
             gamma = len(proposal)
             logits = target_logits[i, : gamma + 1]  # [γ+1, V] (a tree: [N+1, V], row 0 the root)
@@ -275,61 +268,20 @@ class BatchDecoder:
                 if not all_finite:
                     check_finite(logits, self.model, f"for request {row.key!r}")
                 # 3. verify this row with its own generator.
-                if greedy[i]:
-                    drafts = proposal.tokens.tolist()
-                    verdict = _verify_greedy_from_argmax(drafts, best[i])
-                    accepted = drafts[: verdict.num_accepted]
-                elif trees[i] is None:
-                    verdict = verify_round(proposal.tokens, proposal.draft_probs, logits, row.sampling,
-                                           row.generator)
-                    accepted = proposal.tokens[: verdict.num_accepted].tolist()  # [k]
-                else:
-                    verdict = verify_tree(proposal, logits, row.sampling, row.generator)
-                    path = list(verdict.path)  # [k] node indices
-                    accepted = proposal.tokens[path].tolist()  # [k]
-                keep = list(range(len(accepted) + 1)) if trees[i] is None else [0] + [node + 1 for node in path]
+                verdict, accepted, keep = self._verify_row(row, proposal, trees[i], logits,
+                                                           best[i] if greedy[i] else None)
                 if trees[i] is not None:
                     self.target.keep_new(i, width, keep)  # root + path
             except SpecdecError as exc:
-                failed.append(row.key)
                 kept_lengths.append(row.n - 1)
                 events.append(RowEvent(row.key, [], 0, gamma, True, None, exc))
                 continue
-            k = verdict.num_accepted
             # 4. commit: the target keeps context + accepted drafts; append the next token.
-            kept_lengths.append(row.n + k)
-            new_tokens = accepted + [verdict.next_token]
-            row.context[row.n : row.n + k + 1] = torch.tensor(new_tokens, device=row.context.device)
-            row.n += k + 1
-            stats = row.stats
-            stats.record_round(gamma, k, verdict.outcome)
-            stats.target_s += target_s
-            stats.draft_s += draft_s
-            stats.target_forwards += 1
-            if self.heads is not None:  # the features of the root and the accepted path only: [k+1, H]
-                self.heads.commit(row, k, scores.hidden[i, keep])
-                stats.draft_forwards = row.drafter.forwards
-            elif row.drafter is not None:
-                row.drafter.commit(row.context[: row.n], k)
-                stats.draft_forwards = row.drafter.forwards
-            row.gamma_policy.update(stats)
+            kept_lengths.append(row.n + verdict.num_accepted)
+            hidden = scores.hidden[i, keep] if self.heads is not None else None  # root + accepted path: [k+1, H]
+            new_tokens = self._commit_row(row, gamma, verdict, accepted, hidden, target_s, draft_s)
             # 5. emit, stopping at the first EOS or max_new_tokens.
-            emitted, reason = [], None
-            for token in new_tokens:
-                emitted.append(token)
-                row.produced += 1
-                if token in row.eos:
-                    reason = "stop"
-                    break
-                if row.produced >= row.max_new_tokens:
-                    reason = "length"
-                    break
-            stats.new_tokens = row.produced
-            stats.wall_s = time.perf_counter() - row.started
-            event = RowEvent(row.key, emitted, min(k, len(emitted)), gamma, reason is not None, reason)
-            if row.logprobs is not None:
-                event.logprobs, event.top_logprobs = _token_logprobs(logits[: len(emitted)], emitted, row.logprobs)
-            events.append(event)
+            events.append(self._emit(row, new_tokens, verdict.num_accepted, gamma, logits))
 
         self.target.crop(kept_lengths)
         if self.draft_model is not None:
@@ -337,6 +289,80 @@ class BatchDecoder:
         done = [e.key for e in events if e.finished]
         self.remove(done)
         return events
+
+    def _gamma(self, row: Row, gamma_cap: int | dict[object, int | None] | None) -> int:
+        """γ for `row` this round: its policy's choice, within max_new_tokens and the server's cap."""
+        remaining = row.max_new_tokens - row.produced
+        gamma = min(row.gamma_policy.choose(row.stats), remaining - 1) if self.drafter is not None else 0
+        cap = gamma_cap.get(row.key) if isinstance(gamma_cap, dict) else gamma_cap
+        if cap is not None:
+            gamma = min(gamma, cap)
+        return max(0, gamma)
+
+    @staticmethod
+    def _verify_row(row: Row, proposal: Proposal, tree: TreeMask | None, logits: torch.Tensor,
+                    best: list[int] | None) -> tuple[Verdict, list[int], list[int]]:
+        """3. one row's verdict with its own generator, from logits [γ+1, V] (a tree: [N+1, V]); best: the
+        pass's argmax of this row when it is greedy and a chain. Returns (verdict, accepted tokens [k], the
+        rows of the pass to keep: root + accepted)."""
+        if best is not None:
+            drafts = proposal.tokens.tolist()
+            verdict = _verify_greedy_from_argmax(drafts, best)
+            accepted = drafts[: verdict.num_accepted]
+        elif tree is None:
+            verdict = verify_round(proposal.tokens, proposal.draft_probs, logits, row.sampling, row.generator)
+            accepted = proposal.tokens[: verdict.num_accepted].tolist()  # [k]
+        else:
+            verdict = verify_tree(proposal, logits, row.sampling, row.generator)
+            path = list(verdict.path)  # [k] node indices
+            accepted = proposal.tokens[path].tolist()  # [k]
+        keep = list(range(len(accepted) + 1)) if tree is None else [0] + [node + 1 for node in verdict.path]
+        return verdict, accepted, keep
+
+    def _commit_row(self, row: Row, gamma: int, verdict: Verdict, accepted: list[int],
+                    hidden: torch.Tensor | None, target_s: float, draft_s: float) -> list[int]:
+        """4. append the accepted drafts and the next token to the row's context, record the round, tell the
+        drafter (with the features [k+1, H] of the root and the accepted path, for heads) and the γ policy.
+        Returns the new tokens."""
+        k = verdict.num_accepted
+        new_tokens = accepted + [verdict.next_token]
+        row.context[row.n : row.n + k + 1] = torch.tensor(new_tokens, device=row.context.device)
+        row.n += k + 1
+        stats = row.stats
+        stats.record_round(gamma, k, verdict.outcome)
+        stats.target_s += target_s
+        stats.draft_s += draft_s
+        stats.target_forwards += 1
+        if self.heads is not None:
+            self.heads.commit(row, k, hidden)
+            stats.draft_forwards = row.drafter.forwards
+        elif row.drafter is not None:
+            row.drafter.commit(row.context[: row.n], k)
+            stats.draft_forwards = row.drafter.forwards
+        row.gamma_policy.update(stats)
+        return new_tokens
+
+    @staticmethod
+    def _emit(row: Row, new_tokens: list[int], k: int, gamma: int, logits: torch.Tensor) -> RowEvent:
+        """5. the row's event: its new tokens up to the first EOS or max_new_tokens (with their logprobs when
+        asked, from logits [γ+1, V])."""
+        emitted, reason = [], None
+        for token in new_tokens:
+            emitted.append(token)
+            row.produced += 1
+            if token in row.eos:
+                reason = "stop"
+                break
+            if row.produced >= row.max_new_tokens:
+                reason = "length"
+                break
+        stats = row.stats
+        stats.new_tokens = row.produced
+        stats.wall_s = time.perf_counter() - row.started
+        event = RowEvent(row.key, emitted, min(k, len(emitted)), gamma, reason is not None, reason)
+        if row.logprobs is not None:
+            event.logprobs, event.top_logprobs = _token_logprobs(logits[: len(emitted)], emitted, row.logprobs)
+        return event
 
     def _propose(self, rows: list[Row], gammas: list[int]):
         """Each row's proposal (a chain, or a tree with its mask), and a ProposalError for rows whose drafter

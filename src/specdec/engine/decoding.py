@@ -24,6 +24,7 @@ from specdec.core.tree import TreeMask, first_branch, is_chain, validate_proposa
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled, verify_tree
 from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, UnsupportedModelError
+from specdec.runtime.base import Scores
 from specdec.runtime.causal_lm import CachedCausalLM, context_length
 from specdec.runtime.compiled import DEFAULT_BUCKETS
 from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder, seq2seq_adapter, tree_unsupported_reason
@@ -406,6 +407,53 @@ class SpeculativeDecoder:
     def stream(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> Iterator[int]:
         """Yield each new token as soon as it is final. An encoder-decoder target: prompt_ids is the decoder
         prompt (None: its decoder start token)."""
+        context, n, needs_hidden, start = self._start(prompt_ids)
+        stats = self.stats
+        produced = 0
+        while produced < self.max_new_tokens:
+            # 1. drafter.propose: at most γ tokens (a tree at most γ deep), never more than fit under max_new_tokens.
+            remaining = self.max_new_tokens - produced
+            gamma = min(self.gamma_policy.choose(stats), remaining - 1) if self.drafter else 0
+            t = time.perf_counter()
+            proposal = (
+                self.drafter.propose(context[:n], gamma, self.sampling, self.generator)
+                if gamma > 0
+                else Proposal(context.new_empty(0))
+            )
+            stats.draft_s += time.perf_counter() - t
+            if proposal.parents is not None:
+                proposal, tree = self._check_tree(proposal, gamma, n)  # a chain again if the target cannot do trees
+
+            # 2-3. target.score + verify.
+            if proposal.parents is None:
+                gamma, accepted, keep, scores, verdict = self._verify_chain(context, n, proposal, gamma, needs_hidden)
+            else:
+                gamma, accepted, keep, scores, verdict = self._verify_tree(context, n, proposal, tree, needs_hidden)
+            k = verdict.num_accepted
+
+            # 4. commit.
+            new_tokens = self._commit(context, n, gamma, accepted, keep, scores, verdict, needs_hidden)
+            n += k + 1
+
+            # 5. emit, stopping at the first EOS.
+            last_source = verdict.outcome if gamma else "target"
+            for i, token in enumerate(new_tokens):
+                self.last_token_source = "accepted" if i < k else last_source
+                produced += 1
+                stats.new_tokens = produced
+                stats.target_forwards = self.target.forwards
+                stats.draft_forwards = self.drafter.forwards if self.drafter is not None else 0
+                stats.wall_s = time.perf_counter() - start
+                yield token
+                if token in self.eos:
+                    return
+        stats.wall_s = time.perf_counter() - start
+
+    def _start(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> tuple[torch.Tensor, int, bool, float]:
+        """A request's start: the prompt checked, the target reset and prefilled (with the features of drafters
+        that read them), the drafter reset, shapes compiled up front. Returns context (context[:n] committed;
+        room for the prompt, every new token and one round's drafts), n, whether the drafter reads the target's
+        features, and the request's start time."""
         if prompt_ids is None and isinstance(self.target, CachedSeq2SeqLM):
             prompt_ids = self.target.decoder_prompt()
         prompt = prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
@@ -415,7 +463,6 @@ class SpeculativeDecoder:
         stats = self.stats = DecodeStats()
         start = time.perf_counter()
 
-        # context[:n] is committed; room for the prompt, every new token and one round's drafts.
         context = torch.empty(prompt.shape[0] + self.max_new_tokens + 1, dtype=torch.long, device=device)
         n = prompt.shape[0]
         context[:n] = prompt
@@ -436,86 +483,67 @@ class SpeculativeDecoder:
             stats.draft_s += time.perf_counter() - t
         self._precompile(context[:n])
         stats.prefill_s = time.perf_counter() - start
+        return context, n, needs_hidden, start
 
-        produced = 0
-        while produced < self.max_new_tokens:
-            # 1. drafter.propose: at most γ tokens (a tree at most γ deep), never more than fit under max_new_tokens.
-            remaining = self.max_new_tokens - produced
-            gamma = min(self.gamma_policy.choose(stats), remaining - 1) if self.drafter else 0
+    def _verify_chain(self, context: torch.Tensor, n: int, proposal: Proposal, gamma: int, needs_hidden: bool):
+        """2-3. for a chain: the target scores the last committed token and the drafts, then the accepted prefix
+        and a recovered or bonus token. Returns (γ' drafted, accepted [k], None: the prefix is kept by a crop,
+        the scores [γ'+1, V], the verdict)."""
+        drafted = proposal.tokens[:gamma]  # [γ']
+        gamma = drafted.shape[0]
+        draft_probs = proposal.draft_probs[:gamma] if proposal.draft_probs is not None else None
+        t = time.perf_counter()
+        if self.fused_verify:  # the target's pass runs the warp and verify.rejection_rule in its graph
+            scores, verdict = self.target.score_and_verify(
+                torch.cat([context[n - 1 : n], drafted]), draft_probs, self.sampling, self.generator,
+                hidden=needs_hidden)  # [γ'+1, V]
+            self.stats.target_s += time.perf_counter() - t
+        else:
+            scores = self.target.score(torch.cat([context[n - 1 : n], drafted]), hidden=needs_hidden)
+            self.stats.target_s += time.perf_counter() - t
+            verdict = self.verify_fn(drafted, draft_probs, scores.logits, self.sampling, self.generator)
+        return gamma, drafted[: verdict.num_accepted], None, scores, verdict
+
+    def _verify_tree(self, context: torch.Tensor, n: int, proposal: Proposal, tree: TreeMask, needs_hidden: bool):
+        """2-3. for a tree: every node in one target pass, then the longest surviving path. Returns (nodes drafted,
+        accepted [k], keep [k+1]: the rows to keep, root + path, the scores [N+1, V], the verdict)."""
+        gamma = len(proposal)  # nodes drafted
+        t = time.perf_counter()
+        scores = self.target.score(torch.cat([context[n - 1 : n], proposal.tokens]),
+                                   tree=tree, hidden=needs_hidden)  # [N+1, V]
+        self.stats.target_s += time.perf_counter() - t
+        verdict = self.tree_verify_fn(proposal, scores.logits, self.sampling, self.generator)
+        path = torch.tensor(verdict.path, dtype=torch.long)  # [k] node indices
+        accepted = proposal.tokens[path.to(proposal.tokens.device)]  # [k]
+        keep = torch.cat([torch.zeros(1, dtype=torch.long), path + 1])  # [k+1] rows: root + path
+        return gamma, accepted, keep, scores, verdict
+
+    def _commit(self, context: torch.Tensor, n: int, gamma: int, accepted: torch.Tensor, keep: torch.Tensor | None,
+                scores: Scores, verdict: Verdict, needs_hidden: bool) -> list[int]:
+        """4. the target keeps the root and the accepted drafts (a crop, or the rows `keep` of a tree pass);
+        context[n:n+k+1] = the accepted drafts and the next token; the round recorded; the drafter and the γ
+        policy told. Returns the new tokens."""
+        stats = self.stats
+        k = verdict.num_accepted
+        if keep is None:
+            self.target.crop(n + k)
+        else:
+            self.target.commit(n - 1, keep)
+        context[n : n + k] = accepted
+        context[n + k] = verdict.next_token
+        new_tokens = context[n : n + k + 1].tolist()
+        n += k + 1
+        stats.record_round(gamma, k, verdict.outcome)
+        if self.drafter is not None:
             t = time.perf_counter()
-            proposal = (
-                self.drafter.propose(context[:n], gamma, self.sampling, self.generator)
-                if gamma > 0
-                else Proposal(context.new_empty(0))
-            )
+            if needs_hidden:  # features of the root and the accepted drafts only: [k+1, H]
+                rows = scores.hidden[: k + 1] if keep is None else scores.hidden[keep.to(scores.hidden.device)]
+                self.drafter.commit(context[:n], k, hidden=rows)
+            else:
+                self.drafter.commit(context[:n], k)
             stats.draft_s += time.perf_counter() - t
-            if proposal.parents is not None:
-                proposal, tree = self._check_tree(proposal, gamma, n)  # a chain again if the target cannot do trees
-
-            if proposal.parents is None:
-                # 2-3. target.score + verify, chain: accepted prefix, then a recovered or bonus token.
-                drafted = proposal.tokens[:gamma]  # [γ']
-                gamma = drafted.shape[0]
-                draft_probs = proposal.draft_probs[:gamma] if proposal.draft_probs is not None else None
-                t = time.perf_counter()
-                if self.fused_verify:  # the target's pass runs the warp and verify.rejection_rule in its graph
-                    scores, verdict = self.target.score_and_verify(
-                        torch.cat([context[n - 1 : n], drafted]), draft_probs, self.sampling, self.generator,
-                        hidden=needs_hidden)  # [γ'+1, V]
-                    stats.target_s += time.perf_counter() - t
-                else:
-                    scores = self.target.score(torch.cat([context[n - 1 : n], drafted]), hidden=needs_hidden)
-                    stats.target_s += time.perf_counter() - t
-                    verdict = self.verify_fn(drafted, draft_probs, scores.logits, self.sampling, self.generator)
-                k = verdict.num_accepted
-                accepted = drafted[:k]  # [k]
-                keep = None  # the accepted prefix: a crop
-            else:
-                # 2-3. target.score + verify, tree: every node in one pass, then the longest surviving path.
-                gamma = len(proposal)  # nodes drafted
-                t = time.perf_counter()
-                scores = self.target.score(torch.cat([context[n - 1 : n], proposal.tokens]),
-                                           tree=tree, hidden=needs_hidden)  # [N+1, V]
-                stats.target_s += time.perf_counter() - t
-                verdict = self.tree_verify_fn(proposal, scores.logits, self.sampling, self.generator)
-                k = verdict.num_accepted
-                path = torch.tensor(verdict.path, dtype=torch.long)  # [k] node indices
-                accepted = proposal.tokens[path.to(proposal.tokens.device)]  # [k]
-                keep = torch.cat([torch.zeros(1, dtype=torch.long), path + 1])  # [k+1] rows: root + path
-
-            # 4. commit: the target keeps the root and the accepted drafts; append the next token.
-            if keep is None:
-                self.target.crop(n + k)
-            else:
-                self.target.commit(n - 1, keep)
-            context[n : n + k] = accepted
-            context[n + k] = verdict.next_token
-            new_tokens = context[n : n + k + 1].tolist()
-            n += k + 1
-            stats.record_round(gamma, k, verdict.outcome)
-            if self.drafter is not None:
-                t = time.perf_counter()
-                if needs_hidden:  # features of the root and the accepted drafts only: [k+1, H]
-                    rows = scores.hidden[: k + 1] if keep is None else scores.hidden[keep.to(scores.hidden.device)]
-                    self.drafter.commit(context[:n], k, hidden=rows)
-                else:
-                    self.drafter.commit(context[:n], k)
-                stats.draft_s += time.perf_counter() - t
-            self.gamma_policy.update(stats)
-
-            # 5. emit, stopping at the first EOS.
-            last_source = verdict.outcome if gamma else "target"
-            for i, token in enumerate(new_tokens):
-                self.last_token_source = "accepted" if i < k else last_source
-                produced += 1
-                stats.new_tokens = produced
-                stats.target_forwards = self.target.forwards
-                stats.draft_forwards = self.drafter.forwards if self.drafter is not None else 0
-                stats.wall_s = time.perf_counter() - start
-                yield token
-                if token in self.eos:
-                    return
-        stats.wall_s = time.perf_counter() - start
+        self.gamma_policy.update(stats)
+        return new_tokens
 
 
 def stream(
