@@ -143,7 +143,7 @@ def run(args) -> int:
 
     apply_threads(args)
     import specdec
-    from specdec.bench.candidates import CANDIDATES, Models, calibrate
+    from specdec.bench.candidates import Models
     from specdec.engine.text import encode_prompt
 
     with console.status("loading the default model pair..."):
@@ -169,74 +169,12 @@ def run(args) -> int:
     )
 
     # 1. Choose the method by measurement (or take the user's).
-    calibration = None
-    if fixed is not None:
-        chosen = fixed
-        console.print(f"Method: [bold]{chosen.name}[/] ({chosen.summary}), as asked.")
-    else:
-        candidates = [c for c in CANDIDATES if c.available(models) and (c.opt_in is None or args.compile)]
-        skipped = [c for c in CANDIDATES if c.opt_in and not args.compile]
-        with console.status(f"choosing the method: timing {len(candidates)} exact methods against plain decoding "
-                            f"on {len(calibration_prompts)} held-out prompts that are not shown below..."):
-            calibration = calibrate(models, candidates, [p.ids for p in calibration_prompts],
-                                    max_new_tokens=min(64, args.max_new_tokens), on_setup=lambda note: console.print(f"[dim]{note}[/]"))
-        chosen = next(c for c in candidates if c.name == calibration.best())
-        console.print("Method chosen by measurement (speedup over plain decoding, geometric mean over "
-                      f"{len(calibration_prompts)} held-out prompts not shown below, greedy, "
-                      f"{min(64, args.max_new_tokens)} tokens):")
-        for c in candidates:
-            mark = "[bold]→[/]" if c is chosen else " "
-            console.print(f"  {mark} {c.name:<20} {calibration.score(c.name):5.2f}x  [dim]{c.summary}[/]")
-        for c in skipped:
-            console.print(f"    {c.name:<20}   not measured  [dim]{c.summary}; add it with {c.opt_in}[/]")
-    if chosen.setup_note and fixed is not None:
-        console.print(f"[dim]{chosen.setup_note}[/]")
-
+    chosen, calibration = _choose(console, args, fixed, models, calibration_prompts)
     # 2. Stream one sampled continuation (small models loop under greedy decoding; sampling reads better).
     streamed = shown[args.prompt_index]
-    sample_settings = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                           top_p=args.top_p, eos_token_id=[], seed=args.seed)
-    console.rule(f"{streamed.name} ({streamed.source}): prompt tail, then a sampled continuation")
-    console.print(tokenizer.decode(streamed.ids[-60:]), style="dim", markup=False)
-    console.print("[dim]── continuation ──[/]  colours: [green]accepted draft token[/], [yellow]recovered "
-                  "(the target's correction of a rejected draft)[/], [cyan]bonus (after a fully accepted draft)"
-                  "[/]\n")
-    sampler = chosen.decoder(models, **sample_settings)
-    if args.json:
-        sampled_tokens = list(sampler.stream(streamed.ids))
-    else:
-        _stream(console, sampler, tokenizer, streamed.ids)
-    s = sampler.stats
-    top = "" if args.top_p is None else f", top-p {args.top_p:g}"
-    console.print(f"[dim](sampled at T={args.temperature:g}{top}, seed {args.seed}: exactly the target's own "
-                  f"distribution; α {s.acceptance_rate:.2f}, τ {s.mean_accepted_tokens:.2f})[/]")
-
+    s, sampled_tokens = _sample(console, args, chosen, models, streamed)
     # 3. Time HF generate, specdec plain (same path) and the method, greedy, interleaved and rotated.
-    greedy = dict(max_new_tokens=args.max_new_tokens, temperature=0.0, eos_token_id=[], seed=0)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    runners = {
-        "hf": lambda p: (_hf_generate(target, p, args.max_new_tokens, pad), None),
-        "plain": lambda p: _specdec(chosen.decoder(models, speculative=False, **greedy), p),
-        "spec": lambda p: _specdec(chosen.decoder(models, **greedy), p),
-    }
-    rows = []
-    with console.status("timing HF generate, specdec plain and speculative decoding (greedy)...") as status:
-        for name in runners:  # warm-up
-            runners[name](shown[0].ids)
-        for i, prompt in enumerate(shown):
-            status.update(f"timing {prompt.name} ({i + 1}/{len(shown)}): HF generate, specdec plain and "
-                          f"speculative, {args.repeats} run(s) each, interleaved...")
-            walls = {name: [] for name in runners}
-            outputs, stats = {}, {}
-            for r in range(args.repeats):
-                names = list(runners)
-                for name in names[r % 3:] + names[: r % 3]:
-                    (tokens, wall), st = runners[name](prompt.ids)
-                    walls[name].append(wall)
-                    outputs.setdefault(name, []).append(tokens)
-                    if st is not None:
-                        stats.setdefault(name, []).append(st)
-            rows.append(_row(prompt, walls, outputs, stats, args.max_new_tokens))
+    rows = _time(console, args, chosen, models, shown)
 
     identical = all(r["greedy_identical"] for r in rows)
     vs_hf = _spread([r["speedup_vs_hf_generate"] for r in rows])
@@ -266,6 +204,93 @@ def run(args) -> int:
         return 0 if identical else 1
     _show(console, chosen, chosen.drafter(models)[1], rows, result, vs_hf, vs_plain)
     return 0 if identical else 1
+
+
+def _choose(console, args, fixed, models, calibration_prompts):
+    """1. (the method, the calibration or None): the user's method, or the fastest exact one against plain
+    decoding on the calibration prompts (not the shown ones)."""
+    from specdec.bench.candidates import CANDIDATES, calibrate
+
+    calibration = None
+    if fixed is not None:
+        chosen = fixed
+        console.print(f"Method: [bold]{chosen.name}[/] ({chosen.summary}), as asked.")
+    else:
+        candidates = [c for c in CANDIDATES if c.available(models) and (c.opt_in is None or args.compile)]
+        skipped = [c for c in CANDIDATES if c.opt_in and not args.compile]
+        with console.status(f"choosing the method: timing {len(candidates)} exact methods against plain decoding "
+                            f"on {len(calibration_prompts)} held-out prompts that are not shown below..."):
+            calibration = calibrate(models, candidates, [p.ids for p in calibration_prompts],
+                                    max_new_tokens=min(64, args.max_new_tokens),
+                                    on_setup=lambda note: console.print(f"[dim]{note}[/]"))
+        chosen = next(c for c in candidates if c.name == calibration.best())
+        console.print("Method chosen by measurement (speedup over plain decoding, geometric mean over "
+                      f"{len(calibration_prompts)} held-out prompts not shown below, greedy, "
+                      f"{min(64, args.max_new_tokens)} tokens):")
+        for c in candidates:
+            mark = "[bold]→[/]" if c is chosen else " "
+            console.print(f"  {mark} {c.name:<20} {calibration.score(c.name):5.2f}x  [dim]{c.summary}[/]")
+        for c in skipped:
+            console.print(f"    {c.name:<20}   not measured  [dim]{c.summary}; add it with {c.opt_in}[/]")
+    if chosen.setup_note and fixed is not None:
+        console.print(f"[dim]{chosen.setup_note}[/]")
+    return chosen, calibration
+
+
+def _sample(console, args, chosen, models, streamed):
+    """2. one sampled continuation of `streamed`, coloured by token source (or collected, with --json).
+    Returns (its stats, its tokens or None)."""
+    tokenizer = models.tokenizer
+    sample_settings = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                           top_p=args.top_p, eos_token_id=[], seed=args.seed)
+    console.rule(f"{streamed.name} ({streamed.source}): prompt tail, then a sampled continuation")
+    console.print(tokenizer.decode(streamed.ids[-60:]), style="dim", markup=False)
+    console.print("[dim]── continuation ──[/]  colours: [green]accepted draft token[/], [yellow]recovered "
+                  "(the target's correction of a rejected draft)[/], [cyan]bonus (after a fully accepted draft)"
+                  "[/]\n")
+    sampler = chosen.decoder(models, **sample_settings)
+    sampled_tokens = None
+    if args.json:
+        sampled_tokens = list(sampler.stream(streamed.ids))
+    else:
+        _stream(console, sampler, tokenizer, streamed.ids)
+    s = sampler.stats
+    top = "" if args.top_p is None else f", top-p {args.top_p:g}"
+    console.print(f"[dim](sampled at T={args.temperature:g}{top}, seed {args.seed}: exactly the target's own "
+                  f"distribution; α {s.acceptance_rate:.2f}, τ {s.mean_accepted_tokens:.2f})[/]")
+    return s, sampled_tokens
+
+
+def _time(console, args, chosen, models, shown) -> list[dict]:
+    """3. HF generate, specdec plain (the method's path) and the method, greedy, timed interleaved and rotated
+    on each shown prompt. Returns one row per prompt (`_row`)."""
+    target, tokenizer = models.target, models.tokenizer
+    greedy = dict(max_new_tokens=args.max_new_tokens, temperature=0.0, eos_token_id=[], seed=0)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    runners = {
+        "hf": lambda p: (_hf_generate(target, p, args.max_new_tokens, pad), None),
+        "plain": lambda p: _specdec(chosen.decoder(models, speculative=False, **greedy), p),
+        "spec": lambda p: _specdec(chosen.decoder(models, **greedy), p),
+    }
+    rows = []
+    with console.status("timing HF generate, specdec plain and speculative decoding (greedy)...") as status:
+        for name in runners:  # warm-up
+            runners[name](shown[0].ids)
+        for i, prompt in enumerate(shown):
+            status.update(f"timing {prompt.name} ({i + 1}/{len(shown)}): HF generate, specdec plain and "
+                          f"speculative, {args.repeats} run(s) each, interleaved...")
+            walls = {name: [] for name in runners}
+            outputs, stats = {}, {}
+            for r in range(args.repeats):
+                names = list(runners)
+                for name in names[r % 3:] + names[: r % 3]:
+                    (tokens, wall), st = runners[name](prompt.ids)
+                    walls[name].append(wall)
+                    outputs.setdefault(name, []).append(tokens)
+                    if st is not None:
+                        stats.setdefault(name, []).append(st)
+            rows.append(_row(prompt, walls, outputs, stats, args.max_new_tokens))
+    return rows
 
 
 def _specdec(decoder, prompt_ids):

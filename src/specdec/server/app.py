@@ -142,12 +142,11 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                           adaptive_gamma=adaptive_gamma, compile=compile, max_len=max_len)
     if precompile:
         scheduler.precompile()
-    limit = context_length(target)
-    served = served_methods(drafter)  # the names a request's `speculative.method` may give
-    served_method = served[0]
-    vocab = vocab_size(target)
-    created = int(time.time())
     chat_template = chat_template or getattr(tokenizer, "chat_template", None)  # the caller's tokenizer is not changed
+    service = _Service(scheduler, metrics, tokenizer, model_name=model_name, limit=context_length(target),
+                       vocab=vocab_size(target), served=served_methods(drafter), max_gamma=max_gamma,
+                       max_body_bytes=max_body_bytes, chat_template=chat_template)
+    created = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -178,7 +177,38 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
         return {"object": "list",
                 "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "specdec"}]}
 
-    async def read_body(http: HTTPRequest) -> dict:
+    @app.post("/v1/completions")
+    async def completions(http: HTTPRequest):
+        body = await service.read_body(http)
+        ids = service.check_ids(service.prompt_ids(body), "prompt")
+        sampling = parse_sampling(body, chat=False)
+        return await service.respond(ids, sampling, service.budget(len(ids), sampling, DEFAULT_MAX_TOKENS),
+                                     chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: HTTPRequest):
+        body = await service.read_body(http)
+        ids = service.check_ids(service.chat_ids(body), "messages")
+        sampling = parse_sampling(body, chat=True)
+        return await service.respond(ids, sampling, service.budget(len(ids), sampling, DEFAULT_CHAT_MAX_TOKENS),
+                                     chat=True)
+
+    return app
+
+
+class _Service:
+    """What the routes share: request bodies checked and tokenized, rows submitted to the scheduler, and their
+    events turned into an OpenAI response (`_Reply`)."""
+
+    def __init__(self, scheduler: Scheduler, metrics: Metrics, tokenizer, *, model_name: str, limit: int | None,
+                 vocab: int, served: tuple[str, ...], max_gamma: int, max_body_bytes: int, chat_template: str | None):
+        self.scheduler, self.metrics, self.tokenizer = scheduler, metrics, tokenizer
+        self.model_name, self.limit, self.vocab = model_name, limit, vocab
+        self.served = served  # the names a request's `speculative.method` may give, canonical first
+        self.max_gamma, self.max_body_bytes, self.chat_template = max_gamma, max_body_bytes, chat_template
+
+    async def read_body(self, http: HTTPRequest) -> dict:
+        max_body_bytes, model_name = self.max_body_bytes, self.model_name
         declared = http.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
             raise APIError(f"request body of {declared} bytes exceeds the limit of {max_body_bytes}; send a "
@@ -200,192 +230,9 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                            param="model", code="model_not_found")
         return body
 
-    def check_ids(ids: list[int], param: str) -> list[int]:
-        if not ids:
-            raise APIError(f"'{param}' is empty; send at least one token of text", param=param)
-        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise APIError(f"token id {bad[0]!r} in '{param}' is outside the vocabulary [0, {vocab}); "
-                           "tokenize with this model's tokenizer", param=param, code="invalid_token_id")
-        return ids
-
-    def budget(n: int, sampling: Sampling, default: int) -> int:
-        if limit is not None and n >= limit:
-            raise APIError(f"the prompt has {n} tokens, the model's context is {limit}; shorten the prompt",
-                           param="prompt", code="context_length_exceeded")
-        if sampling.max_tokens is None:
-            return default if limit is None else min(default, limit - n)
-        if limit is not None and n + sampling.max_tokens > limit:
-            raise APIError(f"prompt ({n} tokens) + max_tokens ({sampling.max_tokens}) exceeds the model's context "
-                           f"of {limit} tokens; lower max_tokens or shorten the prompt", param="max_tokens",
-                           code="context_length_exceeded")
-        return sampling.max_tokens
-
-    def submit(ids: list[int], sampling: Sampling, max_new: int, index: int = 0) -> Request:
-        if not scheduler.accepting:
-            raise APIError("the server is shutting down; retry against another instance", status=503,
-                           type_="server_error", code="shutting_down")
-        method = sampling.extra.get("method")
-        if method not in (None, "none", *served):
-            raise APIError(f"'speculative.method' {method!r} is not served here; this server drafts with "
-                           f"{served_method!r} (or send \"none\" for plain decoding)", param="speculative.method")
-        gamma = FixedGamma(0) if sampling.plain else (sampling.gamma or max_gamma)
-        # Choice i of a seeded request with n > 1 uses seed + i (the choices differ, and each reproduces).
-        seed = None if sampling.seed is None else sampling.seed + index
-        options = dict(gamma=gamma, max_new_tokens=max_new, temperature=sampling.temperature,
-                       top_k=sampling.top_k, top_p=sampling.top_p, seed=seed, logprobs=sampling.logprobs)
-        # A seeded sampled request keeps a fixed γ (its draws then reproduce); so does an explicit gamma.
-        adaptive = sampling.gamma is None and not (sampling.seed is not None and sampling.temperature > 0)
-        request = Request(ids, options, asyncio.get_running_loop(), adaptive=adaptive)
-        scheduler.submit(request)
-        return request
-
-    def summed_usage(prompt_tokens: int, requests: list[Request]) -> dict:
-        """The prompt counted once (as OpenAI does for n > 1), completions and draft accounting summed."""
-        parts = [_usage(prompt_tokens, r) for r in requests]
-        completion = sum(p["completion_tokens"] for p in parts)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                "total_tokens": prompt_tokens + completion,
-                "completion_tokens_details": {
-                    key: sum(p["completion_tokens_details"][key] for p in parts)
-                    for key in ("accepted_prediction_tokens", "rejected_prediction_tokens")}}
-
-    async def respond(http: HTTPRequest, ids: list[int], sampling: Sampling, max_new: int, chat: bool):
-        """n rows of the same prompt decode in the batch like independent requests; choice i is row i."""
-        requests = [submit(ids, sampling, max_new, i) for i in range(sampling.n)]
-
-        def cancel_all() -> None:
-            for r in requests:
-                scheduler.cancel(r)
-
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        obj = "chat.completion" if chat else "text_completion"
-        assemblers = [TextAssembler(tokenizer, sampling.stop) for _ in requests]
-        formats = [LogprobsFormatter(tokenizer, chat) if sampling.logprobs is not None else None for _ in requests]
-        try:  # wait for every row's first tokens, so a request failing in its first round is a real HTTP error
-            firsts = [await r.events.get() for r in requests]
-        except asyncio.CancelledError:
-            cancel_all()
-            raise
-        for first in firsts:
-            if isinstance(first, Failed):
-                cancel_all()
-                raise APIError(first.message, status=first.status,
-                               type_="server_error" if first.status >= 500 else "invalid_request_error")
-
-        def choice(index: int, text: str | None, finish: str | None, stream: bool,
-                   logprobs: dict | None = None) -> dict:
-            if chat:
-                key = "delta" if stream else "message"
-                content = {"content": text} if stream else {"role": "assistant", "content": text}
-                if stream and text is None:
-                    content = {}
-                return {"index": index, key: content, "logprobs": logprobs, "finish_reason": finish}
-            return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
-
-        if not sampling.stream:
-            async def collect(index: int) -> dict:
-                request, assembler, fmt = requests[index], assemblers[index], formats[index]
-                item, finish, logprob_parts = firsts[index], None, []
-                while True:
-                    if isinstance(item, Tokens):
-                        if fmt is not None:
-                            logprob_parts.append(fmt.format(item))
-                        _, stopped = assembler.add(item.ids)
-                        if stopped:
-                            scheduler.cancel(request)
-                            finish = "stop"
-                            break
-                    elif isinstance(item, Finished):
-                        assembler.finish()
-                        finish = item.reason
-                        break
-                    else:
-                        raise APIError(item.message, status=item.status, type_="server_error")
-                    item = await request.events.get()
-                return choice(index, assembler.text, finish, False, LogprobsFormatter.merge(logprob_parts))
-
-            try:
-                choices = await asyncio.gather(*(collect(i) for i in range(len(requests))))
-            except (asyncio.CancelledError, APIError):
-                cancel_all()
-                raise
-            return {"id": rid, "object": obj, "created": int(time.time()), "model": model_name,
-                    "choices": list(choices), "usage": summed_usage(len(ids), requests)}
-
-        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
-
-        def chunk(choices: list, usage=None) -> str:
-            data = {"id": rid, "object": chunk_obj, "created": int(time.time()), "model": model_name,
-                    "choices": choices}
-            if sampling.include_usage:
-                data["usage"] = usage
-            return f"data: {json.dumps(data)}\n\n"
-
-        async def events():
-            # Every row's events onto one queue, tagged with the choice index (a row's own order is kept).
-            merged: asyncio.Queue = asyncio.Queue()
-            for index, first in enumerate(firsts):
-                merged.put_nowait((index, first))
-
-            async def forward(index: int) -> None:
-                while True:
-                    item = await requests[index].events.get()
-                    merged.put_nowait((index, item))
-                    if not isinstance(item, Tokens):
-                        return
-
-            forwarders = [asyncio.ensure_future(forward(i)) for i, f in enumerate(firsts) if isinstance(f, Tokens)]
-            open_rows, done = set(range(len(requests))), False
-            try:
-                if chat:
-                    for index in range(len(requests)):
-                        yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None}])
-                while open_rows:
-                    index, item = await merged.get()
-                    if index not in open_rows:
-                        continue  # a row already ended by a stop string
-                    assembler, fmt = assemblers[index], formats[index]
-                    if isinstance(item, Tokens):
-                        delta, stopped = assembler.add(item.ids)
-                        logprobs = fmt.format(item) if fmt is not None else None
-                        if delta or logprobs:
-                            yield chunk([choice(index, delta, None, True, logprobs)])
-                        if not stopped:
-                            continue
-                        scheduler.cancel(requests[index])
-                        finish = "stop"
-                    elif isinstance(item, Finished):
-                        delta = assembler.finish()
-                        if delta:
-                            yield chunk([choice(index, delta, None, True)])
-                        finish = item.reason
-                    else:
-                        metrics.request_errors.labels(status=str(item.status)).inc()
-                        error = APIError(item.message, status=item.status, type_="server_error")
-                        yield f"data: {json.dumps(error.body())}\n\n"
-                        yield "data: [DONE]\n\n"
-                        done = True
-                        return
-                    open_rows.discard(index)
-                    yield chunk([choice(index, None, finish, True)])
-                done = True
-                if sampling.include_usage:
-                    yield chunk([], summed_usage(len(ids), requests))
-                yield "data: [DONE]\n\n"
-            finally:
-                for task in forwarders:
-                    task.cancel()
-                if not done or open_rows:  # the client went away (or a row failed): free the rows
-                    cancel_all()
-
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    @app.post("/v1/completions")
-    async def completions(http: HTTPRequest):
-        body = await read_body(http)
+    def prompt_ids(self, body: dict) -> list[int]:
+        """/v1/completions: the token ids of the request's one prompt (a string or a list of ids)."""
+        tokenizer = self.tokenizer
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
@@ -402,28 +249,218 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
                            param="prompt")
         else:
             raise APIError("'prompt' must be a string or a list of token ids", param="prompt")
-        ids = check_ids(ids, "prompt")
-        sampling = parse_sampling(body, chat=False)
-        return await respond(http, ids, sampling, budget(len(ids), sampling, DEFAULT_MAX_TOKENS), chat=False)
+        return ids
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(http: HTTPRequest):
-        body = await read_body(http)
+    def chat_ids(self, body: dict) -> list[int]:
+        """/v1/chat/completions: the token ids of the messages through the chat template."""
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise APIError("'messages' is required: a non-empty list of {role, content} objects", param="messages")
         for m in messages:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise APIError("each message must be an object with string 'role' and 'content'", param="messages")
-        if not chat_template:
+        if not self.chat_template:
             raise APIError("this model's tokenizer has no chat template; use /v1/completions with a plain prompt, "
                            "or start the server with --chat-template FILE", param="messages",
                            code="no_chat_template")
-        encoded = tokenizer.apply_chat_template(messages, chat_template=chat_template, add_generation_prompt=True,
-                                                tokenize=True)
-        ids = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
-        ids = check_ids(ids, "messages")
-        sampling = parse_sampling(body, chat=True)
-        return await respond(http, ids, sampling, budget(len(ids), sampling, DEFAULT_CHAT_MAX_TOKENS), chat=True)
+        encoded = self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template,
+                                                     add_generation_prompt=True, tokenize=True)
+        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
-    return app
+    def check_ids(self, ids: list[int], param: str) -> list[int]:
+        vocab = self.vocab
+        if not ids:
+            raise APIError(f"'{param}' is empty; send at least one token of text", param=param)
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise APIError(f"token id {bad[0]!r} in '{param}' is outside the vocabulary [0, {vocab}); "
+                           "tokenize with this model's tokenizer", param=param, code="invalid_token_id")
+        return ids
+
+    def budget(self, n: int, sampling: Sampling, default: int) -> int:
+        limit = self.limit
+        if limit is not None and n >= limit:
+            raise APIError(f"the prompt has {n} tokens, the model's context is {limit}; shorten the prompt",
+                           param="prompt", code="context_length_exceeded")
+        if sampling.max_tokens is None:
+            return default if limit is None else min(default, limit - n)
+        if limit is not None and n + sampling.max_tokens > limit:
+            raise APIError(f"prompt ({n} tokens) + max_tokens ({sampling.max_tokens}) exceeds the model's context "
+                           f"of {limit} tokens; lower max_tokens or shorten the prompt", param="max_tokens",
+                           code="context_length_exceeded")
+        return sampling.max_tokens
+
+    def submit(self, ids: list[int], sampling: Sampling, max_new: int, index: int = 0) -> Request:
+        if not self.scheduler.accepting:
+            raise APIError("the server is shutting down; retry against another instance", status=503,
+                           type_="server_error", code="shutting_down")
+        method = sampling.extra.get("method")
+        if method not in (None, "none", *self.served):
+            raise APIError(f"'speculative.method' {method!r} is not served here; this server drafts with "
+                           f"{self.served[0]!r} (or send \"none\" for plain decoding)", param="speculative.method")
+        gamma = FixedGamma(0) if sampling.plain else (sampling.gamma or self.max_gamma)
+        # Choice i of a seeded request with n > 1 uses seed + i (the choices differ, and each reproduces).
+        seed = None if sampling.seed is None else sampling.seed + index
+        options = dict(gamma=gamma, max_new_tokens=max_new, temperature=sampling.temperature,
+                       top_k=sampling.top_k, top_p=sampling.top_p, seed=seed, logprobs=sampling.logprobs)
+        # A seeded sampled request keeps a fixed γ (its draws then reproduce); so does an explicit gamma.
+        adaptive = sampling.gamma is None and not (sampling.seed is not None and sampling.temperature > 0)
+        request = Request(ids, options, asyncio.get_running_loop(), adaptive=adaptive)
+        self.scheduler.submit(request)
+        return request
+
+    async def respond(self, ids: list[int], sampling: Sampling, max_new: int, chat: bool):
+        """n rows of the same prompt decode in the batch like independent requests; choice i is row i."""
+        requests = [self.submit(ids, sampling, max_new, i) for i in range(sampling.n)]
+        reply = _Reply(self, ids, sampling, requests, chat)
+        try:  # wait for every row's first tokens, so a request failing in its first round is a real HTTP error
+            firsts = [await r.events.get() for r in requests]
+        except asyncio.CancelledError:
+            reply.cancel_all()
+            raise
+        for first in firsts:
+            if isinstance(first, Failed):
+                reply.cancel_all()
+                raise APIError(first.message, status=first.status,
+                               type_="server_error" if first.status >= 500 else "invalid_request_error")
+        if not sampling.stream:
+            return await reply.body(firsts)
+        return StreamingResponse(reply.events(firsts), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+class _Reply:
+    """One response: the rows of one request (choice i is row i) and their events as a JSON body or SSE chunks."""
+
+    def __init__(self, service: _Service, ids: list[int], sampling: Sampling, requests: list[Request], chat: bool):
+        self.service, self.ids, self.sampling, self.requests, self.chat = service, ids, sampling, requests, chat
+        tokenizer = service.tokenizer
+        self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.assemblers = [TextAssembler(tokenizer, sampling.stop) for _ in requests]
+        self.formats = [LogprobsFormatter(tokenizer, chat) if sampling.logprobs is not None else None
+                        for _ in requests]
+
+    def cancel_all(self) -> None:
+        for r in self.requests:
+            self.service.scheduler.cancel(r)
+
+    def choice(self, index: int, text: str | None, finish: str | None, stream: bool,
+               logprobs: dict | None = None) -> dict:
+        if self.chat:
+            key = "delta" if stream else "message"
+            content = {"content": text} if stream else {"role": "assistant", "content": text}
+            if stream and text is None:
+                content = {}
+            return {"index": index, key: content, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+
+    def usage(self) -> dict:
+        """The prompt counted once (as OpenAI does for n > 1), completions and draft accounting summed."""
+        prompt_tokens = len(self.ids)
+        parts = [_usage(prompt_tokens, r) for r in self.requests]
+        completion = sum(p["completion_tokens"] for p in parts)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion,
+                "completion_tokens_details": {
+                    key: sum(p["completion_tokens_details"][key] for p in parts)
+                    for key in ("accepted_prediction_tokens", "rejected_prediction_tokens")}}
+
+    async def body(self, firsts: list) -> dict:
+        """The whole response at once (`stream` false)."""
+        async def collect(index: int) -> dict:
+            request, assembler, fmt = self.requests[index], self.assemblers[index], self.formats[index]
+            item, finish, logprob_parts = firsts[index], None, []
+            while True:
+                if isinstance(item, Tokens):
+                    if fmt is not None:
+                        logprob_parts.append(fmt.format(item))
+                    _, stopped = assembler.add(item.ids)
+                    if stopped:
+                        self.service.scheduler.cancel(request)
+                        finish = "stop"
+                        break
+                elif isinstance(item, Finished):
+                    assembler.finish()
+                    finish = item.reason
+                    break
+                else:
+                    raise APIError(item.message, status=item.status, type_="server_error")
+                item = await request.events.get()
+            return self.choice(index, assembler.text, finish, False, LogprobsFormatter.merge(logprob_parts))
+
+        try:
+            choices = await asyncio.gather(*(collect(i) for i in range(len(self.requests))))
+        except (asyncio.CancelledError, APIError):
+            self.cancel_all()
+            raise
+        return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
+                "created": int(time.time()), "model": self.service.model_name, "choices": list(choices),
+                "usage": self.usage()}
+
+    def chunk(self, choices: list, usage=None) -> str:
+        data = {"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": int(time.time()), "model": self.service.model_name, "choices": choices}
+        if self.sampling.include_usage:
+            data["usage"] = usage
+        return f"data: {json.dumps(data)}\n\n"
+
+    async def events(self, firsts: list):
+        """The SSE stream (`stream` true): every row's events in order, a finish chunk per row, the usage chunk
+        when asked, then [DONE]; a client that goes away (or a failed row) frees every row."""
+        requests, chunk, choice = self.requests, self.chunk, self.choice
+        # Every row's events onto one queue, tagged with the choice index (a row's own order is kept).
+        merged: asyncio.Queue = asyncio.Queue()
+        for index, first in enumerate(firsts):
+            merged.put_nowait((index, first))
+
+        async def forward(index: int) -> None:
+            while True:
+                item = await requests[index].events.get()
+                merged.put_nowait((index, item))
+                if not isinstance(item, Tokens):
+                    return
+
+        forwarders = [asyncio.ensure_future(forward(i)) for i, f in enumerate(firsts) if isinstance(f, Tokens)]
+        open_rows, done = set(range(len(requests))), False
+        try:
+            if self.chat:
+                for index in range(len(requests)):
+                    yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
+                                  "logprobs": None, "finish_reason": None}])
+            while open_rows:
+                index, item = await merged.get()
+                if index not in open_rows:
+                    continue  # a row already ended by a stop string
+                assembler, fmt = self.assemblers[index], self.formats[index]
+                if isinstance(item, Tokens):
+                    delta, stopped = assembler.add(item.ids)
+                    logprobs = fmt.format(item) if fmt is not None else None
+                    if delta or logprobs:
+                        yield chunk([choice(index, delta, None, True, logprobs)])
+                    if not stopped:
+                        continue
+                    self.service.scheduler.cancel(requests[index])
+                    finish = "stop"
+                elif isinstance(item, Finished):
+                    delta = assembler.finish()
+                    if delta:
+                        yield chunk([choice(index, delta, None, True)])
+                    finish = item.reason
+                else:
+                    self.service.metrics.request_errors.labels(status=str(item.status)).inc()
+                    error = APIError(item.message, status=item.status, type_="server_error")
+                    yield f"data: {json.dumps(error.body())}\n\n"
+                    yield "data: [DONE]\n\n"
+                    done = True
+                    return
+                open_rows.discard(index)
+                yield chunk([choice(index, None, finish, True)])
+            done = True
+            if self.sampling.include_usage:
+                yield chunk([], self.usage())
+            yield "data: [DONE]\n\n"
+        finally:
+            for task in forwarders:
+                task.cancel()
+            if not done or open_rows:  # the client went away (or a row failed): free the rows
+                self.cancel_all()
