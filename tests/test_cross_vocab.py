@@ -15,7 +15,7 @@ from vocab_models import letter_tokenizers, permuted, stdlib_tokenizers, transpl
 import specdec
 from specdec.drafters.cross_vocab import CrossVocabDraft
 from specdec.exactness import check_exactness
-from specdec.hub.vocab import _CACHE, token_bytes, vocab_mapping
+from specdec.hub.vocab import MAPPING_CACHE, token_bytes, vocab_mapping
 
 ARCHS = ["llama", "qwen2", "gpt2", "gemma"]
 CODE = "    def parse(self, text):\n        return self."
@@ -70,10 +70,10 @@ def test_mapping_is_built_once_per_pair_and_dropped_with_the_tokenizers():
     assert vocab_mapping(draft_tok, target_tok) is vocab_mapping(draft_tok, target_tok)
     other = permuted(stdlib_tokenizers()[0], seed=3)
     vocab_mapping(other, target_tok)
-    assert other in _CACHE
+    assert other in MAPPING_CACHE
     del other
     gc.collect()
-    assert len([k for k in _CACHE if len(k) == 700]) <= 1  # the permuted tokenizer's entry went with it
+    assert len([k for k in MAPPING_CACHE if len(k) == 700]) <= 1  # the permuted tokenizer's entry went with it
 
 
 def test_same_tokenizer_gives_a_plain_draft_model(tokenizers):

@@ -14,7 +14,7 @@ from models import hf_greedy, perturbed, tiny
 import specdec
 from specdec.core.sampling import SamplingConfig
 from specdec.core.tree import TreeMask
-from specdec.drafters.tree_budget import COMPILED_BUDGETS, WARM_PASSES, TreeBudget, _accepted_nodes
+from specdec.drafters.tree_budget import COMPILED_BUDGETS, WARM_PASSES, TreeBudget, accepted_nodes
 from specdec.engine.decoding import SpeculativeDecoder
 from specdec.runtime.compiled import COMPILED
 from specdec.runtime.draft_graphs import select_tree, tree_candidates
@@ -153,9 +153,9 @@ def test_auto_budget_warms_every_compiled_budget_first_then_predicts_eager_ones_
 
 def test_accepted_nodes_follow_the_emitted_tokens():
     tokens, parents = [4, 9, 7, 4, 2], [-1, -1, 0, 0, 2]
-    assert _accepted_nodes(tokens, parents, [4, 7, 2]) == {0, 2, 4}
-    assert _accepted_nodes(tokens, parents, [9]) == {1}
-    assert _accepted_nodes(tokens, parents, []) == set()
+    assert accepted_nodes(tokens, parents, [4, 7, 2]) == {0, 2, 4}
+    assert accepted_nodes(tokens, parents, [9]) == {1}
+    assert accepted_nodes(tokens, parents, []) == set()
 
 
 @pytest.mark.parametrize("compile", [False, "static"])

@@ -45,7 +45,7 @@ from specdec.runtime.compiled import (
 from specdec.runtime.slot_cache import SlotCache
 
 #: Compiled draft rounds per head object, keyed by (pad, levels, top_k, max_nodes, cache slots).
-_GRAPHS: weakref.WeakKeyDictionary[EagleHead, dict[tuple, object]] = weakref.WeakKeyDictionary()
+HEAD_GRAPHS: weakref.WeakKeyDictionary[EagleHead, dict[tuple, object]] = weakref.WeakKeyDictionary()
 
 
 def _positive(name: str, value: object) -> int:
@@ -232,7 +232,7 @@ class Eagle(Drafter):
                 "Eagle through specdec's decoder (which sizes it per request) or lower max_new_tokens")
 
     def _graph(self, key: tuple):
-        graphs = _GRAPHS.setdefault(self.head, {})
+        graphs = HEAD_GRAPHS.setdefault(self.head, {})
         fn = graphs.get(key)
         if fn is None:
             raise_recompile_limit()

@@ -145,8 +145,8 @@ class TreeBudget:
         r["end"] = time.perf_counter()
         r["target_s"] = self._target_s() - r["target_before"]
         self._update_cost(r["budget"], r["target_s"])
-        path = _accepted_nodes(r["tokens"], r["parents"], context[len(context) - num_accepted - 1 : -1].tolist()
-                               if num_accepted else [])
+        path = accepted_nodes(r["tokens"], r["parents"], context[len(context) - num_accepted - 1 : -1].tolist()
+                              if num_accepted else [])
         for i in range(len(self.hits)):
             self.hits[i] *= DECAY
             self.trials[i] *= DECAY
@@ -179,7 +179,7 @@ class TreeBudget:
                     acceptance=self.acceptance(), predicted=self.predict(), chosen=list(self.chosen))
 
 
-def _accepted_nodes(tokens: list[int], parents: list[int], accepted: list[int]) -> set[int]:
+def accepted_nodes(tokens: list[int], parents: list[int], accepted: list[int]) -> set[int]:
     """The nodes of the tree (tokens, parents) on the path spelling `accepted` from the root (siblings
     carry distinct tokens, so the path is unique)."""
     path, node = set(), -1

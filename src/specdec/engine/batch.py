@@ -8,10 +8,10 @@ lengths (docs/batching.md). Verification is `decoding.verify_round` on the row's
 with the row's own generator, so a row draws the same random numbers as the same request decoded alone.
 
 Drafters: a `DraftModel` and `LayerSkip` (the target's first layers as a draft model) are batched
-(`batch_draft.BatchedDraftModel`: one draft forward per step for all rows); every other drafter gets one
+(`drafters.batched.BatchedDraftModel`: one draft forward per step for all rows); every other drafter gets one
 `fork()` per row: model-free drafters (prompt lookup, bigram), tree drafters (`DraftTree`, `MultiDraft`:
 each row grows its own tree with its own draft cache; the target scores every row's tree in one pass with a
-per-row tree block in a 4-D mask) and head drafters (`Eagle`, `Medusa`: `batch_heads.BatchedHeads`, fed the
+per-row tree block in a 4-D mask) and head drafters (`Eagle`, `Medusa`: `drafters.batched_heads.BatchedHeads`, fed the
 features of each row's root and accepted path from the target's pass). Other drafters are refused.
 """
 

@@ -214,7 +214,7 @@ def _build(draft_tokenizer, target_tokenizer) -> VocabMapping:
     )
 
 
-_CACHE: "weakref.WeakKeyDictionary[object, weakref.WeakKeyDictionary[object, VocabMapping]]" = (
+MAPPING_CACHE: "weakref.WeakKeyDictionary[object, weakref.WeakKeyDictionary[object, VocabMapping]]" = (
     weakref.WeakKeyDictionary()
 )
 
@@ -222,7 +222,7 @@ _CACHE: "weakref.WeakKeyDictionary[object, weakref.WeakKeyDictionary[object, Voc
 def vocab_mapping(draft_tokenizer, target_tokenizer) -> VocabMapping:
     """The shared-token mapping of a tokenizer pair, built on first use and cached while both live."""
     try:
-        inner = _CACHE.setdefault(draft_tokenizer, weakref.WeakKeyDictionary())
+        inner = MAPPING_CACHE.setdefault(draft_tokenizer, weakref.WeakKeyDictionary())
         if target_tokenizer not in inner:
             inner[target_tokenizer] = _build(draft_tokenizer, target_tokenizer)
         return inner[target_tokenizer]
