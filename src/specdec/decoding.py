@@ -22,9 +22,10 @@ from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, UnsupportedModelError
 from specdec.models.causal_lm import CachedCausalLM, context_length
 from specdec.models.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder, seq2seq_adapter, tree_unsupported_reason
-from specdec.models.static_lm import DEFAULT_BUCKETS, StaticCausalLM, fast_adapter
+from specdec.models.static_lm import DEFAULT_BUCKETS, StaticCausalLM, compile_seconds, fast_adapter
 from specdec.sampling import SamplingConfig
 from specdec.stats import DecodeStats
+from specdec.threads import scoped_stream
 from specdec.tree import TreeMask, first_branch, is_chain, validate_proposal
 from specdec.verify import Verdict, verify_greedy, verify_sampled, verify_tree
 
@@ -404,7 +405,11 @@ class SpeculativeDecoder:
 
     def stream(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> Iterator[int]:
         """Yield each new token as soon as it is final. An encoder-decoder target: prompt_ids is the decoder
-        prompt (None: its decoder start token)."""
+        prompt (None: its decoder start token). Runs with specdec's thread count (`threads.decode_threads`),
+        the caller's torch setting back in force at every yield."""
+        return scoped_stream(self._tokens(prompt_ids), self.target.model)
+
+    def _tokens(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> Iterator[int]:
         if prompt_ids is None and isinstance(self.target, CachedSeq2SeqLM):
             prompt_ids = self.target.decoder_prompt()
         prompt = _prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
@@ -413,6 +418,7 @@ class SpeculativeDecoder:
         device = self.target.device
         stats = self.stats = DecodeStats()
         start = time.perf_counter()
+        compiled = compile_seconds()  # compile time paid by this call: the growth of this total
 
         # context[:n] is committed; room for the prompt, every new token and one round's drafts.
         context = torch.empty(prompt.shape[0] + self.max_new_tokens + 1, dtype=torch.long, device=device)
@@ -435,6 +441,7 @@ class SpeculativeDecoder:
             stats.draft_s += time.perf_counter() - t
         self._precompile(context[:n])
         stats.prefill_s = time.perf_counter() - start
+        stats.prefill_compile_s = stats.compile_s = compile_seconds() - compiled
 
         produced = 0
         while produced < self.max_new_tokens:
@@ -492,6 +499,7 @@ class SpeculativeDecoder:
             new_tokens = context[n : n + k + 1].tolist()
             n += k + 1
             stats.record_round(gamma, k, verdict.outcome)
+            stats.compile_s = compile_seconds() - compiled
             if self.drafter is not None:
                 t = time.perf_counter()
                 if needs_hidden:  # features of the root and the accepted drafts only: [k+1, H]
