@@ -195,6 +195,10 @@ def test_a_draft_with_its_own_tokenizer_is_translated_as_help_says(capsys):
     assert cli_main(["generate", "--drafter", "draft-tli", "--prompt", "x", "--max-new-tokens", "2"]) == 2
     err = _one_line_error(capsys, "--draft-tokenizer")
     assert "draft_tokenizer=" not in err and "target_tokenizer" not in err
+    # A drafter that runs the draft model untranslated still refuses another tokenizer.
+    assert cli_main(["generate", "--draft", draft, "--drafter", "draft-tree", "--prompt", "x",
+                     "--max-new-tokens", "2"]) == 2
+    _one_line_error(capsys, "--drafter draft-tree", "different tokenizer")
 
 
 def test_compile_time_is_reported_apart_from_decoding_speed():

@@ -54,12 +54,22 @@ def _draft_tokenizer_found(args):
     return None
 
 
+#: Drafters that run the draft model without translating tokens (token trees from it).
+TREE_DRAFT_KINDS = ("draft-tree", "multi-draft", "multi-draft-specinfer", "multi-draft-spectr")
+
+
 def draft_tokenizer_options(args, kind: str, target_tokenizer) -> dict:
     """make_drafter's tokenizer options for --drafter `kind`: the draft's own tokenizer (--draft-tokenizer, else
     the one saved with --draft) and the target's, when the draft drafts across tokenizers. A refusal names flags."""
     from specdec.errors import ConfigError
 
     if kind not in ("draft", "draft-tli", "draft-slem"):
+        if kind in TREE_DRAFT_KINDS and getattr(args, "draft", None):  # they draft with the draft model, untranslated
+            from specdec.tokenizer_check import check_draft_tokenizer
+
+            check_draft_tokenizer(target_tokenizer, _draft_tokenizer_found(args), target_name="the target",
+                                  draft_name=args.draft, fix=f"--drafter {kind} needs a draft with the target's "
+                                  "tokenizer (only --drafter draft, draft-tli and draft-slem translate)")
         return {}
     found = draft_tokenizer(args, target_tokenizer)
     if found is None and kind != "draft":
