@@ -413,3 +413,17 @@ def test_the_shipped_seq2seq_tokenizer_loads_by_name():
         pytest.skip("seq2seq assets missing")
     tokenizer = load_tokenizer("default-seq2seq")
     assert tokenizer.mask_token == "<mask>" and len(tokenizer) == 8193
+
+
+def test_serve_compile_keeps_the_model_name(monkeypatch, capsys):
+    """--compile once renamed the served model to the last logger's name ("specdec.serve")."""
+    import specdec.server
+    from specdec.cli import build_parser
+    from specdec.cli.serve import build_app
+
+    _default_pair_or_skip()
+    seen = {}
+    monkeypatch.setattr(specdec.server, "create_app", lambda *args, **kwargs: seen.update(kwargs))
+    build_app(build_parser().parse_args(["serve", "--compile", "--drafter", "none"]))
+    assert seen["model_name"] == "specdec-default" and seen["compile"] is True
+    assert "[specdec] decoding with 1 thread" in capsys.readouterr().err
