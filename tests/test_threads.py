@@ -182,3 +182,14 @@ def test_a_bad_threads_value_is_one_line(value, capsys):
     assert cli_main(["generate", "--prompt", "x", "--threads", value]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("specdec: error:") and "--threads" in err and "\n" not in err
+
+
+def test_a_model_whose_bare_pass_fails_keeps_the_callers_count(monkeypatch, torch_two_threads):
+    def broken(model, counts):
+        raise TypeError("this model needs more inputs")
+
+    monkeypatch.setattr(threads, "pass_seconds", broken)
+    target = tiny("llama", layers=1)
+    seen = recorded(target)
+    specdec.generate(target, [1, 2, 3], max_new_tokens=2)
+    assert set(seen) == {2} and "not measured" in threads.last_choice(target).describe()

@@ -65,8 +65,11 @@ class ThreadChoice:
     at: float  # time.monotonic() when measured
 
     def describe(self) -> str:
+        chosen = f"{self.threads} thread{'s' * (self.threads > 1)}"
+        if not self.seconds:
+            return f"{chosen} (not measured)"
         tried = ", ".join(f"{n} thread{'s' * (n > 1)} {s * 1e3:.1f} ms" for n, s in self.seconds)
-        return f"{self.threads} thread{'s' * (self.threads > 1)} (one-token target pass: {tried})"
+        return f"{chosen} (one-token target pass: {tried})"
 
 
 _explicit: int | None = None  # set_threads(n); None: the measured choice
@@ -175,7 +178,13 @@ def decode_threads(model) -> int:
         choice = per_count.get(current)
         if choice is None or time.monotonic() - choice.at > RECHECK_S:
             previous = choice
-            choice = per_count[current] = measure(model, current)
+            try:
+                choice = measure(model, current)
+            except Exception as exc:  # noqa: BLE001 (advice only: a model whose bare pass fails still decodes)
+                log.warning("cannot time a one-token pass of %s (%s: %s); decoding with torch's %d threads",
+                            type(model).__name__, type(exc).__name__, exc, current)
+                choice = ThreadChoice(current, (), time.monotonic())
+            per_count[current] = choice
             if previous is None or previous.threads != choice.threads:
                 log.info("decoding with %s", choice.describe())
     return choice.threads
