@@ -101,6 +101,7 @@ def test_an_old_measurement_is_repeated(monkeypatch, torch_two_threads):
     specdec.generate(target, [1, 2, 3], max_new_tokens=2)
     assert len(calls) == 1
     monkeypatch.setattr(threads, "RECHECK_S", 0.0)
+    monkeypatch.setattr(threads, "MEASURE_SHARE", 1.0)
     timed_as_now = timed_as(monkeypatch, {1: 0.010, 2: 0.001})  # the machine became idle
     seen = recorded(target)
     specdec.generate(target, [1, 2, 3], max_new_tokens=2)
@@ -192,4 +193,13 @@ def test_a_model_whose_bare_pass_fails_keeps_the_callers_count(monkeypatch, torc
     target = tiny("llama", layers=1)
     seen = recorded(target)
     specdec.generate(target, [1, 2, 3], max_new_tokens=2)
-    assert set(seen) == {2} and "not measured" in threads.last_choice(target).describe()
+    assert set(seen) == {2} and "not measured: its bare pass failed" in threads.last_choice(target).describe()
+
+
+def test_a_large_model_keeps_torchs_count_unmeasured(monkeypatch, torch_two_threads):
+    calls = timed_as(monkeypatch, {1: 0.001, 2: 0.010})
+    monkeypatch.setattr(threads, "LARGE_MODEL_PARAMETERS", 1000)  # the tiny model counts as large
+    target = tiny("llama", layers=1)
+    seen = recorded(target)
+    specdec.generate(target, [1, 2, 3], max_new_tokens=2)
+    assert set(seen) == {2} and not calls and "parameters" in threads.last_choice(target).describe()

@@ -15,8 +15,9 @@ count is right; specdec measures:
   `OMP_NUM_THREADS` gave), whichever ran the target's own one-token forward pass faster in a short
   interleaved measurement (N only when it is at least `FASTER_BY` times faster: a wrong N costs up to 10x,
   a wrong 1 at most N x). The measurement is made the first time specdec decodes with a model (per N), takes
-  a few passes of each, and is repeated when it is older than `RECHECK_S` seconds, so a machine that became
-  busy (or idle) is noticed. N = 1 or a model off the CPU: nothing is measured, nothing changes.
+  a few passes of each, and is repeated when it is older than `RECHECK_S` seconds (or 100 times its own
+  cost), so a machine that became busy (or idle) is noticed. N = 1, a model off the CPU, or one over
+  `LARGE_MODEL_PARAMETERS`: nothing is measured, torch's count is used.
 - The count is set on entry and torch's previous count restored on exit (a stream restores it between
   tokens), so the caller's own torch work keeps the caller's setting. `torch.set_num_threads` sets the
   calling thread's OpenMP team size (and the default of threads that have not run torch yet), so the server's
@@ -47,11 +48,16 @@ AUTO = "auto"
 DEFAULT_THREADS = AUTO
 #: More than one thread only when a one-token pass is at least this many times faster with them.
 FASTER_BY = 1.2
-#: A measurement older than this (seconds) is repeated at the next decode call or server round.
+#: A measurement older than this (seconds) is repeated at the next decode call or server round; later when
+#: the measurement itself took longer than MEASURE_SHARE of that time.
 RECHECK_S = 60.0
+MEASURE_SHARE = 0.01
 #: Timed one-token passes per thread count (interleaved), and a cap on the measurement's wall time.
 MEASURE_PASSES = 5
 MEASURE_BUDGET_S = 1.0
+#: Models with more parameters than this decode with torch's count unmeasured: their operations are long
+#: enough that a preempted thread costs a fraction, not a multiple, and one 1-thread pass would take seconds.
+LARGE_MODEL_PARAMETERS = 1_000_000_000
 
 T = TypeVar("T")
 
@@ -61,15 +67,21 @@ class ThreadChoice:
     """One measurement: the count chosen, the median one-token pass time per count tried, and when."""
 
     threads: int
-    seconds: tuple[tuple[int, float], ...]  # (threads, median seconds of a one-token pass)
+    seconds: tuple[tuple[int, float], ...]  # (threads, median seconds of a one-token pass); () not measured
     at: float  # time.monotonic() when measured
+    cost_s: float = 0.0  # wall time the measurement took
+    why: str = ""  # why it was not measured
 
     def describe(self) -> str:
         chosen = f"{self.threads} thread{'s' * (self.threads > 1)}"
         if not self.seconds:
-            return f"{chosen} (not measured)"
+            return f"{chosen} (not measured: {self.why})"
         tried = ", ".join(f"{n} thread{'s' * (n > 1)} {s * 1e3:.1f} ms" for n, s in self.seconds)
         return f"{chosen} (one-token target pass: {tried})"
+
+    def expired(self, now: float) -> bool:
+        """Time to measure again (see RECHECK_S); an unmeasured choice never expires."""
+        return bool(self.seconds) and now - self.at > max(RECHECK_S, self.cost_s / MEASURE_SHARE)
 
 
 _explicit: int | None = None  # set_threads(n); None: the measured choice
@@ -158,9 +170,15 @@ def pass_seconds(model, counts: tuple[int, ...]) -> dict[int, float]:
 
 
 def measure(model, threads: int) -> ThreadChoice:
-    """Time `model`'s one-token pass with 1 and with `threads` threads and choose (see `choose`)."""
+    """Time `model`'s one-token pass with 1 and with `threads` threads and choose (see `choose`); a model over
+    LARGE_MODEL_PARAMETERS keeps `threads` unmeasured."""
+    size = sum(p.numel() for p in model.parameters())
+    if size > LARGE_MODEL_PARAMETERS:
+        return ThreadChoice(threads, (), time.monotonic(), why=f"{size / 1e9:.1f}B parameters: torch's count")
+    start = time.perf_counter()
     seconds = pass_seconds(model, (1, threads))
-    return ThreadChoice(choose(seconds), tuple(sorted(seconds.items())), time.monotonic())
+    return ThreadChoice(choose(seconds), tuple(sorted(seconds.items())), time.monotonic(),
+                        cost_s=time.perf_counter() - start)
 
 
 def decode_threads(model) -> int:
@@ -176,14 +194,14 @@ def decode_threads(model) -> int:
     with _lock:
         per_count = _choices.setdefault(model, {})
         choice = per_count.get(current)
-        if choice is None or time.monotonic() - choice.at > RECHECK_S:
+        if choice is None or choice.expired(time.monotonic()):
             previous = choice
             try:
                 choice = measure(model, current)
             except Exception as exc:  # noqa: BLE001 (advice only: a model whose bare pass fails still decodes)
                 log.warning("cannot time a one-token pass of %s (%s: %s); decoding with torch's %d threads",
                             type(model).__name__, type(exc).__name__, exc, current)
-                choice = ThreadChoice(current, (), time.monotonic())
+                choice = ThreadChoice(current, (), time.monotonic(), why=f"its bare pass failed: {exc}")
             per_count[current] = choice
             if previous is None or previous.threads != choice.threads:
                 log.info("decoding with %s", choice.describe())
