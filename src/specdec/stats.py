@@ -23,12 +23,12 @@ class DecodeStats:
     gammas: list[int] = field(default_factory=list)  # γ' drafted in each round
     wall_s: float = 0.0
     prefill_s: float = 0.0
+    target_s: float = 0.0  # in target decoding forwards
+    draft_s: float = 0.0  # in drafting (model forwards, lookups, sampling of drafts)
     # Compiling fast-path shapes on first use (compile=True), inside wall_s: in all, and the part of it before the
     # first round (inside prefill_s). tokens_per_s leaves both out.
     compile_s: float = 0.0
     prefill_compile_s: float = 0.0
-    target_s: float = 0.0  # in target decoding forwards
-    draft_s: float = 0.0  # in drafting (model forwards, lookups, sampling of drafts)
 
     @property
     def acceptance_rate(self) -> float:
