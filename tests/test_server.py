@@ -539,3 +539,23 @@ def test_server_on_the_preallocated_batched_cache(pair, tokenizer):
         assert "--max-len" in str(info.value)
     finally:
         server.stop()
+
+
+def test_chat_on_the_shipped_default_pair_works_out_of_the_box():
+    """No --chat-template: the default pair's tokenizer ships a plain role-prefixed template."""
+    from specdec.hub.default_pair import assets_present
+
+    if not assets_present():
+        pytest.skip("default pair assets not present")
+    target, draft, tokenizer = specdec.load_default()
+    server = LiveServer(create_app(target, tokenizer, specdec.DraftModel(draft), model_name="specdec-default"))
+    try:
+        messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def parse("}]
+        out = server.client.chat.completions.create(model="specdec-default", messages=messages, max_tokens=8,
+                                                    temperature=0)
+    finally:
+        server.stop()
+    ids = tokenizer("system: You write Python.\nuser: def parse(\nassistant:")["input_ids"]
+    want = specdec.generate(target, ids, drafter=specdec.DraftModel(draft), max_new_tokens=8).tokens
+    assert out.usage.prompt_tokens == len(ids)
+    assert out.choices[0].message.content == tokenizer.decode(want, skip_special_tokens=True)

@@ -165,3 +165,265 @@ def test_demo_json_contract(capsys):
     for key in ("median_speedup_vs_hf_generate", "median_speedup_vs_plain"):
         assert isinstance(data[key], float) and data[key] > 0
     assert len(data["prompts"]) == 4 and {"code-0", "edit-0"} <= {p["prompt"] for p in data["prompts"]}
+
+
+# -- issue 21: the first hour of a user ------------------------------------------------------------------------
+def _one_line_error(capsys, *words):
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specdec") and "error:" in err and "\n" not in err and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+def _default_pair_or_skip():
+    from specdec.hub.default_pair import assets_present
+
+    if not assets_present():
+        pytest.skip("default assets missing")
+
+
+def test_a_draft_with_its_own_tokenizer_is_translated_as_help_says(capsys):
+    """--draft whose saved tokenizer differs: drafted through the translation (no --draft-tokenizer needed)."""
+    from pathlib import Path
+
+    _default_pair_or_skip()
+    draft = str(Path(specdec.__file__).parent / "assets" / "cross_vocab_draft")
+    assert cli_main(["generate", "--draft", draft, "--prompt", "import os", "--max-new-tokens", "6"]) == 0
+    assert "[draft" in capsys.readouterr().err
+    # A cross-tokenizer kind with nothing to translate from: refused in flags, not Python argument names.
+    assert cli_main(["generate", "--drafter", "draft-tli", "--prompt", "x", "--max-new-tokens", "2"]) == 2
+    err = _one_line_error(capsys, "--draft-tokenizer")
+    assert "draft_tokenizer=" not in err and "target_tokenizer" not in err
+    # A drafter that runs the draft model untranslated still refuses another tokenizer.
+    assert cli_main(["generate", "--draft", draft, "--drafter", "draft-tree", "--prompt", "x",
+                     "--max-new-tokens", "2"]) == 2
+    _one_line_error(capsys, "--drafter draft-tree", "different tokenizer")
+
+
+def test_compile_time_is_reported_apart_from_decoding_speed():
+    from specdec.core.stats import DecodeStats
+
+    stats = DecodeStats(new_tokens=10, wall_s=12.5, prefill_s=1.5, compile_s=10.5, prefill_compile_s=0.5)
+    assert stats.tokens_per_s == pytest.approx(10.0)  # 10 tokens in 12.5 - 1.5 - (10.5 - 0.5) = 1 s of rounds
+    assert DecodeStats(new_tokens=10, wall_s=2.0, prefill_s=1.0).tokens_per_s == pytest.approx(10.0)
+
+
+def test_generate_reports_compiling_apart(monkeypatch, capsys, target):
+    """The decoder measures the compile time paid during the call (here a stub: half of all time counts as
+    compiling) and leaves it out of tokens/s; the CLI prints it beside, not inside, the speed."""
+    import time
+
+    import specdec.engine.decoding
+
+    t0 = time.perf_counter()
+    monkeypatch.setattr(specdec.engine.decoding, "compile_seconds", lambda: 0.5 * (time.perf_counter() - t0))
+    out = specdec.generate(target, [1, 2, 3], max_new_tokens=4)
+    assert out.stats.compile_s > out.stats.prefill_compile_s > 0
+    wall_only = out.stats.new_tokens / (out.stats.wall_s - out.stats.prefill_s)
+    assert out.stats.tokens_per_s > wall_only
+    _default_pair_or_skip()
+    assert cli_main(["generate", "--drafter", "plain", "--prompt", "x", "--max-new-tokens", "3"]) == 0
+    stats_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "tokens/s (compile" in stats_line and "not counted" in stats_line
+
+
+def test_verify_warns_when_the_drafter_never_drafted(capsys):
+    """Prompt lookup on a prompt with no repeated n-gram drafts nothing: PASS, but a test without power."""
+    from specdec.exactness import check_exactness
+
+    model = tiny("llama", layers=1, vocab=16)
+    # Greedy (T = 0): a deterministic check, outside the statistical suite's family-wise bound.
+    result = check_exactness(model, [1, 2, 3], specdec.PromptLookup(), temperature=0.0, max_new_tokens=2,
+                             samples=20, seed=0)
+    assert result.drafted == 0 and result.power_warning and "no power" in result.power_warning
+    assert result.power_warning in result.notes and result.to_dict()["power_warning"] == result.power_warning
+    plain = check_exactness(model, [1, 2, 3], None, temperature=0.0, max_new_tokens=2, samples=20, seed=0)
+    assert plain.power_warning is None  # plain decoding drafts nothing by design
+
+
+def test_verify_cli_says_no_power(capsys):
+    _default_pair_or_skip()
+    rc = cli_main(["verify", "--drafter", "prompt-lookup", "--prompt", "def ", "--samples", "20",
+                   "--max-new-tokens", "2", "--temperature", "0"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "no power" in out
+
+
+def test_bench_plots_keep_one_style_per_method_and_no_line_hides_another(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.axes import Axes
+
+    from specdec.bench.report import write_plots
+
+    def config(method, gamma, speedup, accept=()):
+        return {"method": method, "gamma": gamma, "speedup_vs_hf_plain": speedup, "acceptance_by_position": list(accept),
+                "drafted_at": [100] * len(accept), "alpha_token": 0.5 if accept else None}
+
+    same = (0.8, 0.6, 0.4)  # specdec's draft and HF assisted accept exactly the same tokens
+    results = {"configs": [config("hf-plain", None, 1.0), config("plain", None, 0.95),
+                           config("hf-assisted", 2, 1.3, same), config("draft", 2, 1.3, same),
+                           config("prompt-lookup", 2, 1.1, (0.2, 0.1))],
+               "theory": {"configs": [{"method": m, "gamma": 2, "tau_measured": 2.0, "tau_predicted": 2.1}
+                                      for m in ("prompt-lookup", "draft")]}}
+    drawn: dict[str, set] = {}
+    real_plot, real_hline = Axes.plot, Axes.axhline
+
+    def record(label, kwargs):
+        if label and not label.endswith("predicted"):
+            method = label.split(" ")[0]
+            drawn.setdefault(method, set()).add((kwargs.get("color"), kwargs.get("marker"), str(kwargs.get("linestyle"))))
+
+    def plot(self, *args, **kwargs):
+        record(kwargs.get("label"), kwargs)
+        return real_plot(self, *args, **kwargs)
+
+    def axhline(self, *args, **kwargs):
+        record(kwargs.get("label"), kwargs)
+        return real_hline(self, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "plot", plot)
+    monkeypatch.setattr(Axes, "axhline", axhline)
+    write_plots(results, tmp_path)
+    colors = {method: {style[0] for style in styles} for method, styles in drawn.items()}
+    assert all(len(c) == 1 for c in colors.values()), colors  # one colour per method in every plot
+    assert len({c for cs in colors.values() for c in cs}) == len(colors)  # and a colour per method
+    draft, assisted = drawn["draft"], drawn["hf-assisted"]
+    assert {(m, ls) for _, m, ls in draft if m} .isdisjoint({(m, ls) for _, m, ls in assisted if m})
+
+
+def test_chat_on_the_default_pair_works_out_of_the_box():
+    _default_pair_or_skip()
+    _, _, tokenizer = specdec.load_default()
+    text = tokenizer.apply_chat_template([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                                         tokenize=False, add_generation_prompt=True)
+    assert text == "system: be brief\nuser: hi\nassistant:"
+
+
+def test_eagle3_is_not_listed_where_no_head_is_shipped(capsys):
+    from pathlib import Path
+
+    from specdec.drafters import DRAFTER_KINDS
+
+    shipped = (Path(specdec.__file__).parent / "assets" / "default" / "eagle3" / "config.json").is_file()
+    for command in ("generate", "verify", "serve"):
+        with pytest.raises(SystemExit):
+            cli_main([command, "--help"])
+        usage = capsys.readouterr().out.split("--drafter {", 1)[1].split("}", 1)[0].split(",")
+        assert ("eagle3" in usage) == shipped and "eagle" in usage
+    assert "eagle3" in DRAFTER_KINDS  # still accepted, with --head DIR
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--port", "99999"], ["--port", "0..65535"]),
+    (["--port", "x"], ["--port"]),
+    (["--host", "no-such-host.invalid"], ["--host"]),
+    (["--chat-template", "/no/such/file.jinja"], ["--chat-template"]),
+    (["--gamma", "0"], ["--gamma"]),
+])
+def test_serve_refuses_careless_options_in_one_line_before_loading(monkeypatch, capsys, args, words):
+    import specdec.cli.generate
+
+    monkeypatch.setattr(specdec.cli.generate, "load_models", lambda args: pytest.fail("models loaded"))
+    with_exit = args == ["--port", "x"]  # argparse's own check
+    if with_exit:
+        with pytest.raises(SystemExit) as info:
+            cli_main(["serve", *args])
+        assert info.value.code == 2
+    else:
+        assert cli_main(["serve", *args]) == 2
+    _one_line_error(capsys, *words)
+
+
+def test_serve_reports_a_busy_port_before_loading_the_models(monkeypatch, capsys):
+    import socket
+
+    import specdec.cli.generate
+
+    pytest.importorskip("uvicorn")
+    monkeypatch.setattr(specdec.cli.generate, "load_models", lambda args: pytest.fail("models loaded"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli_main(["serve", "--port", str(port)]) == 2
+    _one_line_error(capsys, "already in use", str(port))
+
+
+def test_serve_without_fastapi_names_the_extra(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # import fastapi now fails; uvicorn is still there
+    assert cli_main(["serve"]) == 2
+    _one_line_error(capsys, 'pip install "specdec[server]"', "fastapi")
+
+
+def test_a_hub_id_without_network_fails_fast(monkeypatch, capsys):
+    import time
+
+    from huggingface_hub import constants
+
+    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", "https://specdec-no-such-hub.invalid")  # cannot resolve
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    start = time.monotonic()
+    assert cli_main(["generate", "--target", "specdec-test/no-such-model", "--prompt", "x"]) == 2
+    assert time.monotonic() - start < 15  # the hub client's retries take ~50 s
+    _one_line_error(capsys, "cannot be reached", "specdec-test/no-such-model")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert cli_main(["generate", "--target", "specdec-test/no-such-model", "--prompt", "x"]) == 2
+    _one_line_error(capsys, "HF_HUB_OFFLINE")
+
+
+def test_version_and_help_text(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as info:
+        cli_main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"specdec {specdec.__version__}"
+    monkeypatch.setenv("COLUMNS", "1000")  # one option per line
+    from specdec.cli import COMMANDS
+
+    for command in COMMANDS:
+        with pytest.raises(SystemExit):
+            cli_main([command, "--help"])
+        out = capsys.readouterr().out
+        assert "(default: None)" not in out, command
+        assert all(line.count("(default") <= 1 for line in out.splitlines()), command
+
+
+def test_each_shipped_file_is_stored_once():
+    """One copy of each tokenizer: the pairs' models share it from their tokenizer/ directory."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(specdec.__file__).parent / "assets"
+    seen: dict[str, Path] = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.stat().st_size > 4096:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            assert digest not in seen, f"{path} duplicates {seen[digest]}"
+            seen[digest] = path
+
+
+def test_the_shipped_seq2seq_tokenizer_loads_by_name():
+    from specdec.hub.default_pair import SEQ2SEQ_DIR
+    from specdec.hub.loading import load_tokenizer
+
+    if not (SEQ2SEQ_DIR / "tokenizer" / "tokenizer.json").is_file():
+        pytest.skip("seq2seq assets missing")
+    tokenizer = load_tokenizer("default-seq2seq")
+    assert tokenizer.mask_token == "<mask>" and len(tokenizer) == 8193
+
+
+def test_serve_compile_keeps_the_model_name(monkeypatch, capsys):
+    """--compile once renamed the served model to the last logger's name ("specdec.serve")."""
+    import specdec.server
+    from specdec.cli import build_parser
+    from specdec.cli.serve import build_app
+
+    _default_pair_or_skip()
+    seen = {}
+    monkeypatch.setattr(specdec.server, "create_app", lambda *args, **kwargs: seen.update(kwargs))
+    build_app(build_parser().parse_args(["serve", "--compile", "--drafter", "none"]))
+    assert seen["model_name"] == "specdec-default" and seen["compile"] is True
+    assert "[specdec] decoding with 1 thread" in capsys.readouterr().err

@@ -168,15 +168,30 @@ def markdown(results: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------- plots
 
 
-#: One marker per method, so that methods with identical numbers (specdec and HF with the same draft
-#: model accept exactly the same tokens) stay visible on top of each other.
+#: Colours, markers and line styles of the methods in a run's plots. Consecutive methods differ in all three,
+#: so lines with identical numbers (specdec and HF with the same draft model accept exactly the same tokens)
+#: stay visible on top of each other: a dashed line over a solid one, one marker inside another.
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+          "#17becf")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+LINESTYLES = ("-", "--", "-.", (0, (5, 2, 1, 2, 1, 2)))  # never ":", which marks predictions and α^i
 #: Acceptance-by-position points resting on fewer drafts than this are not drawn.
 MIN_POSITION_SAMPLES = 20
 
 
-def _style(index: int) -> dict[str, Any]:
-    return {"marker": MARKERS[index % len(MARKERS)], "markersize": 7 - 3 * (index % 2) / 2}
+def method_styles(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """One style per method for every plot of a run (matplotlib keywords: color, marker, markersize,
+    linestyle), by the method's place in `specdec bench --list-methods` among the run's methods, so a method
+    keeps its colour in every plot whichever methods a plot leaves out."""
+    from specdec.bench.runner import available_methods
+
+    order = {name: i for i, name in enumerate(available_methods())}
+    theory = results.get("theory", {}).get("configs", [])
+    seen = list(dict.fromkeys([*(s["method"] for s in results["configs"]), *(r["method"] for r in theory)]))
+    ranked = sorted(seen, key=lambda m: (order.get(m, len(order)), seen.index(m)))
+    return {method: {"color": COLORS[i % len(COLORS)], "marker": MARKERS[i % len(MARKERS)],
+                     "markersize": 8 - 2 * (i % 3), "linestyle": LINESTYLES[i % len(LINESTYLES)]}
+            for i, method in enumerate(ranked)}
 
 
 def _plt():
@@ -195,17 +210,17 @@ def plot_speedup(results: dict[str, Any], path: Path) -> None:
         else ("speedup_vs_plain", "plain")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     gammas = sorted({s["gamma"] for s in configs if s["gamma"]}) or [1]
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for index, method in enumerate(dict.fromkeys(s["method"] for s in configs)):
+    styles = method_styles(results)
+    for method, style in styles.items():
         rows = [s for s in configs if s["method"] == method and s.get(key)]
-        color = colors[index % len(colors)]
         if not rows:
             continue
         if rows[0]["gamma"] is None:
-            ax.axhline(rows[0][key], linestyle="--", linewidth=1.2, color=color, label=f"{method} (no fixed γ)")
+            ax.axhline(rows[0][key], linewidth=1.2, color=style["color"], linestyle=style["linestyle"],
+                       label=f"{method} (no fixed γ)")
         else:
             rows.sort(key=lambda s: s["gamma"])
-            ax.plot([s["gamma"] for s in rows], [s[key] for s in rows], color=color, label=method, **_style(index))
+            ax.plot([s["gamma"] for s in rows], [s[key] for s in rows], label=method, **style)
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks(gammas)
     ax.set_xlabel("γ (draft tokens per round)")
@@ -222,18 +237,19 @@ def plot_tau(results: dict[str, Any], path: Path) -> None:
     plt = _plt()
     rows = results["theory"]["configs"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for index, method in enumerate(dict.fromkeys(r["method"] for r in rows)):
+    styles = method_styles(results)
+    for method in dict.fromkeys(r["method"] for r in rows):
+        style = styles[method]
         mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["gamma"])
-        line, = ax.plot([r["gamma"] for r in mine], [r["tau_measured"] for r in mine],
-                        label=f"{method} measured", **_style(index))
-        ax.plot([r["gamma"] for r in mine], [r["tau_predicted"] for r in mine], linestyle="--", marker="x",
-                color=line.get_color(), label=f"{method} predicted")
+        ax.plot([r["gamma"] for r in mine], [r["tau_measured"] for r in mine], label=f"{method} measured", **style)
+        ax.plot([r["gamma"] for r in mine], [r["tau_predicted"] for r in mine], linestyle=":", marker="x",
+                color=style["color"], label=f"{method} predicted")
     if not rows:
         ax.text(0.5, 0.5, "no fixed-γ drafting method was run", ha="center", va="center", transform=ax.transAxes)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("γ (draft tokens per round)")
     ax.set_ylabel("τ: new tokens per target forward")
-    ax.set_title("τ measured vs predicted (1−α^(γ+1))/(1−α)")
+    ax.set_title("τ measured vs predicted (1−α^(γ+1))/(1−α), dotted")
     ax.grid(alpha=0.3)
     if rows:
         ax.legend(fontsize=8)
@@ -260,7 +276,7 @@ def plot_acceptance(results: dict[str, Any], path: Path) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = False
-    for index, method in enumerate(dict.fromkeys(s["method"] for s in results["configs"])):
+    for method, style in method_styles(results).items():
         rows = [s for s in results["configs"] if s["method"] == method and s["acceptance_by_position"]]
         if not rows:
             continue
@@ -270,11 +286,11 @@ def plot_acceptance(results: dict[str, Any], path: Path) -> None:
         if not values:
             continue
         label = f"{method} (γ={s['gamma']})" if s["gamma"] else method
-        line, = ax.plot(range(1, len(values) + 1), values, label=label, **_style(index))
+        ax.plot(range(1, len(values) + 1), values, label=label, **style)
         if s.get("alpha_token") and s["gamma"]:
             a = s["alpha_token"]
             ax.plot(range(1, len(values) + 1), [a ** (i + 1) for i in range(len(values))], linestyle=":",
-                    color=line.get_color(), linewidth=1)
+                    color=style["color"], linewidth=1)
         drawn = True
     if not drawn:
         ax.text(0.5, 0.5, acceptance_note(results) or "no drafting method was run", ha="center", va="center",

@@ -15,11 +15,21 @@ import sys
 COMMANDS = ["generate", "demo", "bench", "verify", "train", "distill", "train-head", "export", "serve"]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage dump): a mistyped option gets one clear line and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from specdec import __version__
+
+    parser = Parser(
         prog="specdec",
         description="Exact speculative decoding for Hugging Face causal language models.",
     )
+    parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:

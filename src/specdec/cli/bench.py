@@ -112,6 +112,7 @@ def run(args) -> int:
     from specdec.cli.generate import load_models
     from specdec.errors import ConfigError
     from specdec.core.sampling import SamplingConfig
+    from specdec.runtime.threads import decode_threads, set_threads
 
     if args.list_methods:
         print("\n".join(available_methods()))
@@ -127,6 +128,8 @@ def run(args) -> int:
     if args.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
     target, draft, tokenizer = load_models(args)
+    # Every method (HF's included) runs with one thread count: --threads N, or the measured one, pinned.
+    set_threads(decode_threads(target))
     if args.dtype is not None and args.target is None:
         # load_default loads float32 whatever --dtype says: cast the shipped pair here.
         from specdec.hub.loading import resolve_dtype

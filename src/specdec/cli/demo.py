@@ -64,12 +64,12 @@ def _validate(args):
     from specdec.bench.candidates import CANDIDATES, Candidate, draft_model_candidate, get_candidate
     from specdec.errors import ConfigError
     from specdec.core.sampling import SamplingConfig
-    from specdec.runtime.threads import check_threads
+    from specdec.runtime.threads import parse_threads
 
     for name in ("repeats", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    check_threads(args.threads, "--threads")
+    args.threads = parse_threads(args.threads)
     if args.temperature <= 0:
         raise ConfigError(f"--temperature is for the sampled continuation and must be > 0, got {args.temperature} "
                           "(the timed runs are greedy already)")
@@ -139,7 +139,7 @@ def run(args) -> int:
 
     fixed = _validate(args)
     console = Console(highlight=False, quiet=args.json)
-    from specdec.runtime.threads import apply_threads
+    from specdec.runtime.threads import apply_threads, decode_threads
 
     apply_threads(args)
     import specdec
@@ -158,6 +158,10 @@ def run(args) -> int:
         else:
             prompts = _prompts(tokenizer, SHOWN + CALIBRATION)
             shown, calibration_prompts = prompts[:len(SHOWN)], prompts[len(SHOWN):]
+    # HF generate and specdec are timed with the same count: the measured one (README "Threads"), pinned.
+    how = "--threads" if args.threads != "auto" else "measured; --threads N to choose"
+    args.threads = decode_threads(target)
+    specdec.set_threads(args.threads)
     n_target = sum(p.numel() for p in target.parameters())
     n_draft = sum(p.numel() for p in draft.parameters())
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -165,7 +169,7 @@ def run(args) -> int:
     console.print(
         f"Target: {n_target / 1e6:.1f}M-parameter Llama; draft: {n_draft / 1e6:.1f}M ({n_target / n_draft:.0f}x "
         f"smaller), both trained by specdec on the Python standard library. CPU, {args.threads} thread(s) "
-        f"(--threads), load average {load:.2f} on {os.cpu_count()} cores."
+        f"({how}), load average {load:.2f} on {os.cpu_count()} cores."
     )
 
     # 1. Choose the method by measurement (or take the user's).

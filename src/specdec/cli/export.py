@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from specdec.cli.train import DefaultsHelpFormatter
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `export` subcommand."""
@@ -15,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "the default target) as config.json + model.safetensors with the key names and config each "
             "engine's loader expects. The export is written to a temporary directory, then renamed to --out."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--format", required=True, choices=["vllm-eagle", "sglang-eagle", "eagle3", "vllm-medusa"],
                    help="target engine layout")

@@ -28,23 +28,71 @@ def add_draft_tokenizer_arg(parser: argparse.ArgumentParser) -> None:
 def draft_tokenizer(args, target_tokenizer):
     """The draft's tokenizer: --draft-tokenizer, else the one saved with --draft (None if absent or the same
     vocabulary as the target's)."""
-    from specdec.errors import ModelLoadError
-    from specdec.hub.loading import load_tokenizer
     from specdec.hub.vocab import same_vocabulary
 
-    path = getattr(args, "draft_tokenizer", None)
-    if path is None and getattr(args, "draft", None):
-        try:
-            found = load_tokenizer(args.draft)
-        except ModelLoadError:  # a draft saved without a tokenizer: assume the target's
-            return None
-    elif path is not None:
-        found = load_tokenizer(path)
-    else:
+    found = _draft_tokenizer_found(args)
+    if found is None:
         return None
     if target_tokenizer is not None and same_vocabulary(found, target_tokenizer):
-        return None if path is None else found
+        return None if getattr(args, "draft_tokenizer", None) is None else found
     return found
+
+
+def _draft_tokenizer_found(args):
+    """--draft-tokenizer loaded, else the tokenizer saved with --draft, else None."""
+    from specdec.errors import ModelLoadError
+    from specdec.hub.loading import load_tokenizer
+
+    path = getattr(args, "draft_tokenizer", None)
+    if path is not None:
+        return load_tokenizer(path)
+    if getattr(args, "draft", None):
+        try:
+            return load_tokenizer(args.draft)
+        except ModelLoadError:  # a draft saved without a tokenizer: assume the target's
+            return None
+    return None
+
+
+#: Drafters that run the draft model without translating tokens (token trees from it).
+TREE_DRAFT_KINDS = ("draft-tree", "multi-draft", "multi-draft-specinfer", "multi-draft-spectr")
+
+
+def draft_tokenizer_options(args, kind: str, target_tokenizer) -> dict:
+    """make_drafter's tokenizer options for --drafter `kind`: the draft's own tokenizer (--draft-tokenizer, else
+    the one saved with --draft) and the target's, when the draft drafts across tokenizers. A refusal names flags."""
+    from specdec.errors import ConfigError
+
+    if kind not in ("draft", "draft-tli", "draft-slem"):
+        if kind in TREE_DRAFT_KINDS and getattr(args, "draft", None):  # they draft with the draft model, untranslated
+            from specdec.hub.tokenizer_check import check_draft_tokenizer
+
+            check_draft_tokenizer(target_tokenizer, _draft_tokenizer_found(args), target_name="the target",
+                                  draft_name=args.draft, fix=f"--drafter {kind} needs a draft with the target's "
+                                  "tokenizer (only --drafter draft, draft-tli and draft-slem translate)")
+        return {}
+    found = draft_tokenizer(args, target_tokenizer)
+    if found is None and kind != "draft":
+        saved = _draft_tokenizer_found(args)
+        why = ("the draft's tokenizer is the target's" if saved is not None else
+               f"no tokenizer is saved with --draft {args.draft}" if getattr(args, "draft", None) else
+               "the shipped draft uses the target's tokenizer")
+        raise ConfigError(f"--drafter {kind} drafts across tokenizers, but {why}; pass --draft-tokenizer PATH "
+                          "with the draft's own tokenizer, or use --drafter draft")
+    return {} if found is None else {"draft_tokenizer": found, "target_tokenizer": target_tokenizer}
+
+
+def drafter_choices(*extra: str) -> dict:
+    """argparse keywords for --drafter: every kind is accepted, but the eagle3 kinds are listed only where an
+    EAGLE-3 head is shipped for the default target (elsewhere they need --head DIR)."""
+    from pathlib import Path
+
+    from specdec.drafters import DRAFTER_KINDS
+
+    # specdec.hub.default_pair.HEAD_DIRS["eagle3"], without importing torch for --help
+    eagle3 = (Path(__file__).resolve().parents[1] / "assets" / "default" / "eagle3" / "config.json").is_file()
+    kinds = (*extra, *DRAFTER_KINDS)
+    return {"choices": kinds, "metavar": "{" + ",".join(k for k in kinds if eagle3 or not k.startswith("eagle3")) + "}"}
 
 
 def parse_gamma(value: str | None) -> int | str | None:
@@ -54,7 +102,6 @@ def parse_gamma(value: str | None) -> int | str | None:
 
 
 def register(subparsers) -> None:
-    from specdec.drafters import DRAFTER_KINDS
     from specdec.runtime.threads import add_threads_arg
 
     parser = subparsers.add_parser(
@@ -69,7 +116,7 @@ def register(subparsers) -> None:
     parser.add_argument("--draft", help="draft model path or hub id (its own tokenizer, if it differs from the "
                         "target's, is translated: see --draft-tokenizer)")
     add_draft_tokenizer_arg(parser)
-    parser.add_argument("--drafter", choices=("plain",) + tuple(DRAFTER_KINDS), default=None,
+    parser.add_argument("--drafter", **drafter_choices("plain"), default=None,
                         help="how to draft: 'draft' = the draft model (the default when --draft is given or "
                         "when the shipped pair is used, i.e. no --target); 'plain' = no drafting (plain "
                         "decoding through the same loop); 'prompt-lookup' = n-gram matches in the prompt and "
@@ -77,7 +124,8 @@ def register(subparsers) -> None:
                         "the target's first --draft-layers layers; 'draft-tree' / 'multi-draft' = token trees "
                         "from the draft model ('multi-draft-specinfer' / '-spectr': other sampling schemes); "
                         "'eagle' / 'medusa' = draft heads on the target's features (a tree; "
-                        "'-chain' for one branch), --head or the heads shipped for the default target; "
+                        "'-chain' for one branch), --head or the heads shipped for the default target "
+                        "('eagle3' / 'eagle3-chain': an EAGLE-3 head, --head DIR where none is shipped); "
                         "'draft-tli' / 'draft-slem' = a draft with another tokenizer. With --target and no --draft: plain")
     parser.add_argument("--ngram-max", type=int, default=None,
                         help="prompt-lookup: longest n-gram matched (default 3)")
@@ -106,13 +154,12 @@ def register(subparsers) -> None:
 def load_models(args):
     """(target, draft or None, tokenizer) from --target/--draft, or the default pair.
 
-    Checks --device and --threads first, and refuses a --draft whose own tokenizer differs from the target's.
+    Checks --device and --threads first.
     """
     import specdec
     from specdec.hub.default_pair import DEFAULT_SEQ2SEQ
     from specdec.hub.loading import check_device, load, load_model
     from specdec.runtime.threads import apply_threads
-    from specdec.hub.tokenizer_check import check_draft_tokenizer_at
 
     check_device(args.device)
     apply_threads(args)
@@ -122,16 +169,12 @@ def load_models(args):
         dtype = resolve_dtype(getattr(args, "dtype", None), args.device)
         target, draft, tokenizer = specdec.load_default(
             device=args.device, **({} if dtype == "auto" else {"dtype": dtype}))
-        target_name = "the shipped default target"
     elif args.target == DEFAULT_SEQ2SEQ and args.draft is None:  # the shipped seq2seq pair, draft included
         target, draft, tokenizer = specdec.load_default_seq2seq(device=args.device)
-        target_name = "the shipped seq2seq target"
     else:
         target, tokenizer = load(args.target, args.device, args.dtype)
-        draft, target_name = None, args.target
-    if args.draft is not None:
-        if getattr(args, "draft_tokenizer", None) is None:
-            check_draft_tokenizer_at(tokenizer, args.draft, target_name=target_name)
+        draft = None
+    if args.draft is not None:  # its own tokenizer, if another, is translated (draft_tokenizer_options)
         draft = load_model(args.draft, args.device, args.dtype)
     return target, draft, tokenizer
 
@@ -141,6 +184,7 @@ def run(args) -> int:
     from specdec.hub.default_pair import DEFAULT_SEQ2SEQ
     from specdec.drafters import make_drafter
     from specdec.engine.text import detokenize, text_request
+    from specdec.runtime.threads import decode_threads
 
     target, draft, tokenizer = load_models(args)
     shipped = args.target is None or args.target == DEFAULT_SEQ2SEQ  # a shipped pair: its draft by default
@@ -148,10 +192,7 @@ def run(args) -> int:
     kind = None if kind == "plain" else kind
     options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
                "bigram_path": args.bigram, "head_path": args.head}
-    if kind in ("draft", "draft-tli", "draft-slem"):
-        draft_tok = draft_tokenizer(args, tokenizer)
-        if draft_tok is not None or kind != "draft":
-            options.update(draft_tokenizer=draft_tok, target_tokenizer=tokenizer)
+    options.update(draft_tokenizer_options(args, kind, tokenizer))
     if kind is None and any(v is not None for v in options.values()):
         from specdec.errors import ConfigError
 
@@ -176,9 +217,13 @@ def run(args) -> int:
     s = decoder.stats
     gamma = args.gamma if args.gamma is not None else getattr(drafter, "default_gamma", None) or 4
     method = f"{kind} (γ={gamma})" if kind else "plain"
+    threads = decode_threads(decoder.target.model)
+    # Compiling (first use of each fast-path shape) is reported apart, never averaged into the speed.
+    compiled = f" (compile {s.compile_s:.1f} s, not counted)" if s.compile_s > 0 else ""
     print(
         f"\n[{method}] α={s.acceptance_rate:.3f} τ={s.mean_accepted_tokens:.2f} "
-        f"{s.tokens_per_s:.1f} tokens/s, {s.new_tokens} tokens, {s.target_forwards} target forwards",
+        f"{s.tokens_per_s:.1f} tokens/s{compiled}, {s.new_tokens} tokens, {s.target_forwards} target forwards, "
+        f"{threads} thread{'s' * (threads > 1)}",
         file=sys.stderr,
     )
     return 0

@@ -7,7 +7,8 @@ import sys
 
 
 def register(subparsers) -> None:
-    from specdec.drafters import DRAFTER_KINDS
+    from specdec.cli.generate import drafter_choices
+    from specdec.runtime.threads import add_threads_arg
 
     parser = subparsers.add_parser(
         "serve",
@@ -19,10 +20,10 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--target", help="target model: local path or hub id (default: the shipped pair)")
     parser.add_argument("--draft", help="draft model path or hub id (same tokenizer as the target)")
-    parser.add_argument("--drafter", choices=[*DRAFTER_KINDS, "none"],
+    parser.add_argument("--drafter", **drafter_choices("none"),
                         default=None, help="how to draft (default: 'draft' when a draft model is available, else "
                         "none); 'prompt-lookup', 'bigram' and 'layer-skip' need no draft model, 'eagle' / "
-                        "'medusa' use the heads shipped for the default target")
+                        "'medusa' use the heads shipped for the default target ('eagle3': --head DIR where none is shipped)")
     parser.add_argument("--head", default=None, metavar="PATH",
                         help="--drafter eagle / medusa: a head saved by `specdec train-head` (default: the heads "
                         "shipped for the default target)")
@@ -38,7 +39,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-batch", type=int, default=64, help="most requests decoded together (default 64)")
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="a Jinja chat template for /v1/chat/completions when the tokenizer has none")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    add_threads_arg(parser)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                         help="run the target's batched passes compiled over a preallocated cache of --max-len "
                         "slots; every pass shape (batch bucket x input width) is compiled at start-up, one log "
@@ -52,46 +53,121 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+#: The modules of the `server` extra (pip install "specdec[server]").
+SERVER_MODULES = ("fastapi", "uvicorn", "prometheus_client")
+
+
+def check_server_extra() -> None:
+    """ConfigError naming the extra when a module of it is missing (before anything loads)."""
+    import importlib
+
+    from specdec.errors import ConfigError
+
+    missing = []
+    for module in SERVER_MODULES:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise ConfigError(f"specdec serve needs {', '.join(missing)}, which is not installed: "
+                          'pip install "specdec[server]"')
+
+
+def check_options(args) -> str | None:
+    """Every option that can be checked without the models; returns the --chat-template text (or None)."""
+    from pathlib import Path
+
+    from specdec.errors import ConfigError
+
+    if args.gamma < 1 or args.max_batch < 1:
+        raise ConfigError("--gamma and --max-batch must be integers >= 1")
+    if args.compile and args.max_len < 16:
+        raise ConfigError("--max-len must be at least 16 cache slots")
+    if args.chat_template is None:
+        return None
+    try:
+        return Path(args.chat_template).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read --chat-template {args.chat_template!r} ({exc.strerror if isinstance(exc, OSError) else exc}); "
+                          "pass a text file with a Jinja chat template") from None
+
+
+def bind(host: str, port: int):
+    """A socket bound to (host, port), so a bad or busy address is reported before the models load; uvicorn
+    then serves on it."""
+    import errno
+    import socket
+
+    from specdec.errors import ConfigError
+
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535, got {port}")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ConfigError(f"--host {host!r} is not an address of this machine ({exc.strerror}); "
+                          "e.g. 127.0.0.1, or 0.0.0.0 for every interface") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restart without a wait
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} on {host} is already in use (another server?); stop it, or pass "
+                              "another --port") from None
+        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror}); pass another --host or --port") from None
+    return sock
+
+
 def build_app(args):
+    """The app for these options (checked first, then the models load)."""
     from pathlib import Path
 
     from specdec.cli.generate import load_models
     from specdec.drafters import make_drafter
-    from specdec.errors import ConfigError
+    from specdec.hub.tokenizer_check import check_draft_tokenizer_at
+    from specdec.runtime.threads import decode_threads, explicit_threads, last_choice
     from specdec.server import create_app
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    template = check_options(args)
     target, draft, tokenizer = load_models(args)
+    if args.draft is not None:
+        check_draft_tokenizer_at(tokenizer, args.draft, target_name=args.target or "the shipped default target",
+                                 fix="specdec serve batches drafts with the target's tokenizer only; use such a "
+                                 "--draft, or `specdec generate --draft` (one request at a time, translated)")
     kind = args.drafter or ("draft" if draft is not None else None)
     options = {"head_path": args.head, "draft_layers": args.draft_layers}
     drafter = None if kind in (None, "none") else make_drafter(kind, target=target, draft=draft, **options)
-    if args.gamma < 1 or args.max_batch < 1:
-        raise ConfigError("--gamma and --max-batch must be integers >= 1")
-    template = Path(args.chat_template).read_text() if args.chat_template else None
-    name = args.model_name or ("specdec-default" if args.target is None else Path(args.target.rstrip("/")).name)
+    model_name = args.model_name or ("specdec-default" if args.target is None else Path(args.target.rstrip("/")).name)
     if args.compile:
         import logging
 
-        for name in ("specdec.fastpath", "specdec.serve"):  # one line per compile and its time
-            logging.getLogger(name).setLevel(logging.INFO)
+        for logger in ("specdec.fastpath", "specdec.serve"):  # one line per compile and its time
+            logging.getLogger(logger).setLevel(logging.INFO)
         if not logging.getLogger().handlers:
             logging.basicConfig(format="[specdec] %(message)s", stream=sys.stderr)
-    if args.compile and args.max_len < 16:
-        raise ConfigError("--max-len must be at least 16 cache slots")
-    return create_app(target, tokenizer, drafter, model_name=name, max_batch=args.max_batch, max_gamma=args.gamma,
-                      adaptive_gamma=not args.fixed_gamma, chat_template=template, compile=args.compile,
-                      max_len=args.max_len if args.compile else None)
+    threads = decode_threads(target)  # measured now (README "Threads"), and said
+    measured = last_choice(target) if explicit_threads() is None else None
+    said = measured.describe() if measured is not None else f"{threads} thread{'s' * (threads > 1)}"
+    print(f"[specdec] decoding with {said}", file=sys.stderr)
+    return create_app(target, tokenizer, drafter, model_name=model_name, max_batch=args.max_batch,
+                      max_gamma=args.gamma, adaptive_gamma=not args.fixed_gamma, chat_template=template,
+                      compile=args.compile, max_len=args.max_len if args.compile else None)
 
 
 def run(args) -> int:
+    check_server_extra()
+    check_options(args)
+    sock = bind(args.host, args.port)  # before the models load: a busy port is reported at once
     try:
         import uvicorn
-    except ModuleNotFoundError:
-        print("specdec serve needs the server extra: pip install 'specdec[server]'", file=sys.stderr)
-        return 2
-    app = build_app(args)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
+
+        app = build_app(args)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
     return 0

@@ -7,10 +7,12 @@ import argparse
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows "(default: X)" only where there is a default to show (not on required options, not None)."""
+    """Shows "(default: X)" only where there is a default to show (not on required options, not None) and the
+    help does not already say it."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.required or action.default is None or isinstance(action.default, bool):
+        if (action.required or action.default is None or isinstance(action.default, bool)
+                or "default" in (action.help or "")):
             return action.help or ""
         return super()._get_help_string(action)
 

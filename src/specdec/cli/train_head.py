@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.cli.train import add_loop_args, loop_config
+from specdec.cli.train import DefaultsHelpFormatter, add_loop_args, loop_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "and the teacher-forced acceptance proxy per draft depth; saves OUT/head (config.json + "
             "model.safetensors), loadable with specdec.EagleHead.load / specdec.MedusaHeads.load."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--kind", choices=["eagle", "eagle3", "medusa"], required=True,
                    help="which head to train (eagle3: EAGLE-3, fused low/mid/high target features, token loss)")

@@ -6,8 +6,7 @@ import json
 
 
 def register(subparsers) -> None:
-    from specdec.cli.generate import add_decoding_args
-    from specdec.drafters import DRAFTER_KINDS
+    from specdec.cli.generate import add_decoding_args, drafter_choices
     from specdec.runtime.threads import add_threads_arg
 
     parser = subparsers.add_parser(
@@ -25,7 +24,7 @@ def register(subparsers) -> None:
     from specdec.cli.generate import add_draft_tokenizer_arg
 
     add_draft_tokenizer_arg(parser)
-    parser.add_argument("--drafter", action="append", choices=("plain",) + tuple(DRAFTER_KINDS), default=None,
+    parser.add_argument("--drafter", action="append", **drafter_choices("plain"), default=None,
                         help="method to check; repeat to check several (default: 'draft' when a draft model is "
                         "available, else 'plain')")
     prompt = parser.add_mutually_exclusive_group(required=True)
@@ -80,20 +79,16 @@ def _load(args):
     import specdec
     from specdec.hub.loading import check_device, load_model, load_tokenizer
     from specdec.runtime.threads import apply_threads
-    from specdec.hub.tokenizer_check import check_draft_tokenizer_at
 
     check_device(args.device)
     apply_threads(args)
     if args.target is None:
         target, draft, tokenizer = specdec.load_default(device=args.device)
-        target_name = "the shipped default target"
     else:
         target = load_model(args.target, args.device, args.dtype)
-        draft, target_name = None, args.target
+        draft = None
         tokenizer = load_tokenizer(args.target) if args.prompt is not None else None
-    if args.draft is not None:
-        if tokenizer is not None and getattr(args, "draft_tokenizer", None) is None:
-            check_draft_tokenizer_at(tokenizer, args.draft, target_name=target_name)
+    if args.draft is not None:  # its own tokenizer, if another, is translated (as `specdec generate` does)
         draft = load_model(args.draft, args.device, args.dtype)
     return target, draft, tokenizer
 
@@ -106,7 +101,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from specdec.cli.generate import parse_gamma
+    from specdec.cli.generate import draft_tokenizer_options, parse_gamma
     from specdec.drafters import DRAFTER_OPTIONS, make_drafter
     from specdec.errors import ConfigError
     from specdec.exactness import check_exactness
@@ -121,17 +116,13 @@ def run(args) -> int:
     kinds = args.drafter or (["draft"] if draft is not None else ["plain"])
     options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
                "bigram_path": args.bigram}
-    if draft is not None:
-        from specdec.cli.generate import draft_tokenizer
-
-        draft_tok = draft_tokenizer(args, tokenizer)
-        if draft_tok is not None:
-            options.update(draft_tokenizer=draft_tok, target_tokenizer=tokenizer)
     console = Console(stderr=args.json, highlight=False)
     results = []
     for kind in dict.fromkeys(kinds):
         # Each drafter gets the options that apply to it (several kinds may be checked in one run).
         applicable = {k: v for k, v in options.items() if k in DRAFTER_OPTIONS.get(kind, {})}
+        if draft is not None:
+            applicable.update(draft_tokenizer_options(args, kind, tokenizer))
         drafter = None if kind == "plain" else make_drafter(kind, target=target, draft=draft, **applicable)
         with console.status(f"verifying {kind}: {args.samples} draws ..."):
             result = check_exactness(
@@ -139,6 +130,8 @@ def run(args) -> int:
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                 eos_token_id=eos, max_new_tokens=args.max_new_tokens, samples=args.samples, seed=args.seed,
                 alpha=args.alpha, power=args.power, mode=args.mode, engine=args.engine,
+                # the verifier's many tiny batched ops: 1 thread unless --threads says otherwise
+                threads=1 if args.threads == "auto" else args.threads,
             )
         results.append(result)
     passed = all(r.passed for r in results)
@@ -157,7 +150,7 @@ def run(args) -> int:
         table.add_row(
             r.method, str(r.samples), _p_text(r.p_value), f"{r.tv:.3f} [{lo:.3f}, {hi:.3f}]",
             f"{r.detectable_tv:.3f}", f"{r.acceptance_rate:.2f}",
-            "[green]PASS[/]" if r.passed else "[bold red]FAIL[/]",
+            ("[yellow]PASS, no power[/]" if r.power_warning else "[green]PASS[/]") if r.passed else "[bold red]FAIL[/]",
         )
     console.print(table)
     for r in results:

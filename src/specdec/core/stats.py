@@ -25,6 +25,10 @@ class DecodeStats:
     prefill_s: float = 0.0
     target_s: float = 0.0  # in target decoding forwards
     draft_s: float = 0.0  # in drafting (model forwards, lookups, sampling of drafts)
+    # Compiling fast-path shapes on first use (compile=True), inside wall_s: in all, and the part of it before the
+    # first round (inside prefill_s). tokens_per_s leaves both out.
+    compile_s: float = 0.0
+    prefill_compile_s: float = 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -48,7 +52,8 @@ class DecodeStats:
 
     @property
     def tokens_per_s(self) -> float:
-        decode_s = self.wall_s - self.prefill_s
+        """Decoding speed: new tokens over the rounds' time, without the prefill and without compiling."""
+        decode_s = self.wall_s - self.prefill_s - (self.compile_s - self.prefill_compile_s)
         return self.new_tokens / decode_s if decode_s > 0 else 0.0
 
     @property

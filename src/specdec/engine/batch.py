@@ -56,6 +56,7 @@ from specdec.runtime.base import check_finite
 from specdec.runtime.batch_lm import BatchedCausalLM
 from specdec.runtime.batch_static import StaticBatchedCausalLM, batched_adapter, no_features
 from specdec.runtime.causal_lm import CachedCausalLM, context_length
+from specdec.runtime.threads import threads_for
 
 
 @dataclass
@@ -156,7 +157,12 @@ class BatchDecoder:
 
     def add_many(self, requests: Sequence[tuple[object, Sequence[int] | torch.Tensor, dict]]) -> None:
         """Add several rows (key, prompt_ids, options) with one batched prefill. Raises before prefilling
-        anything if one request is invalid (call `check` first to reject requests one by one)."""
+        anything if one request is invalid (call `check` first to reject requests one by one). Runs with
+        specdec's thread count (`threads.decode_threads`)."""
+        with threads_for(self.model):
+            self._add_many(requests)
+
+    def _add_many(self, requests: Sequence[tuple[object, Sequence[int] | torch.Tensor, dict]]) -> None:
         rows = [self.check(key, prompt, **options) for key, prompt, options in requests]
         if not rows:
             return
@@ -231,10 +237,15 @@ class BatchDecoder:
         """One round for every row: propose, score, verify, commit, emit. Finished rows are removed.
 
         gamma_cap: an upper bound on every row's γ this round (the server's load-based choice; 0 = plain),
-        or a dict from row key to its own bound (None: not bounded).
+        or a dict from row key to its own bound (None: not bounded). Runs with specdec's thread count
+        (`threads.decode_threads`; the server's scheduler thread re-measures it as it ages).
         """
         if not self.rows:
             return []
+        with threads_for(self.model):
+            return self._step(gamma_cap)
+
+    def _step(self, gamma_cap: int | dict[object, int | None] | None) -> list[RowEvent]:
         rows = self.rows
         gammas = [self._gamma(row, gamma_cap) for row in rows]
 

@@ -26,9 +26,10 @@ from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, UnsupportedModelError
 from specdec.runtime.base import Scores
 from specdec.runtime.causal_lm import CachedCausalLM, context_length
-from specdec.runtime.compiled import DEFAULT_BUCKETS
+from specdec.runtime.compiled import DEFAULT_BUCKETS, compile_seconds
 from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder, seq2seq_adapter, tree_unsupported_reason
 from specdec.runtime.static_lm import StaticCausalLM, fast_adapter
+from specdec.runtime.threads import scoped_stream
 
 DEFAULT_GAMMA = 4
 
@@ -406,8 +407,13 @@ class SpeculativeDecoder:
 
     def stream(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> Iterator[int]:
         """Yield each new token as soon as it is final. An encoder-decoder target: prompt_ids is the decoder
-        prompt (None: its decoder start token)."""
-        context, n, needs_hidden, start = self._start(prompt_ids)
+        prompt (None: its decoder start token). Runs with specdec's thread count (`threads.decode_threads`),
+        the caller's torch setting back in force at every yield."""
+        return scoped_stream(self._tokens(prompt_ids), self.target.model)
+
+    def _tokens(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> Iterator[int]:
+        """The decoding loop of `stream`: _start, then per round propose, verify, commit and emit."""
+        context, n, needs_hidden, start, compiled = self._start(prompt_ids)
         stats = self.stats
         produced = 0
         while produced < self.max_new_tokens:
@@ -433,6 +439,7 @@ class SpeculativeDecoder:
 
             # 4. commit.
             new_tokens = self._commit(context, n, gamma, accepted, keep, scores, verdict, needs_hidden)
+            stats.compile_s = compile_seconds() - compiled
             n += k + 1
 
             # 5. emit, stopping at the first EOS.
@@ -449,11 +456,12 @@ class SpeculativeDecoder:
                     return
         stats.wall_s = time.perf_counter() - start
 
-    def _start(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> tuple[torch.Tensor, int, bool, float]:
+    def _start(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> tuple[torch.Tensor, int, bool, float, float]:
         """A request's start: the prompt checked, the target reset and prefilled (with the features of drafters
-        that read them), the drafter reset, shapes compiled up front. Returns context (context[:n] committed;
-        room for the prompt, every new token and one round's drafts), n, whether the drafter reads the target's
-        features, and the request's start time."""
+        that read them), the drafter reset, shapes compiled up front (their time in stats.prefill_compile_s).
+        Returns context (context[:n] committed; room for the prompt, every new token and one round's drafts), n,
+        whether the drafter reads the target's features, the request's start time, and the process's compile
+        seconds before it (`compile_seconds`: the request's compile time is the growth of that total)."""
         if prompt_ids is None and isinstance(self.target, CachedSeq2SeqLM):
             prompt_ids = self.target.decoder_prompt()
         prompt = prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
@@ -462,6 +470,7 @@ class SpeculativeDecoder:
         device = self.target.device
         stats = self.stats = DecodeStats()
         start = time.perf_counter()
+        compiled = compile_seconds()  # compile time paid by this call: the growth of this total
 
         context = torch.empty(prompt.shape[0] + self.max_new_tokens + 1, dtype=torch.long, device=device)
         n = prompt.shape[0]
@@ -483,7 +492,8 @@ class SpeculativeDecoder:
             stats.draft_s += time.perf_counter() - t
         self._precompile(context[:n])
         stats.prefill_s = time.perf_counter() - start
-        return context, n, needs_hidden, start
+        stats.prefill_compile_s = stats.compile_s = compile_seconds() - compiled
+        return context, n, needs_hidden, start, compiled
 
     def _verify_chain(self, context: torch.Tensor, n: int, proposal: Proposal, gamma: int, needs_hidden: bool):
         """2-3. for a chain: the target scores the last committed token and the drafts, then the accepted prefix

@@ -79,6 +79,8 @@ class ExactnessResult:
     engine: str
     timings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Why the run could not test the drafting path (it drafted nothing, or accepted nothing), or None; also a note.
+    power_warning: str | None = None
 
     @property
     def p_value(self) -> float:
@@ -112,7 +114,7 @@ class ExactnessResult:
             "acceptance_rate": self.acceptance_rate, "tokens_per_round": self.tokens_per_round,
             "drafted": self.drafted, "accepted": self.accepted,
             "draws_per_s": self.draws_per_s, "engine": self.engine, "timings": dict(self.timings),
-            "notes": list(self.notes),
+            "notes": list(self.notes), "power_warning": self.power_warning,
         }
 
     def summary(self) -> str:
@@ -120,8 +122,23 @@ class ExactnessResult:
         return (
             f"{self.verdict} {self.method} [{settings_text(self.settings)}] n={self.samples} "
             f"p={self.p_value:.3g} TV={self.tv:.4f} [{lo:.4f}, {hi:.4f}] detectable={self.detectable_tv:.4f} "
-            f"α={self.acceptance_rate:.2f}"
+            f"α={self.acceptance_rate:.2f}" + (" (no power: see power_warning)" if self.power_warning else "")
         )
+
+
+def power_warning(drafted: int, accepted: int) -> str | None:
+    """Why a check of a drafter had no power against a broken speculative path, or None: nothing drafted
+    (every token came from the target alone, as plain decoding), or nothing accepted (the accept path never
+    ran)."""
+    if drafted == 0:
+        return ("the drafter proposed no token in any draw, so every token came from the target alone: this run "
+                "tested plain decoding, and had no power against a wrong drafter or acceptance rule; choose a "
+                "prompt the drafter can draft on (prompt lookup: one that repeats itself) or more tokens")
+    if accepted == 0:
+        return (f"none of the {drafted} drafted tokens was accepted, so the accept path never ran: the test had no "
+                "power against a wrong acceptance rule; choose a prompt where the drafter agrees with the target "
+                "more often, or a higher temperature")
+    return None
 
 
 def settings_text(s: dict) -> str:
@@ -265,11 +282,14 @@ def _check(target, prompt_ids, drafter, method, gamma, temperature, top_k, top_p
         settings["tree_verify_fn"] = getattr(tree_verify_fn, "__name__", type(tree_verify_fn).__name__)
     if method is None:
         method = "plain" if drafter is None else drafter.name
+    warning = power_warning(draws.drafted, draws.accepted) if drafter is not None else None
+    if warning is not None:
+        notes.append(warning)
     return ExactnessResult(
         method=method, settings=settings, mode=mode, samples=samples, test=test,
         acceptance_rate=draws.acceptance_rate, tokens_per_round=draws.tokens_per_round,
         drafted=draws.drafted, accepted=draws.accepted,
-        draws_per_s=draws.draws_per_s, engine=draws.engine, timings=timings, notes=notes,
+        draws_per_s=draws.draws_per_s, engine=draws.engine, timings=timings, notes=notes, power_warning=warning,
     )
 
 

@@ -15,7 +15,8 @@ REQUIRED = ("target/config.json", "target/model.safetensors", "draft/config.json
 
 
 def default_assets_dir() -> Path:
-    """Directory holding ``target/``, ``draft/``, ``tokenizer/`` and ``MODEL_CARD.md``."""
+    """Directory holding ``target/`` and ``draft/`` (the models), ``tokenizer/`` (their one tokenizer, with a
+    plain chat template), the heads and ``MODEL_CARD.md``."""
     return ASSETS_DIR
 
 
@@ -87,8 +88,9 @@ def load_default_heads(target: Any = None, root: Path | None = None) -> dict[str
 #: assets/seq2seq/CARD.md), by name: `specdec.load(DEFAULT_SEQ2SEQ)`, `specdec generate --target default-seq2seq`.
 DEFAULT_SEQ2SEQ = "default-seq2seq"
 SEQ2SEQ_DIR = Path(__file__).resolve().parents[1] / "assets" / "seq2seq"
-SEQ2SEQ_REQUIRED = ("target/config.json", "target/model.safetensors", "target/tokenizer.json", "draft/config.json",
-                    "draft/model.safetensors")
+#: target/ and draft/ hold the models; tokenizer/ their one tokenizer (the default pair's plus <mask>).
+SEQ2SEQ_REQUIRED = ("target/config.json", "target/model.safetensors", "draft/config.json", "draft/model.safetensors",
+                    "tokenizer/tokenizer.json")
 
 
 def load_default_seq2seq(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
@@ -108,4 +110,4 @@ def load_default_seq2seq(device: str | torch.device = "cpu", dtype: torch.dtype 
         )
     target = load_model(base / "target", str(device), dtype)
     draft = load_model(base / "draft", str(device), dtype)
-    return target, draft, load_tokenizer(base / "target")
+    return target, draft, load_tokenizer(base / "tokenizer")

@@ -55,20 +55,76 @@ def _no_progress_bars():
             hf_logging.enable_progress_bar()
 
 
-def resolve_name(path: str | Path) -> str | Path:
-    """A shipped model's name ("default-seq2seq": the seq2seq pair's target) as its directory; else `path`."""
+def resolve_name(path: str | Path, part: str = "target") -> str | Path:
+    """A shipped model's name ("default-seq2seq": the seq2seq pair) as the directory of its `part` ("target", or
+    "tokenizer": the pair's one tokenizer); else `path`."""
     from specdec.hub.default_pair import DEFAULT_SEQ2SEQ, SEQ2SEQ_DIR
 
-    return SEQ2SEQ_DIR / "target" if str(path) == DEFAULT_SEQ2SEQ else path
+    return SEQ2SEQ_DIR / part if str(path) == DEFAULT_SEQ2SEQ else path
 
 
-def _model_class(path: str | Path):
+#: Seconds to wait for a TCP connection to the hub before loading from the local cache only.
+HUB_PROBE_TIMEOUT_S = 3.0
+_hub_unreachable_by_endpoint: dict[str, str | None] = {}  # endpoint -> why it cannot be reached (None: it can)
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached now (offline mode, or no connection to it within
+    HUB_PROBE_TIMEOUT_S), or None. Probed once per process and endpoint; through a proxy nothing is probed."""
+    import socket
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "offline mode is on (HF_HUB_OFFLINE)"
+    if urllib.request.getproxies():  # the hub client knows how to go through it; a direct probe does not
+        return None
+    endpoint = constants.ENDPOINT
+    if endpoint not in _hub_unreachable_by_endpoint:
+        url = urlsplit(endpoint)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            socket.create_connection((url.hostname, port), timeout=HUB_PROBE_TIMEOUT_S).close()
+            why = None
+        except OSError as exc:
+            why = f"no connection to {url.hostname}: {exc.strerror or exc}"
+        _hub_unreachable_by_endpoint[endpoint] = why
+    return _hub_unreachable_by_endpoint[endpoint]
+
+
+def cache_only(path: str | Path) -> bool:
+    """True when `path` is a hub id to load from the local cache only, the hub being unreachable; raises a
+    ModelLoadError at once when it is not cached either (instead of the hub client's retries). False for a
+    local path, or when the hub can be reached."""
+    if Path(path).exists():
+        return False
+    why = hub_unreachable()
+    if why is None:
+        return False
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(str(path), "config.json")
+    except ValueError:  # not even a valid hub id
+        cached = None
+    if isinstance(cached, str):
+        return True
+    raise ModelLoadError(
+        f"cannot load {str(path)!r}: it is not a local directory, and the Hugging Face hub cannot be reached "
+        f"({why}) while it is not in the local hub cache either; check the path, or download it first where "
+        f"there is network (`hf download {path}`)"
+    )
+
+
+def _model_class(path: str | Path, cache: bool = False):
     """AutoModelForCausalLM; for an encoder-decoder checkpoint AutoModelForSeq2SeqLM (text) or
     AutoModelForSpeechSeq2Seq (speech: Whisper), read from its config."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
 
     try:
-        config = AutoConfig.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path), local_files_only=cache)
     except (OSError, ValueError):
         return AutoModelForCausalLM  # the load below reports the problem
     if not getattr(config, "is_encoder_decoder", False):
@@ -77,10 +133,10 @@ def _model_class(path: str | Path):
     return AutoModelForSpeechSeq2Seq if speech else AutoModelForSeq2SeqLM
 
 
-def is_speech_checkpoint(path: str | Path) -> bool:
+def is_speech_checkpoint(path: str | Path, cache: bool = False) -> bool:
     from transformers import AutoModelForSpeechSeq2Seq
 
-    return _model_class(path) is AutoModelForSpeechSeq2Seq
+    return _model_class(path, cache) is AutoModelForSpeechSeq2Seq
 
 
 def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None):
@@ -88,9 +144,11 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype |
     encoder-decoder checkpoint), in eval mode on `device`."""
     check_device(device)
     path = resolve_name(path)
+    cache = cache_only(path)
     try:
         with _no_progress_bars():
-            model = _model_class(path).from_pretrained(str(path), dtype=resolve_dtype(dtype, device))
+            model = _model_class(path, cache).from_pretrained(str(path), dtype=resolve_dtype(dtype, device),
+                                                              local_files_only=cache)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"cannot load a causal LM from {str(path)!r}: it is not a local directory with a config.json "
@@ -105,11 +163,12 @@ def load_tokenizer(path: str | Path):
     the encoder's input_features, its tokenizer decodes the output."""
     from transformers import AutoProcessor, AutoTokenizer
 
-    path = resolve_name(path)
+    path = resolve_name(path, "tokenizer")
+    cache = cache_only(path)
     try:
-        if is_speech_checkpoint(path):
-            return AutoProcessor.from_pretrained(str(path))
-        return AutoTokenizer.from_pretrained(str(path))
+        if is_speech_checkpoint(path, cache):
+            return AutoProcessor.from_pretrained(str(path), local_files_only=cache)
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=cache)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"cannot load a tokenizer from {str(path)!r} ({type(exc).__name__}: {str(exc).splitlines()[0]}); "

@@ -65,6 +65,12 @@ class Compiled:
 COMPILED: weakref.WeakKeyDictionary[PreTrainedModel, Compiled] = weakref.WeakKeyDictionary()
 
 
+def compile_seconds() -> float:
+    """Seconds this process has spent so far compiling fast-path passes (the first call of each shape, for
+    every model): the difference across a call is the compile time it paid."""
+    return sum(sum(entry.compile_s.values()) for entry in list(COMPILED.values()))
+
+
 def raise_recompile_limit() -> None:
     # One code object serves every shape (each its own cache entry), so allow more than dynamo's default 8.
     cfg = torch._dynamo.config

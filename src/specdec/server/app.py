@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from specdec.engine.decoding import FixedGamma
 from specdec.runtime.causal_lm import context_length, vocab_size
+from specdec.runtime.threads import decode_threads
 from specdec.server.metrics import Metrics
 from specdec.server.protocol import APIError, Sampling, parse_sampling
 from specdec.server.scheduler import Failed, Finished, Request, Scheduler, Tokens
@@ -137,6 +138,7 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
     """compile=True: the target's batched passes run compiled over a preallocated cache of `max_len` slot
     columns (a request that does not fit gets a 400); with `precompile` every pass shape the scheduler may
     use is compiled here, before the app is returned, so no request waits for a compile."""
+    decode_threads(target)  # the thread count is measured now, not during the first request (README "Threads")
     metrics = Metrics()
     scheduler = Scheduler(target, drafter, max_batch=max_batch, max_gamma=max_gamma, metrics=metrics,
                           adaptive_gamma=adaptive_gamma, compile=compile, max_len=max_len)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from specdec.engine.batch import BatchDecoder
 from specdec.errors import SpecdecError
+from specdec.runtime.threads import threads_for
 from specdec.server.goodput import GoodputGamma
 from specdec.server.metrics import Metrics
 
@@ -135,7 +136,8 @@ class Scheduler:
         widths = sorted(widths)
         target.query_buckets = tuple(widths)  # a shorter round (a row near its end) pads up to one of these
         start = time.perf_counter()
-        target.precompile(range(1, self.max_batch + 1), widths)
+        with threads_for(self._models[0]):  # compiled kernels keep the thread count they were compiled with
+            target.precompile(range(1, self.max_batch + 1), widths)
         log.info("batched fast path ready: passes for up to %d rows x %s inputs compiled in %.1f s",
                  self.max_batch, widths, time.perf_counter() - start)
 

@@ -47,9 +47,10 @@ SHAPES = {
 
 
 def load_tokenizer():
-    """The default pair's tokenizer with ``<mask>`` added (id 8192)."""
+    """The default pair's tokenizer with ``<mask>`` added (id 8192), without its chat template (no chat here)."""
     tokenizer = AutoTokenizer.from_pretrained(default_assets_dir() / "tokenizer")
     tokenizer.add_special_tokens({"mask_token": MASK})
+    tokenizer.chat_template = None
     return tokenizer
 
 
@@ -165,19 +166,23 @@ def heldout_loss(model, data, batch_size: int = 32) -> float:
 
 
 def save(model, tokenizer, path: Path) -> None:
-    """fp16 copy of ``model`` + the tokenizer, written to a temporary directory then renamed."""
+    """fp16 copy of ``model`` in ``path``, the tokenizer (shared by target and draft) once in ``path/../tokenizer``:
+    the layout of src/specdec/assets/seq2seq. Each written to a temporary directory, then renamed."""
     import copy
     import shutil
 
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    def replace(directory: Path, write) -> None:
+        tmp = directory.with_name(directory.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        write(tmp)
+        shutil.rmtree(directory, ignore_errors=True)
+        tmp.rename(directory)
+
     half = copy.deepcopy(model).half()
     half.generation_config.eos_token_id = 0
     half.generation_config.decoder_start_token_id = 0
-    half.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+    replace(path, half.save_pretrained)
+    replace(path.parent / "tokenizer", tokenizer.save_pretrained)
 
 
 @dataclass(frozen=True)
