@@ -257,6 +257,24 @@ def test_seq2seq_pair_recipe_writes_the_shipped_bench_prompts(tmp_path, capsys):
         assert out.read_bytes() == shipped.read_bytes()
 
 
+def test_seq2seq_pair_recipe_saves_the_shipped_layout(tmp_path):
+    """The recipe's checkpoints are the shipped layout: target/ and draft/ hold the models only, tokenizer/ their
+    one tokenizer, and load_default_seq2seq loads the pair from it."""
+    from specdec.hub.default_pair import SEQ2SEQ_REQUIRED, load_default_seq2seq
+    from specdec.training.seq2seq_pair import load_tokenizer, make, save
+
+    tokenizer = load_tokenizer()
+    for name, seed in (("target", 0), ("draft", 1)):
+        model = make(d_model=16, enc_layers=1, dec_layers=1, heads=2, d_ff=32, vocab=len(tokenizer), seed=seed,
+                     arch="bart")
+        save(model, tokenizer, tmp_path / name)
+    assert all((tmp_path / rel).is_file() for rel in SEQ2SEQ_REQUIRED)
+    assert not any((tmp_path / name / "tokenizer.json").exists() for name in ("target", "draft"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft", "target", "tokenizer"]  # no .tmp left over
+    target, draft, loaded = load_default_seq2seq(root=tmp_path)
+    assert loaded.mask_token == "<mask>" and len(loaded) == len(tokenizer) == target.config.vocab_size
+
+
 def test_train_recipes_refuse_each_other_s_options(tmp_path, capsys):
     from specdec.cli import main
 
