@@ -294,6 +294,31 @@ def test_ov_bfloat16_runs_at_bf16_and_reuses_the_export():
 
 
 @needs_openvino
+def test_ov_runs_ignore_end_of_sequence_like_every_bench_method():
+    """The bench's configs make exactly max_new_tokens tokens even when an EOS / stop token comes up early."""
+    import numpy as np
+    import openvino as ov
+
+    from specdec.bench.openvino_peer import OpenVINOPeer
+
+    root = default_assets_dir()
+    settings = OpenVINOSettings(target_dir=str(root / "target"), draft_dir=str(root / "draft"))
+    peer = OpenVINOPeer(settings, dtype=torch.float32, threads=1, speculative=True)
+    prompt = [762, 677, 199, 762, 704, 581, 199, 477]
+    ids = ov.Tensor(np.asarray([prompt], dtype=np.int64))
+    for speculative, gamma in ((False, None), (True, 3)):
+        free = peer.run("ov-speculative" if speculative else "ov-plain", gamma, prompt, max_new_tokens=12).tokens
+        stop = free[4]  # make the 5th token an end-of-sequence token
+        config = peer.generation_config(max_new_tokens=12, temperature=0.0, top_k=None, top_p=None, seed=0,
+                                        gamma=gamma)
+        config.eos_token_id = stop
+        config.stop_token_ids = {stop}
+        assert [int(t) for t in peer.pipeline(speculative).generate(ids, config).tokens[0]] == free
+        config.ignore_eos = False  # what the bench's config prevents: OpenVINO stops at the token
+        assert len(peer.pipeline(speculative).generate(ids, config).tokens[0]) <= 5
+
+
+@needs_openvino
 def test_ov_plain_sampling_is_seeded_and_within_the_warp():
     """Sampling: one seed, one continuation; every draw inside the target's top-k (a probability-0 draw fails
     the exactness check outright). The full chi-square runs are scripts/openvino_exactness.py."""
