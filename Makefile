@@ -40,4 +40,15 @@ test-latest:
 	$(LATEST)/bin/python -m pip list --format=freeze | grep -i -E '^(transformers|tokenizers|accelerate|fastapi|openai)=='
 	$(LATEST)/bin/python -m pytest $(TEST_ALL)
 
-.PHONY: install demo test test-quick test-latest
+# The OpenVINO peer of `specdec bench` end to end (tests/test_openvino.py): the openvino extra in this
+# environment, the export environment (optimum-intel, pinned; transformers < 5.6) in $(OV_EXPORT_ENV), and the
+# shipped pair exported afresh into $(OV_CACHE).
+OV_EXPORT_ENV := .venv-openvino-export
+OV_CACHE := .openvino-cache
+test-openvino: install
+	$(PIP) install -q $(CONSTRAINTS) -e ".[openvino]"
+	$(PYTHON) -m specdec bench --openvino-setup --openvino-export-env $(OV_EXPORT_ENV)
+	rm -rf $(OV_CACHE)
+	SPECDEC_OPENVINO_EXPORT_ENV=$(OV_EXPORT_ENV) SPECDEC_OPENVINO_CACHE=$(OV_CACHE) $(PYTHON) -m pytest -q -m "not slow" tests/test_openvino.py
+
+.PHONY: install demo test test-quick test-latest test-openvino

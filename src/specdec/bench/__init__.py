@@ -3,7 +3,9 @@
     results = specdec.bench.run(target, draft, prompts, BenchSettings(methods=["hf-plain", "draft"]), out="bench")
 
 Modules: `workloads` (prompts), `runner` (interleaved timed runs, HF hooks), `theory` (Leviathan's
-predictions from measured α and c), `report` (markdown, results.json, plots).
+predictions from measured α and c), `report` (markdown, results.json, plots), `openvino_peer` and
+`openvino_export` (OpenVINO GenAI as a peer: `ov-plain`, `ov-speculative`; docs/openvino.md),
+`openvino_exactness` (its sampling through the chi-square test).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.openvino_peer import OV_METHODS, OpenVINOMissing, OpenVINOSettings
 from specdec.bench.runner import BenchSettings, available_methods, parse_gammas, parse_methods
 from specdec.bench.workloads import BUILTIN_WORKLOADS, BenchPrompt, load_workload
 
@@ -37,6 +40,7 @@ def run(target, draft, prompts: list[BenchPrompt], settings: BenchSettings, *, o
         "configs": raw["configs"],
         "theory": compare(raw["configs"], max_gamma=max(16, *settings.gammas)),
         "hf_assisted_heuristic_settings": raw["hf_assisted_heuristic_settings"],
+        "openvino": raw["openvino"],
         "forward_costs": raw["forward_costs"],
         "prompts": [p.as_dict() for p in prompts],
         "runs": raw["runs"],
@@ -84,5 +88,5 @@ def _describe(model) -> dict[str, Any]:
     }
 
 
-__all__ = ["BUILTIN_WORKLOADS", "BenchPrompt", "BenchSettings", "available_methods", "load_workload",
-           "parse_gammas", "parse_methods", "resummarize", "run"]
+__all__ = ["BUILTIN_WORKLOADS", "OV_METHODS", "BenchPrompt", "BenchSettings", "OpenVINOMissing", "OpenVINOSettings",
+           "available_methods", "load_workload", "parse_gammas", "parse_methods", "resummarize", "run"]

@@ -151,6 +151,16 @@ def markdown(results: dict[str, Any]) -> str:
         if costs.get("draft_ms"):
             line += f"; draft 1 token {next(iter(costs['draft_ms'].values())):.2f} ms"
         parts += ["", line + "."]
+    peer = results.get("openvino")
+    if peer:
+        props = peer["properties"]
+        models = [f"{name} {peer[name]['source']} (IR {peer[name]['hash']}, float32 weights)"
+                  for name in ("target", "draft") if peer.get(name)]
+        parts += ["", f"ov-* methods: OpenVINO GenAI {peer['openvino_genai']} on the CPU, "
+                  f"INFERENCE_PRECISION_HINT={props['INFERENCE_PRECISION_HINT']}, "
+                  f"KV_CACHE_PRECISION={props['KV_CACHE_PRECISION']}, "
+                  f"INFERENCE_NUM_THREADS={props['INFERENCE_NUM_THREADS']}, prefix caching off; "
+                  + "; ".join(models) + "."]
     heur = results.get("hf_assisted_heuristic_settings")
     if heur:
         parts += ["", "hf-assisted-heuristic ran with HF's own assistant settings: "

@@ -28,13 +28,15 @@ from typing import Any
 
 import torch
 
+from specdec.bench.openvino_peer import OV_METHODS, OpenVINOSettings
 from specdec.errors import ConfigError
 
 #: Peers: `transformers.generate` with no drafting, with the draft model as assistant (γ fixed, schedule
 #: "constant"), with HF's out-of-the-box assistant settings, and with HF's prompt lookup.
 HF_METHODS = ("hf-plain", "hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup", "hf-plain-compiled")
 #: Methods whose γ is not set by --gamma (run once, not once per γ).
-GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic", "hf-plain-compiled", "draft-tree", "draft-tree-auto")
+GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic", "hf-plain-compiled", "draft-tree", "draft-tree-auto",
+              "ov-plain")
 #: A run slower than this many times the fastest run of the same config and prompt is reported as stalled.
 SLOW_RUN_FACTOR = 3.0
 #: Methods that need the draft model.
@@ -42,7 +44,7 @@ NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "hf-assisted", "h
                      "draft-tree-auto",
                      "multi-draft", "multi-draft-specinfer", "multi-draft-spectr",
                      "draft-tli", "draft-tli-auto", "draft-tli-heuristic",
-                     "draft-slem", "draft-slem-auto", "draft-slem-heuristic")
+                     "draft-slem", "draft-slem-auto", "draft-slem-heuristic", "ov-speculative")
 #: specdec kinds that draft with the draft model through its own tokenizer.
 CROSS_VOCAB_KINDS = ("draft-tli", "draft-slem")
 #: Suffixes of specdec methods whose γ a policy picks: gamma="auto", or transformers' +2/-1 heuristic.
@@ -59,27 +61,33 @@ def is_compiled(method: str) -> bool:
     return not method.startswith("hf-") and method.endswith(COMPILED)
 
 
+def is_openvino(method: str) -> bool:
+    """The OpenVINO GenAI peer's methods (`specdec.bench.openvino_peer`; they need the openvino extra)."""
+    return method in OV_METHODS
+
+
 def _base(method: str) -> str:
     """The method without its -compiled suffix."""
     return method[: -len(COMPILED)] if is_compiled(method) else method
 
 
 def _policy_suffix(method: str) -> str | None:
-    if method.startswith("hf-"):
+    if method.startswith("hf-") or is_openvino(method):
         return None
     method = _base(method)
     return next((suffix for suffix in POLICY_SUFFIXES if method.endswith(suffix)), None)
 
 
 def available_methods() -> list[str]:
-    """Every method name `--methods` accepts, specdec drafters first (read from DRAFTER_KINDS)."""
+    """Every method name `--methods` accepts, specdec drafters first (read from DRAFTER_KINDS), the OpenVINO
+    peer's last."""
     from specdec.drafters import DRAFTER_KINDS
 
     names = ["plain", *DRAFTER_KINDS]
     names += [f"{kind}{suffix}" for suffix in POLICY_SUFFIXES for kind in DRAFTER_KINDS]
     names += ["plain-compiled"] + [f"{kind}{suffix}-compiled" for suffix in ("", *POLICY_SUFFIXES)
                                    for kind in COMPILED_KINDS if kind in DRAFTER_KINDS]
-    return names + list(HF_METHODS)
+    return names + list(HF_METHODS) + list(OV_METHODS)
 
 
 def is_gamma_free(method: str) -> bool:
@@ -87,12 +95,13 @@ def is_gamma_free(method: str) -> bool:
 
 
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
-    """A comma list of method names ("all" = every available one), validated, duplicates dropped."""
+    """A comma list of method names, validated, duplicates dropped. "all" = every available method except
+    the OpenVINO peer's, which need an optional extra and are run only when named."""
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     known = available_methods()
     out: list[str] = []
     for name in names:
-        expanded = list(known) if name == "all" else [name]
+        expanded = [m for m in known if not is_openvino(m)] if name == "all" else [name]
         for method in expanded:
             if method not in known:
                 raise ConfigError(f"unknown method {method!r}; choose from: {', '.join(known)} (or 'all')")
@@ -143,10 +152,14 @@ class Config:
         return self.method.startswith("hf-")
 
     @property
+    def is_openvino(self) -> bool:
+        return is_openvino(self.method)
+
+    @property
     def kind(self) -> str | None:
-        """The specdec drafter kind, or None for plain / HF methods."""
+        """The specdec drafter kind, or None for plain / HF / OpenVINO methods."""
         method = _base(self.method)
-        if self.is_hf or method == "plain":
+        if self.is_hf or self.is_openvino or method == "plain":
             return None
         suffix = _policy_suffix(method)
         return method[: -len(suffix)] if suffix else method
@@ -171,13 +184,17 @@ class BenchSettings:
     device: str = "cpu"
     forward_costs: bool = True  # also time bare forward passes of 1..γ+1 tokens (a few seconds)
     drafter_options: dict[str, Any] = field(default_factory=dict)
+    #: The checkpoints' directories and the export cache, for the ov-* methods (the CLI fills it in).
+    openvino: OpenVINOSettings | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        out["openvino"] = self.openvino.as_dict() if self.openvino is not None else None
+        return out
 
 
 def _sync(device: torch.device | str) -> None:
@@ -281,6 +298,7 @@ class RunResult:
     stats: Any  # DecodeStats
     timed_forwards: int  # target forwards whose time is in stats.target_s
     target_prefill_s: float  # the target's prompt pass (HF: its first call, which also verifies drafts)
+    extra: dict[str, Any] = field(default_factory=dict)  # method-specific counters kept in the run's record
 
 
 class Bench:
@@ -307,6 +325,27 @@ class Bench:
         for method in settings.methods:
             if _base(method) in NEEDS_DRAFT_MODEL and draft is None:
                 raise ConfigError(f"method {method!r} needs a draft model: pass --draft PATH")
+        self.openvino = self._openvino_peer()
+
+    def _openvino_peer(self):
+        """The OpenVINO peer when an ov-* method is asked for (exports happen here, before any timing)."""
+        methods = [m for m in self.settings.methods if is_openvino(m)]
+        if not methods:
+            return None
+        from specdec.bench.openvino_peer import OpenVINOPeer, require_openvino
+
+        require_openvino(methods)
+        if self.seq2seq:
+            raise ConfigError(f"{', '.join(methods)}: OpenVINO GenAI's LLMPipeline runs decoder-only models; "
+                              "this target is an encoder-decoder")
+        if "ov-speculative" in methods and self.tokenizers is not None:
+            raise ConfigError("ov-speculative needs a draft with the target's tokenizer (OpenVINO GenAI has no "
+                              "cross-vocabulary drafting)")
+        if self.settings.openvino is None:
+            raise ConfigError(f"{', '.join(methods)} export the bench's checkpoints: give their directories "
+                              "(BenchSettings(openvino=OpenVINOSettings(target_dir=..., draft_dir=...)))")
+        return OpenVINOPeer(self.settings.openvino, dtype=next(self.target.parameters()).dtype,
+                            threads=torch.get_num_threads(), speculative="ov-speculative" in methods)
 
     def drafter(self, kind: str, compiled: bool = False, tree_auto: bool = False):
         key = (kind, compiled, tree_auto)
@@ -334,7 +373,16 @@ class Bench:
         return self._target_fast
 
     def run(self, config: Config, prompt_ids: list[int], seed: int) -> RunResult:
+        if config.is_openvino:
+            return self._run_openvino(config, prompt_ids, seed)
         return self._run_hf(config, prompt_ids, seed) if config.is_hf else self._run_specdec(config, prompt_ids, seed)
+
+    def _run_openvino(self, config: Config, prompt_ids: list[int], seed: int) -> RunResult:
+        s = self.settings
+        run = self.openvino.run(config.method, config.gamma, prompt_ids, max_new_tokens=s.max_new_tokens,
+                                temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed)
+        return RunResult(run.tokens, run.wall_s, run.stats, max(0, run.stats.target_forwards - 1), run.prefill_s,
+                         run.extra)
 
     def _run_specdec(self, config: Config, prompt_ids: list[int], seed: int) -> RunResult:
         from specdec.engine.decoding import SpeculativeDecoder
@@ -566,6 +614,7 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
         "outputs": outputs,
         "hf_assisted_heuristic_settings": bench.effective_assistant_settings()
         if "hf-assisted-heuristic" in settings.methods else None,
+        "openvino": bench.openvino.describe() if bench.openvino is not None else None,
     }
 
 
@@ -611,6 +660,7 @@ def _record(config: Config, prompt, p_index: int, repeat: int, result: RunResult
         "target_all_s": result.target_prefill_s + s.target_s,
         "other_s": max(0.0, result.wall_s - result.target_prefill_s - s.target_s - s.draft_s),
         "tau": s.mean_accepted_tokens, "alpha": s.acceptance_rate,
+        **result.extra,
         "_tokens": result.tokens,
     }
 

@@ -30,13 +30,20 @@ def recommended_gamma(alpha: float, cost_ratio: float, max_gamma: int = 16) -> i
     return best_gamma(alpha, cost_ratio, max_gamma)
 
 
+def _same_path_plain(method: str) -> str | None:
+    """The plain decoding that runs on the same path as `method` (same runtime, same compiled passes)."""
+    if method == "ov-speculative":
+        return "ov-plain"
+    return "plain-compiled" if method.endswith("-compiled") else None
+
+
 def compare(summaries: list[dict[str, Any]], max_gamma: int = 16) -> dict[str, Any]:
     """Per fixed-γ config: measured vs predicted τ and speedup. Per method swept over γ: the γ the formula
     recommends (from α and c pooled over the sweep) vs the fastest γ measured.
 
-    Measured speedups are against specdec's plain decoding on the same path (the same loop without
-    drafting, which is what Leviathan's formula models): `plain-compiled` for a `-compiled` method when it was
-    run, else `plain`, else `hf-plain`; each row names its `baseline`.
+    Measured speedups are against plain decoding on the same path (the same loop without drafting, which is
+    what Leviathan's formula models): `plain-compiled` for a `-compiled` method and `ov-plain` for
+    `ov-speculative` when it was run, else `plain`, else `hf-plain`; each row names its `baseline`.
 
     Units. c (`cost_ratio`) is drafting time per drafted token over the time of one target pass of the SAME
     run, i.e. a verification pass of γ+1 tokens. v (`verify_cost_ratio`) is that verification pass over the
@@ -50,7 +57,7 @@ def compare(summaries: list[dict[str, Any]], max_gamma: int = 16) -> dict[str, A
     for s in summaries:
         if s["gamma"] is None or s.get("alpha_token") is None:
             continue
-        own = by_label.get("plain-compiled") if s["method"].endswith("-compiled") else None
+        own = by_label.get(_same_path_plain(s["method"]) or "")
         row_base = own or base
         base_tps = row_base["tokens_per_s"] if row_base else None
         base_per_forward = row_base.get("target_s_per_forward") if row_base else None

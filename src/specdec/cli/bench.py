@@ -18,7 +18,13 @@ methods:
   hf-assisted-heuristic   target.generate(assistant_model=draft) with HF's own assistant settings (the
                           draft's generation_config over HF's defaults; γ is not used)
   hf-prompt-lookup        target.generate(prompt_lookup_num_tokens=γ)
-  all                     every method above
+  ov-plain                OpenVINO GenAI's LLMPipeline on the same target, exported once with optimum-intel
+                          (cached by content hash), at the same precision (--dtype) and threads (--threads)
+  ov-speculative          the same with draft_model=the --draft model, γ drafts per round (num_assistant_tokens)
+  all                     every method above except ov-plain and ov-speculative
+
+The ov-* methods need pip install "specdec[openvino]", and for the one-time export of each checkpoint an
+export environment: specdec bench --openvino-setup (docs/openvino.md).
 
 Every method generates exactly --max-new-tokens tokens (end-of-sequence is disabled for all alike).
 Methods run interleaved: per prompt, --warmup untimed rounds, then --repeats timed rounds in which each
@@ -32,6 +38,7 @@ examples:
   specdec bench --methods plain,draft,hf-plain,hf-assisted --gamma 1..8 --prompts code
   specdec bench --methods prompt-lookup,hf-prompt-lookup,hf-plain --gamma 2,4,8 --prompts edit
   specdec bench --target PATH --draft PATH --prompts my_prompts.jsonl --temperature 0.8 --top-p 0.95
+  specdec bench --methods plain-compiled,draft-compiled,ov-plain,ov-speculative --gamma 4,6 --dtype bfloat16
 """
 
 
@@ -71,6 +78,17 @@ def register(subparsers) -> None:
     what.add_argument("--from-results", metavar="RESULTS_JSON",
                       help="run nothing: re-summarize the raw runs of a saved results.json, rewrite it and the "
                       "plots (in --out if given, else next to it) and print the tables")
+
+    peer = parser.add_argument_group("OpenVINO peer (ov-plain, ov-speculative)")
+    peer.add_argument("--openvino-setup", action="store_true",
+                      help="create the export environment (a virtual environment with optimum-intel and its "
+                      "pinned dependencies, about 1.5 GB, a minute) at --openvino-export-env, and exit")
+    peer.add_argument("--openvino-export-env", default=None, metavar="DIR",
+                      help="the export environment (default $SPECDEC_OPENVINO_EXPORT_ENV, else "
+                      "~/.cache/specdec/openvino/export-env); only a checkpoint not exported yet needs it")
+    peer.add_argument("--openvino-cache", default=None, metavar="DIR",
+                      help="where exports are cached, one directory per checkpoint content hash (default "
+                      "$SPECDEC_OPENVINO_CACHE, else ~/.cache/specdec/openvino)")
 
     sampling = parser.add_argument_group("decoding")
     sampling.add_argument("--max-new-tokens", type=int, default=128,
@@ -117,9 +135,14 @@ def run(args) -> int:
     if args.list_methods:
         print("\n".join(available_methods()))
         return 0
+    if args.openvino_setup:
+        return _openvino_setup(args)
     if args.from_results:
         return _from_results(args)
     methods = parse_methods(args.methods)
+    from specdec.bench.openvino_peer import OV_METHODS, require_openvino
+
+    require_openvino(methods)  # before the models load
     gammas = parse_gammas(args.gamma)
     SamplingConfig(args.temperature, args.top_k, args.top_p)  # validates before the models load
     for name in ("max_new_tokens", "num_prompts", "prompt_tokens", "repeats"):
@@ -144,6 +167,7 @@ def run(args) -> int:
         methods=methods, gammas=gammas, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
         device=args.device, forward_costs=not args.no_forward_costs,
+        openvino=_openvino_settings(args) if any(m in OV_METHODS for m in methods) else None,
     )
     pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
     from specdec.cli.generate import draft_tokenizer
@@ -155,6 +179,38 @@ def run(args) -> int:
                         tokenizers=(draft_tok, tokenizer) if draft_tok is not None else None)
     print(markdown(results))
     _print_outputs(results)
+    return 0
+
+
+def _openvino_settings(args):
+    """The checkpoint directories the bench loaded (to export them) and the export cache / environment."""
+    import logging
+
+    from specdec.bench.openvino_peer import OpenVINOSettings, checkpoint_dir
+    from specdec.hub.default_pair import DEFAULT_SEQ2SEQ, default_assets_dir
+
+    if args.target == DEFAULT_SEQ2SEQ:
+        return None  # an encoder-decoder pair: the bench refuses the ov-* methods for it
+    logger = logging.getLogger("specdec.openvino")
+    logger.setLevel(logging.INFO)  # say when a checkpoint is exported (once per content hash)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="specdec: %(message)s")
+    if args.target is None:
+        target_dir, draft_dir = default_assets_dir() / "target", default_assets_dir() / "draft"
+    else:
+        target_dir, draft_dir = checkpoint_dir(args.target), None
+    if args.draft is not None:
+        draft_dir = checkpoint_dir(args.draft)
+    return OpenVINOSettings(target_dir=str(target_dir), draft_dir=str(draft_dir) if draft_dir else None,
+                            cache_dir=args.openvino_cache, export_env=args.openvino_export_env)
+
+
+def _openvino_setup(args) -> int:
+    from specdec.bench.openvino_export import create_export_env, default_export_env
+
+    env = args.openvino_export_env or default_export_env()
+    print(f"creating the OpenVINO export environment in {env} (about a minute) ...", flush=True)
+    print(f"ready: {create_export_env(env)}")
     return 0
 
 
