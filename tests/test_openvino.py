@@ -137,6 +137,29 @@ def test_speculative_rounds_are_rebuilt_from_the_target_steps():
     assert extra == {"ov_draft_tokens": 12, "ov_accepted_tokens": 6}
 
 
+def test_exactness_check_says_when_ov_speculative_had_no_power():
+    """As `specdec verify`: a speculative run that drafted nothing tested plain decoding only, and says so."""
+    from specdec.bench.openvino_exactness import check_openvino_exactness
+
+    target, _ = tiny_pair()
+
+    class Peer:  # a stand-in OpenVINOPeer: one continuation, drafting `drafted` tokens, accepting none
+        def __init__(self, drafted: int):
+            self.drafted = drafted
+
+        def run(self, method, gamma, prompt, **kwargs):
+            return SimpleNamespace(tokens=[1, 2], stats=SimpleNamespace(drafted=self.drafted, accepted=0,
+                                                                          target_forwards=2))
+
+    kwargs = dict(temperature=1.0, top_k=2, max_new_tokens=2, samples=20)
+    idle = check_openvino_exactness(Peer(0), target, [5, 9, 11], method="ov-speculative", gamma=2, **kwargs)
+    assert "proposed no token" in idle.power_warning and idle.power_warning in idle.notes
+    rejected = check_openvino_exactness(Peer(4), target, [5, 9, 11], method="ov-speculative", gamma=2, **kwargs)
+    assert "accept path never ran" in rejected.power_warning
+    plain = check_openvino_exactness(Peer(0), target, [5, 9, 11], method="ov-plain", **kwargs)
+    assert plain.power_warning is None  # plain decoding drafts nothing by design
+
+
 # --------------------------------------------------------------------------------------------- export cache
 
 

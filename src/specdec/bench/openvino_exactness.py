@@ -31,6 +31,7 @@ from specdec.exactness import (
     enumerate_continuations,
     multinomial_test,
 )
+from specdec.exactness.verifier import power_warning
 
 #: Most continuations the reference enumerates (as `check_exactness`'s automatic choice).
 MAX_ENUMERATION = 50_000
@@ -81,6 +82,9 @@ def check_openvino_exactness(peer, target, prompt_ids: Sequence[int], *, method:
     if observed[-1]:
         bad = [s for s in counts if s not in enum.index][:3]
         notes.append(f"{int(observed[-1])} draws are continuations of probability 0, e.g. {bad}")
+    warning = power_warning(drafted, accepted) if method == "ov-speculative" else None  # as `specdec verify`
+    if warning is not None:
+        notes.append(warning)
     settings = {"gamma": gamma, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                 "max_new_tokens": max_new_tokens, "eos": [], "prompt_length": len(prompt), "seed": seed,
                 "alpha": alpha}
@@ -89,5 +93,5 @@ def check_openvino_exactness(peer, target, prompt_ids: Sequence[int], *, method:
         acceptance_rate=accepted / drafted if drafted else 0.0,
         tokens_per_round=new_tokens / forwards if forwards else 0.0, drafted=drafted, accepted=accepted,
         draws_per_s=samples / timings["draw_s"] if timings["draw_s"] > 0 else 0.0, engine="openvino",
-        timings=timings, notes=notes,
+        timings=timings, notes=notes, power_warning=warning,
     )
