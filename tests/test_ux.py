@@ -314,6 +314,15 @@ def test_eagle3_is_not_listed_where_no_head_is_shipped(capsys):
         usage = capsys.readouterr().out.split("--drafter {", 1)[1].split("}", 1)[0].split(",")
         assert ("eagle3" in usage) == shipped and "eagle" in usage
     assert "eagle3" in DRAFTER_KINDS  # still accepted, with --head DIR
+    # specdec bench: neither listed nor in "all" (bench has no --head: it would fail), still accepted by name
+    from specdec.bench import parse_methods
+
+    assert cli_main(["bench", "--list-methods"]) == 0
+    listed = capsys.readouterr().out.split()
+    assert "eagle" in listed and "eagle-compiled" in listed
+    assert any(m.startswith("eagle3") for m in listed) == shipped
+    assert any(m.startswith("eagle3") for m in parse_methods("all")) == shipped
+    assert parse_methods("eagle3,eagle3-chain-compiled") == ["eagle3", "eagle3-chain-compiled"]
 
 
 @pytest.mark.parametrize(("args", "words"), [

@@ -90,18 +90,28 @@ def available_methods() -> list[str]:
     return names + list(HF_METHODS) + list(OV_METHODS)
 
 
+def listed_methods() -> list[str]:
+    """The methods `--list-methods` shows: available_methods() less the EAGLE-3 ones when no EAGLE-3 head is
+    shipped for the default target (as `generate` / `serve` list --drafter; still accepted by name, for a
+    BenchSettings whose drafter_options give a head_path)."""
+    from specdec.hub.default_pair import head_shipped
+
+    eagle3 = head_shipped("eagle3")
+    return [m for m in available_methods() if eagle3 or not m.startswith("eagle3")]
+
+
 def is_gamma_free(method: str) -> bool:
     return _base(method) in GAMMA_FREE or method in GAMMA_FREE or _policy_suffix(method) is not None
 
 
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
-    """A comma list of method names, validated, duplicates dropped. "all" = every available method except
-    the OpenVINO peer's, which need an optional extra and are run only when named."""
+    """A comma list of method names, validated, duplicates dropped. "all" = every listed method
+    (`listed_methods`) except the OpenVINO peer's, which need an optional extra and are run only when named."""
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     known = available_methods()
     out: list[str] = []
     for name in names:
-        expanded = [m for m in known if not is_openvino(m)] if name == "all" else [name]
+        expanded = [m for m in listed_methods() if not is_openvino(m)] if name == "all" else [name]
         for method in expanded:
             if method not in known:
                 raise ConfigError(f"unknown method {method!r}; choose from: {', '.join(known)} (or 'all')")

@@ -125,7 +125,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from specdec.bench import run as run_bench
     from specdec.bench.report import markdown
-    from specdec.bench.runner import BenchSettings, available_methods, parse_gammas, parse_methods
+    from specdec.bench.runner import BenchSettings, listed_methods, parse_gammas, parse_methods
     from specdec.bench.workloads import load_workload
     from specdec.cli.generate import load_models
     from specdec.errors import ConfigError
@@ -133,7 +133,7 @@ def run(args) -> int:
     from specdec.runtime.threads import decode_threads, set_threads
 
     if args.list_methods:
-        print("\n".join(available_methods()))
+        print("\n".join(listed_methods()))
         return 0
     if args.openvino_setup:
         return _openvino_setup(args)

@@ -63,6 +63,11 @@ HEAD_DIRS = {"eagle": "eagle", "medusa": "medusa", "eagle3": "eagle3"}
 REQUIRED_HEADS = ("eagle", "medusa")
 
 
+def head_shipped(name: str, root: Path | None = None) -> bool:
+    """Whether the head `name` (a key of HEAD_DIRS) is shipped for the default target."""
+    return ((root or ASSETS_DIR) / HEAD_DIRS[name] / "model.safetensors").is_file()
+
+
 def load_default_heads(target: Any = None, root: Path | None = None) -> dict[str, Any]:
     """{"eagle": EagleHead, "medusa": MedusaHeads, "eagle3": EagleHead (EAGLE-3)} trained for the default target
     (loaded if not given)."""
@@ -79,7 +84,7 @@ def load_default_heads(target: Any = None, root: Path | None = None) -> dict[str
         )
     heads = {"eagle": EagleHead.load(base / HEAD_DIRS["eagle"], target),
              "medusa": MedusaHeads.load(base / HEAD_DIRS["medusa"], target)}
-    if (base / HEAD_DIRS["eagle3"] / "model.safetensors").is_file():
+    if head_shipped("eagle3", base):
         heads["eagle3"] = EagleHead.load(base / HEAD_DIRS["eagle3"], target)
     return heads
 
