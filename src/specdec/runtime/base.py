@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -61,14 +60,19 @@ def cache_kwarg(model: object, cache: object) -> dict[str, object]:
     return {_cache_name(type(model)): cache}
 
 
-@functools.cache
+_CACHE_NAMES: dict[type, str] = {}
+
+
+
 def _cache_name(model_class: type) -> str:
-    forward = getattr(model_class, "forward", None)
-    try:
-        parameters = inspect.signature(forward).parameters
-    except (TypeError, ValueError):
-        return "past_key_values"
-    return "cache" if "cache" in parameters else "past_key_values"
+    name = _CACHE_NAMES.get(model_class)
+    if name is None:
+        try:
+            parameters = inspect.signature(model_class.forward).parameters
+        except (AttributeError, TypeError, ValueError):
+            parameters = {}
+        name = _CACHE_NAMES[model_class] = "cache" if "cache" in parameters else "past_key_values"
+    return name
 
 
 @runtime_checkable

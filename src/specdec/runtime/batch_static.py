@@ -44,6 +44,7 @@ from specdec.runtime.compiled import (
     fast_path_problem,
     is_compiled,
 )
+from specdec.runtime.attention import load_kernel, row_invariant_attention
 from specdec.runtime.slot_cache import SlotCache, SlotLayer
 
 
@@ -55,10 +56,12 @@ def _batched_pass(model, input_ids, position_ids, slots, mask, cache):
     """input_ids [R, W] at position_ids [R, W], written to cache columns slots [W]; mask [R, 1, W, L]
     additive. Returns logits [R, W, V]."""
     cache.slots = slots
-    if not torch.compiler.is_compiling():  # for models that ask the cache its length (eager only)
+    if not torch.compiler.is_compiling():  # eager only: for models that ask the cache its length; the kernel
         cache.length = int(slots[-1]) + 1
-    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **cache_kwarg(model, cache),
-                use_cache=True)
+        load_kernel()
+    with row_invariant_attention():  # each row's logits as a one-row pass would give them
+        out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                    **cache_kwarg(model, cache), use_cache=True)
     return out.logits
 
 

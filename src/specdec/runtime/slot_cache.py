@@ -15,6 +15,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.core.masks import additive_mask
+from specdec.runtime.attention import load_kernel, row_invariant_attention
 from specdec.runtime.base import as_float_logits, cache_kwarg, select_hidden
 
 
@@ -87,13 +88,15 @@ def run_model(model, input_ids, position_ids, slots, mask, cache, hidden: bool):
     additive, or None for a chain (row i sees slots <= slots[i]). Returns logits [M, V], hidden | None,
     and whether every logit is finite."""
     cache.slots = slots
-    if not torch.compiler.is_compiling():  # for models that ask the cache its length (eager only)
+    if not torch.compiler.is_compiling():  # eager only: for models that ask the cache its length; the kernel
         cache.length = int(slots[-1]) + 1
+        load_kernel()
     if mask is None:
         visible = torch.arange(cache.max_len, device=slots.device)[None, :] <= slots[:, None]  # [M, L]
         mask = additive_mask(visible, model.dtype)[None, None]  # [1, 1, M, L]
-    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, **cache_kwarg(model, cache),
-                use_cache=True, output_hidden_states=bool(hidden))
+    with row_invariant_attention():  # each row's logits as a one-row pass would give them
+        out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                    **cache_kwarg(model, cache), use_cache=True, output_hidden_states=bool(hidden))
     logits = as_float_logits(out.logits[0])  # [M, V]
     states = select_hidden(out.hidden_states, hidden) if hidden else None  # [M, H] (or [M, len * H])
     return logits, states, torch.isfinite(logits).all()
