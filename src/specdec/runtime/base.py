@@ -57,22 +57,23 @@ def check_finite(logits: torch.Tensor, model: object, where: str) -> None:
 def cache_kwarg(model: object, cache: object) -> dict[str, object]:
     """`cache` as the keyword `model`'s forward takes it: `cache` from transformers 5.24 on (where the old name
     `past_key_values` warns), `past_key_values` before, and in model classes written for the old name."""
-    return {_cache_name(type(model)): cache}
+    if torch.compiler.is_compiling():  # traced once per compile; a memo read here would become a guard
+        return {_cache_name(type(model)): cache}
+    name = _CACHE_NAMES.get(type(model))
+    if name is None:
+        name = _CACHE_NAMES[type(model)] = _cache_name(type(model))
+    return {name: cache}
 
 
 _CACHE_NAMES: dict[type, str] = {}
 
 
-
 def _cache_name(model_class: type) -> str:
-    name = _CACHE_NAMES.get(model_class)
-    if name is None:
-        try:
-            parameters = inspect.signature(model_class.forward).parameters
-        except (AttributeError, TypeError, ValueError):
-            parameters = {}
-        name = _CACHE_NAMES[model_class] = "cache" if "cache" in parameters else "past_key_values"
-    return name
+    try:
+        parameters = inspect.signature(model_class.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 @runtime_checkable

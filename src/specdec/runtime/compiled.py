@@ -111,7 +111,11 @@ class Timed:
 
     def __call__(self, *args):
         if self.done:
-            return self.fn(*args)
+            graphs = _graphs_compiled()
+            out = self.fn(*args)
+            if _graphs_compiled() != graphs:  # a guard failed: dynamo compiled again, without the freezing flag
+                _unplanned_recompile(self)
+            return out
         start = time.perf_counter()
         # Dynamo must trace the model's parameters as constants for inductor to freeze them: `options` reaches
         # inductor only, so this one flag is set for the compile (the first call) alone.
@@ -122,6 +126,22 @@ class Timed:
         self.entry.compile_s[self.key] = elapsed
         log.info("compiled %s %s in %.1f s", self.model_name, _describe(self.key), elapsed)
         return out
+
+
+#: Shapes that dynamo compiled again after their first call (a guard failed): without the freezing flag, so
+#: slower and with other rounding. The fast path's own state must never cause one; tests check this stays empty.
+UNPLANNED_RECOMPILES: list[tuple] = []
+
+
+def _graphs_compiled() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def _unplanned_recompile(timed: Timed) -> None:
+    if not UNPLANNED_RECOMPILES:
+        log.warning("dynamo recompiled %s %s after a guard failed; it now runs unfrozen (slower, other rounding). "
+                    "TORCH_LOGS=recompiles names the guard", timed.model_name, _describe(timed.key))
+    UNPLANNED_RECOMPILES.append(timed.key)
 
 
 def _describe(key: tuple) -> str:
