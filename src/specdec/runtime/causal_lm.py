@@ -14,6 +14,7 @@ sliding-window cache would be exceeded, `supports_tree` says no and the decoder 
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 import weakref
@@ -24,7 +25,13 @@ from transformers import DynamicCache, PreTrainedModel
 from specdec.core.masks import additive_mask
 from specdec.core.tree import TreeMask
 from specdec.errors import UnsupportedModelError
+from specdec.runtime.attention import row_invariant_attention
 from specdec.runtime.base import Scores, as_float_logits, cache_kwarg, check_finite, select_hidden
+
+#: Dtypes whose eager passes run the row-invariant attention (runtime/attention.py) with an explicit mask, so a
+#: token's logits do not depend on how many tokens its pass scored. float32 and float64 keep the model's own
+#: kernels: they are the reference plain `generate` is checked against, and their rounding rarely decides a token.
+EAGER_INVARIANT_DTYPES = (torch.bfloat16, torch.float16)
 
 #: model -> True/False: does a tree pass with a 4D mask match per-branch chain passes? (probed once)
 _TREE_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -161,14 +168,19 @@ class CachedCausalLM:
             kwargs["attention_mask"] = tree.additive(self.length, self.model.dtype, self.device)  # [1, 1, M, L+M]
         if hidden:
             kwargs["output_hidden_states"] = True
-        out = self.model(
-            input_ids=input_ids.view(1, n).to(self.device),
-            position_ids=positions[None],
-            **cache_kwarg(self.model, self.cache),
-            use_cache=True,
-            logits_to_keep=1 if last_only else 0,
-            **kwargs,
-        )
+        invariant = self.model.dtype in EAGER_INVARIANT_DTYPES and _sliding_window(self.model) is None
+        if invariant and "attention_mask" not in kwargs:  # a chain: the cache, then causal over the new rows
+            visible = torch.arange(self.length + n, device=self.device)[None, :] <= positions[:, None]  # [n, L+n]
+            kwargs["attention_mask"] = additive_mask(visible, self.model.dtype)[None, None]  # [1, 1, n, L+n]
+        with row_invariant_attention() if invariant else contextlib.nullcontext():
+            out = self.model(
+                input_ids=input_ids.view(1, n).to(self.device),
+                position_ids=positions[None],
+                **cache_kwarg(self.model, self.cache),
+                use_cache=True,
+                logits_to_keep=1 if last_only else 0,
+                **kwargs,
+            )
         self.length += n
         logits = as_float_logits(out.logits[0])  # [n or 1, V]
         check_finite(logits, self.model, f"at positions {self.length - n}..{self.length - 1}")
