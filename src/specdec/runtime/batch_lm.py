@@ -20,6 +20,7 @@ row's block of new slots is its ancestor matrix instead of the causal triangle. 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 
@@ -30,8 +31,9 @@ from transformers.cache_utils import DynamicLayer
 from specdec.core.masks import additive_mask
 from specdec.core.tree import TreeMask
 from specdec.errors import UnsupportedModelError
+from specdec.runtime.attention import row_invariant_attention
 from specdec.runtime.base import Scores, as_float_logits, cache_kwarg
-from specdec.runtime.causal_lm import check_rollback_support, vocab_size
+from specdec.runtime.causal_lm import EAGER_INVARIANT_DTYPES, check_rollback_support, vocab_size
 
 
 def check_batchable(model: PreTrainedModel) -> None:
@@ -212,22 +214,26 @@ class BatchedCausalLM:
         position_ids = torch.minimum(self.lengths[:, None] + steps[None], last[:, None])  # [B, W]
         # Padding inputs sit after a row's real inputs, so causality already hides them from the real ones;
         # they stay visible to themselves so that no query row is fully masked (NaNs would spread via V).
-        if trees is not None and any(tree is not None for tree in trees):
-            attention_mask = self._tree_mask(trees, width, position_ids)  # [B, 1, W, S + W]
+        # bfloat16 / float16: an explicit 4-D mask and the row-invariant attention, so each row's logits are the
+        # ones the same tokens get alone (causal_lm.EAGER_INVARIANT_DTYPES).
+        invariant = self.model.dtype in EAGER_INVARIANT_DTYPES
+        if invariant or (trees is not None and any(tree is not None for tree in trees)):
+            attention_mask = self._tree_mask(trees or [None] * rows, width, position_ids)  # [B, 1, W, S + W]
         else:
             attention_mask = torch.cat(
                 [self.valid, self.valid.new_ones(rows, width)], dim=1
             ).long()  # [B, S + W]
         cache = self._dynamic_cache()
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=attention_mask,
-            **cache_kwarg(self.model, cache),
-            use_cache=True,
-            logits_to_keep=1 if last_only else 0,
-            **({"output_hidden_states": True} if hidden else {}),
-        )
+        with row_invariant_attention() if invariant else contextlib.nullcontext():
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=attention_mask,
+                **cache_kwarg(self.model, cache),
+                use_cache=True,
+                logits_to_keep=1 if last_only else 0,
+                **({"output_hidden_states": True} if hidden else {}),
+            )
         layers = cache.layers
         self.keys = [layer.keys for layer in layers]
         self.values = [layer.values for layer in layers]
