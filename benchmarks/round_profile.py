@@ -155,10 +155,11 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    target, draft, tokenizer = specdec.load_default()
+    target, draft, tokenizer = specdec.load_default(dtype=getattr(torch, args.dtype))
     prompts = load_workload("code", tokenizer, args.prompts)
     report = {}
     for gamma in (int(g) for g in args.gamma.split(",")):
