@@ -63,7 +63,7 @@ def test_default_pair_batched_rows_are_the_requests_alone(default_bf16, path):
         assert [o.tokens for o in outs] == alone
 
 
-def test_without_the_row_invariant_attention_the_check_fails(default_bf16, monkeypatch):
+def test_without_the_row_invariant_the_check_fails(default_bf16, monkeypatch):
     """Negative control: the eager adapter with the model's own (PyTorch) attention, same prompts: a token tree's
     output leaves plain decoding's, so the checks above can see a difference."""
     monkeypatch.setattr(specdec.runtime.causal_lm, "EAGER_INVARIANT_DTYPES", ())

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.runtime.attention import row_attention, row_invariant_attention
+from specdec.runtime.rowwise import row_attention, row_invariant
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -71,7 +71,7 @@ def test_a_row_does_not_depend_on_the_rest_of_the_pass(dtype):
 def test_the_mode_routes_sdpa_and_passes_through_what_it_cannot_serve():
     q, k, v = (torch.randn(1, 2, 3, 16) for _ in range(3))
     mask = torch.zeros(1, 1, 3, 3)
-    with row_invariant_attention():
+    with row_invariant():
         routed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # no mask: PyTorch's kernel
         double = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask.double())
@@ -88,7 +88,7 @@ def test_compiled_through_a_model_pass():
     mask = torch.zeros(1, 1, 4, 4, dtype=torch.bfloat16)
 
     def attend(q, k, v, mask):
-        with row_invariant_attention():
+        with row_invariant():
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 2
 
     eager = attend(q, k, v, mask)

@@ -31,7 +31,7 @@ from transformers.cache_utils import DynamicLayer
 from specdec.core.masks import additive_mask
 from specdec.core.tree import TreeMask
 from specdec.errors import UnsupportedModelError
-from specdec.runtime.attention import row_invariant_attention
+from specdec.runtime.rowwise import row_invariant
 from specdec.runtime.base import Scores, as_float_logits, cache_kwarg
 from specdec.runtime.causal_lm import EAGER_INVARIANT_DTYPES, check_rollback_support, vocab_size
 
@@ -224,7 +224,7 @@ class BatchedCausalLM:
                 [self.valid, self.valid.new_ones(rows, width)], dim=1
             ).long()  # [B, S + W]
         cache = self._dynamic_cache()
-        with row_invariant_attention() if invariant else contextlib.nullcontext():
+        with row_invariant(linear=True) if invariant else contextlib.nullcontext():
             out = self.model(
                 input_ids=input_ids,
                 position_ids=position_ids,

@@ -44,7 +44,7 @@ from specdec.runtime.compiled import (
     fast_path_problem,
     is_compiled,
 )
-from specdec.runtime.attention import load_kernel, row_invariant_attention
+from specdec.runtime.rowwise import load_kernel, row_invariant
 from specdec.runtime.slot_cache import SlotCache, SlotLayer
 
 
@@ -59,7 +59,7 @@ def _batched_pass(model, input_ids, position_ids, slots, mask, cache):
     if not torch.compiler.is_compiling():  # eager only: for models that ask the cache its length; the kernel
         cache.length = int(slots[-1]) + 1
         load_kernel()
-    with row_invariant_attention():  # each row's logits as a one-row pass would give them
+    with row_invariant(linear=True):  # each row's logits as a one-row pass would give them
         out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                     **cache_kwarg(model, cache), use_cache=True)
     return out.logits

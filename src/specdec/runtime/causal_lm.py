@@ -25,7 +25,7 @@ from transformers import DynamicCache, PreTrainedModel
 from specdec.core.masks import additive_mask
 from specdec.core.tree import TreeMask
 from specdec.errors import UnsupportedModelError
-from specdec.runtime.attention import row_invariant_attention
+from specdec.runtime.rowwise import row_invariant
 from specdec.runtime.base import Scores, as_float_logits, cache_kwarg, check_finite, select_hidden
 
 #: Dtypes whose eager passes run the row-invariant attention (runtime/attention.py) with an explicit mask, so a
@@ -172,7 +172,7 @@ class CachedCausalLM:
         if invariant and "attention_mask" not in kwargs:  # a chain: the cache, then causal over the new rows
             visible = torch.arange(self.length + n, device=self.device)[None, :] <= positions[:, None]  # [n, L+n]
             kwargs["attention_mask"] = additive_mask(visible, self.model.dtype)[None, None]  # [1, 1, n, L+n]
-        with row_invariant_attention() if invariant else contextlib.nullcontext():
+        with row_invariant(linear=True) if invariant else contextlib.nullcontext():
             out = self.model(
                 input_ids=input_ids.view(1, n).to(self.device),
                 position_ids=positions[None],

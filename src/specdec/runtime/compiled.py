@@ -24,7 +24,7 @@ CACHE_ROUND = 256
 #: Inductor options measured on the default pair (docs/fastpath.md). `freezing` folds the weights in as
 #: constants (only valid while they do not change: inference), which lets inductor pre-pack them for oneDNN /
 #: MKL; `cpp.enable_concat_linear` then runs the linears that share an input (q/k/v, gate/up) as one.
-COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True}
+COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True, "emulate_precision_casts": True}
 
 
 def static_cache_problem(model: PreTrainedModel) -> str | None:

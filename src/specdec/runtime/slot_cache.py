@@ -15,7 +15,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.core.masks import additive_mask
-from specdec.runtime.attention import load_kernel, row_invariant_attention
+from specdec.runtime.rowwise import load_kernel, row_invariant
 from specdec.runtime.base import as_float_logits, cache_kwarg, select_hidden
 
 
@@ -94,7 +94,7 @@ def run_model(model, input_ids, position_ids, slots, mask, cache, hidden: bool):
     if mask is None:
         visible = torch.arange(cache.max_len, device=slots.device)[None, :] <= slots[:, None]  # [M, L]
         mask = additive_mask(visible, model.dtype)[None, None]  # [1, 1, M, L]
-    with row_invariant_attention():  # each row's logits as a one-row pass would give them
+    with row_invariant(linear=True):  # each row's logits as a one-row pass would give them
         out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                     **cache_kwarg(model, cache), use_cache=True, output_hidden_states=bool(hidden))
     logits = as_float_logits(out.logits[0])  # [M, V]

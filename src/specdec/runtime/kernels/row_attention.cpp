@@ -7,7 +7,7 @@
 // mask row. That is what makes a γ+1-row verification pass, a tree pass or a batched pass give a row exactly the
 // logits a one-row pass gives it (library kernels pick other reduction orders for other row counts). A slot whose
 // mask is below -FLT_MAX / 2 is skipped: its exp() would be exactly 0, so skipping it (or holes, or a longer
-// cache) changes no sum. Built on first use by specdec.runtime.attention.
+// cache) changes no sum. Built on first use by specdec.runtime.rowwise.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -95,7 +95,20 @@ void row_attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Te
         total[r] = 0.f;
         for (int64_t j = 0; j < NV; ++j) acc[r * NV + j] = Vec(0.f);
       }
-      for (int64_t l = 0; l < L; ++l) {  // scores: a fixed-order dot product per (row, slot)
+      // Slots past the last one any row sees (or before the first) add nothing: the loops below stop there.
+      int64_t lo = L, hi = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        if (!masks[r]) { lo = 0; hi = L; break; }
+        int64_t first = 0, last = L;
+        while (first < L && mask_at(masks[r], first) <= skip) ++first;
+        while (last > first && mask_at(masks[r], last - 1) <= skip) --last;
+        lo = std::min(lo, first);
+        hi = std::max(hi, last);
+      }
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t l = 0; l < L; ++l)
+          if (l < lo || l >= hi) scores[r * L + l] = -std::numeric_limits<float>::infinity();
+      for (int64_t l = lo; l < hi; ++l) {  // scores: a fixed-order dot product per (row, slot)
         bool loaded = false;
         for (int64_t r = 0; r < R; ++r) {
           const float bias = masks[r] ? mask_at(masks[r], l) : 0.f;
@@ -121,7 +134,7 @@ void row_attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Te
         for (; l + W <= L; l += W) (Vec::loadu(row + l) - top).exp_u20().store(row + l);
         if (l < L) (Vec::loadu(row + l, L - l) - top).exp_u20().store(row + l, L - l);
       }
-      for (int64_t l = 0; l < L; ++l) {  // weighted values: each row accumulates its slots in slot order
+      for (int64_t l = lo; l < hi; ++l) {  // weighted values: each row accumulates its slots in slot order
         bool loaded = false;
         for (int64_t r = 0; r < R; ++r) {
           const float e = scores[r * L + l];
