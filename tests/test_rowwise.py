@@ -1,12 +1,12 @@
-"""specdec::row_attention (runtime/attention.py): the fast path's attention kernel. It must compute scaled
-dot-product attention, and compute every query row on its own: the same bits for a row whatever else the pass
-holds (more rows, other batch rows, a longer cache, holes), which library kernels do not guarantee."""
+"""The row-invariant kernels (runtime/rowwise.py): specdec::row_attention and specdec::row_linear must compute
+attention and linear layers, and compute every row on its own: the same bits for a row whatever else the pass holds
+(more rows, other batch rows, a longer cache, holes), which library kernels do not guarantee."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.runtime.rowwise import row_attention, row_invariant
+from specdec.runtime.rowwise import row_attention, row_invariant, row_linear
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -94,3 +94,40 @@ def test_compiled_through_a_model_pass():
     eager = attend(q, k, v, mask)
     compiled = torch.compile(attend, fullgraph=True)(q, k, v, mask)
     assert torch.equal(compiled, eager)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k, n", [(384, 1024), (100, 37), (33, 5), (64, 8192)])
+def test_linear_computes_x_wt_plus_b(dtype, k, n):
+    x = torch.randn(2, 7, k).to(dtype)  # [..., K]
+    w, b = torch.randn(n, k).to(dtype), torch.randn(n).to(dtype)
+    expected = F.linear(x.double(), w.double(), b.double())
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(row_linear(x, w, b).double(), expected, atol=tol * k ** 0.5, rtol=tol)
+    torch.testing.assert_close(row_linear(x, w).double(), expected - b.double(), atol=tol * k ** 0.5, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_row_does_not_depend_on_the_rest_of_the_pass(dtype):
+    """Every row of a 13-row product equals that row computed alone or in any split of the rows (blocks of 4
+    rows, partial blocks, another position in its block)."""
+    torch.manual_seed(2)
+    x, w = torch.randn(13, 200).to(dtype), torch.randn(300, 200).to(dtype)
+    full = row_linear(x, w)
+    for rows in (1, 2, 3, 5, 7):
+        parts = torch.cat([row_linear(x[s : s + rows], w) for s in range(0, 13, rows)])
+        assert torch.equal(parts, full), f"in passes of {rows} rows"
+    shifted = row_linear(torch.cat([torch.randn(3, 200).to(dtype), x]), w)[3:]  # each row 3 places later
+    assert torch.equal(shifted, full)
+
+
+def test_the_mode_routes_linear_only_when_asked():
+    x, w = torch.randn(3, 16), torch.randn(8, 16)
+    with row_invariant():
+        library = F.linear(x, w)
+    with row_invariant(linear=True):
+        routed = F.linear(x, w)
+        double = F.linear(x.double(), w.double())  # float64: PyTorch's kernel
+    assert torch.equal(library, F.linear(x, w))
+    assert torch.equal(routed, row_linear(x, w))
+    assert double.dtype == torch.float64
