@@ -141,8 +141,9 @@ def register(subparsers) -> None:
                         "T5: the source text its encoder reads)")
     add_decoding_args(parser)
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    parser.add_argument("--dtype", default=None,
-                        help="model dtype: float32, bfloat16, float16, float64, auto (default float32 on CPU)")
+    parser.add_argument("--dtype", default="auto",
+                        help="model dtype: auto (bfloat16 where this machine computes it natively, measured once; "
+                             "else float32), float32, bfloat16, float16, float64, checkpoint (the weights' own)")
     add_threads_arg(parser)
     parser.add_argument("--compile", action="store_true",
                         help="the fast path: slot KV cache and compiled passes for target and draft model (the "

@@ -49,7 +49,9 @@ def register(subparsers) -> None:
                         help="cache slots per row on the compiled path: prompt + max_tokens + 9 must fit, else "
                         "the request gets a 400 (default 512)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    parser.add_argument("--dtype", default=None, help="model dtype (default float32 on CPU)")
+    parser.add_argument("--dtype", default="auto",
+                        help="model dtype: auto (bfloat16 where this machine computes it natively, measured once; "
+                             "else float32), float32, bfloat16, float16, float64, checkpoint (the weights' own)")
     parser.set_defaults(func=run)
 
 

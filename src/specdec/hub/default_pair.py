@@ -34,15 +34,19 @@ def _load_model(path: Path, device: str | torch.device, dtype: torch.dtype) -> t
 
 
 def load_default(
-    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, root: Path | None = None
+    device: str | torch.device = "cpu", dtype: torch.dtype | str = torch.float32, root: Path | None = None
 ) -> tuple[Any, Any, Any]:
-    """Load the default ``(target, draft, tokenizer)``; weights are stored in 16 bits, upcast to ``dtype``.
+    """Load the default ``(target, draft, tokenizer)``; weights are stored in 16 bits, cast to ``dtype``
+    ("auto": bfloat16 where the device computes it natively, else float32; see runtime/precision.py).
 
     Raises ModelLoadError when the assets are missing (e.g. a source checkout without them).
     """
-    from specdec.hub.loading import check_device
+    from specdec.hub.loading import check_device, resolve_dtype
 
     check_device(device)
+    dtype = resolve_dtype(dtype, str(device))
+    if not isinstance(dtype, torch.dtype):  # "checkpoint": the shipped weights are 16-bit; decode in float32
+        dtype = torch.float32
     base = Path(root) if root is not None else ASSETS_DIR
     missing = [rel for rel in REQUIRED if not (base / rel).is_file()]
     if missing:

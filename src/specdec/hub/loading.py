@@ -9,20 +9,27 @@ import torch
 
 from specdec.errors import ConfigError, ModelLoadError
 
-_DTYPES = {"auto": "auto", "float32": torch.float32, "float64": torch.float64,
+#: transformers' spelling of "the checkpoint's own dtype" (what `dtype="checkpoint"` passes to from_pretrained).
+CHECKPOINT_DTYPE = "auto"
+_DTYPES = {"checkpoint": CHECKPOINT_DTYPE, "float32": torch.float32, "float64": torch.float64,
            "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype | str:
-    """None: float32 on CPU (16-bit matmuls are slow there), the checkpoint's own dtype elsewhere."""
+    """None: float32 on CPU, the checkpoint's own dtype elsewhere ("checkpoint"). "auto": bfloat16 where the
+    device computes it natively (a CPU: measured once, runtime/precision.py), float32 elsewhere."""
     if dtype is None:
-        return torch.float32 if str(device).startswith("cpu") else "auto"
+        return torch.float32 if str(device).startswith("cpu") else CHECKPOINT_DTYPE
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":
+        from specdec.runtime.precision import auto_dtype  # noqa: PLC0415 (measures on first use)
+
+        return auto_dtype(device)
     try:
         return _DTYPES[dtype]
     except KeyError:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(_DTYPES)}") from None
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(_DTYPES)}") from None
 
 
 def check_device(device: str | torch.device) -> torch.device:
