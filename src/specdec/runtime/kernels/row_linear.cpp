@@ -29,6 +29,7 @@ using Vec = at::vec::Vectorized<float>;
 constexpr int64_t W = Vec::size();
 constexpr int64_t RB = 4;  // rows per block
 constexpr int64_t NB = 4;  // outputs per block
+constexpr int64_t MC = 32;  // rows per chunk (see row_linear_kernel)
 // Weight rows ahead to prefetch: the weights stream from memory once per pass, so loads are issued early enough to
 // overlap the multiply-adds of several-row passes (a harmless hint past the end of the weights).
 constexpr int64_t PREFETCH_ROWS = 16;
@@ -136,13 +137,17 @@ void row_linear_kernel(const at::Tensor& x, const at::Tensor& w, const T* bias, 
   thread_local std::vector<float> sums_buf;
   sums_buf.resize(M * N);
   float* sums_all = sums_buf.data();
-  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
+  // Rows in chunks of MC: a chunk's inputs stay in cache while the weights stream past them once, so a prefill of
+  // many rows reads the weights M / MC times, not M / RB times. (The order of any row's own sums is unchanged.)
+  for (int64_t mc = 0; mc < M; mc += MC) {
+   const int64_t mend = std::min(M, mc + MC);
+   at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
     float sums[RB * NB];
     for (int64_t nb = begin; nb < end; ++nb) {
       const int64_t n0 = nb * NB;
       const int c = static_cast<int>(std::min<int64_t>(NB, N - n0));
-      for (int64_t m0 = 0; m0 < M; m0 += RB) {
-        const int r = static_cast<int>(std::min<int64_t>(RB, M - m0));
+      for (int64_t m0 = mc; m0 < mend; m0 += RB) {
+        const int r = static_cast<int>(std::min<int64_t>(RB, mend - m0));
         const T* xb = xp + m0 * K;
         const T* wb = wp + n0 * K;
         switch (r) {
@@ -155,7 +160,8 @@ void row_linear_kernel(const at::Tensor& x, const at::Tensor& w, const T* bias, 
           for (int j = 0; j < c; ++j) sums_all[(m0 + i) * N + n0 + j] = sums[i * NB + j];
       }
     }
-  });
+   });
+  }
   for (int64_t m = 0; m < M; ++m) {
     const float* row = sums_all + m * N;
     T* orow = op + m * N;
