@@ -33,9 +33,12 @@ from specdec.errors import ConfigError
 
 #: Peers: `transformers.generate` with no drafting, with the draft model as assistant (γ fixed, schedule
 #: "constant"), with HF's out-of-the-box assistant settings, and with HF's prompt lookup.
-HF_METHODS = ("hf-plain", "hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup", "hf-plain-compiled")
+#: hf-plain-f32: HF `generate` on a float32 copy of the target whatever --dtype is (what a user of transformers
+#: gets on a CPU by default), the baseline a low-precision run is compared with.
+HF_METHODS = ("hf-plain", "hf-plain-f32", "hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup",
+              "hf-plain-compiled")
 #: Methods whose γ is not set by --gamma (run once, not once per γ).
-GAMMA_FREE = ("plain", "hf-plain", "hf-assisted-heuristic", "hf-plain-compiled", "draft-tree", "draft-tree-auto",
+GAMMA_FREE = ("plain", "hf-plain", "hf-plain-f32", "hf-assisted-heuristic", "hf-plain-compiled", "draft-tree", "draft-tree-auto",
               "ov-plain")
 #: A run slower than this many times the fastest run of the same config and prompt is reported as stalled.
 SLOW_RUN_FACTOR = 3.0
@@ -329,6 +332,7 @@ class Bench:
         self.seq2seq = is_encoder_decoder(target)
         self.target_lm = CachedSeq2SeqLM(target) if self.seq2seq else CachedCausalLM(target)
         self._target_fast = None
+        self._target_f32 = None
         self.pad_token_id = pad_token_id if pad_token_id is not None else _pad_id(target)
         self._drafters: dict[str, Any] = {}
         self._draft_generation_config = copy.deepcopy(draft.generation_config) if draft is not None else None
@@ -449,6 +453,14 @@ class Bench:
             kwargs["compile_config"] = compile_config
         return kwargs
 
+    def _float32_target(self):
+        """The target in float32 (itself when it already is), for hf-plain-f32."""
+        if self.target.dtype == torch.float32:
+            return self.target
+        if self._target_f32 is None:
+            self._target_f32 = copy.deepcopy(self.target).float()
+        return self._target_f32
+
     def _configure_assistant(self, config: Config) -> None:
         if self.draft is None:
             return
@@ -479,14 +491,15 @@ class Bench:
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         mask = torch.ones_like(ids)
         assistant = self.draft if "assistant_model" in kwargs else None
+        model = self._float32_target() if config.method == "hf-plain-f32" else self.target
         torch.manual_seed(seed)
         # The timing hooks would run inside HF's compiled call and recompile it every step: none there.
         hooked = config.method != "hf-plain-compiled"
-        counter = HFCounter(self.target, assistant, self.device)
+        counter = HFCounter(model, assistant, self.device)
         with counter if hooked else contextlib.nullcontext(), torch.inference_mode():
             _sync(self.device)
             start = time.perf_counter()
-            out = self.target.generate(ids, attention_mask=mask, **kwargs)
+            out = model.generate(ids, attention_mask=mask, **kwargs)
             _sync(self.device)
             wall = time.perf_counter() - start
         prompt_len = 1 if self.seq2seq else ids.shape[1]  # seq2seq: the output starts with the decoder start token
@@ -600,10 +613,14 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
                         on_run(record)
             if settings.greedy and reference is None:
                 reference = outputs[reference_config.label][prompt.name]
-            plain = outputs.get("plain", {}).get(prompt.name) if settings.greedy else None
+            # Plain decoding on each path: a compiled method is held to plain-compiled, an eager one to plain
+            # (bit-identity in low precision is promised per path: docs/exactness.md).
+            plains = {path: outputs.get(label, {}).get(prompt.name) if settings.greedy else None
+                      for path, label in ((False, "plain"), (True, "plain-compiled"))}
             for record in prompt_runs:
                 tokens = record.pop("_tokens")
                 record["identical_to_hf_plain"] = tokens == reference if settings.greedy else None
+                plain = plains[is_compiled(record["method"])]
                 record["identical_to_plain"] = tokens == plain if plain is not None else None
             runs.extend(prompt_runs)
     finally:
