@@ -5,9 +5,11 @@ A candidate is one entry of `CANDIDATES`: how to build the drafter and the γ po
 target, token trees, EAGLE heads) is one more entry, and the demo's "plain" baseline runs on the same path
 as the method it is compared with. Every candidate must be exact: in `tests/methods.py` too.
 
-`calibrate` times every available candidate against plain decoding on a few held-out prompts that the demo
-does not show, interleaved, and `choose` keeps the fastest (geometric mean of the speedups over the
-prompts, so that one prompt cannot dominate).
+`calibrate` times every available candidate on a few held-out prompts that the demo does not show, interleaved,
+against one reference (plain decoding on the eager path), so that methods on different paths are ranked by
+absolute speed: a compiled method that gains less over its own (compiled) plain decoding can still be the
+fastest. `Calibration.best` keeps the fastest (geometric mean over the prompts, so that one prompt cannot
+dominate).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class Candidate:
     target: Callable[[Models], Any] = lambda models: models.adapter("eager")
     options: tuple[tuple[str, Any], ...] = ()  # extra SpeculativeDecoder options, for plain and speculative alike
     setup_note: str | None = None  # said on screen before its first use when that is slow (e.g. a compile)
-    opt_in: str | None = None  # the demo flag that adds it to the measured choice (setup too slow by default)
+    compiled: bool = False  # on the fast path: it compiles first (`specdec demo --no-compile` leaves it out)
     needs_heads: bool = False  # the draft heads shipped for the default target (so: that target only)
 
     def available(self, models: Models) -> bool:
@@ -119,6 +121,13 @@ def _eagle_tree(models: Models):
     return eagle, eagle.depth
 
 
+def _compiled(models: Models):
+    return models.adapter("compiled")
+
+
+_COMPILING = ("compiling the target's and the draft's passes (once per shape; seconds each once inductor's disk "
+              "cache is warm, a minute or two on a cold one)...")
+
 #: The registry. A method that lands later (a compiled fast path, `specdec.DraftTree`, EAGLE heads) is one
 #: more entry here, with `target=` for its own decode path and `setup_note=` when its first use is slow.
 CANDIDATES: list[Candidate] = [
@@ -131,16 +140,18 @@ CANDIDATES: list[Candidate] = [
               _prompt_lookup),
     Candidate("draft-tree", "draft model proposing a token tree (EAGLE-2-style, top-k 4, depth 6, 24 nodes)",
               _draft_tree, needs_draft=True),
-    Candidate("draft-g3-compiled", "draft model, γ = 3, on the fast path (slot KV cache, compiled passes)",
-              draft_model_candidate(lambda: 3), needs_draft=True, target=lambda models: models.adapter("compiled"),
-              options=(("compile", True),), opt_in="--compile",
-              setup_note="compiling the target's and the draft's passes (once per shape; about a minute on a "
-              "busy 2-core CPU, less once inductor's disk cache is warm)..."),
+    *(Candidate(f"draft-g{gamma}-compiled", f"draft model, γ = {gamma}, on the fast path (slot KV cache, compiled "
+                "passes)", draft_model_candidate(lambda gamma=gamma: gamma), needs_draft=True,
+                target=_compiled, options=(("compile", True),), compiled=True, setup_note=_COMPILING)
+      for gamma in (3, 6)),
+    Candidate("draft-auto-compiled", "draft model, γ chosen each round from measured α and cost, on the fast path",
+              draft_model_candidate(lambda: "auto"), needs_draft=True, target=_compiled,
+              options=(("compile", True),), compiled=True, setup_note=_COMPILING),
     Candidate("eagle-compiled", "the shipped EAGLE head's dynamic tree, on the fast path (one compiled graph "
-              "per drafting round)", _eagle_tree, needs_heads=True, target=lambda models: models.adapter("compiled"),
-              options=(("compile", True),), opt_in="--compile",
+              "per drafting round)", _eagle_tree, needs_heads=True, target=_compiled,
+              options=(("compile", True),), compiled=True,
               setup_note="compiling the target's tree pass and the EAGLE head's drafting round (once per shape; "
-              "about a minute on a busy 2-core CPU)..."),
+              "seconds each once inductor's disk cache is warm)..."),
 ]
 
 
@@ -160,7 +171,8 @@ def timed_run(decoder, prompt_ids: Sequence[int]) -> tuple[list[int], float]:
 
 @dataclass
 class Calibration:
-    """Speedup over plain decoding of each candidate, per calibration prompt, and the geometric mean."""
+    """Speed of each candidate relative to plain decoding on the eager path, per calibration prompt (the
+    reference's wall time over the candidate's), and the geometric mean."""
 
     speedups: dict[str, list[float]]
 
@@ -174,22 +186,22 @@ class Calibration:
 
 def calibrate(models: Models, candidates: Sequence[Candidate], prompts: Sequence[Sequence[int]],
               max_new_tokens: int = 64, on_setup: Callable[[str], None] | None = None) -> Calibration:
-    """Time each candidate against plain decoding on its own path (greedy, EOS off), once per prompt after an
-    untimed warm-up of each; the order of the methods is rotated from prompt to prompt."""
+    """Time each candidate and plain decoding on the eager path (the one reference every candidate is ranked
+    against: absolute speed, whichever path a candidate runs on), greedy, EOS off, once per prompt after an
+    untimed warm-up of each (any one-off setup, e.g. a compile, happens there); the order is rotated from prompt
+    to prompt."""
     settings = dict(max_new_tokens=max_new_tokens, temperature=0.0, eos_token_id=[], seed=0)
-    for candidate in candidates:  # warm-up (and any one-off setup, e.g. a compile) outside the timings
+    reference = CANDIDATES[0]  # its plain decoding: the eager path
+    for candidate in candidates:
         if candidate.setup_note and on_setup:
             on_setup(candidate.setup_note)
         timed_run(candidate.decoder(models, **settings), prompts[0])
-        timed_run(candidate.decoder(models, speculative=False, **settings), prompts[0])
+    timed_run(reference.decoder(models, speculative=False, **settings), prompts[0])
     speedups: dict[str, list[float]] = {c.name: [] for c in candidates}
     for i, prompt in enumerate(prompts):
         order = list(candidates[i % len(candidates):]) + list(candidates[: i % len(candidates)])
-        plain: dict[int, float] = {}
+        plain = timed_run(reference.decoder(models, speculative=False, **settings), prompt)[1]
         for candidate in order:
-            path = id(candidate.target(models))
-            if path not in plain:
-                plain[path] = timed_run(candidate.decoder(models, speculative=False, **settings), prompt)[1]
             wall = timed_run(candidate.decoder(models, **settings), prompt)[1]
-            speedups[candidate.name].append(plain[path] / wall)
+            speedups[candidate.name].append(plain / wall)
     return Calibration(speedups)

@@ -1,10 +1,12 @@
-"""`specdec demo`: the main job. Picks the fastest exact method on this machine by a short measurement, streams a
-sampled continuation coloured by where each token came from, then times plain Hugging Face `generate`,
-specdec's plain decoding (same path as the method) and the method side by side on several held-out prompts of
-different kinds, and ends with one line to quote."""
+"""`specdec demo`: the main job. Loads the default pair in the precision this machine computes fastest
+(`dtype="auto"`), picks the fastest exact method by a short measurement (the compiled fast path included),
+streams a sampled continuation coloured by where each token came from, then times plain Hugging Face
+`generate` (float32, and the same dtype when that differs), specdec's plain decoding (same path as the method)
+and the method side by side on several held-out prompts of different kinds, and ends with one line to quote."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -38,10 +40,16 @@ def register(subparsers) -> None:
                         f"3: rewrite a function; default {STREAMED})")
     parser.add_argument("--method", default="auto",
                         help="the method to show: 'auto' (default: measured on this machine), or one of "
-                        "draft-g3, draft-heuristic, draft-auto, prompt-lookup-auto, draft-tree, draft-g3-compiled")
-    parser.add_argument("--compile", action="store_true",
-                        help="also measure the compiled fast path when choosing the method (it compiles first: "
-                        "about a minute on a busy 2-core CPU)")
+                        "draft-g3, draft-heuristic, draft-auto, prompt-lookup-auto, draft-tree, draft-g3-compiled, "
+                        "draft-g6-compiled, draft-auto-compiled, eagle-compiled")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure the compiled fast path when choosing the method (default; it compiles first: "
+                        "seconds a shape with a warm inductor cache, a few minutes on a cold one); --no-compile "
+                        "chooses among the eager methods only")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="precision of both models: auto (default: bfloat16 where this machine computes it "
+                        "natively, measured once; else float32), float32, bfloat16, float16. HF generate is timed "
+                        "in float32 too, as the baseline a transformers user has")
     parser.add_argument("--gamma", default=None,
                         help="shortcut for the draft model with this fixed γ (an integer >= 1) or 'auto'")
     parser.add_argument("--repeats", type=int, default=2,
@@ -130,6 +138,23 @@ def _stream(console, decoder, tokenizer, prompt_ids):
     console.print()
 
 
+def _dtype_why(asked: str, dtype: str) -> str:
+    if asked != "auto":
+        return "as asked"
+    native = "computes" if dtype == "bfloat16" else "does not compute"
+    return f"chosen: this machine {native} bfloat16 natively"
+
+
+def _short(dtype: str) -> str:
+    return {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(dtype, dtype)
+
+
+def _same_as_hf(rows, low: bool) -> str:
+    same = sum(r["same_as_hf_generate"] for r in rows)
+    note = " (HF's kernels round differently in low precision: a near-tie can differ)" if low else ""
+    return f"{same}/{len(rows)} prompts{note}"
+
+
 def _spread(values):
     return statistics.median(values), min(values), max(values)
 
@@ -147,7 +172,8 @@ def run(args) -> int:
     from specdec.engine.text import encode_prompt
 
     with console.status("loading the default model pair..."):
-        target, draft, tokenizer = specdec.load_default()
+        target, draft, tokenizer = specdec.load_default(dtype=args.dtype)
+        dtype = str(target.dtype).removeprefix("torch.")
         models = Models(target, draft, tokenizer)
         if args.prompt is not None:
             from specdec.bench.workloads import BenchPrompt
@@ -168,8 +194,8 @@ def run(args) -> int:
     console.rule("[bold]specdec demo")
     console.print(
         f"Target: {n_target / 1e6:.1f}M-parameter Llama; draft: {n_draft / 1e6:.1f}M ({n_target / n_draft:.0f}x "
-        f"smaller), both trained by specdec on the Python standard library. CPU, {args.threads} thread(s) "
-        f"({how}), load average {load:.2f} on {os.cpu_count()} cores."
+        f"smaller), both trained by specdec on the Python standard library. {dtype} ({_dtype_why(args.dtype, dtype)}); "
+        f"CPU, {args.threads} thread(s) ({how}), load average {load:.2f} on {os.cpu_count()} cores."
     )
 
     # 1. Choose the method by measurement (or take the user's).
@@ -183,13 +209,17 @@ def run(args) -> int:
     identical = all(r["greedy_identical"] for r in rows)
     vs_hf = _spread([r["speedup_vs_hf_generate"] for r in rows])
     vs_plain = _spread([r["speedup_vs_plain"] for r in rows])
+    same_dtype = ([r["speedup_vs_hf_generate_same_dtype"] for r in rows] if dtype != "float32" else None)
     result = {
         "method": chosen.name,
         "method_summary": chosen.summary,
+        "dtype": dtype,
         "median_speedup_vs_hf_generate": round(vs_hf[0], 3),
         "median_speedup_vs_plain": round(vs_plain[0], 3),
         "speedup_vs_hf_generate_range": [round(vs_hf[1], 3), round(vs_hf[2], 3)],
         "speedup_vs_plain_range": [round(vs_plain[1], 3), round(vs_plain[2], 3)],
+        "median_speedup_vs_hf_generate_same_dtype": (round(statistics.median(same_dtype), 3)
+                                                     if same_dtype else None),
         "greedy_identical": identical,
         "prompts": rows,
         "calibration": None if calibration is None else {
@@ -220,22 +250,23 @@ def _choose(console, args, fixed, models, calibration_prompts):
         chosen = fixed
         console.print(f"Method: [bold]{chosen.name}[/] ({chosen.summary}), as asked.")
     else:
-        candidates = [c for c in CANDIDATES if c.available(models) and (c.opt_in is None or args.compile)]
-        skipped = [c for c in CANDIDATES if c.opt_in and not args.compile]
+        candidates = [c for c in CANDIDATES if c.available(models) and (args.compile or not c.compiled)]
+        skipped = [c for c in CANDIDATES if c.compiled and not args.compile]
         with console.status(f"choosing the method: timing {len(candidates)} exact methods against plain decoding "
                             f"on {len(calibration_prompts)} held-out prompts that are not shown below..."):
             calibration = calibrate(models, candidates, [p.ids for p in calibration_prompts],
                                     max_new_tokens=min(64, args.max_new_tokens),
                                     on_setup=lambda note: console.print(f"[dim]{note}[/]"))
         chosen = next(c for c in candidates if c.name == calibration.best())
-        console.print("Method chosen by measurement (speedup over plain decoding, geometric mean over "
+        console.print("Method chosen by measurement (speed over specdec's plain decoding on the eager path, "
+                      "geometric mean over "
                       f"{len(calibration_prompts)} held-out prompts not shown below, greedy, "
                       f"{min(64, args.max_new_tokens)} tokens):")
         for c in candidates:
             mark = "[bold]→[/]" if c is chosen else " "
             console.print(f"  {mark} {c.name:<20} {calibration.score(c.name):5.2f}x  [dim]{c.summary}[/]")
         for c in skipped:
-            console.print(f"    {c.name:<20}   not measured  [dim]{c.summary}; add it with {c.opt_in}[/]")
+            console.print(f"    {c.name:<20}   not measured  [dim]{c.summary}; measured unless --no-compile[/]")
     if chosen.setup_note and fixed is not None:
         console.print(f"[dim]{chosen.setup_note}[/]")
     return chosen, calibration
@@ -266,16 +297,22 @@ def _sample(console, args, chosen, models, streamed):
 
 
 def _time(console, args, chosen, models, shown) -> list[dict]:
-    """3. HF generate, specdec plain (the method's path) and the method, greedy, timed interleaved and rotated
-    on each shown prompt. Returns one row per prompt (`_row`)."""
+    """3. HF generate (float32, and the models' dtype when that differs), specdec plain (the method's path) and
+    the method, greedy, timed interleaved and rotated on each shown prompt. Returns one row per prompt (`_row`)."""
+    import copy
+
+    import torch
+
     target, tokenizer = models.target, models.tokenizer
     greedy = dict(max_new_tokens=args.max_new_tokens, temperature=0.0, eos_token_id=[], seed=0)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    runners = {
-        "hf": lambda p: (_hf_generate(target, p, args.max_new_tokens, pad), None),
-        "plain": lambda p: _specdec(chosen.decoder(models, speculative=False, **greedy), p),
-        "spec": lambda p: _specdec(chosen.decoder(models, **greedy), p),
-    }
+    # What a transformers user runs: HF generate in float32 (the same weights, cast up exactly).
+    target_f32 = target if target.dtype == torch.float32 else copy.deepcopy(target).float()
+    runners = {"hf": lambda p: (_hf_generate(target_f32, p, args.max_new_tokens, pad), None)}
+    if target_f32 is not target:
+        runners["hf_same_dtype"] = lambda p: (_hf_generate(target, p, args.max_new_tokens, pad), None)
+    runners["plain"] = lambda p: _specdec(chosen.decoder(models, speculative=False, **greedy), p)
+    runners["spec"] = lambda p: _specdec(chosen.decoder(models, **greedy), p)
     rows = []
     with console.status("timing HF generate, specdec plain and speculative decoding (greedy)...") as status:
         for name in runners:  # warm-up
@@ -287,7 +324,7 @@ def _time(console, args, chosen, models, shown) -> list[dict]:
             outputs, stats = {}, {}
             for r in range(args.repeats):
                 names = list(runners)
-                for name in names[r % 3:] + names[: r % 3]:
+                for name in names[r % len(names):] + names[: r % len(names)]:
                     (tokens, wall), st = runners[name](prompt.ids)
                     walls[name].append(wall)
                     outputs.setdefault(name, []).append(tokens)
@@ -319,6 +356,7 @@ def _row(prompt, walls, outputs, stats, max_new_tokens):
         "prompt": prompt.name, "source": prompt.source, "prompt_tokens": len(prompt.ids),
         "tokens_per_s": {name: round(max_new_tokens / w, 1) for name, w in med.items()},
         "speedup_vs_hf_generate": med["hf"] / med["spec"],
+        "speedup_vs_hf_generate_same_dtype": med.get("hf_same_dtype", med["hf"]) / med["spec"],
         "speedup_vs_plain": med["plain"] / med["spec"],
         "plain_vs_hf_generate": med["hf"] / med["plain"],
         "acceptance_rate": accepted / drafted if drafted else 0.0,
@@ -328,7 +366,11 @@ def _row(prompt, walls, outputs, stats, max_new_tokens):
         "mean_gamma": drafted / max(1, sum(sum(1 for g in st.gammas if g) for st in stats["spec"])),
         "cost_ratio": spec.cost_ratio,
         "verify_pass_cost": verify_cost,
-        "greedy_identical": all(out == reference for name in outputs for out in outputs[name]),
+        # The promise: the method's tokens are plain decoding's, in the models' dtype, on the same path.
+        "greedy_identical": all(out == reference for name in ("plain", "spec") for out in outputs[name]),
+        # HF generate in the same dtype runs other kernels (in bfloat16 they round differently), so this one
+        # can differ at a near-tie: shown, not promised.
+        "same_as_hf_generate": all(out == reference for out in outputs.get("hf_same_dtype", outputs["hf"])),
     }
 
 
@@ -341,25 +383,36 @@ def _show(console, chosen, gamma, rows, result, vs_hf, vs_plain) -> None:
 
     table = Table(title=f"tokens/s and speedups of {chosen.name}: greedy, {result['max_new_tokens']} new tokens, "
                         f"median of {result['repeats']} interleaved run(s) per prompt", box=None, pad_edge=False)
-    for column in ("prompt", "HF", "plain", "spec", "×HF", "×plain", "α", "τ", "passes", "same"):
+    dtype = result["dtype"]
+    low = dtype != "float32"  # HF generate timed in float32 and in the models' dtype
+    columns = ("prompt", "HF f32", *((f"HF {_short(dtype)}",) if low else ()), "plain", "spec", "×HF f32",
+               "×plain", "α", "τ", "passes", "same")
+    for column in columns:
         table.add_column(column, justify="left" if column == "prompt" else "right", no_wrap=True)
     for r in rows:
         tps = r["tokens_per_s"]
         table.add_row(
-            r["prompt"], f"{tps['hf']:.0f}", f"{tps['plain']:.0f}", f"{tps['spec']:.0f}",
+            r["prompt"], f"{tps['hf']:.0f}", *((f"{tps['hf_same_dtype']:.0f}",) if low else ()),
+            f"{tps['plain']:.0f}", f"{tps['spec']:.0f}",
             f"{r['speedup_vs_hf_generate']:.2f}x", f"{r['speedup_vs_plain']:.2f}x", f"{r['acceptance_rate']:.2f}",
             f"{r['tau']:.2f}", f"{r['target_passes']['speculative']}/{r['target_passes']['plain']}",
             "yes" if r["greedy_identical"] else "[bold red]NO[/]")
     console.print(table)
-    console.print("[dim]HF = plain Hugging Face generate; plain = specdec's loop with nothing drafted (same path); "
-                  "spec = the method; ×: speedup of spec; passes = target forward passes, spec/plain; same = "
-                  "greedy output token-identical across all three[/]")
+    console.print(f"[dim]HF f32 = plain Hugging Face generate in float32 (what a transformers user runs)"
+                  + (f"; HF {_short(dtype)} = the same in {dtype}" if low else "")
+                  + f"; plain = specdec's loop with nothing drafted ({dtype}, same path); spec = the method; ×: "
+                  "speedup of spec; passes = target forward passes, spec/plain; same = greedy output "
+                  "token-identical to plain decoding[/]")
     n = len(rows)
     which = "held-out prompts" if rows[0]["source"] != "--prompt" else "prompt"
-    console.print(f"Median over {n} prompt(s): [bold]{vs_hf[0]:.2f}x[/] vs HF generate (range {vs_hf[1]:.2f}–"
-                  f"{vs_hf[2]:.2f}x), [bold]{vs_plain[0]:.2f}x[/] vs specdec's plain decoding on the same path "
-                  f"(range {vs_plain[1]:.2f}–{vs_plain[2]:.2f}x). Greedy outputs identical to plain decoding and to "
-                  f"HF generate, token for token: [bold]{'yes' if result['greedy_identical'] else 'NO'}[/].")
+    same_dtype = result["median_speedup_vs_hf_generate_same_dtype"]
+    console.print(f"Median over {n} prompt(s): [bold]{vs_hf[0]:.2f}x[/] vs HF generate in float32 (range "
+                  f"{vs_hf[1]:.2f}–{vs_hf[2]:.2f}x)"
+                  + (f", {same_dtype:.2f}x vs HF generate in {dtype}" if low else "")
+                  + f", [bold]{vs_plain[0]:.2f}x[/] vs specdec's plain decoding on the same path (range "
+                  f"{vs_plain[1]:.2f}–{vs_plain[2]:.2f}x). Greedy outputs identical to plain decoding, token for "
+                  f"token: [bold]{'yes' if result['greedy_identical'] else 'NO'}[/]; to HF generate in {dtype}: "
+                  f"{_same_as_hf(rows, low)}.")
     tested = statistics.median(r["acceptance_per_token"] for r in rows)
     kept = statistics.median(r["acceptance_rate"] for r in rows)
     console.print(f"[dim]Two α's: α = accepted ÷ drafted ({kept:.2f}, the share of draft tokens kept); per-token "
@@ -381,8 +434,9 @@ def _show(console, chosen, gamma, rows, result, vs_hf, vs_plain) -> None:
                       f"v = {statistics.median(costs):.2f}x "
                       "a one-token pass here, which the formula takes as 1.[/]")
     console.rule()
-    console.print(f"[bold]specdec: {vs_hf[0]:.2f}x faster than Hugging Face generate, {vs_plain[0]:.2f}x over plain "
-                  f"decoding (median of {n} {which}, greedy, identical output) with {chosen.summary}.[/]"
+    console.print(f"[bold]specdec: {vs_hf[0]:.2f}x faster than Hugging Face generate (float32), {vs_plain[0]:.2f}x "
+                  f"over its own plain decoding (median of {n} {which}, greedy, identical output; {dtype}) with "
+                  f"{chosen.summary}.[/]"
                   if result["greedy_identical"] else
                   f"[bold red]specdec: greedy outputs differ from plain decoding: this is a bug, please report "
                   f"it[/]")
