@@ -120,7 +120,9 @@ def test_gamma_auto_compiles_every_shape_before_its_first_round(monkeypatch):
         for prompt in (LONG[:20], LONG[:45], LONG[:20]):
             dec = specdec.SpeculativeDecoder(target, drafter, gamma="auto", max_new_tokens=60, compile=True)
             assert list(dec.stream(prompt)) == hf_greedy(target, prompt, 60)
-            assert set(dec.stats.gammas[:-1]) <= {0, *FAST_PATH_GAMMAS}
+            # What the policy asked for; the loop may cap the last rounds at the tokens remaining (a shorter γ
+            # reuses the next larger compiled shape, which `late` and the compiled shapes below check).
+            assert dec.gamma_policy.chosen and set(dec.gamma_policy.chosen) <= {0, *FAST_PATH_GAMMAS}
         if noise > 1:
             assert 0 in dec.gamma_policy.chosen  # plain rounds happened, so the catch-up ran
     assert late == []
