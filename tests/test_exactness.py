@@ -29,6 +29,7 @@ Runtime: about a minute on an idle 2-core CPU (the draws run through the memo en
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 from pathlib import Path
@@ -80,6 +81,7 @@ SEQ2SEQ_CHECKS = 2 * len(SEQ2SEQ_METHODS)  # tests/test_seq2seq.py: 2 settings p
 #: tests/test_seq2seq.py: one setting per tree method on Whisper, each at the lower level TREE_ALPHA
 SEQ2SEQ_TREE_CHECKS = len(SEQ2SEQ_TREE_STATISTICAL)
 TREE_ALPHA = 1e-5
+BF16_ALPHA = 2e-5  # test_every_method_is_exact_in_bfloat16
 
 
 def positive(checks: int = 1, alpha: float = ALPHA):
@@ -97,10 +99,11 @@ def positive(checks: int = 1, alpha: float = ALPHA):
 #: Those declared in other modules (trees 2, multi-draft 1, fast path 1, cross-vocab, seq2seq) run at 1e-4, and
 #: the seq2seq token-tree check at TREE_ALPHA.
 OTHER_CHECKS = 2 + 1 + 1 + CROSS_VOCAB_CHECKS + SEQ2SEQ_CHECKS
-POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + OTHER_CHECKS + SEQ2SEQ_TREE_CHECKS
+BF16_CHECKS = len(METHODS)  # every method once more in bfloat16, at BF16_ALPHA
+POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + OTHER_CHECKS + SEQ2SEQ_TREE_CHECKS + BF16_CHECKS
 #: Bonferroni bound on the chance that a correct implementation fails any of them.
-FWER_BOUND = ((POSITIVE_CHECKS - OTHER_CHECKS - SEQ2SEQ_TREE_CHECKS) * ALPHA + OTHER_CHECKS * 1e-4
-              + SEQ2SEQ_TREE_CHECKS * TREE_ALPHA)
+FWER_BOUND = ((POSITIVE_CHECKS - OTHER_CHECKS - SEQ2SEQ_TREE_CHECKS - BF16_CHECKS) * ALPHA + OTHER_CHECKS * 1e-4
+              + SEQ2SEQ_TREE_CHECKS * TREE_ALPHA + BF16_CHECKS * BF16_ALPHA)
 
 
 def test_family_wise_false_failure_rate_is_bounded(request):
@@ -179,6 +182,32 @@ def test_every_method_is_exact(pair, name, setting):
         assert 0.1 < result.acceptance_rate < 0.95, result.summary()
 
 
+#: bfloat16: every method once more, on the setting with top-k and top-p, at its own lower level (so that the
+#: family-wise bound holds with them; the power assertion still holds at N draws).
+BF16_SETTING = "T1.5-top6-p0.8-g5-L3-eos"
+
+
+@pytest.fixture(scope="module")
+def bf16_pair(pair):
+    target, draft, eos = pair
+    return copy.deepcopy(target).to(torch.bfloat16), copy.deepcopy(draft).to(torch.bfloat16), eos
+
+
+@positive(alpha=BF16_ALPHA)
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_is_exact_in_bfloat16(bf16_pair, name):
+    """The same sampling exactness with the models in bfloat16 (logits, probabilities and the rule in float:
+    low precision changes the distribution's values, never whether the sampler matches it)."""
+    target, draft, _ = bf16_pair
+    drafter, extra = build(name, target, draft)
+    result = _check(target, drafter, BF16_SETTING, method=name, alpha=BF16_ALPHA, **extra)
+    assert result.passed, result.summary()
+    assert result.p_value >= BF16_ALPHA
+    assert result.detectable_tv < 0.12, result.summary()
+    if drafter is not None:
+        assert 0 < result.accepted < result.drafted, result.summary()
+
+
 @positive()
 def test_conditional_mode_with_a_larger_vocabulary():
     """V=64, 3 tokens: 262 144 continuations, too many to enumerate; per-prefix next-token tests instead."""
@@ -225,6 +254,16 @@ def test_negative_control_is_caught(pair, far_draft, name):
     assert not result.passed
     assert result.p_value < NEGATIVE_P, result.summary()
     assert result.tv > result.test.tv_null_mean  # more deviation than an exact sampler shows on average
+
+
+def test_negative_control_in_bfloat16_is_caught(bf16_pair, far_draft):
+    """The bfloat16 checks have teeth: the rule without its residual is caught there too."""
+    target, _, _ = bf16_pair
+    draft = copy.deepcopy(far_draft).to(torch.bfloat16)
+    result = _check(target, specdec.DraftModel(draft), BF16_SETTING, verify_fn=FAULTY_VERIFIERS["no_residual"],
+                    alpha=BF16_ALPHA)
+    assert not result.passed
+    assert result.p_value < NEGATIVE_P, result.summary()
 
 
 @pytest.mark.slow
