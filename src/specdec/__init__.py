@@ -58,6 +58,7 @@ _EXPORTS = {
     "set_threads": "specdec.runtime.threads",
     "load_default_seq2seq": "specdec.hub.default_pair",
     "check_exactness": "specdec.exactness",
+    "check_greedy": "specdec.exactness",
 }
 
 

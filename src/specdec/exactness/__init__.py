@@ -8,7 +8,8 @@
 The reference is computed exactly from the target (`reference`), the draws come from the real decode loop
 (`engine`), the statistics are in `gof`; `warp` holds the reference warp, written separately from the
 decoder's. The deliberately broken verifiers of the negative controls live with the tests (tests/faulty.py).
-See docs/exactness.md.
+`greedy.check_greedy` is the deterministic check: greedy output token-identical to plain decoding, prompt by
+prompt, with the plain pass's top-2 gap at each divergence. See docs/exactness.md.
 """
 
 from specdec.exactness.engine import ENGINES, Draws, MemoUnsupported, draw
@@ -23,13 +24,15 @@ from specdec.exactness.gof import (
     pooled_conditional_test,
     power_at,
 )
+from specdec.exactness.greedy import NEAR_TIE_ULPS, Divergence, GreedyReport, check_greedy
 from specdec.exactness.reference import Enumeration, EnumerationTooLarge, enumerate_continuations, iter_conditionals
 from specdec.exactness.verifier import DEFAULT_ALPHA, MODES, ExactnessResult, check_exactness
 from specdec.exactness.warp import reference_warp
 
 __all__ = [
-    "DEFAULT_ALPHA", "DEFAULT_POWER", "ENGINES", "MIN_EXPECTED", "MODES", "Draws", "Enumeration",
-    "EnumerationTooLarge", "ExactnessResult", "MemoUnsupported", "TestOutcome", "check_exactness",
+    "DEFAULT_ALPHA", "DEFAULT_POWER", "ENGINES", "MIN_EXPECTED", "MODES", "NEAR_TIE_ULPS", "Divergence", "Draws",
+    "Enumeration", "EnumerationTooLarge", "ExactnessResult", "GreedyReport", "MemoUnsupported", "TestOutcome",
+    "check_exactness", "check_greedy",
     "detectable_tv", "draw", "enumerate_continuations", "g_statistic", "iter_conditionals", "multinomial_test",
     "pool_cells", "pooled_conditional_test", "power_at", "reference_warp",
 ]

@@ -1,0 +1,109 @@
+"""`specdec.check_greedy` / `specdec verify --greedy`: the identical fraction, and each divergence's position and
+the plain pass's top-2 gap there (docs/exactness.md, "Greedy divergence check").
+
+Positive: exact methods in bfloat16 report 100%. Negative controls: a broken verifier (tests/faulty.py) is
+reported at the right position with a large margin; the shipped pair's eager bfloat16 passes without the
+row-invariant kernels diverge at a near-tie, which the report tells apart."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from faulty import accepted_off_by_one
+from methods import build
+from models import perturbed, tiny
+
+import specdec
+import specdec.runtime.causal_lm
+from specdec.bench.workloads import code_prompts
+from specdec.exactness import NEAR_TIE_ULPS
+from specdec.exactness.greedy import ulp
+
+NEW = 40
+PROMPTS = {f"p{k}": [(i * 37 + 11 + 5 * k) % 96 for i in range(30)] for k in range(3)}
+
+
+@pytest.fixture(scope="module")
+def bf16_pair():
+    target = tiny("llama", hidden=64, layers=3, num_key_value_heads=2)
+    return target.to(torch.bfloat16), perturbed(target, 0.1).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("method", ["draft-model", "draft-tree", "prompt-lookup", "draft-model-static"])
+def test_an_exact_method_is_identical_on_every_prompt(bf16_pair, method):
+    target, draft = bf16_pair
+    drafter, options = build(method, target, draft)
+    report = specdec.check_greedy(target, PROMPTS, drafter, method=method, max_new_tokens=NEW, eos_token_id=[],
+                                  **options)
+    assert report.passed and report.identical_fraction == 1.0 and report.identical == report.prompts == 3
+    assert report.drafted > 0 and not report.notes  # the drafter drafted: the run could see a difference
+    assert report.tokens_compared == report.plain_steps == 3 * NEW
+    assert report.dtype == "bfloat16" and report.to_dict()["identical_fraction"] == 1.0
+
+
+def test_batched_rows_are_each_request_alone(bf16_pair):
+    target, draft = bf16_pair
+    for drafter in (None, specdec.DraftModel(draft)):
+        report = specdec.check_greedy(target, PROMPTS, drafter, gamma=4, max_new_tokens=NEW, eos_token_id=[],
+                                      batch_size=2)
+        assert report.passed and report.batch_size == 2 and report.identical == 3
+
+
+def _first_difference(a, b):
+    return next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+
+
+def test_a_broken_verifier_is_reported_at_its_position_with_the_plain_gap():
+    """Negative control: keeping the rejected draft token emits a token the target does not pick. The report
+    names each prompt, the first differing position and the plain pass's logits there (recomputed here)."""
+    target = tiny("llama", hidden=64, layers=3)  # float64: no rounding to blame
+    draft = perturbed(target, 0.1)
+    report = specdec.check_greedy(target, PROMPTS, specdec.DraftModel(draft), gamma=4, max_new_tokens=NEW,
+                                  eos_token_id=[], verify_fn=accepted_off_by_one)
+    assert not report.passed and report.identical_fraction < 1.0
+    assert report.identical + len(report.divergences) == 3
+    for d in report.divergences:
+        prompt = PROMPTS[d.prompt]
+        plain = specdec.generate(target, prompt, max_new_tokens=NEW, eos_token_id=[]).tokens
+        method = list(specdec.SpeculativeDecoder(target, specdec.DraftModel(draft), gamma=4, max_new_tokens=NEW,
+                                                 eos_token_id=[], verify_fn=accepted_off_by_one).stream(prompt))
+        assert d.position == _first_difference(plain, method)
+        assert (d.plain_token, d.method_token) == (plain[d.position], method[d.position])
+        with torch.no_grad():
+            logits = target(torch.tensor([prompt + plain[: d.position]])).logits[0, -1]  # [V]
+        top = logits.topk(2).values
+        assert d.gap == pytest.approx(float(top[0] - top[1]), abs=1e-9)
+        assert d.margin == pytest.approx(float(top[0] - logits[d.method_token]), abs=1e-9)
+        assert d.margin >= d.gap > 0 and not d.near_tie  # a wrong token, not a rounding
+
+
+def test_a_pass_that_is_not_row_invariant_diverges_at_a_near_tie(monkeypatch):
+    """Negative control: the shipped pair in bfloat16 with PyTorch's own kernels in eager passes (not row
+    invariant): a token tree leaves plain decoding on a held-out prompt, and the report calls it a near-tie."""
+    monkeypatch.setattr(specdec.runtime.causal_lm, "EAGER_INVARIANT_DTYPES", ())
+    target, draft, tokenizer = specdec.load_default(dtype=torch.bfloat16)
+    prompt = code_prompts(tokenizer, 8, seed=1)[2]  # diverged at position 12 before the row-invariant kernels
+    report = specdec.check_greedy(target, {prompt.name: prompt.ids}, specdec.DraftTree(draft), max_new_tokens=24,
+                                  eos_token_id=[])
+    assert report.identical_fraction == 0.0
+    (d,) = report.divergences
+    assert d.prompt == "code-2" and 0 <= d.position < 24 and d.plain_token != d.method_token
+    assert d.near_tie and d.gap <= d.margin <= NEAR_TIE_ULPS * d.ulp
+
+
+def test_ulp():
+    assert ulp(12.5, torch.bfloat16) == 0.0625 and ulp(-12.5, torch.bfloat16) == 0.0625
+    assert ulp(1.0, torch.float32) == 2.0**-23 and ulp(0.75, torch.float16) == 2.0**-11
+
+
+def test_bad_input_is_refused(bf16_pair):
+    target, draft = bf16_pair
+    for prompts, error in (([], specdec.PromptError), ([5, 9, 3], specdec.PromptError), ("def f", specdec.ConfigError),
+                           ({"a": "def f"}, specdec.PromptError), (None, specdec.ConfigError)):
+        with pytest.raises(error, match="prompt"):
+            specdec.check_greedy(target, prompts, max_new_tokens=2)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(specdec.ConfigError, match="batch_size"):
+            specdec.check_greedy(target, PROMPTS, batch_size=bad, max_new_tokens=2)
+    with pytest.raises(specdec.ConfigError, match="without batch_size"):
+        specdec.check_greedy(target, PROMPTS, specdec.DraftModel(draft), batch_size=2, verify_fn=accepted_off_by_one)
