@@ -7,6 +7,8 @@ row-invariant kernels diverge at a near-tie, which the report tells apart."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from faulty import accepted_off_by_one
@@ -16,6 +18,7 @@ from models import perturbed, tiny
 import specdec
 import specdec.runtime.causal_lm
 from specdec.bench.workloads import code_prompts
+from specdec.cli import main as cli_main
 from specdec.exactness import NEAR_TIE_ULPS
 from specdec.exactness.greedy import ulp
 
@@ -107,3 +110,53 @@ def test_bad_input_is_refused(bf16_pair):
             specdec.check_greedy(target, PROMPTS, batch_size=bad, max_new_tokens=2)
     with pytest.raises(specdec.ConfigError, match="without batch_size"):
         specdec.check_greedy(target, PROMPTS, specdec.DraftModel(draft), batch_size=2, verify_fn=accepted_off_by_one)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+@pytest.fixture(scope="module")
+def saved_pair(tmp_path_factory, bf16_pair):
+    root = tmp_path_factory.mktemp("greedy")
+    for name, model in zip(("target", "draft"), bf16_pair):
+        model.save_pretrained(root / name)
+    return root
+
+
+def test_cli_greedy_json(saved_pair, capsys):
+    ids = [",".join(map(str, p)) for p in PROMPTS.values()]
+    rc = cli_main(["verify", "--greedy", "--target", str(saved_pair / "target"), "--draft", str(saved_pair / "draft"),
+                   "--drafter", "draft", "--drafter", "prompt-lookup", "--prompt-ids", ids[0], "--prompt-ids", ids[1],
+                   "--dtype", "bfloat16", "--max-new-tokens", "24", "--eos", "none", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["passed"]
+    assert [(r["method"], r["prompts"], r["identical_fraction"], r["dtype"]) for r in out["results"]] == [
+        ("draft", 2, 1.0, "bfloat16"), ("prompt-lookup", 2, 1.0, "bfloat16")]
+
+
+def test_cli_greedy_reports_a_divergence_and_exits_1(saved_pair, capsys, monkeypatch):
+    import specdec.exactness as exactness
+
+    real = exactness.check_greedy
+    monkeypatch.setattr(exactness, "check_greedy",
+                        lambda *args, **kwargs: real(*args, verify_fn=accepted_off_by_one, **kwargs))
+    rc = cli_main(["verify", "--greedy", "--target", str(saved_pair / "target"), "--draft", str(saved_pair / "draft"),
+                   "--prompt-ids", ",".join(map(str, PROMPTS["p0"])), "--dtype", "bfloat16", "--max-new-tokens",
+                   "24", "--eos", "none"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "FAIL" in out and "top-2 gap" in out and "a bug" in out
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--greedy", "--temperature", "0.7"], ["--temperature", "temperature 0"]),
+    (["--greedy", "--top-k", "5"], ["--top-k"]),
+    (["--greedy", "--batch-size", "0"], ["--batch-size", ">= 1"]),
+    (["--greedy", "--prompt-ids", "1,x"], ["--prompt-ids", "integers"]),
+    (["--greedy", "--prompt-ids", "1,2", "--num-prompts", "4"], ["--num-prompts", "--prompts"]),
+    (["--batch-size", "8", "--prompt-ids", "1,2"], ["--batch-size", "--greedy"]),
+    (["--prompt-ids", "1,2", "--prompt-ids", "3"], ["one prompt", "--greedy"]),
+])
+def test_cli_greedy_bad_options_are_one_line(saved_pair, capsys, args, words):
+    rc = cli_main(["verify", "--target", str(saved_pair / "target"), *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and all(w in err for w in words), err
