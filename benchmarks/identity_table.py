@@ -1,0 +1,121 @@
+"""The identity table: per method, the fraction of held-out prompts whose greedy output is token-identical to plain
+decoding on the same path (`specdec.check_greedy`), on the shipped default pair, at 1 thread.
+
+Fast-path methods (compile=True) are held to compiled plain decoding, eager ones to eager plain decoding, and
+`generate_batch` rows (1, 8, 32 rows; eager and compile=True) to each request decoded alone on the same path.
+Each divergence is listed with its prompt, position and the plain pass's top-2 gap (docs/exactness.md).
+
+    OMP_NUM_THREADS=1 python benchmarks/identity_table.py --out docs/bench/identity-bf16
+    (default: bfloat16 on 64 prompts x 128 new tokens, then float16 on 8 and float32 on 16 prompts as checks)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import specdec
+from specdec.bench.workloads import code_prompts
+from specdec.drafters import make_drafter
+from specdec.engine.adaptive import HeuristicGamma
+
+#: label -> (drafter kind or None for plain, drafter options, gamma, compile, batch_size).
+METHODS = {
+    "draft γ=4": ("draft", {}, 4, True, None),
+    "draft γ=auto": ("draft", {}, "auto", True, None),
+    "draft γ=heuristic": ("draft", {}, "heuristic", True, None),
+    "draft-tree": ("draft-tree", {}, None, True, None),
+    "draft-tree max_nodes=auto": ("draft-tree", {"max_nodes": "auto"}, None, True, None),
+    "eagle": ("eagle", {}, None, True, None),
+    "eagle-chain γ=4": ("eagle-chain", {}, 4, True, None),
+    "prompt-lookup γ=4": ("prompt-lookup", {}, 4, True, None),
+    "bigram γ=4": ("bigram", {}, 4, True, None),
+    "eager draft γ=4": ("draft", {}, 4, False, None),
+    "eager draft-tree": ("draft-tree", {}, None, False, None),
+    "eager prompt-lookup γ=4": ("prompt-lookup", {}, 4, False, None),
+    "eager layer-skip γ=4": ("layer-skip", {}, 4, False, None),
+    "eager eagle": ("eagle", {}, None, False, None),
+    "eager medusa": ("medusa", {}, None, False, None),
+    **{f"{path}generate_batch draft γ=4 at {rows} rows": ("draft", {}, 4, compile, rows)
+       for compile, path in ((False, "eager "), (True, "")) for rows in (1, 8, 32)},
+    **{f"{path}generate_batch plain at 32 rows": (None, {}, None, compile, 32)
+       for compile, path in ((False, "eager "), (True, ""))},
+}
+
+
+def _against(compile: bool, batch_size: int | None) -> str:
+    path = "compiled" if compile else "eager"
+    return f"{path} plain, each request alone" if batch_size else f"{path} plain"
+
+
+def run(label: str, target, draft, prompts: dict, new_tokens: int) -> dict:
+    kind, options, gamma, compile, batch_size = METHODS[label]
+    drafter = None if kind is None else make_drafter(kind, target=target, draft=draft, **options)
+    report = specdec.check_greedy(target, prompts, drafter, method=label,
+                                  gamma=HeuristicGamma() if gamma == "heuristic" else gamma,
+                                  max_new_tokens=new_tokens, eos_token_id=[], compile=compile, batch_size=batch_size)
+    out = report.to_dict()
+    out["against"] = _against(compile, batch_size)
+    for d in out["divergences"]:
+        d["prompt_source"] = prompts[d["prompt"]]
+    return out
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| dtype | method | against | identical | fraction | tokens compared | near-ties crossed | "
+             "divergences (prompt @ position: top-2 gap, margin in ulp) |", "|:---|:---|:---|---:|---:|---:|---:|:---|"]
+    for r in results:
+        divs = "; ".join(f"{d['prompt']} @ {d['position']}: gap {d['gap']:.4g}, margin {d['ulps']:.3g} ulp"
+                         if d["margin"] is not None else f"{d['prompt']} @ {d['position']}: one output ended"
+                         for d in r["divergences"]) or "none"
+        lines.append(f"| {r['dtype']} | {r['method']} | {r['against']} | {r['identical']}/{r['prompts']} | "
+                     f"{100 * r['identical_fraction']:.1f}% | {r['tokens_compared']} | {r['near_ties']} | {divs} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", default="bfloat16:64,float16:8,float32:16",
+                        help="dtype:prompts, comma-separated (default bfloat16:64,float16:8,float32:16)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    parser.add_argument("--seed", type=int, default=0, help="which held-out code prompts (default 0)")
+    parser.add_argument("--methods", default=None, help=f"comma-separated subset of: {', '.join(METHODS)}")
+    parser.add_argument("--out", default=None, help="directory for results.json and table.md")
+    args = parser.parse_args()
+    methods = list(METHODS) if args.methods is None else [m.strip() for m in args.methods.split(",")]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        parser.error(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+    specdec.set_threads(1)  # identity does not depend on the thread count; the machine is shared
+    start, results = time.time(), []
+    for spec in args.dtypes.split(","):
+        dtype, count = spec.split(":")
+        target, draft, tokenizer = specdec.load_default(dtype=dtype)
+        prompts = {p.name: p.ids for p in code_prompts(tokenizer, int(count), seed=args.seed)}
+        for label in methods:
+            results.append(run(label, target, draft, prompts, args.new_tokens))
+            r = results[-1]
+            print(f"{dtype} {label}: {r['identical']}/{r['prompts']} identical ({r['elapsed_s']:.0f} s)",
+                  file=sys.stderr, flush=True)
+    md = table(results)
+    print(md)
+    if args.out is not None:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {"command": " ".join(["OMP_NUM_THREADS=1", "python", *sys.argv]), "machine": platform.processor()
+                or platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                "torch": torch.__version__, "threads": torch.get_num_threads(), "load_avg": os.getloadavg(),
+                "elapsed_s": time.time() - start, "new_tokens": args.new_tokens, "seed": args.seed}
+        (out / "results.json").write_text(json.dumps({**meta, "results": results}, indent=1) + "\n")
+        (out / "table.md").write_text(f"`{meta['command']}`\n\n{md}\n")
+
+
+if __name__ == "__main__":
+    main()
