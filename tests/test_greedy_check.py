@@ -20,7 +20,7 @@ import specdec.runtime.causal_lm
 from specdec.bench.workloads import code_prompts
 from specdec.cli import main as cli_main
 from specdec.exactness import NEAR_TIE_ULPS
-from specdec.exactness.greedy import ulp
+from specdec.exactness.greedy import plain_reference, ulp
 
 NEW = 40
 PROMPTS = {f"p{k}": [(i * 37 + 11 + 5 * k) % 96 for i in range(30)] for k in range(3)}
@@ -44,12 +44,43 @@ def test_an_exact_method_is_identical_on_every_prompt(bf16_pair, method):
     assert report.dtype == "bfloat16" and report.to_dict()["identical_fraction"] == 1.0
 
 
-def test_batched_rows_are_each_request_alone(bf16_pair):
+def test_batched_rows_are_each_request_alone(bf16_pair, monkeypatch):
+    import specdec.exactness.greedy as greedy
+
     target, draft = bf16_pair
+    rows = []
+
+    def spy(target, prompts, *args, **kwargs):
+        rows.append(len(prompts))
+        return specdec.generate_batch(target, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(greedy, "generate_batch", spy)
     for drafter in (None, specdec.DraftModel(draft)):
         report = specdec.check_greedy(target, PROMPTS, drafter, gamma=4, max_new_tokens=NEW, eos_token_id=[],
                                       batch_size=2)
         assert report.passed and report.batch_size == 2 and report.identical == 3
+    assert rows == [2, 1, 2, 1]  # the method ran batched, 2 rows at a time
+
+
+def test_a_plain_reference_is_decoded_once_for_several_methods(bf16_pair):
+    target, draft = bf16_pair
+    reference = plain_reference(target, PROMPTS, max_new_tokens=NEW, eos_token_id=[])
+    assert reference.tokens == tuple(tuple(specdec.generate(target, p, max_new_tokens=NEW, eos_token_id=[]).tokens)
+                                     for p in PROMPTS.values())
+    for drafter in (specdec.DraftModel(draft), specdec.DraftTree(draft)):
+        report = specdec.check_greedy(target, PROMPTS, drafter, max_new_tokens=NEW, eos_token_id=[],
+                                      reference=reference)
+        assert report.passed and report.plain_steps == 3 * NEW
+    broken = specdec.check_greedy(target, PROMPTS, specdec.DraftModel(draft), gamma=4, max_new_tokens=NEW,
+                                  eos_token_id=[], reference=reference, verify_fn=accepted_off_by_one)
+    assert broken.divergences and all(d.gap is not None and not d.near_tie for d in broken.divergences)
+    for other in ({"max_new_tokens": NEW - 1, "eos_token_id": []}, {"max_new_tokens": NEW, "eos_token_id": None},
+                  {"max_new_tokens": NEW, "eos_token_id": [], "compile": "static"}):
+        with pytest.raises(specdec.ConfigError, match="reference"):
+            specdec.check_greedy(target, PROMPTS, reference=reference, **other)
+    with pytest.raises(specdec.ConfigError, match="reference"):
+        specdec.check_greedy(target, dict(list(PROMPTS.items())[:2]), reference=reference, max_new_tokens=NEW,
+                             eos_token_id=[])
 
 
 def _first_difference(a, b):

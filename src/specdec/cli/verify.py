@@ -243,7 +243,7 @@ def run_greedy(args) -> int:
 
     from specdec.cli.generate import draft_tokenizer_options, parse_gamma
     from specdec.drafters import DRAFTER_OPTIONS, make_drafter
-    from specdec.exactness import check_greedy
+    from specdec.exactness import check_greedy, plain_reference
 
     _greedy_options(args)
     target, draft, tokenizer = _load(args, need_tokenizer=bool(args.prompt) or not args.prompt_ids
@@ -256,17 +256,19 @@ def run_greedy(args) -> int:
     console = Console(stderr=args.json, highlight=False)
     if args.compile:
         _say_when_compiling()
+    named = {p.name: p.ids for p in prompts}
+    settings = {"max_new_tokens": args.max_new_tokens, "eos_token_id": eos, "compile": args.compile}
+    with console.status(f"plain decoding: {len(prompts)} prompts x {args.max_new_tokens} tokens ..."):
+        reference = plain_reference(target, named, **settings)  # once for every --drafter
     reports = []
     for kind in dict.fromkeys(kinds):
         applicable = {k: v for k, v in options.items() if k in DRAFTER_OPTIONS.get(kind, {})}
         if draft is not None:
             applicable.update(draft_tokenizer_options(args, kind, tokenizer))
         drafter = None if kind == "plain" else make_drafter(kind, target=target, draft=draft, **applicable)
-        with console.status(f"greedy {kind} vs plain: {len(prompts)} prompts x {args.max_new_tokens} tokens ..."):
-            reports.append(check_greedy(
-                target, {p.name: p.ids for p in prompts}, drafter, method=kind, gamma=parse_gamma(args.gamma),
-                max_new_tokens=args.max_new_tokens, eos_token_id=eos, compile=args.compile,
-                batch_size=args.batch_size))
+        with console.status(f"greedy {kind}: {len(prompts)} prompts x {args.max_new_tokens} tokens ..."):
+            reports.append(check_greedy(target, named, drafter, method=kind, gamma=parse_gamma(args.gamma),
+                                        batch_size=args.batch_size, reference=reference, **settings))
     passed = all(r.passed for r in reports)
     if args.json:
         results = [r.to_dict() for r in reports]

@@ -24,15 +24,15 @@ from specdec.exactness.gof import (
     pooled_conditional_test,
     power_at,
 )
-from specdec.exactness.greedy import NEAR_TIE_ULPS, Divergence, GreedyReport, check_greedy
+from specdec.exactness.greedy import NEAR_TIE_ULPS, Divergence, GreedyReport, PlainReference, check_greedy, plain_reference
 from specdec.exactness.reference import Enumeration, EnumerationTooLarge, enumerate_continuations, iter_conditionals
 from specdec.exactness.verifier import DEFAULT_ALPHA, MODES, ExactnessResult, check_exactness
 from specdec.exactness.warp import reference_warp
 
 __all__ = [
     "DEFAULT_ALPHA", "DEFAULT_POWER", "ENGINES", "MIN_EXPECTED", "MODES", "NEAR_TIE_ULPS", "Divergence", "Draws",
-    "Enumeration", "EnumerationTooLarge", "ExactnessResult", "GreedyReport", "MemoUnsupported", "TestOutcome",
-    "check_exactness", "check_greedy",
+    "Enumeration", "EnumerationTooLarge", "ExactnessResult", "GreedyReport", "MemoUnsupported", "PlainReference",
+    "TestOutcome", "check_exactness", "check_greedy",
     "detectable_tv", "draw", "enumerate_continuations", "g_statistic", "iter_conditionals", "multinomial_test",
-    "pool_cells", "pooled_conditional_test", "power_at", "reference_warp",
+    "plain_reference", "pool_cells", "pooled_conditional_test", "power_at", "reference_warp",
 ]

@@ -5,7 +5,8 @@
 
 Each prompt is decoded at temperature 0 twice with the same target (so the same dtype) and the same `compile`:
 once with the method (a drafter and its γ; or, with `batch_size`, `generate_batch` over groups of that many
-prompts), once plainly and alone, as `specdec.generate(target, prompt, compile=compile)` decodes it. The first
+prompts), once plainly and alone, as `specdec.generate(target, prompt, compile=compile)` decodes it (once for
+several methods: `plain_reference`). The first
 position where the outputs differ is a divergence. For it the report gives the plain pass's logits there: the
 top-2 gap (its best logit minus its second-best) and the margin (its best logit minus its logit of the method's
 token), also in units of the last place (ulp) of the model's dtype. A margin of a few ulp is a near-tie that a
@@ -188,6 +189,40 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+@dataclass(frozen=True)
+class PlainReference:
+    """Plain greedy decoding of a prompt set, for `check_greedy` to reuse across methods (`plain_reference`)."""
+
+    names: tuple[str, ...]
+    prompts: tuple[tuple[int, ...], ...]
+    tokens: tuple[tuple[int, ...], ...]  # per prompt, the plain output
+    gaps: tuple[tuple[float, ...], ...]  # per prompt and step, the top-2 gap in ulp of `dtype`
+    dtype: torch.dtype
+    settings: tuple  # (max_new_tokens, eos_token_id, compile) it was decoded with
+
+
+def plain_reference(target: PreTrainedModel, prompts: Sequence | Mapping, *, max_new_tokens: int = 128,
+                    eos_token_id: int | Sequence[int] | None = None, compile: bool | str = False) -> PlainReference:
+    """Decode each prompt plainly and alone (as `specdec.generate` does) once; pass the result to `check_greedy`
+    as `reference` to compare several methods with it."""
+    named = _named(prompts)
+    scores = PlainScores()
+    plain = SpeculativeDecoder(target, None, verify_fn=scores, max_new_tokens=max_new_tokens, temperature=0.0,
+                               eos_token_id=eos_token_id, compile=compile)
+    tokens, gaps = [], []
+    for _, ids in named:
+        scores.start(())
+        tokens.append(tuple(plain.stream(ids)))
+        gaps.append(tuple((b - s) / ulp(b, target.dtype) for b, s in zip(scores.best, scores.second)))
+    return PlainReference(tuple(n for n, _ in named), tuple(tuple(ids) for _, ids in named), tuple(tokens),
+                          tuple(gaps), target.dtype, _settings(max_new_tokens, eos_token_id, compile))
+
+
+def _settings(max_new_tokens: int, eos_token_id: int | Sequence[int] | None, compile: bool | str) -> tuple:
+    eos = tuple(eos_token_id) if isinstance(eos_token_id, Sequence) else eos_token_id
+    return max_new_tokens, eos, compile
+
+
 def check_greedy(
     target: PreTrainedModel,
     prompts: Sequence[Sequence[int] | torch.Tensor] | Mapping[str, Sequence[int] | torch.Tensor],
@@ -199,6 +234,7 @@ def check_greedy(
     eos_token_id: int | Sequence[int] | None = None,
     compile: bool | str = False,
     batch_size: int | None = None,
+    reference: PlainReference | None = None,
     verify_fn: VerifyFn = verify_round,
     tree_verify_fn: TreeVerifyFn = verify_tree,
 ) -> GreedyReport:
@@ -206,7 +242,9 @@ def check_greedy(
     `target` as given (its dtype) and the same `compile`, and compare the outputs token by token (see the module
     docstring). `prompts`: token-id lists, or a mapping name -> ids (names appear in the report). `batch_size`:
     the method is `generate_batch` over groups of that many prompts (`drafter` None: batched plain decoding),
-    each row compared with its prompt decoded alone. Stops at EOS like `generate` (`eos_token_id=[]`: never)."""
+    each row compared with its prompt decoded alone. Stops at EOS like `generate` (`eos_token_id=[]`: never).
+    `reference`: `plain_reference(target, prompts, ...)` with the same prompts and settings, decoded once for
+    several methods; plain decoding then reruns only for a diverging prompt (for the logits there)."""
     start = time.perf_counter()
     named = _named(prompts)
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
@@ -215,10 +253,17 @@ def check_greedy(
     if batch_size is not None and (verify_fn is not verify_round or tree_verify_fn is not verify_tree):
         raise ConfigError("generate_batch verifies with the default rules: pass verify_fn / tree_verify_fn "
                           "without batch_size")
+    if reference is None:
+        reference = plain_reference(target, dict(named), max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                                    compile=compile)
+    elif (reference.names, reference.prompts, reference.dtype, reference.settings) != (
+            tuple(n for n, _ in named), tuple(tuple(ids) for _, ids in named), target.dtype,
+            _settings(max_new_tokens, eos_token_id, compile)):
+        raise ConfigError("reference was decoded from other prompts or settings (dtype, max_new_tokens, "
+                          "eos_token_id, compile): make it with plain_reference(target, prompts, ...) and the "
+                          "settings given here")
     options = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "eos_token_id": eos_token_id,
                "compile": compile}
-    scores = PlainScores()
-    plain = SpeculativeDecoder(target, None, verify_fn=scores, **options)
     outputs: list[tuple[list[int], DecodeStats]] = []  # the method's tokens and stats, per prompt
     if batch_size is None:
         spec = SpeculativeDecoder(target, drafter, gamma=gamma, verify_fn=verify_fn, tree_verify_fn=tree_verify_fn,
@@ -231,17 +276,16 @@ def check_greedy(
             group = [ids for _, ids in named[i : i + batch_size]]
             outputs += [(o.tokens, o.stats) for o in generate_batch(target, group, drafter, gamma=gamma, **options)]
 
-    dtype = target.dtype
-    divergences, compared, steps, near = [], 0, 0, 0
-    for (name, ids), (method_tokens, _) in zip(named, outputs):
-        scores.start(method_tokens)
-        plain_tokens = list(plain.stream(ids))
-        steps += len(scores.best)
-        near += sum(b - s <= NEAR_TIE_ULPS * ulp(b, dtype) for b, s in zip(scores.best, scores.second))
+    divergences, compared = [], 0
+    scores = PlainScores()
+    plain = SpeculativeDecoder(target, None, verify_fn=scores, **options)
+    for (name, ids), (method_tokens, _), plain_tokens in zip(named, outputs, reference.tokens):
         at = _first_difference(method_tokens, plain_tokens)
         compared += len(plain_tokens) if at is None else at + 1
-        if at is not None:
-            divergences.append(scores.divergence(name, at, plain_tokens, method_tokens, dtype))
+        if at is not None:  # decode it plainly again, watching the method's tokens
+            scores.start(method_tokens)
+            plain_tokens = list(plain.stream(ids))
+            divergences.append(scores.divergence(name, at, plain_tokens, method_tokens, target.dtype))
 
     drafted = sum(stats.drafted for _, stats in outputs)
     notes = []
@@ -250,9 +294,11 @@ def check_greedy(
     elif drafter is not None and not drafted:
         notes.append("the drafter proposed no token on any prompt, so every pass scored one token as plain "
                      "decoding does: this run could not see a difference; choose prompts the drafter can draft on")
-    name = method or ("plain" if drafter is None else drafter.name)
     return GreedyReport(
-        method=name, dtype=str(dtype).removeprefix("torch."), compile=compile, batch_size=batch_size,
+        method=method or ("plain" if drafter is None else drafter.name),
+        dtype=str(target.dtype).removeprefix("torch."), compile=compile, batch_size=batch_size,
         max_new_tokens=max_new_tokens, prompts=len(named), divergences=tuple(divergences), tokens_compared=compared,
-        drafted=drafted, accepted=sum(stats.accepted for _, stats in outputs), plain_steps=steps, near_ties=near,
+        drafted=drafted, accepted=sum(stats.accepted for _, stats in outputs),
+        plain_steps=sum(len(g) for g in reference.gaps),
+        near_ties=sum(g <= NEAR_TIE_ULPS for gaps in reference.gaps for g in gaps),
         elapsed_s=time.perf_counter() - start, notes=tuple(notes))
