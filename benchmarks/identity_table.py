@@ -24,29 +24,21 @@ import torch
 import specdec
 from specdec.bench.workloads import code_prompts
 from specdec.drafters import make_drafter
-from specdec.engine.adaptive import HeuristicGamma
+from specdec.exactness import plain_reference
 
 #: label -> (drafter kind or None for plain, drafter options, gamma, compile, batch_size).
 METHODS = {
     "draft γ=4": ("draft", {}, 4, True, None),
     "draft γ=auto": ("draft", {}, "auto", True, None),
-    "draft γ=heuristic": ("draft", {}, "heuristic", True, None),
     "draft-tree": ("draft-tree", {}, None, True, None),
-    "draft-tree max_nodes=auto": ("draft-tree", {"max_nodes": "auto"}, None, True, None),
     "eagle": ("eagle", {}, None, True, None),
     "eagle-chain γ=4": ("eagle-chain", {}, 4, True, None),
     "prompt-lookup γ=4": ("prompt-lookup", {}, 4, True, None),
-    "bigram γ=4": ("bigram", {}, 4, True, None),
     "eager draft γ=4": ("draft", {}, 4, False, None),
     "eager draft-tree": ("draft-tree", {}, None, False, None),
-    "eager prompt-lookup γ=4": ("prompt-lookup", {}, 4, False, None),
     "eager layer-skip γ=4": ("layer-skip", {}, 4, False, None),
-    "eager eagle": ("eagle", {}, None, False, None),
-    "eager medusa": ("medusa", {}, None, False, None),
     **{f"{path}generate_batch draft γ=4 at {rows} rows": ("draft", {}, 4, compile, rows)
        for compile, path in ((False, "eager "), (True, "")) for rows in (1, 8, 32)},
-    **{f"{path}generate_batch plain at 32 rows": (None, {}, None, compile, 32)
-       for compile, path in ((False, "eager "), (True, ""))},
 }
 
 
@@ -55,12 +47,14 @@ def _against(compile: bool, batch_size: int | None) -> str:
     return f"{path} plain, each request alone" if batch_size else f"{path} plain"
 
 
-def run(label: str, target, draft, prompts: dict, new_tokens: int) -> dict:
+def run(label: str, target, draft, prompts: dict, new_tokens: int, references: dict) -> dict:
     kind, options, gamma, compile, batch_size = METHODS[label]
+    settings = {"max_new_tokens": new_tokens, "eos_token_id": [], "compile": compile}
+    if compile not in references:  # plain decoding on this path, once for all its methods
+        references[compile] = plain_reference(target, prompts, **settings)
     drafter = None if kind is None else make_drafter(kind, target=target, draft=draft, **options)
-    report = specdec.check_greedy(target, prompts, drafter, method=label,
-                                  gamma=HeuristicGamma() if gamma == "heuristic" else gamma,
-                                  max_new_tokens=new_tokens, eos_token_id=[], compile=compile, batch_size=batch_size)
+    report = specdec.check_greedy(target, prompts, drafter, method=label, gamma=gamma, batch_size=batch_size,
+                                  reference=references[compile], **settings)
     out = report.to_dict()
     out["against"] = _against(compile, batch_size)
     for d in out["divergences"]:
@@ -99,23 +93,25 @@ def main() -> None:
         dtype, count = spec.split(":")
         target, draft, tokenizer = specdec.load_default(dtype=dtype)
         prompts = {p.name: p.ids for p in code_prompts(tokenizer, int(count), seed=args.seed)}
+        references: dict = {}
         for label in methods:
-            results.append(run(label, target, draft, prompts, args.new_tokens))
+            results.append(run(label, target, draft, prompts, args.new_tokens, references))
             r = results[-1]
             print(f"{dtype} {label}: {r['identical']}/{r['prompts']} identical ({r['elapsed_s']:.0f} s)",
                   file=sys.stderr, flush=True)
-    md = table(results)
-    print(md)
-    if args.out is not None:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        meta = {"command": " ".join(["OMP_NUM_THREADS=1", "python", *sys.argv]), "machine": platform.processor()
-                or platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                "torch": torch.__version__, "threads": torch.get_num_threads(), "load_avg": os.getloadavg(),
-                "elapsed_s": time.time() - start, "new_tokens": args.new_tokens, "seed": args.seed}
-        (out / "results.json").write_text(json.dumps({**meta, "results": results}, indent=1) + "\n")
-        (out / "table.md").write_text(f"`{meta['command']}`\n\n{md}\n")
+            if args.out is not None:  # after every method: a stopped run keeps what it measured
+                write(Path(args.out), results, args, time.time() - start)
+    print(table(results))
 
+
+def write(out: Path, results: list[dict], args: argparse.Namespace, elapsed_s: float) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"command": " ".join(["OMP_NUM_THREADS=1", "python", *sys.argv]), "machine": platform.processor()
+            or platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "load_avg": os.getloadavg(),
+            "elapsed_s": elapsed_s, "new_tokens": args.new_tokens, "seed": args.seed}
+    (out / "results.json").write_text(json.dumps({**meta, "results": results}, indent=1) + "\n")
+    (out / "table.md").write_text(f"`{meta['command']}`\n\n{table(results)}\n")
 
 if __name__ == "__main__":
     main()
