@@ -5,12 +5,12 @@
 
 Each prompt is decoded at temperature 0 twice with the same target (so the same dtype) and the same `compile`:
 once with the method (a drafter and its γ; or, with `batch_size`, `generate_batch` over groups of that many
-prompts), once plainly and alone, as `specdec.generate(target, prompt, compile=compile)` decodes it (once for
-several methods: `plain_reference`). The first
-position where the outputs differ is a divergence. For it the report gives the plain pass's logits there: the
-top-2 gap (its best logit minus its second-best) and the margin (its best logit minus its logit of the method's
-token), also in units of the last place (ulp) of the model's dtype. A margin of a few ulp is a near-tie that a
-pass of another shape rounded the other way; a large one is a token the target does not pick: a bug.
+prompts), once plainly and alone, as `specdec.generate(target, prompt, compile=compile)` decodes it
+(`plain_reference`: once for several methods). The first position where the outputs differ is a divergence. For
+it the report gives the plain pass's logits there: the top-2 gap (its best logit minus its second-best) and the
+margin (its best logit minus its logit of the method's token), also in units of the last place (ulp) of the
+model's dtype. A margin of a few ulp is a near-tie that a pass of another shape rounded the other way; a large
+one is a token the target does not pick: a bug.
 
 The plain logits come through the decoder's `verify_fn` hook, which plain decoding calls once per token with the
 target's logits [1, V]: `PlainScores` records them and verifies with the default rule, so the plain decode is
