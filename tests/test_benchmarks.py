@@ -48,12 +48,31 @@ def _identity_table_run(tmp_path: Path) -> list[str]:
     return ["--dtypes", "bfloat16:1", "--new-tokens", "4", "--methods", "eager draft γ=4", "--out", str(tmp_path)]
 
 
+def _op_classes_run(tmp_path: Path) -> list[str]:
+    classes = {"linear": 0.004, "LM head": 0.001, "attention": 0.0005, "norm + rope + pointwise": 0.0002,
+               "rest": 0.0003, "total": 0.006}
+    runs = {f"{side}/float32/{rows}": {"wall": {"median_s": 0.004 * scale * rows, "min_s": 0.003, "n": 4},
+                                       "classes": classes}
+            for side, scale in (("specdec", 1.0), ("hf", 1.5), ("openvino", 0.5)) for rows in (1, 5)}
+    results = {"name": "tiny", "command": "python benchmarks/op_classes.py", "when": "now", "machine": "x86_64",
+               "torch": "2", "rows": [1, 5], "dtypes": ["float32"], "prompt_len": 8, "steps": 4, "blocks": 2,
+               "profile_steps": 4, "threads": 1, "runs": runs, "load_before": "1 1 1", "load_after": "1 1 1",
+               "weight_bytes": {"float32": 8e6, "bfloat16": 4e6},
+               "model": {"source": "tiny", "parameters": 2e6, "layers": 2, "hidden": 64, "intermediate": 128,
+                         "heads": 4, "kv_heads": 2, "vocab": 100}}
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(results))
+    return ["--table-from", str(path)]
+
+
 #: Scripts that also run on tiny inputs: script -> (tmp_path -> arguments, a line the output must contain).
 TINY_RUNS = {
     "identity_table": (_identity_table_run, "| bfloat16 | eager draft γ=4 | eager plain | 1/1 | 100.0% | 4 |"),
     "multi_draft_summary": (_multi_draft_runs, "edit rrs:2:2        drafted/round  3.00 τ 2.250 chain τ at that many "
                                                "drafts (interp.) 2.150 ratio 1.047"),
     "tree_fastpath_table": (_tree_fastpath_run, "| tree-8 | 3.0 | 2.00 | 90.0 | 1.80x | 1.12x | 10.0 | 4.0 |"),
+    "op_classes": (_op_classes_run, "| f32 | 5 | specdec, HF kernels | 4.000 | 1.000 | 0.500 | 0.200 | 0.300 | 6.000 "
+                                    "| **30.00** | 3.000 | – |"),
 }
 
 
