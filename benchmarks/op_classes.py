@@ -11,7 +11,7 @@ to the prompt for the next run; the sides and the row counts are interleaved, `-
 exports run outside the benchmark lock (`--lock`, default /tmp/specdec-bench.lock, taken with flock); every timed
 or profiled section holds it. The sides:
 
-- **specdec** (`kernels`): the fast path's compiled target pass, `StaticCausalLM(model, compile=True)` with its
+- **specdec** (`specdec`): the fast path's compiled target pass, `StaticCausalLM(model, compile=True)` with its
   default inductor options (`specdec.runtime.compiled.COMPILE_OPTIONS`), timed around `StaticCausalLM.forward`
   (the adapter's host work included), rolled back with `crop`;
 - **specdec, HF kernels** (`hf`): the same pass as it was before the row-invariant kernels, on a second copy of
@@ -19,19 +19,23 @@ or profiled section holds it. The sides:
   no-op context while it compiles and runs this side; the library is unchanged), so `F.linear` and
   `F.scaled_dot_product_attention` go to inductor and PyTorch's own kernels, and inductor is given the options of
   then (no `emulate_precision_casts`). It is not row-invariant: a low-precision pass's rounding depends on its
-  row count (docs/exactness.md). `--no-hf-kernels` leaves it out;
+  row count (docs/exactness.md);
+- **specdec, HF kernels, unfrozen** (`hf-unfrozen`): as `hf`, and also without `freezing` and
+  `cpp.enable_concat_linear`: the fast path as it was before 5c12581 (freezing was asked for but froze nothing,
+  the weights reaching inductor as graph inputs, so no linear ran on pre-packed weights);
 - **OpenVINO**: the same checkpoint exported by the bench's own export path (`specdec.bench.openvino_export`,
   cached by content hash), compiled on CPU at `INFERENCE_PRECISION_HINT` and `KV_CACHE_PRECISION` of the dtype,
   `INFERENCE_NUM_THREADS` = `--threads`, run as the stateful model it is (input_ids, attention_mask,
   position_ids, beam_idx), timed around `InferRequest.infer`, rolled back by restoring the KV state saved after
   the prefill.
 
-The split by op class comes from each side's own profiler, on a second build: for specdec the same passes
-compiled without `cpp_wrapper` (the C++ wrapper hides inductor's kernels from `torch.profiler`) and with
-inductor's kernel profiling on, under `torch.profiler`; for OpenVINO a compiled model with `PERF_COUNT`, read with
-`get_profiling_info()` before and after the profiled passes (its counters are running means). Classes:
+`--sides` picks the specdec sides (default all three; `specdec` always). The split by op class comes from each
+side's own profiler, on a second build: for specdec the same passes compiled without `cpp_wrapper` (the C++ wrapper
+hides inductor's kernels from `torch.profiler`) and with inductor's kernel profiling on, under `torch.profiler`; for
+OpenVINO a compiled model with `PERF_COUNT`, read with `get_profiling_info()` before and after the profiled passes
+(its counters are running means). Classes:
 
-| class | specdec | specdec, HF kernels | OpenVINO |
+| class | specdec | specdec, HF kernels (both) | OpenVINO |
 |---|---|---|---|
 | linear | `specdec::row_linear` but the LM head | the GEMM calls (`mkl::_mkl_linear`, `mkldnn::_linear_pointwise`, `aten::mm`/`addmm`) but the LM head | FullyConnected / MatMul but the LM head and the rotary table |
 | LM head | the vocabulary-sized `specdec::row_linear` | the vocabulary-sized GEMM | the vocabulary-sized FullyConnected |
@@ -65,8 +69,9 @@ from unittest import mock
 import torch
 
 CLASSES = ("linear", "LM head", "attention", "norm + rope + pointwise", "rest")
-SIDES = ("specdec", "hf", "openvino")
-SIDE_LABELS = {"specdec": "specdec", "hf": "specdec, HF kernels", "openvino": "OpenVINO"}
+SIDES = ("specdec", "hf", "hf-unfrozen", "openvino")
+SIDE_LABELS = {"specdec": "specdec", "hf": "specdec, HF kernels", "hf-unfrozen": "specdec, HF kernels, unfrozen",
+               "openvino": "OpenVINO"}
 #: Random Llama-shaped models (`--random-llama`): name -> LlamaConfig fields. 0.5b: 0.44B parameters (untied LM head).
 RANDOM_LLAMA = {
     "0.5b": dict(hidden_size=1024, num_hidden_layers=24, intermediate_size=4096, num_attention_heads=16,
@@ -84,8 +89,11 @@ OV_POINTWISE = ("RMS", "MVN", "RoPE", "Eltwise", "Subgraph", "Multiply", "Add", 
 TORCH_LINEAR = ("mkl::_mkl_linear", "mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::linear")
 TORCH_ATTENTION = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
                    "aten::bmm", "aten::baddbmm")
-#: Inductor options the fast path had before the row-invariant kernels (emulate_precision_casts came with them).
-HF_KERNEL_DROPPED_OPTIONS = ("emulate_precision_casts",)
+#: Inductor options left out of the fast path's for a side: "hf" as before the row-invariant kernels
+#: (emulate_precision_casts came with them); "hf-unfrozen" as when the issue measured the fast path (freezing was
+#: asked for but froze nothing, the weights being graph inputs, and linears were not concatenated).
+DROPPED_OPTIONS = {"specdec": (), "hf": ("emulate_precision_casts",),
+                   "hf-unfrozen": ("emulate_precision_casts", "freezing", "cpp.enable_concat_linear")}
 
 
 # -- the benchmark lock ---------------------------------------------------------------------------------------
@@ -169,14 +177,14 @@ def pass_kernels(side: str):
 
 @contextlib.contextmanager
 def compile_options(side: str, profiling: bool):
-    """`compiled.COMPILE_OPTIONS` for a side's build: the fast path's, less emulate_precision_casts for "hf",
-    less cpp_wrapper for a profiling build (the C++ wrapper hides inductor's kernels from torch.profiler), with
+    """`compiled.COMPILE_OPTIONS` for a side's build: the fast path's, less `DROPPED_OPTIONS[side]`, less
+    cpp_wrapper for a profiling build (the C++ wrapper hides inductor's kernels from torch.profiler), with
     inductor's kernel profiling on in a profiling build."""
     import torch._inductor.config as inductor_config
 
     from specdec.runtime import compiled
 
-    dropped = (*(HF_KERNEL_DROPPED_OPTIONS if side == "hf" else ()), *(("cpp_wrapper",) if profiling else ()))
+    dropped = (*DROPPED_OPTIONS[side], *(("cpp_wrapper",) if profiling else ()))
     options = {k: v for k, v in compiled.COMPILE_OPTIONS.items() if k not in dropped}
     with mock.patch.object(compiled, "COMPILE_OPTIONS", options), \
             inductor_config.patch({"cpp.enable_kernel_profile": profiling}):
@@ -416,7 +424,7 @@ def table(results: dict) -> str:
             if runs["specdec"] is None:
                 continue
             own = runs["specdec"]["wall"]["median_s"]
-            parts = [f"{SIDE_LABELS[s]} {runs[s]['wall']['median_s'] / own:.2f}x" for s in ("hf", "openvino")
+            parts = [f"{SIDE_LABELS[s]} {runs[s]['wall']['median_s'] / own:.2f}x" for s in SIDES[1:]
                      if runs[s] is not None]
             if parts:
                 ratios.append(f"{SHORT[d]} {r} rows: " + ", ".join(parts))
@@ -473,7 +481,9 @@ def main() -> None:
     parser.add_argument("--profile-steps", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-openvino", action="store_true", help="specdec's sides only")
-    parser.add_argument("--no-hf-kernels", action="store_true", help="leave out the HF-kernels side")
+    parser.add_argument("--sides", default="specdec,hf,hf-unfrozen",
+                        help="specdec sides (comma-separated): specdec, hf (HF kernels), hf-unfrozen (HF kernels, "
+                             "weights not frozen: the fast path as the issue measured it)")
     parser.add_argument("--lock", default="/tmp/specdec-bench.lock",
                         help="flock this file around the timed sections ('' for none)")
     parser.add_argument("--openvino-cache", help="export cache (default: $SPECDEC_OPENVINO_CACHE or ~/.cache)")
@@ -501,7 +511,9 @@ def main() -> None:
         source = "the shipped default target" if not args.model_dir else str(model_dir)
     rows = (1, *(int(g) + 1 for g in args.gamma.split(",")))
     dtypes = args.dtypes.split(",")
-    sides = ("specdec",) if args.no_hf_kernels else ("specdec", "hf")
+    sides = tuple(args.sides.split(","))
+    if "specdec" not in sides or not set(sides) <= set(DROPPED_OPTIONS):
+        parser.error(f"--sides: specdec and any of {sorted(set(DROPPED_OPTIONS) - {'specdec'})}")
     ir_dir, ov_version = None, None
     timings = {}
     if not args.no_openvino:
@@ -517,7 +529,8 @@ def main() -> None:
     load_before = os.getloadavg()
     g = torch.Generator().manual_seed(0)
     command = "python benchmarks/op_classes.py" + (f" --random-llama {args.random_llama}" if args.random_llama else "")
-    command += f" --dtypes {args.dtypes} --gamma {args.gamma}" + (" --no-openvino" if args.no_openvino else "")
+    command += f" --dtypes {args.dtypes} --gamma {args.gamma} --sides {args.sides}" + (
+        " --no-openvino" if args.no_openvino else "")
     results = {"name": name, "command": command, "when": time.strftime("%Y-%m-%d %H:%M"),
                "machine": platform.machine(), "cpu": cpu_model(), "cpu_affinity": sorted(os.sched_getaffinity(0)),
                "torch": torch.__version__, "openvino": ov_version, "lock": args.lock or None, "rows": list(rows),
@@ -528,8 +541,8 @@ def main() -> None:
     for dtype in dtypes:
         models = {"specdec": load(model_dir, DTYPES[dtype])}
         model = models["specdec"]
-        if "hf" in sides:
-            models["hf"] = copy.deepcopy(model)  # compiled graphs are cached per model object
+        for s in sides[1:]:
+            models[s] = copy.deepcopy(model)  # compiled graphs are cached per model object
         config = model.config
         vocab = config.vocab_size
         prompt = torch.randint(8, vocab, (args.prompt_len,), generator=g)
