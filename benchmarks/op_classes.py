@@ -228,7 +228,7 @@ class SpecdecSide:
 def torch_class(name: str, input_shapes, vocab: int) -> str | None:
     """The op class of one torch.profiler event of a specdec pass, or None (not one of the four)."""
     if name == "specdec::row_linear" or name in TORCH_LINEAR:
-        lm_head = any(len(s) == 2 and s[0] == vocab for s in input_shapes[1:])
+        lm_head = any(len(s) == 2 and vocab in s for s in input_shapes[1:])  # [V, H], or [H, V] unfrozen
         return "LM head" if lm_head else "linear"
     if name == "specdec::row_attention" or name in TORCH_ATTENTION:
         return "attention"
