@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -193,7 +194,7 @@ def main() -> None:
     print(f"plain reference: {time.time() - start:.0f} s", file=sys.stderr, flush=True)
 
     serve_args = ["--dtype", args.dtype, "--threads", "1", *(["--compile"] if args.compile else []),
-                  *args.serve_args.split()]
+                  *shlex.split(args.serve_args)]
     path = "compiled" if args.compile else "eager"
     name = f"server-{path}" + (f"-{args.label}" if args.label else "")
     log = Path(f"/tmp/specdec-{name.replace('server', 'server-identity')}.log")
@@ -231,7 +232,7 @@ def main() -> None:
     finally:
         server.stop()
     near_ties = sum(g <= NEAR_TIE_ULPS for gaps in reference.gaps for g in gaps)
-    meta = {"command": " ".join(["OMP_NUM_THREADS=1", "python", *sys.argv]), "serve_args": serve_args,
+    meta = {"command": "OMP_NUM_THREADS=1 python " + shlex.join(sys.argv), "serve_args": serve_args,
             "dtype": args.dtype, "path": path, "label": args.label, "machine": platform.processor() or platform.machine(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
             "load_avg": os.getloadavg(), "startup_s": round(startup_s, 1), "elapsed_s": round(time.time() - start, 1),
