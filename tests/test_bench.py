@@ -285,3 +285,24 @@ def test_summarize_pools_counts():
     assert s["target_share"] == pytest.approx(0.6) and s["other_share"] == pytest.approx(0.3)
     assert s["slow_runs"] == ["p0#2"]  # 9 s against a fastest 1 s: stalled
     assert s["identical_to_hf_plain"] is True and s["identical_to_plain"] is None
+
+
+def test_report_tells_a_low_precision_difference_from_a_bug(tmp_path):
+    """A method that differs from plain decoding on its own path is flagged as a bug; one that differs only
+    from hf-plain in bfloat16 is explained, not flagged."""
+    from specdec.bench.report import markdown
+
+    target, draft = tiny(64, 2, seed=0), tiny(64, 1, seed=1)
+    prompts = [BenchPrompt(name="p0", ids=[5, 9, 11, 3, 7, 9, 11, 3], text="")]
+    settings = BenchSettings(methods=["hf-plain", "plain", "draft"], gammas=[2], max_new_tokens=6, repeats=1,
+                             warmup=0, seed=0, forward_costs=False)
+    results = run_bench(target, draft, prompts, settings, out=tmp_path, progress=False, command="test")
+    by_label = {s["label"]: s for s in results["configs"]}
+    assert by_label["draft@2"]["identical_to_plain"] is True
+    assert "differs" not in markdown(results)
+    by_label["draft@2"]["identical_to_hf_plain"] = False
+    results["models"]["target"]["dtype"] = "torch.bfloat16"
+    text = markdown(results)
+    assert "differs from hf-plain for: draft@2** (in low precision" in text and "a bug" not in text
+    by_label["draft@2"]["identical_to_plain"] = False
+    assert "differs from plain decoding on the same path for: draft@2** (greedy; a bug" in markdown(results)
