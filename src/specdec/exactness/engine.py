@@ -351,7 +351,8 @@ def _slot_forward(memo: _Memo, real: Callable, input_ids, position_ids, past_key
     usual = (
         input_ids is not None and input_ids.dim() == 2 and input_ids.shape[0] == 1 and position_ids is not None
         and attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[:2] == (1, 1)
-        and attention_mask.shape[-1] == cache.max_len and use_cache is not False and logits_to_keep == 0
+        and attention_mask.shape[-1] == cache.max_len and use_cache is not False
+        and isinstance(logits_to_keep, int) and logits_to_keep >= 0
         and all(k in _STANDARD_KWARGS for k in kwargs) and not kwargs.get("output_attentions")
         and not (kwargs.get("output_hidden_states") and memo.source is not None)
     )
@@ -380,7 +381,8 @@ def _slot_forward(memo: _Memo, real: Callable, input_ids, position_ids, past_key
     if kwargs.get("output_hidden_states"):  # per layer [1, M, H]: each row's state after its own prefix
         per_row = [memo.states[tokens.written[slot][1]] for slot in slots]
         states = tuple(torch.cat(layer, dim=1) for layer in zip(*per_row))
-    return _Output(torch.cat(rows, dim=1), cache, states)
+    logits = torch.cat(rows, dim=1)  # [1, M, V]
+    return _Output(logits[:, -logits_to_keep:] if logits_to_keep else logits, cache, states)
 
 
 def _tree_rows(memo: _Memo, cache: TokenCache, new: list[int], position_ids, attention_mask, use_cache,

@@ -83,10 +83,10 @@ class SlotCache(Cache):
                 layer.values[:, :, dst] = layer.values[:, :, src]
 
 
-def run_model(model, input_ids, position_ids, slots, mask, cache, hidden: bool):
+def run_model(model, input_ids, position_ids, slots, mask, cache, hidden: bool, keep: int = 0):
     """One pass: input_ids [1, M] at position_ids [1, M], written to cache slots [M]; mask [1, 1, M, L]
-    additive, or None for a chain (row i sees slots <= slots[i]). Returns logits [M, V], hidden | None,
-    and whether every logit is finite."""
+    additive, or None for a chain (row i sees slots <= slots[i]). Returns logits [M, V] (the last `keep` rows
+    only when keep > 0: a prefill needs none of the others), hidden | None, and whether every logit is finite."""
     cache.slots = slots
     if not torch.compiler.is_compiling():  # eager only: for models that ask the cache its length; the kernel
         cache.length = int(slots[-1]) + 1
@@ -96,7 +96,8 @@ def run_model(model, input_ids, position_ids, slots, mask, cache, hidden: bool):
         mask = additive_mask(visible, model.dtype)[None, None]  # [1, 1, M, L]
     with row_invariant(linear=True):  # each row's logits as a one-row pass would give them
         out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                    **cache_kwarg(model, cache), use_cache=True, output_hidden_states=bool(hidden))
+                    **cache_kwarg(model, cache), use_cache=True, output_hidden_states=bool(hidden),
+                    logits_to_keep=keep)
     logits = as_float_logits(out.logits[0])  # [M, V]
     states = select_hidden(out.hidden_states, hidden) if hidden else None  # [M, H] (or [M, len * H])
     return logits, states, torch.isfinite(logits).all()

@@ -158,12 +158,13 @@ class StaticCausalLM:
 
     @torch.inference_mode()
     def _pass(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor | None,
-              hidden: bool, pad: bool, rule: tuple | None = None):
+              hidden: bool, pad: bool, rule: tuple | None = None, keep: int = 0):
         """Rows input_ids [M] at positions [M], written to slots length..length+M-1 (padded to a bucket), each
         seeing the slots where visible [M, L] is True (None: a chain, row i sees the slots up to its own).
         Returns logits [M, V] and hidden | None; with `rule` = (draft_probs [M-1, V], uniforms [M] float64,
         sampling) for a chain, also the rejection rule's (k, next_token) [2] from the same graph
-        (`_verify_pass`), or None for a padded pass (whose graph verified the padding as drafts)."""
+        (`_verify_pass`), or None for a padded pass (whose graph verified the padding as drafts). keep > 0 (an
+        uncompiled pass): the logits of the last `keep` rows only."""
         m = input_ids.shape[0]
         b = self._bucket(m) if pad else m
         if self.length + b > self.max_len:
@@ -188,7 +189,8 @@ class StaticCausalLM:
         decided = None
         if rule is None:
             fn = self._fn(("pass", b, self.max_len, hidden, mask is not None), run_model)
-            logits, states, finite = fn(self.model, ids[None], positions[None], slots, mask, self.cache, hidden)
+            logits, states, finite = fn(self.model, ids[None], positions[None], slots, mask, self.cache, hidden,
+                                        *((keep,) if keep else ()))
         else:  # a chain verified in the same graph: padded rows are drafted with q = 0, their result unused
             draft_probs, uniforms, sampling = rule
             if b > m:
@@ -271,7 +273,7 @@ class StaticCausalLM:
         positions = torch.arange(self.length, self.length + n, device=self.device)
         compile, self.compile = self.compile, False  # prompt lengths vary: never compile a prefill
         try:
-            _, states = self._pass(input_ids, positions, None, hidden, pad=False)
+            _, states = self._pass(input_ids, positions, None, hidden, pad=False, keep=1)  # logits unused
         finally:
             self.compile = compile
         self.prefill_s += time.perf_counter() - start
