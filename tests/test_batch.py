@@ -7,6 +7,7 @@ import torch
 from models import perturbed, tiny
 
 import specdec
+from specdec.drafters.batched import BatchedDraftModel
 from specdec.engine.batch import BatchDecoder, generate_batch
 from specdec.runtime.batch_static import StaticBatchedCausalLM
 
@@ -28,6 +29,9 @@ DRAFTERS = {
     "plain": lambda draft: None,
     "draft-model": lambda draft: specdec.DraftModel(draft),
     "prompt-lookup": lambda draft: specdec.PromptLookup(max_ngram=3, min_ngram=1),
+    # A tree drafter by its declared capabilities (it was scored as its first branch when batching was decided
+    # by concrete class): every row's tree in the batched pass, as a lone request's.
+    "prompt-lookup-branches": lambda draft: specdec.PromptLookup(max_ngram=3, min_ngram=1, branches=3),
 }
 
 
@@ -47,7 +51,7 @@ def test_greedy_rows_match_lone_requests(pairs, arch, method):
         assert len(set(accepted)) > 1  # rows really accepted different amounts
 
 
-@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup"])
+@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup", "prompt-lookup-branches"])
 def test_sampled_rows_draw_what_a_lone_request_draws(pairs, method):
     """T > 0 with top-k/top-p: a seeded row makes the same draws as the lone seeded request (exactness per row)."""
     target, draft = pairs["llama"]
@@ -89,10 +93,11 @@ def test_rows_join_and_leave_between_rounds(pairs, path):
         for event in decoder.step():
             got[event.key].extend(event.tokens)
         rounds += 1
-        assert decoder.target.rows == len(decoder) == decoder.draft_model.lm.rows
+        assert isinstance(decoder.drafters, BatchedDraftModel)  # DraftModel's declared batched form
+        assert decoder.target.rows == len(decoder) == decoder.drafters.lm.rows
         # The invariant of the single-row loop, per row: the target caches context[:n-1], the draft at most that.
         assert decoder.target.lengths.tolist() == [row.n - 1 for row in decoder.rows]
-        assert all(d <= row.n - 1 for d, row in zip(decoder.draft_model.lm.lengths.tolist(), decoder.rows))
+        assert all(d <= row.n - 1 for d, row in zip(decoder.drafters.lm.lengths.tolist(), decoder.rows))
         if path == "eager":
             assert decoder.target.slots <= max([row.n for row in decoder.rows], default=0) * 2 + 8  # holes bounded
         else:

@@ -30,7 +30,7 @@ import time
 import torch
 
 from specdec.core.sampling import SamplingConfig, sample
-from specdec.drafters.base import Proposal
+from specdec.drafters.base import DrafterCapabilities, Proposal
 from specdec.drafters.draft_model import CROSS_VOCAB_METHODS, DraftModel
 from specdec.errors import ConfigError
 from specdec.hub.vocab import VocabMapping, check_tokenizer_fits, encode, vocab_mapping
@@ -150,6 +150,11 @@ class CrossVocabDraft(DraftModel):
         self._probe: dict[str, list[int]] = {"tli": [], "slem": []}  # accepted per round, while probing
         if target_tokenizer is not None:
             self.set_target_tokenizer(target_tokenizer)
+
+    @property
+    def capabilities(self) -> DrafterCapabilities:
+        """A chain drafter, one request at a time (its draft stream is re-tokenized per request)."""
+        return DrafterCapabilities(encoder_decoder=self.is_encoder_decoder)
 
     def use_fast_path(self, mode: bool | str) -> None:
         """Stays on the eager adapter (the slot-cache fast path is not wired for cross-vocabulary drafting)."""

@@ -28,17 +28,7 @@ from specdec.core.sampling import SamplingConfig
 from specdec.core.stats import DecodeStats
 from specdec.core.tree import TreeMask
 from specdec.core.verify import Verdict, verify_tree
-from specdec.drafters.base import Drafter, Proposal
-from specdec.drafters.batched import BatchedDraftModel
-from specdec.drafters.batched_heads import BatchedHeads
-from specdec.drafters.bigram import Bigram
-from specdec.drafters.draft_model import DraftModel
-from specdec.drafters.eagle import Eagle
-from specdec.drafters.layer_skip import LayerSkip
-from specdec.drafters.medusa import Medusa
-from specdec.drafters.multi_draft import MultiDraft
-from specdec.drafters.prompt_lookup import PromptLookup
-from specdec.drafters.tree import DraftTree
+from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal, RowDrafters
 from specdec.engine.decoding import (
     DEFAULT_GAMMA,
     GenerationOutput,
@@ -73,6 +63,8 @@ class Row:
     eos: frozenset[int]
     drafter: Drafter | None = None  # the row's own fork of the drafter (model-free, tree or head drafters)
     logprobs: int | None = None  # report the target's log-probabilities of emitted tokens (+ this many top ones)
+    encoder_inputs: dict | None = None  # (batched decoding drives decoder-only targets: no encoder input)
+    source_ids: torch.Tensor | None = None
     produced: int = 0
     stats: DecodeStats = field(default_factory=DecodeStats)
     started: float = field(default_factory=time.perf_counter)
@@ -117,26 +109,20 @@ class BatchDecoder:
                 f"{self.target.vocab_size}; speculative decoding needs the same tokenizer"
             )
         self.drafter = drafter
-        self.draft_model: BatchedDraftModel | None = None
-        self.heads: BatchedHeads | None = None  # drafters reading the target's features
-        self.hidden: bool | tuple[int, ...] = False  # what the target's passes return besides logits
-        self.trees = False  # can the target score tree proposals (else: their first branch, as generate does)
-        if type(drafter) in (DraftModel, LayerSkip):  # other subclasses (cross-vocabulary) translate tokens
-            self.draft_model = BatchedDraftModel(drafter)
-        elif isinstance(drafter, (Eagle, Medusa)):
-            self.heads = BatchedHeads(drafter)
-            self.hidden = self.heads.hidden
-            if isinstance(self.target, StaticBatchedCausalLM):
-                no_features(self.hidden)  # one clear error before any work
-            self.trees = CachedCausalLM(target).supports_tree(2)
-        elif type(drafter) in (DraftTree, MultiDraft):
-            self.trees = CachedCausalLM(target).supports_tree(2)
-        elif drafter is not None and not isinstance(drafter, (PromptLookup, Bigram)):
+        self.capabilities = drafter.capabilities if drafter is not None else DrafterCapabilities()
+        if drafter is not None and self.capabilities.batched is None:
             raise ConfigError(
-                f"{drafter.name} cannot be batched yet; batched decoding supports DraftModel, LayerSkip, DraftTree, "
-                "MultiDraft, Eagle, Medusa, PromptLookup and Bigram: use one of them, or specdec.generate for one "
-                "request at a time"
+                f"{drafter.name} cannot be batched (its capabilities name no batched form); batched decoding "
+                "supports DraftModel, LayerSkip, DraftTree, MultiDraft, Eagle, Medusa, PromptLookup and Bigram: use "
+                "one of them, or specdec.generate for one request at a time"
             )
+        # The drafter's form over the rows (one batched draft model, batched heads, or a fork per row).
+        self.drafters: RowDrafters | None = self.capabilities.batched(drafter) if drafter is not None else None
+        self.hidden = self.capabilities.needs_hidden  # what the target's passes return besides logits
+        if self.hidden and isinstance(self.target, StaticBatchedCausalLM):
+            no_features(self.hidden)  # one clear error before any work
+        # Can the target score tree proposals (else: their first branch, as generate does)?
+        self.trees = self.capabilities.tree and CachedCausalLM(target).supports_tree(2)
         self.rows: list[Row] = []
         self.last_round: dict | None = None  # the last step's draft_s, target_s, pass width (the server's cost model)
 
@@ -169,14 +155,8 @@ class BatchDecoder:
         start = time.perf_counter()
         prefixes = [row.context[: row.n - 1] for row in rows]
         features = self.target.add_rows(prefixes, hidden=self.hidden)  # per row [n-1, H] | None, with heads
-        if self.draft_model is not None:
-            self.draft_model.add_rows(prefixes)
-        elif self.heads is not None:
-            self.heads.add_rows(rows, features)
-        elif self.drafter is not None:
-            for row in rows:
-                row.drafter = self.drafter.fork()  # its own state (a tree drafter: its own draft cache)
-                row.drafter.reset(row.context[: row.n])
+        if self.drafters is not None:
+            self.drafters.add_rows(rows, features)
         prefill_s = time.perf_counter() - start
         for row in rows:
             row.stats.prefill_s = prefill_s
@@ -204,7 +184,7 @@ class BatchDecoder:
             raise ConfigError(f"logprobs must be None or an integer >= 0 (top alternatives), got {logprobs!r}")
         sampling = SamplingConfig(temperature, top_k, top_p)
         if gamma is None:  # as generate: a tree drafter's own depth, else the chain default
-            gamma = getattr(self.drafter, "default_gamma", None) or DEFAULT_GAMMA
+            gamma = self.capabilities.default_gamma or DEFAULT_GAMMA
         policy = make_gamma_policy(gamma)
         max_new_tokens = check_max_new_tokens(max_new_tokens)
         prompt = prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
@@ -229,8 +209,8 @@ class BatchDecoder:
             return
         self.rows = [self.rows[i] for i in keep]
         self.target.remove_rows(keep)
-        if self.draft_model is not None:
-            self.draft_model.remove_rows(keep)
+        if self.drafters is not None:
+            self.drafters.remove_rows(keep)
 
     # -- one round ------------------------------------------------------------------------------------
     def step(self, gamma_cap: int | dict[object, int | None] | None = None) -> list[RowEvent]:
@@ -247,6 +227,7 @@ class BatchDecoder:
 
     def _step(self, gamma_cap: int | dict[object, int | None] | None) -> list[RowEvent]:
         rows = self.rows
+        keys = [row.key for row in rows]
         gammas = [self._gamma(row, gamma_cap) for row in rows]
 
         # 1. drafters propose.
@@ -269,7 +250,7 @@ class BatchDecoder:
         greedy = [row.sampling.greedy and tree is None for row, tree in zip(rows, trees)]
         best = target_logits.argmax(dim=-1).tolist() if any(greedy) else None  # [B, W]
 
-        events, kept_lengths = [], []
+        events, kept_lengths, accepted, features, emits = [], [], [], [], []
         for i, (row, proposal) in enumerate(zip(rows, proposals)):
             gamma = len(proposal)
             logits = target_logits[i, : gamma + 1]  # [γ+1, V] (a tree: [N+1, V], row 0 the root)
@@ -279,24 +260,37 @@ class BatchDecoder:
                 if not all_finite:
                     check_finite(logits, self.model, f"for request {row.key!r}")
                 # 3. verify this row with its own generator.
-                verdict, accepted, keep = self._verify_row(row, proposal, trees[i], logits,
-                                                           best[i] if greedy[i] else None)
+                verdict, accepted_tokens, keep = self._verify_row(row, proposal, trees[i], logits,
+                                                                  best[i] if greedy[i] else None)
                 if trees[i] is not None:
                     self.target.keep_new(i, width, keep)  # root + path
             except SpecdecError as exc:
                 kept_lengths.append(row.n - 1)
+                accepted.append(None)
+                features.append(None)
                 events.append(RowEvent(row.key, [], 0, gamma, True, None, exc))
                 continue
             # 4. commit: the target keeps context + accepted drafts; append the next token.
             kept_lengths.append(row.n + verdict.num_accepted)
-            hidden = scores.hidden[i, keep] if self.heads is not None else None  # root + accepted path: [k+1, H]
-            new_tokens = self._commit_row(row, gamma, verdict, accepted, hidden, target_s, draft_s)
-            # 5. emit, stopping at the first EOS or max_new_tokens.
-            events.append(self._emit(row, new_tokens, verdict.num_accepted, gamma, logits))
+            features.append(scores.hidden[i, keep] if self.hidden else None)  # root + accepted path: [k+1, H]
+            accepted.append(verdict.num_accepted)
+            new_tokens = self._commit_row(row, gamma, verdict, accepted_tokens, target_s, draft_s)
+            emits.append((i, new_tokens, verdict.num_accepted, gamma, logits))
 
         self.target.crop(kept_lengths)
-        if self.draft_model is not None:
-            self.draft_model.commit(rows)
+        if self.drafters is not None:
+            t = time.perf_counter()
+            self.drafters.commit(rows, accepted, features)
+            commit_s = time.perf_counter() - t
+            for row, k in zip(rows, accepted):
+                if k is not None:
+                    row.stats.draft_s += commit_s
+        for row, k in zip(rows, accepted):
+            if k is not None:
+                row.gamma_policy.update(row.stats)
+        # 5. emit, stopping at the first EOS or max_new_tokens.
+        events += [self._emit(rows[i], new_tokens, k, gamma, logits) for i, new_tokens, k, gamma, logits in emits]
+        events.sort(key=lambda e: keys.index(e.key))
         done = [e.key for e in events if e.finished]
         self.remove(done)
         return events
@@ -330,11 +324,11 @@ class BatchDecoder:
         keep = list(range(len(accepted) + 1)) if tree is None else [0] + [node + 1 for node in verdict.path]
         return verdict, accepted, keep
 
-    def _commit_row(self, row: Row, gamma: int, verdict: Verdict, accepted: list[int],
-                    hidden: torch.Tensor | None, target_s: float, draft_s: float) -> list[int]:
-        """4. append the accepted drafts and the next token to the row's context, record the round, tell the
-        drafter (with the features [k+1, H] of the root and the accepted path, for heads) and the γ policy.
-        Returns the new tokens."""
+    @staticmethod
+    def _commit_row(row: Row, gamma: int, verdict: Verdict, accepted: list[int], target_s: float,
+                    draft_s: float) -> list[int]:
+        """4. append the accepted drafts and the next token to the row's context, record the round. Returns the
+        new tokens."""
         k = verdict.num_accepted
         new_tokens = accepted + [verdict.next_token]
         row.context[row.n : row.n + k + 1] = torch.tensor(new_tokens, device=row.context.device)
@@ -344,13 +338,6 @@ class BatchDecoder:
         stats.target_s += target_s
         stats.draft_s += draft_s
         stats.target_forwards += 1
-        if self.heads is not None:
-            self.heads.commit(row, k, hidden)
-            stats.draft_forwards = row.drafter.forwards
-        elif row.drafter is not None:
-            row.drafter.commit(row.context[: row.n], k)
-            stats.draft_forwards = row.drafter.forwards
-        row.gamma_policy.update(stats)
         return new_tokens
 
     @staticmethod
@@ -382,14 +369,8 @@ class BatchDecoder:
         none = [None] * len(rows)
         if self.drafter is None or not any(gammas):
             return [empty for _ in rows], none, none
-        if self.draft_model is not None:
-            return self.draft_model.propose(rows, gammas), none, none
-        if self.heads is not None:
-            raw = self.heads.propose(rows, gammas, empty)
-        else:
-            raw = [row.drafter.propose(row.context[: row.n], gamma, row.sampling, row.generator) if gamma else empty
-                   for row, gamma in zip(rows, gammas)]
-        out, trees, errors = [], [], []  # per-row drafters
+        raw = self.drafters.propose(rows, gammas)
+        out, trees, errors = [], [], []
         for row, gamma, p in zip(rows, gammas, raw):
             tree, error = None, None
             if p.parents is not None:

@@ -22,7 +22,7 @@ from specdec.core.sampling import SamplingConfig
 from specdec.core.stats import DecodeStats
 from specdec.core.tree import TreeMask, first_branch, is_chain, validate_proposal
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled, verify_tree
-from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, UnsupportedModelError
 from specdec.runtime.base import Scores
 from specdec.runtime.causal_lm import CachedCausalLM, context_length
@@ -178,6 +178,7 @@ def prompt_tensor(prompt_ids: Sequence[int] | torch.Tensor, vocab: int) -> torch
 def _check_encoder_pairing(target: object, drafter: Drafter | None, encoder_inputs: object) -> object:
     """Encoder inputs go with an encoder-decoder target only, and its drafter must take them."""
     seq2seq = isinstance(target, CachedSeq2SeqLM)
+    capabilities = drafter.capabilities if drafter is not None else None
     if not seq2seq:
         if encoder_inputs is not None:
             raise ConfigError(
@@ -185,7 +186,7 @@ def _check_encoder_pairing(target: object, drafter: Drafter | None, encoder_inpu
                 "with no encoder; put the whole text in prompt_ids, or load an encoder-decoder target "
                 "(AutoModelForSeq2SeqLM / AutoModelForSpeechSeq2Seq)"
             )
-        if drafter is not None and getattr(drafter, "is_encoder_decoder", False):
+        if drafter is not None and capabilities.encoder_decoder:
             raise IncompatibleModelsError(
                 "the draft is an encoder-decoder model but the target is decoder-only; pair a decoder-only "
                 "draft with it (or use an encoder-decoder target of the draft's family)"
@@ -197,39 +198,33 @@ def _check_encoder_pairing(target: object, drafter: Drafter | None, encoder_inpu
             f"encoder_inputs={{'{target.main_input}': ...}} (e.g. dict(tokenizer(source_text)), or a feature "
             "extractor's output for Whisper); prompt_ids is the decoder prompt (None = the start token)"
         )
-    if drafter is not None and getattr(drafter, "is_encoder_decoder", None) is False:
+    if drafter is not None and capabilities.encoder_decoder is False:
         raise IncompatibleModelsError(
             "the draft is a decoder-only model but the target is an encoder-decoder model, and a decoder-only "
             "draft cannot see the source; load the draft as an encoder-decoder model of the target's family "
             "(AutoModelForSeq2SeqLM, e.g. t5-small for t5-large), or use specdec.PromptLookup"
         )
-    if drafter is not None and not getattr(drafter, "accepts_encoder_inputs", False) and drafter.needs_hidden:
+    if drafter is not None and not capabilities.accepts_encoder_inputs and capabilities.needs_hidden:
         raise UnsupportedModelError(
             f"{type(drafter).__name__}'s head is one decoder layer of the target's family fed the target's "
             f"features, and {type(target.model).__name__}'s decoder layers also cross-attend to the encoder "
             "output, which the head does not model; use specdec.Medusa (its heads read only the decoder's last "
             "hidden state), specdec.DraftModel or specdec.PromptLookup with this target"
         )
-    if drafter is not None and not getattr(drafter, "accepts_encoder_inputs", False):
+    if drafter is not None and not capabilities.accepts_encoder_inputs:
         raise IncompatibleModelsError(
             f"{type(drafter).__name__} cannot draft for an encoder-decoder target; use specdec.DraftModel with a "
             "smaller encoder-decoder draft of the same vocabulary, or specdec.PromptLookup (it also copies from "
             "the source)"
         )
     reason = tree_unsupported_reason(target.model)
-    if drafter is not None and _drafts_trees(drafter) and reason is not None:
+    if drafter is not None and capabilities.tree and reason is not None:
         raise UnsupportedModelError(
             f"{drafter.name} drafts token trees, but {reason}; draft chains for this target (specdec.DraftModel, "
             "specdec.PromptLookup with branches=1, specdec.Medusa without tree=), or use a decoder that takes "
             "decoder_position_ids (Whisper)"
         )
     return encoder_inputs
-
-
-def _drafts_trees(drafter: Drafter) -> bool:
-    """Does this drafter propose token trees (not only chains)?"""
-    return (getattr(drafter, "max_nodes", None) is not None or getattr(drafter, "num_drafts", None) is not None
-            or getattr(drafter, "tree", None) is not None)
 
 
 def checked_tree(proposal: Proposal, gamma: int, vocab_size: int, room: int | None) -> TreeMask | None:
@@ -286,16 +281,16 @@ class SpeculativeDecoder:
             self.target = fast_adapter(target, compile)
         self.drafter = drafter
         self.sampling = SamplingConfig(temperature, top_k, top_p)
+        if drafter is not None and not isinstance(drafter, Drafter):
+            raise ConfigError(
+                f"drafter must be a specdec Drafter (e.g. specdec.DraftModel(model)), got {type(drafter).__name__}"
+            )
+        self.capabilities = drafter.capabilities if drafter is not None else DrafterCapabilities()
         if gamma is None:  # a tree drafter's own depth, else the chain default
-            gamma = getattr(drafter, "default_gamma", None) or DEFAULT_GAMMA
+            gamma = self.capabilities.default_gamma or DEFAULT_GAMMA
         self.gamma_policy = make_gamma_policy(gamma, self.target, drafter)
         self.max_new_tokens = check_max_new_tokens(max_new_tokens)
         if drafter is not None:
-            if not isinstance(drafter, Drafter):
-                raise ConfigError(
-                    f"drafter must be a specdec Drafter (e.g. specdec.DraftModel(model)), got "
-                    f"{type(drafter).__name__}"
-                )
             if not drafter.match_target_vocab(self.target.vocab_size):
                 raise IncompatibleModelsError(
                     f"the drafter's vocabulary has {drafter.vocab_size} tokens but the target's has "
@@ -306,7 +301,7 @@ class SpeculativeDecoder:
                     "drafter (specdec.PromptLookup)"
                 )
         self.encoder_inputs = _check_encoder_pairing(self.target, drafter, encoder_inputs)
-        if drafter is not None and hasattr(drafter, "use_fast_path"):
+        if drafter is not None:
             drafter.use_fast_path(compile)
         self.eos = eos_ids(self.target.model, eos_token_id)
         self.generator = torch.Generator(device=self.target.device)
@@ -320,7 +315,7 @@ class SpeculativeDecoder:
         # A target that can verify a chain inside its own pass (the fast path) does so for the default rule
         # when sampling; any other verify_fn (e.g. the exactness suite's faulty ones) gets the logits.
         self.fused_verify = (verify_fn is verify_round and not self.sampling.greedy
-                             and hasattr(self.target, "score_and_verify"))
+                             and self.target.verifies_in_graph)
         self._warned_chain_fallback = False
         self.stats = DecodeStats()
         # Where the token just yielded came from: "accepted" (a verified draft token), "recovered" (the
@@ -328,20 +323,17 @@ class SpeculativeDecoder:
         self.last_token_source = ""
 
     def _check_fits(self, prompt_len: int) -> None:
-        limit = self.target.context_limit if isinstance(self.target, CachedSeq2SeqLM) else context_length(
-            self.target.model)
-        check_prompt_fits(prompt_len, self.max_new_tokens, limit)
+        check_prompt_fits(prompt_len, self.max_new_tokens, self.target.context_limit)
 
     def _check_tree(self, proposal: Proposal, gamma: int, n: int) -> tuple[Proposal, TreeMask | None]:
         """Validate a tree proposal before any target pass and build its mask; fall back to its first branch
         (a chain, mask None) when the proposal is a chain or the target cannot score a tree now."""
-        capacity = getattr(self.target, "capacity", None) or context_length(self.target.model)
+        capacity = self.target.capacity or context_length(self.target.model)
         room = None if capacity is None else capacity - n  # cache slots left after the root
         tree = checked_tree(proposal, gamma, self.target.vocab_size, room)
         if tree is None:
             return Proposal(proposal.tokens, proposal.draft_probs), None
-        supports = getattr(self.target, "supports_tree", None)  # optional: an adapter without it can do trees
-        if supports is None or supports(len(proposal) + 1):
+        if self.target.supports_tree(len(proposal) + 1):
             return proposal, tree
         if not self._warned_chain_fallback:
             self._warned_chain_fallback = True
@@ -354,56 +346,46 @@ class SpeculativeDecoder:
         return first_branch_proposal(proposal), None
 
     def _plan_static(self, prompt_len: int) -> None:
-        """Size the slot caches for this request (or raise before any work) and fix the verification shapes:
-        a fixed γ pads every pass to γ+1 (one compiled shape), an adaptive one to DEFAULT_BUCKETS."""
+        """Size the caches for this request (or raise before any work) and fix the verification shapes: a
+        fixed γ pads every pass to γ+1 (one compiled shape), an adaptive one to DEFAULT_BUCKETS."""
         fixed = isinstance(self.gamma_policy, FixedGamma)
+        capabilities = self.capabilities
         widest = self.gamma_policy.gamma + 1 if fixed else DEFAULT_BUCKETS[-1]
-        tree_nodes = getattr(self.drafter, "max_nodes", None)  # a tree drafter: its node budget sets the width
-        num_drafts = getattr(self.drafter, "num_drafts", None)  # MultiDraft: k chains of γ
-        if isinstance(num_drafts, int) and tree_nodes is None:
-            tree_nodes = num_drafts * (self.gamma_policy.gamma if fixed else DEFAULT_BUCKETS[-1])
+        tree_nodes = capabilities.max_nodes  # a tree drafter: its node budget sets the width
+        if capabilities.nodes_per_level is not None and tree_nodes is None:  # k chains of γ
+            tree_nodes = capabilities.nodes_per_level * (self.gamma_policy.gamma if fixed else DEFAULT_BUCKETS[-1])
         # A drafter that picks its node budget per round (DraftTree(max_nodes="auto")) names every budget
         # it may use: each one is a verification shape (budget + 1 rows), fixed before the request.
-        plan = getattr(self.drafter, "plan", None)
-        if plan is not None:
-            plan(self.target)
-        budgets = getattr(self.drafter, "node_budgets", None)
+        budgets = self.drafter.plan(self.target) if self.drafter is not None else ()
         if budgets:
             tree_nodes = max(budgets)
-        if isinstance(tree_nodes, int):
+        if tree_nodes is not None:
             widest = max(widest, tree_nodes + 1)
         allowed = getattr(self.gamma_policy, "gammas", None)  # an adaptive policy restricted to a γ set
         if allowed and tree_nodes is None:
             widest = max(allowed) + 1
         need = prompt_len + self.max_new_tokens + widest
-        if isinstance(self.target, StaticCausalLM):
-            self.target.buckets = (widest,) if fixed and self.drafter is not None else (
-                (1,) if self.drafter is None else
-                (1, *sorted(g + 1 for g in allowed)) if allowed and tree_nodes is None else DEFAULT_BUCKETS)
-            if budgets and len(budgets) > 1:
-                self.target.buckets = tuple(sorted({b + 1 for b in budgets} | {widest}))
-            self.target.ensure_capacity(need)
-        draft_lm = getattr(self.drafter, "lm", None)
-        if isinstance(draft_lm, StaticCausalLM):
-            draft_lm.ensure_capacity(need + getattr(self.drafter, "draft_room", 0))
-        ensure = getattr(self.drafter, "ensure_capacity", None)  # a drafter with its own slot cache (Eagle)
-        if self.compile and callable(ensure):
-            ensure(need)
+        buckets = (widest,) if fixed and self.drafter is not None else (
+            (1,) if self.drafter is None else
+            (1, *sorted(g + 1 for g in allowed)) if allowed and tree_nodes is None else DEFAULT_BUCKETS)
+        if len(budgets) > 1:
+            buckets = tuple(sorted({b + 1 for b in budgets} | {widest}))
+        self._buckets = buckets
+        self.target.prepare(need, buckets)
+        if self.drafter is not None:
+            self.drafter.ensure_capacity(need)
 
     def _precompile(self, context: torch.Tensor) -> None:
         """A policy restricted to a γ set on a compiled target (gamma="auto" on the fast path): compile every
         shape it may use now, before the first round, so no round compiles (and no compile time is measured
         as a round's cost). Only the first request of a process pays; later ones find them compiled."""
         allowed = getattr(self.gamma_policy, "gammas", None)
-        if not allowed or not isinstance(self.target, StaticCausalLM) or self.drafter is None:
+        if not allowed or self.drafter is None:
             return
-        if (self.drafter.needs_hidden or getattr(self.drafter, "max_nodes", None) is not None
-                or getattr(self.drafter, "num_drafts", None) is not None):
+        if self.capabilities.needs_hidden or self.capabilities.tree:
             return  # their passes have other shapes (hidden states, tree masks): compiled on first use
-        self.target.precompile(self.target.buckets, verify=self.sampling if self.fused_verify else None)
-        draft_lm = getattr(self.drafter, "lm", None)
-        if isinstance(draft_lm, StaticCausalLM):
-            draft_lm.precompile(draft_lm.catch_up_sizes, allowed, self.sampling, context)
+        self.target.precompile(self._buckets, verify=self.sampling if self.fused_verify else None)
+        self.drafter.precompile(allowed, self.sampling, context)
 
     def stream(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> Iterator[int]:
         """Yield each new token as soon as it is final. An encoder-decoder target: prompt_ids is the decoder
@@ -476,7 +458,7 @@ class SpeculativeDecoder:
         n = prompt.shape[0]
         context[:n] = prompt
         # Drafters that read the target's features (EAGLE, Medusa) get them for every committed token.
-        needs_hidden = self.drafter is not None and self.drafter.needs_hidden
+        needs_hidden = self.capabilities.needs_hidden
         # An encoder-decoder target runs its encoder here, once per request (encoder_inputs is None otherwise).
         encoder = {} if self.encoder_inputs is None else {"encoder_inputs": self.encoder_inputs}
         self.target.reset(**encoder)

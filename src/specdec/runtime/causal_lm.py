@@ -96,6 +96,9 @@ def keep_cache_rows(cache, start: int, keep: torch.Tensor) -> None:
 class CachedCausalLM:
     """A causal LM and its KV cache. `length` tokens are in the cache."""
 
+    capacity = None  # the cache grows
+    verifies_in_graph = False
+
     def __init__(self, model: PreTrainedModel):
         check_rollback_support(model)
         self.model = model
@@ -106,6 +109,16 @@ class CachedCausalLM:
         self.forwards = 0  # decoding forward passes since reset (prefill not counted)
         self.forward_s = 0.0  # wall time spent in them
         self.prefill_s = 0.0
+
+    @property
+    def context_limit(self) -> int | None:
+        return context_length(self.model)
+
+    def prepare(self, tokens: int, buckets: tuple[int, ...]) -> None:
+        """Nothing to size: the cache grows, passes take any width."""
+
+    def precompile(self, sizes, *, verify=None) -> None:
+        """Nothing to compile: eager."""
 
     def reset(self) -> None:
         self.cache = DynamicCache()

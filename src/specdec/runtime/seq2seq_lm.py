@@ -110,6 +110,9 @@ class CachedSeq2SeqLM:
     """An encoder-decoder model, its encoder output for the current request, and its decoder KV cache.
     `length` decoder tokens are in the self-attention cache."""
 
+    capacity = None  # the cache grows
+    verifies_in_graph = False
+
     def __init__(self, model: PreTrainedModel):
         if not isinstance(model, PreTrainedModel) or not is_encoder_decoder(model):
             raise UnsupportedModelError(
@@ -141,6 +144,12 @@ class CachedSeq2SeqLM:
     @property
     def context_limit(self) -> int | None:
         return decoder_context_length(self.model)
+
+    def prepare(self, tokens: int, buckets: tuple[int, ...]) -> None:
+        """Nothing to size: the cache grows, passes take any width."""
+
+    def precompile(self, sizes, *, verify=None) -> None:
+        """Nothing to compile: eager."""
 
     def decoder_prompt(self) -> list[int]:
         return decoder_start_ids(self.model)

@@ -130,8 +130,8 @@ class Scheduler:
             return
         gammas = self.policy.candidates if self.policy is not None else [self.max_gamma]
         widths = {g + 1 for g in gammas} | {1}
-        nodes = getattr(self._models[1], "max_nodes", None)  # a tree drafter scores its nodes + the root
-        if isinstance(nodes, int) and self.speculative:
+        nodes = self.decoder.capabilities.max_nodes  # a tree drafter scores its nodes + the root
+        if nodes is not None and self.speculative:
             widths.add(nodes + 1)
         widths = sorted(widths)
         target.query_buckets = tuple(widths)  # a shorter round (a row near its end) pads up to one of these
