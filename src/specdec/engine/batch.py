@@ -19,55 +19,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
-from specdec.core.sampling import SamplingConfig
-from specdec.core.stats import DecodeStats
 from specdec.core.tree import TreeMask
 from specdec.core.verify import Verdict, verify_tree
 from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal, RowDrafters
-from specdec.engine.decoding import (
-    DEFAULT_GAMMA,
-    GenerationOutput,
-    check_max_new_tokens,
-    check_prompt_fits,
-    checked_tree,
-    eos_ids,
-    first_branch_proposal,
-    make_gamma_policy,
-    prompt_tensor,
-    verify_round,
-)
+from specdec.engine.decoding import checked_tree, first_branch_proposal, verify_round
+from specdec.engine.options import DecodeOptions, check_compile
+from specdec.engine.policies import DEFAULT_GAMMA, gamma_policy
+from specdec.engine.request import GenerationOutput, Row, check_prompt_fits, eos_ids, prompt_tensor, seeded_generator
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, SpecdecError
 from specdec.runtime.base import check_finite
 from specdec.runtime.batch_lm import BatchedCausalLM
 from specdec.runtime.batch_static import StaticBatchedCausalLM, batched_adapter, no_features
 from specdec.runtime.causal_lm import CachedCausalLM, context_length
 from specdec.runtime.threads import threads_for
-
-
-@dataclass
-class Row:
-    """One request in the batch."""
-
-    key: object
-    context: torch.Tensor  # [n0 + max_new_tokens + 1]; context[:n] is committed
-    n: int
-    max_new_tokens: int
-    sampling: SamplingConfig
-    generator: torch.Generator
-    gamma_policy: object
-    eos: frozenset[int]
-    drafter: Drafter | None = None  # the row's own fork of the drafter (model-free, tree or head drafters)
-    logprobs: int | None = None  # report the target's log-probabilities of emitted tokens (+ this many top ones)
-    encoder_inputs: dict | None = None  # (batched decoding drives decoder-only targets: no encoder input)
-    source_ids: torch.Tensor | None = None
-    produced: int = 0
-    stats: DecodeStats = field(default_factory=DecodeStats)
-    started: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
@@ -96,7 +65,7 @@ class BatchDecoder:
         # compile: True = the target on the batched fast path (compiled passes over a preallocated cache of
         # max_len slot columns; None: grown as needed), "static" = the same cache eager, False =
         # BatchedCausalLM (batch_static.batched_adapter).
-        self.target = batched_adapter(target, compile, max_len)
+        self.target = batched_adapter(target, check_compile(compile), max_len)
         self.model = target
         self.limit = context_length(target)
         if drafter is not None and not isinstance(drafter, Drafter):
@@ -134,22 +103,25 @@ class BatchDecoder:
         return [row.key for row in self.rows]
 
     # -- rows join and leave --------------------------------------------------------------------------
-    def add(self, key: object, prompt_ids: Sequence[int] | torch.Tensor, **options) -> None:
+    def add(self, key: object, prompt_ids: Sequence[int] | torch.Tensor, options: DecodeOptions | None = None,
+            **kwargs) -> None:
         """Prefill a new row and splice it into the batch; the others' caches are untouched.
 
-        options: as `specdec.generate` (gamma, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed).
+        options: a `DecodeOptions`, or its fields as keyword arguments (gamma, max_new_tokens, temperature,
+        top_k, top_p, eos_token_id, seed, logprobs).
         """
-        self.add_many([(key, prompt_ids, options)])
+        self.add_many([(key, prompt_ids, options if options is not None else kwargs)])
 
-    def add_many(self, requests: Sequence[tuple[object, Sequence[int] | torch.Tensor, dict]]) -> None:
-        """Add several rows (key, prompt_ids, options) with one batched prefill. Raises before prefilling
-        anything if one request is invalid (call `check` first to reject requests one by one). Runs with
-        specdec's thread count (`threads.decode_threads`)."""
+    def add_many(self, requests: Sequence[tuple[object, Sequence[int] | torch.Tensor, DecodeOptions | dict]]) -> None:
+        """Add several rows (key, prompt_ids, options: a `DecodeOptions` or a dict of its fields) with one
+        batched prefill. Raises before prefilling anything if one request is invalid (call `check` first to
+        reject requests one by one). Runs with specdec's thread count (`threads.decode_threads`)."""
         with threads_for(self.model):
             self._add_many(requests)
 
-    def _add_many(self, requests: Sequence[tuple[object, Sequence[int] | torch.Tensor, dict]]) -> None:
-        rows = [self.check(key, prompt, **options) for key, prompt, options in requests]
+    def _add_many(self, requests: Sequence[tuple[object, Sequence[int] | torch.Tensor, DecodeOptions | dict]]) -> None:
+        rows = [self.check(key, prompt, options) if isinstance(options, DecodeOptions) else
+                self.check(key, prompt, **options) for key, prompt, options in requests]
         if not rows:
             return
         start = time.perf_counter()
@@ -162,44 +134,25 @@ class BatchDecoder:
             row.stats.prefill_s = prefill_s
         self.rows.extend(rows)
 
-    def check(
-        self,
-        key: object,
-        prompt_ids: Sequence[int] | torch.Tensor,
-        *,
-        gamma: int | str | object | None = None,
-        max_new_tokens: int = 64,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        eos_token_id: int | Sequence[int] | None = None,
-        seed: int | None = None,
-        logprobs: int | None = None,
-    ) -> Row:
+    def check(self, key: object, prompt_ids: Sequence[int] | torch.Tensor, options: DecodeOptions | None = None,
+              **kwargs) -> Row:
         """Validate one request and build its (not yet prefilled) row; raises a SpecdecError if invalid.
 
-        logprobs: None (off) or k >= 0: each event carries the emitted tokens' target log-probabilities and
-        the k most likely alternatives at each position."""
-        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
-            raise ConfigError(f"logprobs must be None or an integer >= 0 (top alternatives), got {logprobs!r}")
-        sampling = SamplingConfig(temperature, top_k, top_p)
+        options: a `DecodeOptions`, or its fields as keyword arguments (logprobs: None (off) or k >= 0: each
+        event carries the emitted tokens' target log-probabilities and the k most likely alternatives)."""
+        options = DecodeOptions.given(options, **kwargs)
+        gamma = options.gamma
         if gamma is None:  # as generate: a tree drafter's own depth, else the chain default
             gamma = self.capabilities.default_gamma or DEFAULT_GAMMA
-        policy = make_gamma_policy(gamma)
-        max_new_tokens = check_max_new_tokens(max_new_tokens)
+        policy = gamma_policy(gamma, None, None)
         prompt = prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
         n = prompt.shape[0]
-        check_prompt_fits(n, max_new_tokens, self.limit)
-        self.target.check_fits(n + max_new_tokens)
-        generator = torch.Generator(device=self.target.device)
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(int(seed))
-        context = torch.empty(n + max_new_tokens + 1, dtype=torch.long, device=self.target.device)
+        check_prompt_fits(n, options.max_new_tokens, self.limit)
+        self.target.check_fits(n + options.max_new_tokens)
+        generator = seeded_generator(options.seed, self.target.device)
+        context = torch.empty(n + options.max_new_tokens + 1, dtype=torch.long, device=self.target.device)
         context[:n] = prompt
-        return Row(key, context, n, max_new_tokens, sampling, generator, policy, eos_ids(self.model, eos_token_id),
-                   logprobs=logprobs)
+        return Row(key, context, n, options, generator, policy, eos_ids(self.model, options.eos_token_id))
 
     def remove(self, keys: Sequence[object]) -> None:
         """Drop the rows with these keys (finished, cancelled, failed) between rounds."""
@@ -441,10 +394,10 @@ def generate_batch(
     seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(prompts)
     if len(seeds) != len(prompts):
         raise ConfigError(f"got {len(seeds)} seeds for {len(prompts)} prompts; pass one seed or one per prompt")
+    options = [DecodeOptions(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                             top_p=top_p, eos_token_id=eos_token_id, seed=s) for s in seeds]
     decoder = BatchDecoder(target, drafter, compile=compile)
-    options = dict(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                   eos_token_id=eos_token_id)
-    decoder.add_many([(i, prompt, {**options, "seed": seeds[i]}) for i, prompt in enumerate(prompts)])
+    decoder.add_many([(i, prompt, options[i]) for i, prompt in enumerate(prompts)])
     stats = {row.key: row.stats for row in decoder.rows}
     tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
     while len(decoder):

@@ -9,11 +9,9 @@ Plain decoding is the same loop with nothing drafted.
 
 from __future__ import annotations
 
-import operator
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -23,6 +21,9 @@ from specdec.core.stats import DecodeStats
 from specdec.core.tree import TreeMask, first_branch, is_chain, validate_proposal
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled, verify_tree
 from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal
+from specdec.engine.options import DecodeOptions, check_compile
+from specdec.engine.policies import FixedGamma, gamma_policy
+from specdec.engine.request import GenerationOutput, check_prompt_fits, eos_ids, prompt_tensor, seeded_generator
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, UnsupportedModelError
 from specdec.runtime.base import Scores
 from specdec.runtime.causal_lm import CachedCausalLM, context_length
@@ -30,8 +31,6 @@ from specdec.runtime.compiled import DEFAULT_BUCKETS, compile_seconds
 from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder, seq2seq_adapter, tree_unsupported_reason
 from specdec.runtime.static_lm import StaticCausalLM, fast_adapter
 from specdec.runtime.threads import scoped_stream
-
-DEFAULT_GAMMA = 4
 
 #: verify_fn(draft_tokens [γ], draft_probs [γ, V] | None, target_logits [γ+1, V], sampling, generator)
 VerifyFn = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, SamplingConfig, "torch.Generator | None"], Verdict]
@@ -52,127 +51,6 @@ def verify_round(
         return verify_greedy(draft_tokens, target_logits)
     target_probs = sampling.warp(target_logits)  # [γ+1, V]
     return verify_sampled(draft_tokens, draft_probs, target_probs, generator)
-
-
-@dataclass
-class GenerationOutput:
-    tokens: list[int]  # the new tokens only, up to and including an EOS
-    stats: DecodeStats = field(default_factory=DecodeStats)
-
-
-class FixedGamma:
-    """Draft the same γ every round. (Adaptive policies implement the same two methods.)"""
-
-    def __init__(self, gamma: int):
-        self.gamma = gamma
-
-    def choose(self, stats: DecodeStats) -> int:
-        return self.gamma
-
-    def update(self, stats: DecodeStats) -> None:
-        pass
-
-
-def _check_gamma(gamma: object) -> int:
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ConfigError(f"gamma (draft tokens per round) must be an integer >= 1, got {gamma!r}")
-    return gamma
-
-
-def check_max_new_tokens(max_new_tokens: object) -> int:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    return max_new_tokens
-
-
-def check_prompt_fits(prompt_len: int, max_new_tokens: int, limit: int | None) -> None:
-    """Raise before any work if the prompt plus every new token would pass the target's context `limit`."""
-    if limit is not None and prompt_len + max_new_tokens > limit:
-        raise PromptError(
-            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = {prompt_len + max_new_tokens} "
-            f"exceeds the target's context of {limit} tokens; shorten the prompt or lower max_new_tokens"
-        )
-
-
-def make_gamma_policy(gamma: object, target: object = None, drafter: object = None):
-    if hasattr(gamma, "choose") and hasattr(gamma, "update"):
-        return gamma
-    if gamma == "auto":
-        from specdec.engine.adaptive import AdaptiveGamma  # noqa: PLC0415 (optional policy, loaded on demand)
-
-        # One policy per (drafter, target, adapter) in this process: a reused drafter keeps its measured costs.
-        return AdaptiveGamma.for_pair(target, drafter) if drafter is not None else AdaptiveGamma()
-    return FixedGamma(_check_gamma(gamma))
-
-
-def eos_ids(target: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
-    if eos_token_id is None:
-        config = getattr(target, "generation_config", None)
-        eos_token_id = getattr(config, "eos_token_id", None)
-        if eos_token_id is None:
-            return frozenset()
-    return frozenset(_int_list(eos_token_id, "eos_token_id", "an int, a list of ints, None (the target's "
-                               "generation_config) or [] (never stop early)"))
-
-
-def _int_list(value: object, name: str, expected: str) -> list[int]:
-    """`value` (an int or a sequence of ints, numpy/torch integers included) as a list of ints."""
-    scalar = not isinstance(value, Iterable) or getattr(value, "ndim", 1) == 0
-    items = [value] if scalar else value
-    try:
-        if isinstance(value, (str, bytes)) or any(isinstance(v, bool) for v in items):
-            raise TypeError
-        return [operator.index(v) for v in items]
-    except TypeError:
-        raise ConfigError(f"{name} must be {expected}, got {value!r}") from None
-
-
-def _check_seed(seed: object) -> int | None:
-    if seed is None:
-        return None
-    try:
-        if isinstance(seed, bool):
-            raise TypeError
-        return operator.index(seed)
-    except TypeError:
-        raise ConfigError(f"seed must be an integer or None, got {seed!r}") from None
-
-
-def prompt_tensor(prompt_ids: Sequence[int] | torch.Tensor, vocab: int) -> torch.Tensor:
-    if isinstance(prompt_ids, Mapping):  # a tokenizer's BatchEncoding: use its input_ids
-        if "input_ids" not in prompt_ids:
-            raise PromptError("prompt_ids is a mapping without 'input_ids'; pass tokenizer(text).input_ids")
-        prompt_ids = prompt_ids["input_ids"]
-    if isinstance(prompt_ids, str):
-        raise PromptError("prompt_ids must be token ids, not a string: use specdec.generate_text for text")
-    if not isinstance(prompt_ids, torch.Tensor):
-        try:
-            prompt_ids = torch.tensor(list(prompt_ids), dtype=torch.long)
-        except (TypeError, ValueError, RuntimeError):
-            raise PromptError(
-                f"prompt_ids must be a list of ints or a 1-D integer tensor, got {type(prompt_ids).__name__} "
-                f"{str(prompt_ids)[:60]}; pass tokenizer(text).input_ids"
-            ) from None
-    if isinstance(prompt_ids, torch.Tensor):
-        if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
-            prompt_ids = prompt_ids[0]
-        if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point:
-            raise PromptError(
-                f"prompt_ids must be one sequence (a 1-D integer tensor, a list of ints, or a batch of one), "
-                f"got shape {tuple(prompt_ids.shape)} and dtype {prompt_ids.dtype}; decode one prompt at a "
-                "time: pass tokenizer(text).input_ids"
-            )
-        ids = prompt_ids.detach().to("cpu", torch.long)
-    if ids.numel() == 0:
-        raise PromptError("the prompt is empty: pass at least one token id (e.g. the BOS token)")
-    bad = (ids < 0) | (ids >= vocab)
-    if bool(bad.any()):
-        first = int(ids[bad][0])
-        raise PromptError(
-            f"prompt token id {first} is outside the target's vocabulary [0, {vocab}); "
-            "tokenize with the target's own tokenizer"
-        )
-    return ids
 
 
 def _check_encoder_pairing(target: object, drafter: Drafter | None, encoder_inputs: object) -> object:
@@ -267,11 +145,13 @@ class SpeculativeDecoder:
         tree_verify_fn: TreeVerifyFn = verify_tree,
         compile: bool | str = False,
         encoder_inputs: Mapping[str, object] | None = None,
+        options: DecodeOptions | None = None,
     ):
-        if compile not in (False, True, "static"):
-            raise ConfigError(f"compile must be True, False or 'static' (the slot cache without torch.compile), "
-                              f"got {compile!r}")
-        self.compile = compile
+        """options: the request's options as one `DecodeOptions` (then leave gamma ... seed unset)."""
+        options = DecodeOptions.given(options, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
+                                      top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed)
+        self.options = options
+        self.compile = check_compile(compile)
         is_adapter = isinstance(target, (CachedCausalLM, StaticCausalLM, CachedSeq2SeqLM))
         if is_adapter:
             self.target = target
@@ -280,16 +160,14 @@ class SpeculativeDecoder:
         else:
             self.target = fast_adapter(target, compile)
         self.drafter = drafter
-        self.sampling = SamplingConfig(temperature, top_k, top_p)
+        self.sampling = options.sampling
         if drafter is not None and not isinstance(drafter, Drafter):
             raise ConfigError(
                 f"drafter must be a specdec Drafter (e.g. specdec.DraftModel(model)), got {type(drafter).__name__}"
             )
         self.capabilities = drafter.capabilities if drafter is not None else DrafterCapabilities()
-        if gamma is None:  # a tree drafter's own depth, else the chain default
-            gamma = self.capabilities.default_gamma or DEFAULT_GAMMA
-        self.gamma_policy = make_gamma_policy(gamma, self.target, drafter)
-        self.max_new_tokens = check_max_new_tokens(max_new_tokens)
+        self.gamma_policy = gamma_policy(options.gamma, self.target, drafter)
+        self.max_new_tokens = options.max_new_tokens
         if drafter is not None:
             if not drafter.match_target_vocab(self.target.vocab_size):
                 raise IncompatibleModelsError(
@@ -303,13 +181,8 @@ class SpeculativeDecoder:
         self.encoder_inputs = _check_encoder_pairing(self.target, drafter, encoder_inputs)
         if drafter is not None:
             drafter.use_fast_path(compile)
-        self.eos = eos_ids(self.target.model, eos_token_id)
-        self.generator = torch.Generator(device=self.target.device)
-        seed = _check_seed(seed)
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
+        self.eos = eos_ids(self.target.model, options.eos_token_id)
+        self.generator = seeded_generator(options.seed, self.target.device)
         self.verify_fn = verify_fn
         self.tree_verify_fn = tree_verify_fn
         # A target that can verify a chain inside its own pass (the fast path) does so for the default rule
@@ -553,11 +426,9 @@ def stream(
     encoder_inputs: Mapping[str, object] | None = None,
 ) -> Iterator[int]:
     """Yield new token ids as soon as they are final (same arguments as `generate`)."""
-    decoder = SpeculativeDecoder(
-        target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed, compile=compile,
-        encoder_inputs=encoder_inputs,
-    )
+    options = DecodeOptions(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                            top_p=top_p, eos_token_id=eos_token_id, seed=seed)
+    decoder = SpeculativeDecoder(target, drafter, options=options, compile=compile, encoder_inputs=encoder_inputs)
     yield from decoder.stream(prompt_ids)
 
 
@@ -579,7 +450,8 @@ def generate(
 
     Returns the new tokens (up to and including an EOS) and the decoding statistics. `gamma` is the number
     of draft tokens per round for a chain drafter (default 4); a tree drafter (`DraftTree`, `MultiDraft`)
-    uses its own depth by default, and an explicit `gamma` caps the tree's depth.
+    uses its own depth by default, and an explicit `gamma` caps the tree's depth. The options are checked
+    once, as a `specdec.DecodeOptions`.
     compile=True runs target and DraftModel on the fast path (slot KV cache, compiled fixed-shape passes;
     the first call of each shape compiles, see docs/fastpath.md); "static" is the slot cache without
     compiling. Models that cannot take it decode eagerly with a FastPathWarning; tokens never differ.
@@ -587,10 +459,8 @@ def generate(
     ({"input_ids": ..., "attention_mask": ...} or {"input_features": ...}), `prompt_ids` the decoder prompt
     (None: the decoder start token); see docs/seq2seq.md.
     """
-    decoder = SpeculativeDecoder(
-        target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed, compile=compile,
-        encoder_inputs=encoder_inputs,
-    )
+    options = DecodeOptions(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                            top_p=top_p, eos_token_id=eos_token_id, seed=seed)
+    decoder = SpeculativeDecoder(target, drafter, options=options, compile=compile, encoder_inputs=encoder_inputs)
     tokens = list(decoder.stream(prompt_ids))
     return GenerationOutput(tokens=tokens, stats=decoder.stats)

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from specdec.engine.decoding import FixedGamma
+from specdec.engine.policies import FixedGamma
 from specdec.runtime.causal_lm import context_length, vocab_size
 from specdec.runtime.threads import decode_threads
 from specdec.server.metrics import Metrics
