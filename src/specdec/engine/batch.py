@@ -25,17 +25,19 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.core.tree import TreeMask
-from specdec.core.verify import Verdict, verify_tree
+from specdec.core.verify import Verdict, greedy_verdict, verify_tree
 from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal, RowDrafters
-from specdec.engine.decoding import checked_tree, first_branch_proposal, verify_round
+from specdec.engine.decoding import verify_round
 from specdec.engine.options import DecodeOptions, check_compile
-from specdec.engine.policies import DEFAULT_GAMMA, gamma_policy
+from specdec.engine.pairing import batched_form, check_drafter
+from specdec.engine.policies import gamma_policy
+from specdec.engine.proposals import ready
 from specdec.engine.request import GenerationOutput, Row, check_prompt_fits, eos_ids, prompt_tensor, seeded_generator
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, SpecdecError
 from specdec.runtime.base import check_finite
 from specdec.runtime.batch_lm import BatchedCausalLM
 from specdec.runtime.batch_static import StaticBatchedCausalLM, batched_adapter, no_features
-from specdec.runtime.causal_lm import CachedCausalLM, context_length
+from specdec.runtime.causal_lm import CachedCausalLM, context_length, sliding_window
 from specdec.runtime.threads import threads_for
 
 
@@ -68,25 +70,12 @@ class BatchDecoder:
         self.target = batched_adapter(target, check_compile(compile), max_len)
         self.model = target
         self.limit = context_length(target)
-        if drafter is not None and not isinstance(drafter, Drafter):
-            raise ConfigError(
-                f"drafter must be a specdec Drafter (e.g. specdec.DraftModel(model)), got {type(drafter).__name__}"
-            )
-        if drafter is not None and drafter.vocab_size is not None and drafter.vocab_size != self.target.vocab_size:
-            raise IncompatibleModelsError(
-                f"the drafter's vocabulary has {drafter.vocab_size} tokens but the target's has "
-                f"{self.target.vocab_size}; speculative decoding needs the same tokenizer"
-            )
-        self.drafter = drafter
+        # A sliding window counts cache slots, holes included: a batched request must fit inside it.
+        self.window = sliding_window(target)
+        self.drafter = check_drafter(drafter, self.target.vocab_size)
         self.capabilities = drafter.capabilities if drafter is not None else DrafterCapabilities()
-        if drafter is not None and self.capabilities.batched is None:
-            raise ConfigError(
-                f"{drafter.name} cannot be batched (its capabilities name no batched form); batched decoding "
-                "supports DraftModel, LayerSkip, DraftTree, MultiDraft, Eagle, Medusa, PromptLookup and Bigram: use "
-                "one of them, or specdec.generate for one request at a time"
-            )
         # The drafter's form over the rows (one batched draft model, batched heads, or a fork per row).
-        self.drafters: RowDrafters | None = self.capabilities.batched(drafter) if drafter is not None else None
+        self.drafters: RowDrafters | None = batched_form(drafter)
         self.hidden = self.capabilities.needs_hidden  # what the target's passes return besides logits
         if self.hidden and isinstance(self.target, StaticBatchedCausalLM):
             no_features(self.hidden)  # one clear error before any work
@@ -141,13 +130,14 @@ class BatchDecoder:
         options: a `DecodeOptions`, or its fields as keyword arguments (logprobs: None (off) or k >= 0: each
         event carries the emitted tokens' target log-probabilities and the k most likely alternatives)."""
         options = DecodeOptions.given(options, **kwargs)
-        gamma = options.gamma
-        if gamma is None:  # as generate: a tree drafter's own depth, else the chain default
-            gamma = self.capabilities.default_gamma or DEFAULT_GAMMA
-        policy = gamma_policy(gamma, None, None)
+        policy = gamma_policy(options.gamma, self.target, self.drafter)  # as a lone request's
         prompt = prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
         n = prompt.shape[0]
         check_prompt_fits(n, options.max_new_tokens, self.limit)
+        if self.window is not None and (self.limit is None or self.window < self.limit):
+            check_prompt_fits(n, options.max_new_tokens, self.window, "the target's sliding attention window",
+                              "batched rows share cache slots, so the window cannot be passed: shorten the prompt, "
+                              "lower max_new_tokens, or decode this request alone with specdec.generate")
         self.target.check_fits(n + options.max_new_tokens)
         generator = seeded_generator(options.seed, self.target.device)
         context = torch.empty(n + options.max_new_tokens + 1, dtype=torch.long, device=self.target.device)
@@ -191,6 +181,9 @@ class BatchDecoder:
         # 2. target scores every row: its last committed token and its drafts (a chain, or a tree's nodes).
         t = time.perf_counter()
         inputs = [torch.cat([row.context[row.n - 1 : row.n], p.tokens]) for row, p in zip(rows, proposals)]
+        width = max(x.shape[0] for x in inputs)
+        if self.window is not None and self.target.slots + width > self.window:
+            self.target.compact()  # every row's tokens and inputs then span at most prompt + new tokens <= window
         scores = self.target.score(inputs, trees=trees, hidden=self.hidden)
         target_logits = scores.logits  # [B, W, V]
         width = target_logits.shape[1]
@@ -265,7 +258,7 @@ class BatchDecoder:
         rows of the pass to keep: root + accepted)."""
         if best is not None:
             drafts = proposal.tokens.tolist()
-            verdict = _verify_greedy_from_argmax(drafts, best)
+            verdict = greedy_verdict(drafts, best)
             accepted = drafts[: verdict.num_accepted]
         elif tree is None:
             verdict = verify_round(proposal.tokens, proposal.draft_probs, logits, row.sampling, row.generator)
@@ -343,19 +336,8 @@ class BatchDecoder:
         """As the single-request decoder: validate, cap the depth at γ, and score a chain (or, when the target
         cannot take a 4-D mask, the first branch) as a chain."""
         room = None if self.limit is None else self.limit - n
-        tree = checked_tree(proposal, gamma, self.target.vocab_size, room)
-        if tree is None:
-            return Proposal(proposal.tokens, proposal.draft_probs), None
-        return (proposal, tree) if self.trees else (first_branch_proposal(proposal), None)
-
-
-def _verify_greedy_from_argmax(drafts: list[int], best: list[int]) -> Verdict:
-    """`verify.verify_greedy` on a row's slice of an argmax taken once for the whole batch: accept the drafts
-    that equal the target's argmax, then the argmax after them (recovered, or bonus if all were accepted)."""
-    k = 0
-    while k < len(drafts) and drafts[k] == best[k]:
-        k += 1
-    return Verdict(k, best[k], "bonus" if k == len(drafts) else "recovered")
+        proposal, tree, _ = ready(proposal, gamma, self.target.vocab_size, room, lambda rows: self.trees)
+        return proposal, tree
 
 
 def _token_logprobs(logits: torch.Tensor, tokens: list[int], top: int):

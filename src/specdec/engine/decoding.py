@@ -22,7 +22,9 @@ from specdec.core.tree import TreeMask, first_branch, is_chain, validate_proposa
 from specdec.core.verify import Verdict, verify_greedy, verify_sampled, verify_tree
 from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal
 from specdec.engine.options import DecodeOptions, check_compile
+from specdec.engine.pairing import check_drafter, check_encoder_pairing
 from specdec.engine.policies import FixedGamma, gamma_policy
+from specdec.engine.proposals import ready
 from specdec.engine.request import GenerationOutput, check_prompt_fits, eos_ids, prompt_tensor, seeded_generator
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, UnsupportedModelError
 from specdec.runtime.base import Scores
@@ -51,79 +53,6 @@ def verify_round(
         return verify_greedy(draft_tokens, target_logits)
     target_probs = sampling.warp(target_logits)  # [γ+1, V]
     return verify_sampled(draft_tokens, draft_probs, target_probs, generator)
-
-
-def _check_encoder_pairing(target: object, drafter: Drafter | None, encoder_inputs: object) -> object:
-    """Encoder inputs go with an encoder-decoder target only, and its drafter must take them."""
-    seq2seq = isinstance(target, CachedSeq2SeqLM)
-    capabilities = drafter.capabilities if drafter is not None else None
-    if not seq2seq:
-        if encoder_inputs is not None:
-            raise ConfigError(
-                f"encoder_inputs was given but the target {type(target.model).__name__} is a decoder-only model "
-                "with no encoder; put the whole text in prompt_ids, or load an encoder-decoder target "
-                "(AutoModelForSeq2SeqLM / AutoModelForSpeechSeq2Seq)"
-            )
-        if drafter is not None and capabilities.encoder_decoder:
-            raise IncompatibleModelsError(
-                "the draft is an encoder-decoder model but the target is decoder-only; pair a decoder-only "
-                "draft with it (or use an encoder-decoder target of the draft's family)"
-            )
-        return None
-    if encoder_inputs is None:
-        raise PromptError(
-            f"{type(target.model).__name__} is an encoder-decoder model: pass what its encoder reads, "
-            f"encoder_inputs={{'{target.main_input}': ...}} (e.g. dict(tokenizer(source_text)), or a feature "
-            "extractor's output for Whisper); prompt_ids is the decoder prompt (None = the start token)"
-        )
-    if drafter is not None and capabilities.encoder_decoder is False:
-        raise IncompatibleModelsError(
-            "the draft is a decoder-only model but the target is an encoder-decoder model, and a decoder-only "
-            "draft cannot see the source; load the draft as an encoder-decoder model of the target's family "
-            "(AutoModelForSeq2SeqLM, e.g. t5-small for t5-large), or use specdec.PromptLookup"
-        )
-    if drafter is not None and not capabilities.accepts_encoder_inputs and capabilities.needs_hidden:
-        raise UnsupportedModelError(
-            f"{type(drafter).__name__}'s head is one decoder layer of the target's family fed the target's "
-            f"features, and {type(target.model).__name__}'s decoder layers also cross-attend to the encoder "
-            "output, which the head does not model; use specdec.Medusa (its heads read only the decoder's last "
-            "hidden state), specdec.DraftModel or specdec.PromptLookup with this target"
-        )
-    if drafter is not None and not capabilities.accepts_encoder_inputs:
-        raise IncompatibleModelsError(
-            f"{type(drafter).__name__} cannot draft for an encoder-decoder target; use specdec.DraftModel with a "
-            "smaller encoder-decoder draft of the same vocabulary, or specdec.PromptLookup (it also copies from "
-            "the source)"
-        )
-    reason = tree_unsupported_reason(target.model)
-    if drafter is not None and capabilities.tree and reason is not None:
-        raise UnsupportedModelError(
-            f"{drafter.name} drafts token trees, but {reason}; draft chains for this target (specdec.DraftModel, "
-            "specdec.PromptLookup with branches=1, specdec.Medusa without tree=), or use a decoder that takes "
-            "decoder_position_ids (Whisper)"
-        )
-    return encoder_inputs
-
-
-def checked_tree(proposal: Proposal, gamma: int, vocab_size: int, room: int | None) -> TreeMask | None:
-    """Validate a tree proposal before any target pass (`room`: cache slots left after the root) and build its
-    mask [N+1] rows (root and nodes); None when the proposal is a chain."""
-    validate_proposal(proposal.tokens, proposal.draft_probs, proposal.parents, vocab_size, room)
-    tree = TreeMask.from_parents(proposal.parents)
-    depth = int(tree.depths.max())
-    if depth > gamma:
-        raise ProposalError(
-            f"the drafter proposed a tree {depth} deep but this round allows {gamma} tokens (gamma, capped by "
-            "the remaining max_new_tokens); a tree drafter must cap its depth at the gamma it is given"
-        )
-    return None if is_chain(proposal.parents) else tree
-
-
-def first_branch_proposal(proposal: Proposal) -> Proposal:
-    """A tree proposal's first branch, as a chain (for a target that cannot score the tree)."""
-    first = first_branch(proposal.parents)  # [d] node indices
-    probs = proposal.draft_probs[first] if proposal.draft_probs is not None else None
-    return Proposal(proposal.tokens[first], probs)
 
 
 class SpeculativeDecoder:
@@ -159,26 +88,12 @@ class SpeculativeDecoder:
             self.target = seq2seq_adapter(target, compile)
         else:
             self.target = fast_adapter(target, compile)
-        self.drafter = drafter
+        self.drafter = check_drafter(drafter, self.target.vocab_size)
         self.sampling = options.sampling
-        if drafter is not None and not isinstance(drafter, Drafter):
-            raise ConfigError(
-                f"drafter must be a specdec Drafter (e.g. specdec.DraftModel(model)), got {type(drafter).__name__}"
-            )
         self.capabilities = drafter.capabilities if drafter is not None else DrafterCapabilities()
         self.gamma_policy = gamma_policy(options.gamma, self.target, drafter)
         self.max_new_tokens = options.max_new_tokens
-        if drafter is not None:
-            if not drafter.match_target_vocab(self.target.vocab_size):
-                raise IncompatibleModelsError(
-                    f"the drafter's vocabulary has {drafter.vocab_size} tokens but the target's has "
-                    f"{self.target.vocab_size} (more than LM-head padding explains); speculative decoding "
-                    "needs the same tokenizer, or both tokenizers to translate between them: pass "
-                    "specdec.DraftModel(draft, tokenizer=draft_tokenizer, target_tokenizer=target_tokenizer) "
-                    "(CLI: --draft-tokenizer), pick a draft model from the target's family, or a model-free "
-                    "drafter (specdec.PromptLookup)"
-                )
-        self.encoder_inputs = _check_encoder_pairing(self.target, drafter, encoder_inputs)
+        self.encoder_inputs = check_encoder_pairing(self.target, drafter, encoder_inputs)
         if drafter is not None:
             drafter.use_fast_path(compile)
         self.eos = eos_ids(self.target.model, options.eos_token_id)
@@ -203,12 +118,8 @@ class SpeculativeDecoder:
         (a chain, mask None) when the proposal is a chain or the target cannot score a tree now."""
         capacity = self.target.capacity or context_length(self.target.model)
         room = None if capacity is None else capacity - n  # cache slots left after the root
-        tree = checked_tree(proposal, gamma, self.target.vocab_size, room)
-        if tree is None:
-            return Proposal(proposal.tokens, proposal.draft_probs), None
-        if self.target.supports_tree(len(proposal) + 1):
-            return proposal, tree
-        if not self._warned_chain_fallback:
+        proposal, tree, fell_back = ready(proposal, gamma, self.target.vocab_size, room, self.target.supports_tree)
+        if fell_back and not self._warned_chain_fallback:
             self._warned_chain_fallback = True
             warnings.warn(
                 f"{type(self.target.model).__name__} cannot score this token tree in one pass (no 4D-mask "
@@ -216,7 +127,7 @@ class SpeculativeDecoder:
                 "as a chain instead (exact, fewer tokens per pass)",
                 stacklevel=3,
             )
-        return first_branch_proposal(proposal), None
+        return proposal, tree
 
     def _plan_static(self, prompt_len: int) -> None:
         """Size the caches for this request (or raise before any work) and fix the verification shapes: a

@@ -25,15 +25,18 @@ class Scores:
     hidden: torch.Tensor | None = None
 
 
-def select_hidden(hidden_states: tuple[torch.Tensor, ...], hidden: bool | tuple[int, ...]) -> torch.Tensor | None:
-    """The features a `hidden=` request asks for, from HF's output_hidden_states of one pass ([1, M, H] each;
+def select_hidden(hidden_states: tuple[torch.Tensor, ...], hidden: bool | tuple[int, ...],
+                  rows: bool = False) -> torch.Tensor | None:
+    """The features a `hidden=` request asks for, from HF's output_hidden_states of one pass ([B, M, H] each;
     index 0 = the embeddings, -1 = the final, normed state): None, the final state [M, H] (True), or the
-    given indices' states concatenated [M, len * H] (a tuple, e.g. EAGLE-3's low / mid / high layers)."""
-    if hidden is True:
-        return hidden_states[-1][0]
+    given indices' states concatenated [M, len * H] (a tuple, e.g. EAGLE-3's low / mid / high layers); of the
+    first row (a batch of one), or with rows=True of every row ([B, M, H], [B, M, len * H])."""
     if not hidden:
         return None
-    return torch.cat([hidden_states[i][0] for i in hidden], dim=-1)
+    layers = [hidden_states[-1]] if hidden is True else [hidden_states[i] for i in hidden]
+    if not rows:
+        layers = [layer[0] for layer in layers]
+    return layers[0] if len(layers) == 1 else torch.cat(layers, dim=-1)
 
 
 def as_float_logits(logits: torch.Tensor) -> torch.Tensor:
