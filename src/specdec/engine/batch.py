@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 from specdec.core.tree import TreeMask
 from specdec.core.verify import Verdict, greedy_verdict, verify_tree
 from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal, RowDrafters
-from specdec.engine.decoding import verify_round
+from specdec.engine.verification import verify_round
 from specdec.engine.options import DecodeOptions, check_compile
 from specdec.engine.pairing import batched_form, check_drafter
 from specdec.engine.policies import gamma_policy
