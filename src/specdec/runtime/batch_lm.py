@@ -81,6 +81,8 @@ def _is_prefix_view(states: torch.Tensor, buffer: torch.Tensor | None) -> bool:
 class BatchedCausalLM:
     """A causal LM over a batch of rows with their own lengths. `lengths[i]` tokens are cached for row i."""
 
+    returns_features = True  # score(..., hidden=) returns the features heads read
+
     def __init__(self, model: PreTrainedModel):
         check_batchable(model)
         self.model = model
