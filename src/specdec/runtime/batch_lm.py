@@ -82,6 +82,7 @@ class BatchedCausalLM:
     """A causal LM over a batch of rows with their own lengths. `lengths[i]` tokens are cached for row i."""
 
     returns_features = True  # score(..., hidden=) returns the features heads read
+    compile = False  # eager passes (StaticBatchedCausalLM may compile its own)
 
     def __init__(self, model: PreTrainedModel):
         check_batchable(model)
