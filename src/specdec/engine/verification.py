@@ -23,7 +23,8 @@ from specdec.drafters.base import Proposal
 from specdec.errors import SpecdecError
 
 #: verify_fn(draft_tokens [γ], draft_probs [γ, V] | None, target_logits [γ+1, V], sampling, generator)
-VerifyFn = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, SamplingConfig, "torch.Generator | None"], Verdict]
+VerifyFn = Callable[
+    [torch.Tensor, "torch.Tensor | None", torch.Tensor, SamplingConfig, "torch.Generator | None"], Verdict]
 #: tree_verify_fn(proposal (tokens [N], draft_probs [N, V] | None, parents [N]), target_logits [N+1, V], sampling,
 #: generator) -> Verdict with the accepted path
 TreeVerifyFn = Callable[[Proposal, torch.Tensor, SamplingConfig, "torch.Generator | None"], Verdict]
