@@ -30,7 +30,6 @@ from transformers.cache_utils import DynamicLayer
 
 from specdec.core.masks import additive_mask
 from specdec.core.tree import TreeMask
-from specdec.errors import UnsupportedModelError
 from specdec.runtime.base import Scores, as_float_logits, cache_kwarg, select_hidden
 from specdec.runtime.causal_lm import EAGER_INVARIANT_DTYPES, check_rollback_support, vocab_size
 from specdec.runtime.rowwise import row_invariant
