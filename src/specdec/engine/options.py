@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 
 from specdec.core.sampling import SamplingConfig
+from specdec.engine.policies import GammaPolicy
 from specdec.errors import ConfigError
 
 #: The `compile=` settings: the fast path compiled, the slot cache eager, or the eager adapters.
@@ -92,7 +93,7 @@ def _differs(value: object, default: object) -> bool:
 
 
 def _check_gamma(gamma: object) -> None:
-    if gamma is None or gamma == "auto" or (hasattr(gamma, "choose") and hasattr(gamma, "update")):
+    if gamma is None or isinstance(gamma, GammaPolicy) or gamma == "auto":
         return  # the drafter's default, the adaptive policy, or a policy object
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ConfigError(f"gamma (draft tokens per round) must be an integer >= 1, got {gamma!r}")
