@@ -157,6 +157,10 @@ class Drafter(ABC):
         tokens cannot be the target's. Default: the widths must be equal (or the drafter has none)."""
         return self.vocab_size is None or self.vocab_size == target_vocab_size
 
+    def pair_tokenizer(self, target_tokenizer: object) -> None:
+        """The target's tokenizer, from the text API (`generate_text`, `stream_text`): a drafter with a tokenizer
+        of its own and no target's tokenizer yet pairs with it. Default: ignored."""
+
     def use_fast_path(self, mode: bool | str) -> None:
         """The decoder's `compile` setting (True, "static" or False), before each request. Default: ignored."""
 

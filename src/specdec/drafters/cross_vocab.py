@@ -170,6 +170,11 @@ class CrossVocabDraft(DraftModel):
         if self.method == "auto":
             self.active = "tli" if self.mapping.draft_coverage >= AUTO_MIN_SHARED else "slem"
 
+    def pair_tokenizer(self, target_tokenizer) -> None:
+        """The text API's target tokenizer, unless one was given at construction."""
+        if self.target_tokenizer is None:
+            self.set_target_tokenizer(target_tokenizer)
+
     def match_target_vocab(self, target_vocab_size: int) -> bool:
         if self.mapping is None:
             raise ConfigError(
