@@ -24,25 +24,22 @@ import specdec
 from specdec.bench.workloads import code_prompts
 from specdec.drafters import EAGLE_TREE
 from specdec.drafters.medusa import DEFAULT_TREE
+from specdec.drafters.per_row import PerRow
 from specdec.engine.batch import BatchDecoder
 from specdec.hub.default_pair import load_default_heads
 
 
 def draft_rowwise(heads) -> None:
-    """Make `heads` (a BatchDecoder's BatchedHeads) draft each row alone, one head pass per row and level: the
-    baseline that shows what batching the head passes saves."""
-    def propose(rows, gammas, empty):
-        return [row.drafter.propose(row.context[: row.n], g, row.sampling, row.generator) if g else empty
-                for row, g in zip(rows, gammas)]
-
-    heads.propose = propose
+    """Make `heads` (a BatchDecoder's BatchedEagle / BatchedMedusa) draft each row alone, one head pass per row
+    and level (`PerRow.propose`): the baseline that shows what batching the head passes saves."""
+    heads.propose = lambda rows, gammas: PerRow.propose(heads, rows, gammas)
 
 
 def run(target, drafter, prompts, max_new_tokens: int, gamma: int, rowwise: bool = False):
     """(tokens per row, wall seconds, decoder) of one batched generation, rows all added at the start."""
     decoder = BatchDecoder(target, drafter)
     if rowwise:
-        draft_rowwise(decoder.heads)
+        draft_rowwise(decoder.drafters)
     start = time.perf_counter()
     decoder.add_many([(i, p, dict(gamma=gamma, max_new_tokens=max_new_tokens, eos_token_id=[]))
                       for i, p in enumerate(prompts)])

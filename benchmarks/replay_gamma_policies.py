@@ -25,7 +25,7 @@ import specdec
 from specdec.bench.workloads import load_workload
 from specdec.core.stats import DecodeStats
 from specdec.engine.adaptive import AdaptiveGamma, HeuristicGamma
-from specdec.engine.decoding import FixedGamma
+from specdec.engine.policies import FixedGamma
 
 
 def record_traces(num_prompts: int, new_tokens: int) -> list[list[int]]:

@@ -3,7 +3,7 @@
 Never use these to decode. Each reproduces a plausible bug in speculative sampling; the test suite plugs
 them in (via `SpeculativeDecoder(..., verify_fn=...)` or as the drafter) and requires the verifier to
 reject them, which shows the statistical test has power against real mistakes. All keep the interface of
-`specdec.engine.decoding.verify_round` (draft_tokens [γ], draft_probs [γ, V] | None, target_logits [γ+1, V],
+`specdec.engine.verification.verify_round` (draft_tokens [γ], draft_probs [γ, V] | None, target_logits [γ+1, V],
 sampling, generator) -> Verdict.
 """
 
@@ -17,7 +17,7 @@ from specdec.core.verify import Verdict, acceptance_ratio, kseq_residual, residu
 from specdec.drafters.base import Proposal
 from specdec.drafters.draft_model import DraftModel
 from specdec.drafters.tree import DraftTree
-from specdec.engine.decoding import verify_round
+from specdec.engine.verification import verify_round
 from specdec.runtime.causal_lm import CachedCausalLM
 
 

@@ -52,6 +52,49 @@ def test_bad_input_raises_one_clear_error(target, kwargs, error, words):
     assert isinstance(info.value, ValueError)  # the stdlib category is kept for callers that catch it
 
 
+OPTION_ERRORS = [({"gamma": 0}, "gamma"), ({"temperature": -0.1}, "temperature"), ({"top_k": 0}, "top_k"),
+                 ({"max_new_tokens": 0}, "max_new_tokens"), ({"seed": "1"}, "seed"),
+                 ({"eos_token_id": "x"}, "eos_token_id"), ({"logprobs": -1}, "logprobs")]
+
+
+@pytest.mark.parametrize(("kwargs", "words"), OPTION_ERRORS)
+def test_one_options_object_checks_every_entry_point(target, kwargs, words):
+    """`DecodeOptions` holds the checks: the options object itself, generate, stream, SpeculativeDecoder,
+    generate_batch and BatchDecoder.add raise the same error, before any work."""
+    entry_points = [
+        lambda: specdec.DecodeOptions(**kwargs),
+        lambda: specdec.BatchDecoder(target).add(0, [1, 2, 3], **kwargs),
+    ]
+    if "logprobs" not in kwargs:  # reported by batched decoding only
+        entry_points += [
+            lambda: specdec.generate(target, [1, 2, 3], **kwargs),
+            lambda: list(specdec.stream(target, [1, 2, 3], **kwargs)),
+            lambda: specdec.SpeculativeDecoder(target, **kwargs),
+            lambda: specdec.generate_batch(target, [[1, 2, 3]], **kwargs),
+        ]
+    messages = set()
+    for call in entry_points:
+        with pytest.raises(specdec.ConfigError) as info:
+            call()
+        messages.add(str(info.value))
+    assert len(messages) == 1 and words in messages.pop()
+
+
+def test_options_object_is_frozen_and_normalised(target):
+    options = specdec.DecodeOptions(gamma=2, max_new_tokens=5, eos_token_id=[3, 4], seed=torch.tensor(7))
+    assert options.eos_token_id == (3, 4) and options.seed == 7 and options.sampling.greedy
+    with pytest.raises(AttributeError):
+        options.gamma = 3
+    decoder = specdec.BatchDecoder(target)
+    decoder.add("a", [1, 2, 3], options)
+    assert decoder.rows[0].options is options
+    lone = specdec.SpeculativeDecoder(target, options=options)
+    assert list(lone.stream([1, 2, 3])) == specdec.generate(target, [1, 2, 3], gamma=2, max_new_tokens=5,
+                                                             eos_token_id=[3, 4], seed=7).tokens
+    with pytest.raises(specdec.ConfigError, match="not both"):
+        specdec.SpeculativeDecoder(target, options=options, max_new_tokens=9)
+
+
 def test_different_vocabularies_are_refused(target):
     other = tiny("llama", vocab=64)
     with pytest.raises(specdec.IncompatibleModelsError, match="same tokenizer"):

@@ -7,6 +7,7 @@ import torch
 from models import perturbed, tiny
 
 import specdec
+from specdec.drafters.batched import BatchedDraftModel
 from specdec.engine.batch import BatchDecoder, generate_batch
 from specdec.runtime.batch_static import StaticBatchedCausalLM
 
@@ -28,6 +29,9 @@ DRAFTERS = {
     "plain": lambda draft: None,
     "draft-model": lambda draft: specdec.DraftModel(draft),
     "prompt-lookup": lambda draft: specdec.PromptLookup(max_ngram=3, min_ngram=1),
+    # A tree drafter by its declared capabilities (it was scored as its first branch when batching was decided
+    # by concrete class): every row's tree in the batched pass, as a lone request's.
+    "prompt-lookup-branches": lambda draft: specdec.PromptLookup(max_ngram=3, min_ngram=1, branches=3),
 }
 
 
@@ -47,7 +51,7 @@ def test_greedy_rows_match_lone_requests(pairs, arch, method):
         assert len(set(accepted)) > 1  # rows really accepted different amounts
 
 
-@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup"])
+@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup", "prompt-lookup-branches"])
 def test_sampled_rows_draw_what_a_lone_request_draws(pairs, method):
     """T > 0 with top-k/top-p: a seeded row makes the same draws as the lone seeded request (exactness per row)."""
     target, draft = pairs["llama"]
@@ -89,10 +93,11 @@ def test_rows_join_and_leave_between_rounds(pairs, path):
         for event in decoder.step():
             got[event.key].extend(event.tokens)
         rounds += 1
-        assert decoder.target.rows == len(decoder) == decoder.draft_model.lm.rows
+        assert isinstance(decoder.drafters, BatchedDraftModel)  # DraftModel's declared batched form
+        assert decoder.target.rows == len(decoder) == decoder.drafters.lm.rows
         # The invariant of the single-row loop, per row: the target caches context[:n-1], the draft at most that.
         assert decoder.target.lengths.tolist() == [row.n - 1 for row in decoder.rows]
-        assert all(d <= row.n - 1 for d, row in zip(decoder.draft_model.lm.lengths.tolist(), decoder.rows))
+        assert all(d <= row.n - 1 for d, row in zip(decoder.drafters.lm.lengths.tolist(), decoder.rows))
         if path == "eager":
             assert decoder.target.slots <= max([row.n for row in decoder.rows], default=0) * 2 + 8  # holes bounded
         else:
@@ -293,3 +298,86 @@ def test_compiled_batched_pass_rows_match_lone_requests(pairs):
     assert got == lone
     compiled = [k for k in specdec.runtime.compiled.COMPILED[target].fns if k[0] == "batch-pass"]
     assert len(compiled) == 1
+
+
+def _padded_pair(target_rows: int, draft_rows: int):
+    """A target and a draft whose LM heads differ in width by padding only (the draft is the target on the rows
+    both have; extra draft rows are large random padding)."""
+    target = tiny("llama", vocab=target_rows, hidden=32, layers=2)
+    draft = tiny("llama", vocab=draft_rows, hidden=32, layers=2)
+    state = {}
+    for key, value in target.state_dict().items():
+        if value.shape[0] == target_rows:
+            extra = torch.randn(max(0, draft_rows - target_rows), *value.shape[1:], dtype=value.dtype,
+                                generator=torch.Generator().manual_seed(3)) * 9
+            value = torch.cat([value[:draft_rows], extra])
+        state[key] = value
+    draft.load_state_dict(state)
+    if target_rows > draft_rows:  # a trained target never picks its padding rows: give them a very low logit
+        head = torch.nn.Linear(32, target_rows, bias=True, dtype=torch.float64)
+        with torch.no_grad():
+            head.weight.copy_(target.lm_head.weight)
+            head.bias.zero_()
+            head.bias[draft_rows:] = -1e4
+        target.lm_head = head
+    return target, perturbed(draft, 0.05)
+
+
+@pytest.mark.parametrize(("target_rows", "draft_rows"), [(704, 700), (700, 704)])
+def test_a_padded_lm_head_draft_is_accepted_batched_as_alone(target_rows, draft_rows):
+    """One vocabulary rule: a draft whose LM head is padded to another width drafts batched as it does alone
+    (its rows fitted to the target's width); greedy rows token-identical, seeded sampled rows the same draws."""
+    target, draft = _padded_pair(target_rows, draft_rows)
+    prompts = [[(i * 7 + 5) % 600 for i in range(n)] for n in (12, 3, 20)]
+    for opts in (dict(gamma=3, max_new_tokens=16), dict(gamma=3, max_new_tokens=16, temperature=1.2, top_k=50)):
+        seeds = [4, 5, 6]
+        lone = [specdec.generate(target, p, drafter=specdec.DraftModel(draft), seed=s, **opts)
+                for p, s in zip(prompts, seeds)]
+        batched = generate_batch(target, prompts, drafter=specdec.DraftModel(draft), seed=seeds, **opts)
+        assert [o.tokens for o in batched] == [o.tokens for o in lone]
+        assert [o.stats.accepted for o in batched] == [o.stats.accepted for o in lone]
+    assert sum(o.stats.accepted for o in lone) > 0
+
+
+def test_gamma_auto_is_shared_per_drafter_and_target_alone_and_batched():
+    """One γ-policy rule: gamma="auto" gives every request of a (drafter, target model, target adapter) a fork of
+    one AdaptiveGamma (its measured costs shared), alone and over a batch's rows alike."""
+    target = tiny("llama", hidden=32, layers=2)
+    drafter = specdec.DraftModel(perturbed(target, 0.1))
+    decoder = BatchDecoder(target, drafter)
+    decoder.add_many([(i, [1, 2, 3 + i], dict(gamma="auto", max_new_tokens=4)) for i in range(2)])
+    first, second = (row.gamma_policy for row in decoder.rows)
+    assert first is not second and first.round_base is second.round_base  # forks sharing the measurements
+    again = BatchDecoder(target, drafter)
+    again.add(0, [4, 5], gamma="auto", max_new_tokens=4)
+    assert again.rows[0].gamma_policy.round_base is first.round_base  # the same pair: the same policy
+    lone = specdec.SpeculativeDecoder(target, drafter, gamma="auto")
+    assert lone.gamma_policy.round_base is not first.round_base  # another adapter: its own costs
+    assert specdec.SpeculativeDecoder(target, drafter, gamma="auto").gamma_policy.round_base is \
+        lone.gamma_policy.round_base
+
+
+def test_a_sliding_window_model_is_batched_when_requests_fit_inside_the_window(pairs):
+    """A model whose config names a sliding window (MistralConfig's default is 4096) is batched when prompt +
+    max_new_tokens fits inside the window (rows ragged, holes compacted before the window could count them),
+    token-identical to lone requests; a request past the window is refused with a clear error, batched only (a
+    lone request's cache is position-exact, so the model's own window mask applies)."""
+    assert BatchDecoder(tiny("mistral", hidden=32, layers=2)).window == 4096
+    target = tiny("mistral", hidden=32, layers=2, sliding_window=32)
+    draft = perturbed(target, 0.3)  # many rejections: many holes
+    prompts = [LONG[:14], [7], LONG[20:35], LONG[3:9], LONG[50:60]]
+    for make in (lambda: specdec.DraftModel(draft), lambda: specdec.DraftTree(draft, top_k=2, depth=3, max_nodes=6)):
+        lone = [specdec.generate(target, p, drafter=make(), gamma=4, max_new_tokens=32 - len(p)).tokens
+                for p in prompts]
+        decoder = BatchDecoder(target, make())
+        for i, p in enumerate(prompts):
+            decoder.add(i, p, gamma=4, max_new_tokens=32 - len(p))
+        got = {i: [] for i in range(len(prompts))}
+        while len(decoder):
+            for event in decoder.step():
+                assert event.error is None
+                got[event.key].extend(event.tokens)
+        assert [got[i] for i in range(len(prompts))] == lone
+    with pytest.raises(specdec.PromptError, match="sliding attention window of 32 tokens"):
+        BatchDecoder(target).add(0, LONG[:30], max_new_tokens=3)
+    assert len(specdec.generate(target, LONG[:30], max_new_tokens=3).tokens) == 3  # alone: past the window

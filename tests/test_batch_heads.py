@@ -9,6 +9,8 @@ from models import tiny, tiny_tokenizer
 from transformers import DynamicCache
 
 import specdec
+from specdec.drafters.batched import BatchedDraftModel
+from specdec.drafters.batched_heads import BatchedEagle, BatchedHeads, BatchedMedusa
 from specdec.drafters.medusa import DEFAULT_TREE
 from specdec.engine.batch import BatchDecoder, generate_batch
 
@@ -44,9 +46,9 @@ def _check_row_state(decoder: BatchDecoder) -> None:
             assert fork.cache.get_seq_length() == fork.rows
         elif isinstance(fork, specdec.Medusa):
             assert fork.feature is not None or row.n == 1
-    if decoder.draft_model is not None:
-        assert decoder.draft_model.lm.rows == len(decoder)
-        assert all(d <= row.n - 1 for d, row in zip(decoder.draft_model.lm.lengths.tolist(), decoder.rows))
+    if isinstance(decoder.drafters, BatchedDraftModel):
+        assert decoder.drafters.lm.rows == len(decoder)
+        assert all(d <= row.n - 1 for d, row in zip(decoder.drafters.lm.lengths.tolist(), decoder.rows))
     forks = [id(row.drafter) for row in decoder.rows if row.drafter is not None]
     assert len(set(forks)) == len(forks)  # one fork per row, never shared
 
@@ -82,13 +84,14 @@ def test_greedy_rows_match_lone_requests_across_joins_and_leaves(target, method)
         lone.append(specdec.generate(target, prompt, drafter=drafter, **opts))
     decoder = BatchDecoder(target, make(target))
     proposals = {i: [] for i in range(len(PROMPTS))}
-    if decoder.heads is not None:  # what every row's head proposed, round by round (batched head passes)
+    heads = isinstance(decoder.drafters, BatchedHeads)
+    if heads:  # what every row's head proposed, round by round (batched head passes)
         def by_row(args, out):
             for row, p in zip(args[0], out):
                 proposals[row.key].append(p)
             return []
 
-        _recorded(decoder.heads, "propose", by_row)
+        _recorded(decoder.drafters, "propose", by_row)
     got = {i: [] for i in range(len(PROMPTS))}
     pending = list(enumerate(PROMPTS))
     decoder.add_many([(i, p, opts) for i, p in pending[:2]])
@@ -114,7 +117,7 @@ def test_greedy_rows_match_lone_requests_across_joins_and_leaves(target, method)
             # Same rounds, same ragged acceptance as the lone request.
             assert (stats[i].accepted, stats[i].drafted) == (want.stats.accepted, want.stats.drafted), i
             assert stats[i].target_forwards == want.stats.target_forwards, i
-            if decoder.heads is not None:  # and the same draft every round
+            if heads:  # and the same draft every round
                 assert _plain(proposals[i]) == _plain(lone_proposals[i]), i
     accepted = [o.stats.accepted for o in lone]
     assert sum(accepted) > 0 and len(set(accepted)) > 1  # drafts accepted, by different amounts per row
@@ -185,7 +188,10 @@ def test_batched_eagle_rows_only_ever_read_target_features_of_committed_tokens(t
 
 def test_layer_skip_and_heads_are_batched_not_refused(target):
     decoder = BatchDecoder(target, specdec.LayerSkip(target, num_layers=1))
-    assert decoder.draft_model is not None  # one batched draft forward per step, over the target's first layer
+    # one batched draft forward per step, over the target's first layer
+    assert isinstance(decoder.drafters, BatchedDraftModel)
+    assert isinstance(BatchDecoder(target, DRAFTERS["eagle-tree"](target)).drafters, BatchedEagle)
+    assert isinstance(BatchDecoder(target, DRAFTERS["medusa-tree"](target)).drafters, BatchedMedusa)
     assert BatchDecoder(target, DRAFTERS["medusa-tree"](target)).trees
 
 

@@ -300,7 +300,7 @@ def test_greedy_is_a_point_mass_and_a_wrong_token_is_impossible(pair):
     assert ok.passed and ok.test.cells == 1 and ok.tv == 0.0
 
     def flip_last(draft_tokens, draft_probs, target_logits, sampling, generator):
-        verdict = specdec.engine.decoding.verify_round(draft_tokens, draft_probs, target_logits, sampling, generator)
+        verdict = specdec.engine.verification.verify_round(draft_tokens, draft_probs, target_logits, sampling, generator)
         return type(verdict)(verdict.num_accepted, (verdict.next_token + 1) % VOCAB, verdict.outcome)
 
     bad = check_exactness(target, PROMPT, specdec.DraftModel(draft), gamma=3, temperature=0.0, max_new_tokens=4,

@@ -140,7 +140,7 @@ def test_exported_head_loads_back_and_drafts_the_same_tokens(tmp_path, target, c
     proposals = []
     for h in (head, again):
         drafter = make(h)
-        drafter.reset(torch.tensor(PROMPT), hidden=_features(target, PROMPT[:-1], drafter.needs_hidden))
+        drafter.reset(torch.tensor(PROMPT), hidden=_features(target, PROMPT[:-1], drafter.capabilities.needs_hidden))
         proposals.append(drafter.propose(torch.tensor(PROMPT), 3, specdec.SamplingConfig(0.0), None).tokens)
     assert torch.equal(proposals[0], proposals[1])
     assert runs[0].tokens == runs[1].tokens == hf_greedy(target, PROMPT, 16)

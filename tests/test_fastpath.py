@@ -80,7 +80,7 @@ def test_sampling_verifies_inside_the_pass_with_the_eager_rule_s_tokens(llama_pa
 
     def recording(draft_tokens, draft_probs, target_logits, sampling, generator):
         calls.append(target_logits.shape)
-        return specdec.engine.decoding.verify_round(draft_tokens, draft_probs, target_logits, sampling, generator)
+        return specdec.engine.verification.verify_round(draft_tokens, draft_probs, target_logits, sampling, generator)
 
     dec = specdec.SpeculativeDecoder(target, specdec.DraftModel(draft), gamma=3, compile="static",
                                      verify_fn=recording, **options)

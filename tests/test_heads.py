@@ -368,7 +368,8 @@ def test_make_drafter_builds_head_drafters_from_a_saved_head(tmp_path):
     assert make_drafter("medusa-chain", target=target, head_path=tmp_path / "m").tree is None
     specdec.EagleHead.init(target, variant="eagle3").save(tmp_path / "e3")
     eagle3 = make_drafter("eagle3-chain", target=target, head_path=tmp_path / "e3")
-    assert eagle3.top_k == 1 and eagle3.head.variant == "eagle3" and eagle3.needs_hidden == eagle3.head.feature_layers
+    assert eagle3.top_k == 1 and eagle3.head.variant == "eagle3"
+    assert eagle3.capabilities.needs_hidden == eagle3.head.feature_layers
     with pytest.raises(IncompatibleModelsError):  # the shipped heads belong to the default target
         make_drafter("medusa", target=target)
 

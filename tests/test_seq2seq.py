@@ -13,7 +13,7 @@ from models import perturbed, tiny
 from seq2seq_models import ARCHS, FRAMES, MELS, encoder_inputs, hf_greedy_seq2seq, tiny_seq2seq
 
 import specdec
-from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal
 from specdec.engine.decoding import SpeculativeDecoder
 from specdec.exactness import check_exactness
 from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, decoder_start_ids
@@ -177,8 +177,8 @@ class ScriptedDraft(Drafter):
     """Proposes the target's own greedy tokens with a wrong one at `wrong_at[round]` (None: all right), and
     records the target adapter's caches after every commit."""
 
-    accepts_encoder_inputs = True
     vocab_size = None
+    capabilities = DrafterCapabilities(accepts_encoder_inputs=True)
 
     def __init__(self, truth, wrong_at, vocab):
         self.truth, self.wrong_at, self.vocab = truth, wrong_at, vocab

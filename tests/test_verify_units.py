@@ -17,7 +17,7 @@ from specdec.core.verify import (
     verify_greedy,
     verify_sampled,
 )
-from specdec.engine.decoding import verify_round
+from specdec.engine.verification import verify_round
 
 P = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
 Q = torch.tensor([0.25, 0.5, 0.25], dtype=torch.float64)

@@ -17,8 +17,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "AdaptiveGamma": "specdec.engine.adaptive",
     "HeuristicGamma": "specdec.engine.adaptive",
-    "DEFAULT_GAMMA": "specdec.engine.decoding",
-    "GenerationOutput": "specdec.engine.decoding",
+    "DEFAULT_GAMMA": "specdec.engine.policies",
+    "DecodeOptions": "specdec.engine.options",
+    "GenerationOutput": "specdec.engine.request",
     "SpeculativeDecoder": "specdec.engine.decoding",
     "generate": "specdec.engine.decoding",
     "stream": "specdec.engine.decoding",

@@ -216,7 +216,8 @@ def run(args) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
     s = decoder.stats
-    gamma = args.gamma if args.gamma is not None else getattr(drafter, "default_gamma", None) or 4
+    default = drafter.capabilities.default_gamma if drafter is not None else None
+    gamma = args.gamma if args.gamma is not None else default or 4
     method = f"{kind} (γ={gamma})" if kind else "plain"
     threads = decode_threads(decoder.target.model)
     # Compiling (first use of each fast-path shape) is reported apart, never averaged into the speed.

@@ -50,11 +50,17 @@ class Verdict:
 
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
     """draft_tokens [γ], target_logits [γ+1, V] -> accept the prefix that equals the target's argmax."""
-    gamma = draft_tokens.shape[0]
-    target_argmax = target_logits.argmax(dim=-1)  # [γ+1]
-    matches = draft_tokens == target_argmax[:gamma]  # [γ]
-    k = int(matches.cumprod(dim=0).sum()) if gamma else 0
-    return Verdict(k, int(target_argmax[k]), "bonus" if k == gamma else "recovered")
+    return greedy_verdict(draft_tokens.tolist(), target_logits.argmax(dim=-1).tolist())
+
+
+def greedy_verdict(drafts: list[int], best: list[int]) -> Verdict:
+    """The greedy rule on the target's argmax at each scored position, best [>= γ+1] (a batch takes one argmax
+    over every row's pass): accept the drafts [γ] that equal it, then the argmax after them (recovered at the
+    first mismatch, bonus when every draft was accepted)."""
+    k = 0
+    while k < len(drafts) and drafts[k] == best[k]:
+        k += 1
+    return Verdict(k, best[k], "bonus" if k == len(drafts) else "recovered")
 
 
 def acceptance_ratio(

@@ -10,39 +10,49 @@ share one argmax per position.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from specdec.core.sampling import sample
-from specdec.drafters.base import Proposal
-from specdec.drafters.draft_model import DraftModel
+from specdec.drafters.base import DraftRow, Proposal
 from specdec.runtime.batch_lm import BatchedCausalLM
+
+if TYPE_CHECKING:
+    from specdec.drafters.draft_model import DraftModel
 
 
 class BatchedDraftModel:
+    """`DraftModel`'s form over a batch's rows (`DrafterCapabilities.batched`, a `RowDrafters`)."""
+
     def __init__(self, drafter: DraftModel):
+        self.drafter = drafter
         self.lm = BatchedCausalLM(drafter.lm.model)
 
-    def add_rows(self, prefixes: Sequence[torch.Tensor]) -> None:
-        """New rows whose committed context but the last token is prefixes[i] (the first round's root)."""
-        self.lm.add_rows(prefixes)
+    def add_rows(self, rows: Sequence[DraftRow], features=None) -> None:
+        """New rows: the draft caches their committed context but the last token (the first round's root)."""
+        for row in rows:
+            row.drafter = None  # the rows share this batched draft model
+        self.lm.add_rows([row.context[: row.n - 1] for row in rows])
 
     def remove_rows(self, keep: Sequence[int]) -> None:
         self.lm.remove_rows(keep)
 
-    def commit(self, rows) -> None:
+    def commit(self, rows: Sequence[DraftRow], accepted: Sequence[int], features=None) -> None:
         """After a round: the draft cache may cover at most context[:n−1] of each row (it catches up when it
         next proposes), as `DraftModel.commit` for one request."""
         lengths = self.lm.lengths.tolist()
         self.lm.crop([min(length, row.n - 1) for length, row in zip(lengths, rows)])
 
-    def propose(self, rows, gammas: list[int]) -> list[Proposal]:
-        """rows: the batch's rows (context, n, sampling, generator, stats); gammas[i]: row i's draft length."""
+    def propose(self, rows: Sequence[DraftRow], gammas: Sequence[int]) -> list[Proposal]:
+        """rows: the batch's rows (context, n, sampling, generator, stats); gammas[i]: row i's draft length.
+        The draft's logits are fitted to the target's width as `DraftModel` fits them (LM-head padding)."""
         lm = self.lm
+        fit = self.drafter.fit_logits
         lengths = lm.lengths.tolist()
         # Catch up on committed tokens the draft cache has not seen (rows not drafting feed nothing).
         inputs = [row.context[length : row.n] if g else row.context[:0] for row, length, g in zip(rows, lengths, gammas)]
-        logits = lm.forward(inputs)  # [B, W, V]
+        logits = fit(lm.forward(inputs))  # [B, W, V]
         last = torch.stack([logits[i, max(0, x.shape[0] - 1)] for i, x in enumerate(inputs)])  # [B, V]
         tokens: list[list[torch.Tensor]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
@@ -63,7 +73,7 @@ class BatchedDraftModel:
                 tokens[i].append(token)
                 feed.append(token if step + 1 < gammas[i] else row.context[:0])
             if step + 1 < max(gammas):
-                last = lm.forward(feed)[:, 0]  # [B, V]
+                last = fit(lm.forward(feed)[:, 0])  # [B, V]
         out = []
         for i, row in enumerate(rows):
             if not tokens[i]:

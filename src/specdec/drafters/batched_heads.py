@@ -1,7 +1,8 @@
-"""`BatchedHeads`: drafters that read the target's features (`Eagle`, `Medusa`) over the rows of a batch.
+"""`BatchedEagle`, `BatchedMedusa`: drafters that read the target's features over the rows of a batch.
 
-Every row owns a fork of the drafter (`Drafter.fork`: the head's weights shared, its own head KV cache and
-pending features), created when the row joins and dropped when it leaves. The batched target's passes return
+Both are `BatchedHeads`, a `PerRow` form: every row owns a fork of the drafter (`Drafter.fork`: the head's
+weights shared, its own head KV cache and pending features), created when the row joins and dropped when it
+leaves. The batched target's passes return
 per-row features, and each row's fork is fed exactly what a lone request's drafter is fed:
 
     join:   the prompt's features [n-1, H] from the batched prefill          -> fork.reset(prompt, hidden=)
@@ -23,40 +24,35 @@ import torch
 from transformers import DynamicCache
 
 from specdec.core.masks import additive_mask
-from specdec.drafters.base import Drafter, Proposal
-from specdec.drafters.eagle import Eagle
-from specdec.drafters.medusa import Medusa
+from specdec.drafters.base import Drafter, DraftRow, Proposal
+from specdec.drafters.per_row import PerRow
 from specdec.heads.static_draft import grow_level
 
 
-class BatchedHeads:
-    def __init__(self, drafter: Drafter):
-        self.drafter = drafter
-        self.hidden = drafter.needs_hidden  # what the target's passes must return (True, or layer indices)
+class BatchedHeads(PerRow):
+    """A fork of a head drafter per row, fed the target's features of its root and accepted path; the forks draft
+    eagerly (the batch scores every row eagerly)."""
 
-    def add_rows(self, rows, features: Sequence[torch.Tensor | None]) -> None:
+    def __init__(self, drafter: Drafter):
+        super().__init__(drafter, fork=True)
+
+    def add_rows(self, rows: Sequence[DraftRow], features: Sequence[torch.Tensor | None] | None) -> None:
         """New rows (prefilled): each gets its own fork, reset with its prompt's features (None: a one-token
         prompt has none yet)."""
-        for row, hidden in zip(rows, features):
-            row.drafter = fork = self.drafter.fork()
-            if hasattr(fork, "use_fast_path"):
-                fork.use_fast_path(False)  # the batch scores every row eagerly
-            fork.reset(row.context[: row.n], hidden=hidden)
+        for i, row in enumerate(rows):
+            row.drafter = self.drafter.fork()
+            row.drafter.use_fast_path(False)
+            self._start(row, features[i])
 
-    def propose(self, rows, gammas: list[int], empty: Proposal) -> list[Proposal]:
-        """Each row's raw proposal (a chain or a tree, checked by the caller); `empty` for rows not drafting."""
-        if isinstance(self.drafter, Medusa):
-            return self._propose_medusa(rows, gammas, empty)
-        if type(self.drafter) is Eagle:
-            return self._propose_eagle(rows, gammas, empty)
-        return [row.drafter.propose(row.context[: row.n], g, row.sampling, row.generator) if g else empty
-                for row, g in zip(rows, gammas)]
+
+class BatchedMedusa(BatchedHeads):
+    """`Medusa` over a batch's rows: the heads run once for every drafting row."""
 
     @torch.inference_mode()
-    def _propose_medusa(self, rows, gammas: list[int], empty: Proposal) -> list[Proposal]:
+    def propose(self, rows: Sequence[DraftRow], gammas: Sequence[int]) -> list[Proposal]:
         """One pass of the Medusa heads for every drafting row: features [R, H] -> logits [K, R, V]."""
         drafting = [i for i, (row, g) in enumerate(zip(rows, gammas)) if g and row.drafter.feature is not None]
-        out = [empty] * len(rows)
+        out = [Proposal(row.context[:0]) for row in rows]
         if not drafting:
             return out
         medusa = self.drafter
@@ -69,12 +65,16 @@ class BatchedHeads:
             out[i] = fork.proposal(logits[:, j], gammas[i], rows[i].context.device)
         return out
 
+
+class BatchedEagle(BatchedHeads):
+    """`Eagle` over a batch's rows: one head pass per level for every drafting row."""
+
     @torch.inference_mode()
-    def _propose_eagle(self, rows, gammas: list[int], empty: Proposal) -> list[Proposal]:
+    def propose(self, rows: Sequence[DraftRow], gammas: Sequence[int]) -> list[Proposal]:
         """EAGLE for every drafting row in one head pass per level: `Eagle._catch_up` then `Eagle._chain` or
         `Eagle._tree`, batched over rows (`_catch_up`), each row's tree grown by the same `grow_level`."""
         drafting = [i for i, (row, g) in enumerate(zip(rows, gammas)) if g and row.drafter.pending.shape[0]]
-        out = [empty] * len(rows)
+        out = [Proposal(row.context[:0]) for row in rows]
         if len(drafting) == 1:  # one row: its own head cache directly (no temporary batch cache to build)
             i = drafting[0]
             out[i] = rows[i].drafter.propose(rows[i].context[: rows[i].n], gammas[i], rows[i].sampling,
@@ -209,9 +209,6 @@ class BatchedHeads:
         embeds = eagle.embed(tokens)  # [R, W, H]
         return eagle.head(embeds, features.to(embeds.dtype), positions, attention_mask=mask, cache=cache)
 
-    def commit(self, row, num_accepted: int, features: torch.Tensor) -> None:
-        """After verification: features [k+1, H] of the row's root and accepted path."""
-        row.drafter.commit(row.context[: row.n], num_accepted, hidden=features)
 
 
 def _best_nodes(tokens: list[torch.Tensor], scores: list[torch.Tensor], parents: list[torch.Tensor],

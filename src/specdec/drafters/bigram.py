@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from specdec.core.sampling import SamplingConfig, sample
-from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal
+from specdec.drafters.per_row import PerRow
 from specdec.errors import ConfigError
 
 #: Vocabularies up to this size get a dense [V, V] table by default (4096² float32 = 64 MiB).
@@ -48,6 +49,11 @@ class Bigram(Drafter):
         if log_probs.dim() != 2 or log_probs.shape[0] != log_probs.shape[1]:
             raise ConfigError(f"a bigram table must be square [V, V], got shape {tuple(log_probs.shape)}")
         self._set_dense(log_probs)
+
+    @property
+    def capabilities(self) -> DrafterCapabilities:
+        """A chain drafter; batched as one fork per row (a fork shares the table)."""
+        return DrafterCapabilities(batched=PerRow)
 
     # -- storage -------------------------------------------------------------------------------------
     def _set_dense(self, log_probs: torch.Tensor) -> None:

@@ -30,7 +30,7 @@ import time
 import torch
 
 from specdec.core.sampling import SamplingConfig, sample
-from specdec.drafters.base import Proposal
+from specdec.drafters.base import DrafterCapabilities, Proposal
 from specdec.drafters.draft_model import CROSS_VOCAB_METHODS, DraftModel
 from specdec.errors import ConfigError
 from specdec.hub.vocab import VocabMapping, check_tokenizer_fits, encode, vocab_mapping
@@ -151,6 +151,11 @@ class CrossVocabDraft(DraftModel):
         if target_tokenizer is not None:
             self.set_target_tokenizer(target_tokenizer)
 
+    @property
+    def capabilities(self) -> DrafterCapabilities:
+        """A chain drafter, one request at a time (its draft stream is re-tokenized per request)."""
+        return DrafterCapabilities(encoder_decoder=self.is_encoder_decoder)
+
     def use_fast_path(self, mode: bool | str) -> None:
         """Stays on the eager adapter (the slot-cache fast path is not wired for cross-vocabulary drafting)."""
 
@@ -164,6 +169,11 @@ class CrossVocabDraft(DraftModel):
         self.mapping = vocab_mapping(self.tokenizer, target_tokenizer)
         if self.method == "auto":
             self.active = "tli" if self.mapping.draft_coverage >= AUTO_MIN_SHARED else "slem"
+
+    def pair_tokenizer(self, target_tokenizer) -> None:
+        """The text API's target tokenizer, unless one was given at construction."""
+        if self.target_tokenizer is None:
+            self.set_target_tokenizer(target_tokenizer)
 
     def match_target_vocab(self, target_vocab_size: int) -> bool:
         if self.mapping is None:

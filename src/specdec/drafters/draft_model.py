@@ -11,7 +11,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.core.sampling import SamplingConfig, sample
-from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal
+from specdec.drafters.batched import BatchedDraftModel
 from specdec.hub.vocab import check_tokenizer_fits, padded_widths_match, same_vocabulary
 from specdec.runtime.causal_lm import CachedCausalLM
 from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
@@ -79,16 +80,23 @@ class DraftModel(Drafter):
             return True
         return False
 
-    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits [1, V_draft] -> [1, V_target]: padding rows of either head get -inf."""
+    @property
+    def capabilities(self) -> DrafterCapabilities:
+        """A chain drafter; batched as one draft model over every row (`BatchedDraftModel`)."""
+        return DrafterCapabilities(batched=BatchedDraftModel, encoder_decoder=self.is_encoder_decoder,
+                                   accepts_encoder_inputs=self.is_encoder_decoder)
+
+    def fit_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [..., V_draft] -> [..., V_target] (the target's LM-head width, once `match_target_vocab`
+        set it): padding rows of either head get -inf."""
         if self._width is None:
             return logits
         width, rows = self._width, logits.shape[-1]
-        fitted = logits[:, :width] if rows >= width else torch.nn.functional.pad(logits, (0, width - rows),
-                                                                              value=float("-inf"))
+        fitted = logits[..., :width] if rows >= width else torch.nn.functional.pad(logits, (0, width - rows),
+                                                                                value=float("-inf"))
         if self._tokens is not None and self._tokens < width:
             fitted = fitted.clone()
-            fitted[:, self._tokens :] = float("-inf")
+            fitted[..., self._tokens :] = float("-inf")
         return fitted
 
     def _adapter(self, mode: bool | str):
@@ -105,20 +113,26 @@ class DraftModel(Drafter):
         """An encoder-decoder draft (T5, BART, Whisper...): it runs its own encoder once per request."""
         return isinstance(self.lm, CachedSeq2SeqLM)
 
-    @property
-    def accepts_encoder_inputs(self) -> bool:
-        return self.is_encoder_decoder
-
     def use_fast_path(self, mode: bool | str) -> None:
         """Called by the decoder with its `compile` setting; a drafter built with compile=... keeps its own."""
         if self.compile is None:
             self.lm = self._adapter(mode)
 
+    def ensure_capacity(self, tokens: int) -> None:
+        """On the fast path: the draft's slot cache sized for the request (plus its own round's room)."""
+        if isinstance(self.lm, StaticCausalLM):
+            self.lm.ensure_capacity(tokens + self.capabilities.draft_room)
+
+    def precompile(self, gammas, sampling: SamplingConfig, context: torch.Tensor) -> None:
+        """On the fast path: the catch-up passes and the draft graph of every γ in `gammas`, compiled now."""
+        if isinstance(self.lm, StaticCausalLM):
+            self.lm.precompile(self.lm.catch_up_sizes, gammas, sampling, context)
+
     @property
     def forwards(self) -> int:
         return self.lm.forwards
 
-    def reset(self, prompt_ids: torch.Tensor, encoder_inputs=None, encoder_input_ids=None) -> None:
+    def reset(self, prompt_ids: torch.Tensor, *, encoder_inputs=None, encoder_input_ids=None) -> None:
         # An encoder-decoder draft encodes the request's source itself (encoder_inputs: as the target's).
         self.lm.reset(**({} if encoder_inputs is None else {"encoder_inputs": encoder_inputs}))
         self.lm.prefill(prompt_ids[:-1])  # the last prompt token is fed by the first propose
@@ -139,7 +153,7 @@ class DraftModel(Drafter):
                             draft_probs=draft_probs.to(context.device) if draft_probs is not None else None)
         # Catch up on committed tokens the cache has not seen: the last one, plus the final draft token
         # after a fully accepted round (the draft never fed its own last proposal).
-        logits = self._fit(self.lm.forward(context[self.lm.length :], last_only=True))  # [1, V]
+        logits = self.fit_logits(self.lm.forward(context[self.lm.length :], last_only=True))  # [1, V]
         tokens, probs = [], []
         for i in range(gamma):
             if sampling.greedy:
@@ -150,7 +164,7 @@ class DraftModel(Drafter):
                 probs.append(dist)
             tokens.append(token)
             if i + 1 < gamma:
-                logits = self._fit(self.lm.forward(token, last_only=True))  # [1, V]
+                logits = self.fit_logits(self.lm.forward(token, last_only=True))  # [1, V]
         return Proposal(
             tokens=torch.cat(tokens).to(context.device),  # [γ]
             draft_probs=torch.cat(probs).to(context.device) if probs else None,  # [γ, V]

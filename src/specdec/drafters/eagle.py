@@ -31,7 +31,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specdec.core.masks import additive_mask
 from specdec.core.sampling import SamplingConfig
-from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal
+from specdec.drafters.batched_heads import BatchedEagle
 from specdec.errors import ConfigError, NumericalError, PromptError
 from specdec.heads import EagleHead
 from specdec.heads.static_draft import draft_round, grow_level, round_slots
@@ -69,7 +70,6 @@ class Eagle(Drafter):
 
         check_target(head.signature, model, "the given EagleHead")
         self.head = head.eval()
-        self.needs_hidden = head.hidden_request  # True, or the layer indices of EAGLE-3's fused features
         self.embed = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
         self.vocab_size = int(self.lm_head.weight.shape[0])
@@ -103,9 +103,12 @@ class Eagle(Drafter):
         return self._forwards
 
     @property
-    def default_gamma(self) -> int:
-        """The decoder's γ when none is given: the chain's length / the tree's depth."""
-        return self.depth
+    def capabilities(self) -> DrafterCapabilities:
+        """Reads the target's features (the final ones, or EAGLE-3's layer tuple); its depth is the default γ
+        (the chain's length / the tree's depth); at most max_nodes nodes; batched with one head pass per level
+        for every row (`BatchedEagle`)."""
+        return DrafterCapabilities(tree=self.top_k > 1, needs_hidden=self.head.hidden_request, batched=BatchedEagle,
+                                   default_gamma=self.depth, max_nodes=self.max_nodes)
 
     def fork(self) -> Eagle:
         """Another request's drafter over the same head: its own head cache and pending features."""
@@ -114,7 +117,7 @@ class Eagle(Drafter):
         twin.reset(torch.zeros(1, dtype=torch.long))
         return twin
 
-    def reset(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+    def reset(self, prompt_ids: torch.Tensor, *, hidden: torch.Tensor | None = None) -> None:
         """hidden [n-1, F]: the target's features of prompt_ids[:-1] (F = head.feature_size)."""
         self.cache = DynamicCache()
         self._levels: int | None = None  # the request's first round's levels: the compiled shape
@@ -128,7 +131,7 @@ class Eagle(Drafter):
         self.pending = torch.empty(0, width, dtype=param.dtype, device=param.device) if hidden is None else hidden  # [m, F]
         self._forwards = 0
 
-    def commit(self, context: torch.Tensor, num_accepted: int, hidden: torch.Tensor | None = None) -> None:
+    def commit(self, context: torch.Tensor, num_accepted: int, *, hidden: torch.Tensor | None = None) -> None:
         """hidden [k+1, F]: the target's features of the root and the accepted path."""
         extra = self.cache.get_seq_length() - self.rows  # rows computed from drafted features are stale
         if extra > 0 and self.mode is False:  # (the slot cache needs no crop: its masks hide stale rows)

@@ -17,7 +17,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.core.sampling import SamplingConfig
-from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal
+from specdec.drafters.batched_heads import BatchedMedusa
 from specdec.errors import ConfigError
 from specdec.heads import MedusaHeads
 
@@ -47,10 +48,6 @@ def tree_parents(tree: Sequence[Sequence[int]], num_heads: int) -> tuple[list[tu
 class Medusa(Drafter):
     """Medusa drafter: `tree=None` proposes a chain of the heads' argmaxes; a tree needs tree verification."""
 
-    needs_hidden = True
-    #: An encoder-decoder target: the heads read its decoder's last hidden state, the source is not needed.
-    accepts_encoder_inputs = True
-
     def __init__(self, target, heads: MedusaHeads, tree: Sequence[Sequence[int]] | None = None):
         model: PreTrainedModel = target if isinstance(target, PreTrainedModel) else target.model  # or an adapter
         if not isinstance(heads, MedusaHeads):
@@ -73,6 +70,13 @@ class Medusa(Drafter):
         self._forwards = 0
 
     @property
+    def capabilities(self) -> DrafterCapabilities:
+        """Reads the target's last hidden state (an encoder-decoder target's decoder's too: the source is not
+        needed); a chain or a static tree; batched with one heads pass for every row (`BatchedMedusa`)."""
+        return DrafterCapabilities(tree=self.tree is not None, needs_hidden=True, batched=BatchedMedusa,
+                                   accepts_encoder_inputs=True)
+
+    @property
     def forwards(self) -> int:
         return self._forwards
 
@@ -82,12 +86,12 @@ class Medusa(Drafter):
         twin.reset(torch.zeros(1, dtype=torch.long))
         return twin
 
-    def reset(self, prompt_ids: torch.Tensor, hidden: torch.Tensor | None = None, encoder_inputs=None,
+    def reset(self, prompt_ids: torch.Tensor, *, hidden: torch.Tensor | None = None, encoder_inputs=None,
               encoder_input_ids=None) -> None:
         self.feature = hidden[-1] if hidden is not None and hidden.shape[0] else None  # [H]
         self._forwards = 0
 
-    def commit(self, context: torch.Tensor, num_accepted: int, hidden: torch.Tensor | None = None) -> None:
+    def commit(self, context: torch.Tensor, num_accepted: int, *, hidden: torch.Tensor | None = None) -> None:
         if hidden is not None and hidden.shape[0]:
             self.feature = hidden[-1]
 

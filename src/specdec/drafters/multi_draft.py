@@ -30,7 +30,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.core.sampling import SamplingConfig, sample
-from specdec.drafters.base import Proposal
+from specdec.drafters.base import DrafterCapabilities, Proposal
+from specdec.drafters.per_row import PerRow
 from specdec.drafters.tree import positive_int, TreeDrafter
 from specdec.errors import ConfigError
 
@@ -83,6 +84,13 @@ class MultiDraft(TreeDrafter):
                               f"e.g. widths=(2, 2)), got {widths!r}")
         self.widths = tuple(positive_int("widths[i]", w) for w in widths)
         self.num_drafts = math.prod(self.widths)  # leaves of a full tree: an upper bound on nodes per level
+
+    @property
+    def capabilities(self) -> DrafterCapabilities:
+        """A tree of at most num_drafts nodes per level (γ levels); batched as one fork per row."""
+        return DrafterCapabilities(tree=True, batched=PerRow, nodes_per_level=self.num_drafts,
+                                   encoder_decoder=self.is_encoder_decoder,
+                                   accepts_encoder_inputs=self.is_encoder_decoder)
 
     @property
     def replacement(self) -> bool:

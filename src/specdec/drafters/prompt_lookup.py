@@ -36,7 +36,8 @@ from __future__ import annotations
 import torch
 
 from specdec.core.sampling import SamplingConfig
-from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal
+from specdec.drafters.per_row import PerRow
 from specdec.errors import ConfigError
 
 
@@ -56,7 +57,6 @@ class PromptLookup(Drafter):
     """
 
     vocab_size = None  # no vocabulary of its own: any target works
-    accepts_encoder_inputs = True  # an encoder-decoder target's source tokens are looked up too
 
     def __init__(
         self,
@@ -73,8 +73,6 @@ class PromptLookup(Drafter):
         self.num_pred_tokens = None if num_pred_tokens is None else _check_int("num_pred_tokens", num_pred_tokens, 1)
         self.extend_periodic = bool(extend_periodic)
         self.branches = _check_int("branches", branches, 1)
-        # a tree of at most branches·γ nodes (the decoder sizes its caches by num_drafts); None: a chain
-        self.num_drafts = self.branches if self.branches > 1 else None
         self._tokens: list[int] = []  # the committed context seen so far, as Python ints
         # _index[n - min_ngram]: n-gram tuple -> e, the end (exclusive) of its most recent occurrence
         # that has a follower (e <= len(_tokens) - 1), so _tokens[e] is the token that followed it.
@@ -86,8 +84,16 @@ class PromptLookup(Drafter):
         self._source_recent: list[dict[tuple[int, ...], list[int]]] = []  # as _recent, over _source
         self.reset(torch.empty(0, dtype=torch.long))
 
+    @property
+    def capabilities(self) -> DrafterCapabilities:
+        """A chain, or with branches > 1 a tree of at most branches·γ nodes; batched as one fork per row (its own
+        index); an encoder-decoder target's source tokens are looked up too."""
+        tree = self.branches > 1
+        return DrafterCapabilities(tree=tree, batched=PerRow, nodes_per_level=self.branches if tree else None,
+                                   accepts_encoder_inputs=True)
+
     # -- index maintenance -------------------------------------------------------------------------
-    def reset(self, prompt_ids: torch.Tensor, encoder_input_ids: torch.Tensor | None = None,
+    def reset(self, prompt_ids: torch.Tensor, *, encoder_input_ids: torch.Tensor | None = None,
               encoder_inputs=None) -> None:
         self._tokens = []
         self._index = [{} for _ in range(self.min_ngram, self.max_ngram + 1)]

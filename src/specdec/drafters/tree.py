@@ -26,7 +26,8 @@ from transformers import PreTrainedModel
 
 from specdec.core.sampling import SamplingConfig
 from specdec.core.tree import TreeMask
-from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal
+from specdec.drafters.per_row import PerRow
 from specdec.drafters.tree_budget import TreeBudget
 from specdec.errors import ConfigError
 from specdec.runtime.causal_lm import CachedCausalLM
@@ -54,14 +55,21 @@ class TreeDrafter(Drafter):
         return isinstance(self.lm, CachedSeq2SeqLM)
 
     @property
-    def accepts_encoder_inputs(self) -> bool:
-        return self.is_encoder_decoder
+    def capabilities(self) -> DrafterCapabilities:
+        """A tree drafter; batched as one fork per row (each row grows its own tree on its own draft cache)."""
+        return DrafterCapabilities(tree=True, batched=PerRow, encoder_decoder=self.is_encoder_decoder,
+                                   accepts_encoder_inputs=self.is_encoder_decoder)
 
     @property
     def forwards(self) -> int:
         return self.lm.forwards
 
-    def reset(self, prompt_ids: torch.Tensor, encoder_inputs=None, encoder_input_ids=None) -> None:
+    def ensure_capacity(self, tokens: int) -> None:
+        """On the fast path: the draft's slot cache sized for the request plus its own round's room."""
+        if isinstance(self.lm, StaticCausalLM):
+            self.lm.ensure_capacity(tokens + self.capabilities.draft_room)
+
+    def reset(self, prompt_ids: torch.Tensor, *, encoder_inputs=None, encoder_input_ids=None) -> None:
         self.lm.reset(**({} if encoder_inputs is None else {"encoder_inputs": encoder_inputs}))
         self.lm.prefill(prompt_ids[:-1])  # the last prompt token is the first round's root
 
@@ -135,7 +143,6 @@ class DraftTree(TreeDrafter):
             raise ConfigError(f"max_nodes must be an integer >= 1 or \"auto\" (a budget chosen online from the "
                               f"measured pass costs and acceptance), got {max_nodes!r}")
         self.max_nodes = max_nodes
-        self.default_gamma = self.depth
         self.compile = compile
         self._adapters: dict[object, object] = {False: self.lm}
         if compile is not None:
@@ -146,9 +153,14 @@ class DraftTree(TreeDrafter):
         return f"DraftTree(top_k={self.top_k}, depth={self.depth}, max_nodes={self.max_nodes!r})"
 
     @property
-    def draft_room(self) -> int:
-        """Draft-cache slots a round needs past the committed context (frontier rows, re-fed tokens)."""
-        return (self.depth - 1) * self.top_k + self.depth + 2
+    def capabilities(self) -> DrafterCapabilities:
+        """Its depth as the default γ; at most max_nodes nodes (its draft cache needs the frontier rows and the
+        re-fed tokens past the committed context)."""
+        return DrafterCapabilities(
+            tree=True, batched=PerRow, default_gamma=self.depth,
+            max_nodes=self.max_nodes if isinstance(self.max_nodes, int) else None,
+            draft_room=(self.depth - 1) * self.top_k + self.depth + 2,
+            encoder_decoder=self.is_encoder_decoder, accepts_encoder_inputs=self.is_encoder_decoder)
 
     @property
     def node_budgets(self) -> tuple[int, ...]:
@@ -163,10 +175,12 @@ class DraftTree(TreeDrafter):
             self._adapters[mode] = fast_adapter(self.lm.model, mode)
         self.lm = self._adapters[mode]
 
-    def plan(self, target) -> None:
-        """Called by the decoder before each request with the target's adapter (the budget measures it)."""
+    def plan(self, target) -> tuple[int, ...]:
+        """Before each request, with the target's adapter (max_nodes="auto" measures its passes): the node
+        budgets this request may use."""
         if self.budget is not None:
             self.budget.bind(target, self.lm)
+        return self.node_budgets
 
     _log_probs = staticmethod(tree_log_probs)  # −inf outside top-k / top-p at T > 0
 

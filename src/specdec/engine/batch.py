@@ -1,99 +1,39 @@
-"""Batched speculative decoding: the same round as `decoding.py`, over rows that join and leave.
+"""Batched speculative decoding: the round of `round.py` over rows that join and leave.
 
-    rows' drafters propose  →  target scores every row in one pass  →  verify each row  →  commit each row
+Each row is one request with its own prompt, `DecodeOptions` (sampling settings, EOS set, seed), random
+generator, γ policy and statistics; rows accept different numbers of tokens each round (the batched target
+keeps per-row cache lengths: `BatchedCausalLM`, docs/batching.md). The round, the verification, the tree check,
+the vocabulary rule and the γ rule are a lone request's, so a row is what the same request decoded alone gives
+(token-identical at T = 0; at T > 0 a seeded row makes the lone request's draws).
 
-Each row is one request with its own prompt, sampling settings, random generator, γ policy, EOS set and
-statistics. Rows accept different numbers of tokens each round; `BatchedCausalLM` keeps per-row cache
-lengths (docs/batching.md). Verification is `decoding.verify_round` on the row's own slice of the logits,
-with the row's own generator, so a row draws the same random numbers as the same request decoded alone.
-
-Drafters: a `DraftModel` and `LayerSkip` (the target's first layers as a draft model) are batched
-(`drafters.batched.BatchedDraftModel`: one draft forward per step for all rows); every other drafter gets one
-`fork()` per row: model-free drafters (prompt lookup, bigram), tree drafters (`DraftTree`, `MultiDraft`:
-each row grows its own tree with its own draft cache; the target scores every row's tree in one pass with a
-per-row tree block in a 4-D mask) and head drafters (`Eagle`, `Medusa`: `drafters.batched_heads.BatchedHeads`, fed the
-features of each row's root and accepted path from the target's pass). Other drafters are refused.
+The drafter runs in the batched form its capabilities declare (`DrafterCapabilities.batched`): a `DraftModel`
+or `LayerSkip` as one batched draft model for every row (`BatchedDraftModel`), `Eagle` and `Medusa` as a fork
+per row fed the target's features, their head passes batched (`BatchedEagle`, `BatchedMedusa`), model-free and
+tree drafters as a fork per row (`PerRow`; every row's tree scored in the one target pass). A drafter that
+declares no batched form (a draft with another tokenizer, a user's drafter) is refused.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
 
-from specdec.core.sampling import SamplingConfig
-from specdec.core.stats import DecodeStats
-from specdec.core.tree import TreeMask
-from specdec.core.verify import Verdict, verify_tree
-from specdec.drafters.base import Drafter, Proposal
-from specdec.drafters.batched import BatchedDraftModel
-from specdec.drafters.batched_heads import BatchedHeads
-from specdec.drafters.bigram import Bigram
-from specdec.drafters.draft_model import DraftModel
-from specdec.drafters.eagle import Eagle
-from specdec.drafters.layer_skip import LayerSkip
-from specdec.drafters.medusa import Medusa
-from specdec.drafters.multi_draft import MultiDraft
-from specdec.drafters.prompt_lookup import PromptLookup
-from specdec.drafters.tree import DraftTree
-from specdec.engine.decoding import (
-    DEFAULT_GAMMA,
-    GenerationOutput,
-    check_max_new_tokens,
-    check_prompt_fits,
-    checked_tree,
-    eos_ids,
-    first_branch_proposal,
-    make_gamma_policy,
-    prompt_tensor,
-    verify_round,
-)
-from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, SpecdecError
-from specdec.runtime.base import check_finite
-from specdec.runtime.batch_lm import BatchedCausalLM
-from specdec.runtime.batch_static import StaticBatchedCausalLM, batched_adapter, no_features
-from specdec.runtime.causal_lm import CachedCausalLM, context_length
+from specdec.drafters.base import Drafter, DrafterCapabilities, RowDrafters
+from specdec.engine.options import DecodeOptions, check_compile
+from specdec.engine.pairing import batched_form, check_drafter
+from specdec.engine.policies import gamma_policy
+from specdec.engine.request import GenerationOutput, Row, new_row
+from specdec.engine.round import Engine, RowEvent
+from specdec.engine.targets import ManyRows
+from specdec.engine.verification import Verifier
+from specdec.errors import ConfigError, PromptError
+from specdec.runtime.batch_static import batched_adapter
 from specdec.runtime.threads import threads_for
 
-
-@dataclass
-class Row:
-    """One request in the batch."""
-
-    key: object
-    context: torch.Tensor  # [n0 + max_new_tokens + 1]; context[:n] is committed
-    n: int
-    max_new_tokens: int
-    sampling: SamplingConfig
-    generator: torch.Generator
-    gamma_policy: object
-    eos: frozenset[int]
-    drafter: Drafter | None = None  # the row's own fork of the drafter (model-free, tree or head drafters)
-    logprobs: int | None = None  # report the target's log-probabilities of emitted tokens (+ this many top ones)
-    produced: int = 0
-    stats: DecodeStats = field(default_factory=DecodeStats)
-    started: float = field(default_factory=time.perf_counter)
-
-
-@dataclass
-class RowEvent:
-    """What one round produced for one row."""
-
-    key: object
-    tokens: list[int]  # new final tokens (cut after an EOS)
-    accepted: int  # how many of them were accepted drafts
-    drafted: int
-    finished: bool = False
-    finish_reason: str | None = None  # "stop" (EOS) or "length"
-    error: SpecdecError | None = None  # decoding failed for this row only; it has been removed
-    # With the row's `logprobs` set: per emitted token, its log-probability under the target's raw
-    # distribution (the verification pass's logits, before temperature / top-k / top-p), and the
-    # `logprobs` most likely (token, log-probability) pairs there.
-    logprobs: list[float] | None = None
-    top_logprobs: list[list[tuple[int, float]]] | None = None
+__all__ = ["BatchDecoder", "RowEvent", "generate_batch"]
 
 
 class BatchDecoder:
@@ -104,41 +44,38 @@ class BatchDecoder:
         # compile: True = the target on the batched fast path (compiled passes over a preallocated cache of
         # max_len slot columns; None: grown as needed), "static" = the same cache eager, False =
         # BatchedCausalLM (batch_static.batched_adapter).
-        self.target = batched_adapter(target, compile, max_len)
+        adapter = batched_adapter(target, check_compile(compile), max_len)
         self.model = target
-        self.limit = context_length(target)
-        if drafter is not None and not isinstance(drafter, Drafter):
-            raise ConfigError(
-                f"drafter must be a specdec Drafter (e.g. specdec.DraftModel(model)), got {type(drafter).__name__}"
-            )
-        if drafter is not None and drafter.vocab_size is not None and drafter.vocab_size != self.target.vocab_size:
-            raise IncompatibleModelsError(
-                f"the drafter's vocabulary has {drafter.vocab_size} tokens but the target's has "
-                f"{self.target.vocab_size}; speculative decoding needs the same tokenizer"
-            )
-        self.drafter = drafter
-        self.draft_model: BatchedDraftModel | None = None
-        self.heads: BatchedHeads | None = None  # drafters reading the target's features
-        self.hidden: bool | tuple[int, ...] = False  # what the target's passes return besides logits
-        self.trees = False  # can the target score tree proposals (else: their first branch, as generate does)
-        if type(drafter) in (DraftModel, LayerSkip):  # other subclasses (cross-vocabulary) translate tokens
-            self.draft_model = BatchedDraftModel(drafter)
-        elif isinstance(drafter, (Eagle, Medusa)):
-            self.heads = BatchedHeads(drafter)
-            self.hidden = self.heads.hidden
-            if isinstance(self.target, StaticBatchedCausalLM):
-                no_features(self.hidden)  # one clear error before any work
-            self.trees = CachedCausalLM(target).supports_tree(2)
-        elif type(drafter) in (DraftTree, MultiDraft):
-            self.trees = CachedCausalLM(target).supports_tree(2)
-        elif drafter is not None and not isinstance(drafter, (PromptLookup, Bigram)):
-            raise ConfigError(
-                f"{drafter.name} cannot be batched yet; batched decoding supports DraftModel, LayerSkip, DraftTree, "
-                "MultiDraft, Eagle, Medusa, PromptLookup and Bigram: use one of them, or specdec.generate for one "
-                "request at a time"
-            )
+        self.drafter = check_drafter(drafter, adapter.vocab_size)
+        self.capabilities = drafter.capabilities if drafter is not None else DrafterCapabilities()
+        self.engine = Engine(ManyRows(adapter, self.capabilities.needs_hidden), batched_form(drafter), Verifier())
         self.rows: list[Row] = []
         self.last_round: dict | None = None  # the last step's draft_s, target_s, pass width (the server's cost model)
+
+    # -- the parts ------------------------------------------------------------------------------------
+    @property
+    def target(self):
+        """The batched target adapter (`BatchedCausalLM`, `StaticBatchedCausalLM`); assignable before rows join."""
+        return self.engine.target.adapter
+
+    @target.setter
+    def target(self, adapter) -> None:
+        self.engine.target = ManyRows(adapter, self.capabilities.needs_hidden)
+
+    @property
+    def drafters(self) -> RowDrafters | None:
+        """The drafter's batched form over the rows (None: plain decoding)."""
+        return self.engine.drafters
+
+    @property
+    def trees(self) -> bool:
+        """Are tree proposals scored as trees (else: their first branch, as a lone request's target would)?"""
+        return self.capabilities.tree and self.engine.target.scores_tree(None, 2)
+
+    @property
+    def window(self) -> int | None:
+        """The target's sliding attention window (None: full attention): a batched request must fit inside it."""
+        return self.engine.target.window
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -148,78 +85,40 @@ class BatchDecoder:
         return [row.key for row in self.rows]
 
     # -- rows join and leave --------------------------------------------------------------------------
-    def add(self, key: object, prompt_ids: Sequence[int] | torch.Tensor, **options) -> None:
+    def add(self, key: object, prompt_ids: Sequence[int] | torch.Tensor, options: DecodeOptions | None = None,
+            **kwargs) -> None:
         """Prefill a new row and splice it into the batch; the others' caches are untouched.
 
-        options: as `specdec.generate` (gamma, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed).
+        options: a `DecodeOptions`, or its fields as keyword arguments (gamma, max_new_tokens, temperature,
+        top_k, top_p, eos_token_id, seed, logprobs).
         """
-        self.add_many([(key, prompt_ids, options)])
+        self.add_many([(key, prompt_ids, options if options is not None else kwargs)])
 
-    def add_many(self, requests: Sequence[tuple[object, Sequence[int] | torch.Tensor, dict]]) -> None:
-        """Add several rows (key, prompt_ids, options) with one batched prefill. Raises before prefilling
-        anything if one request is invalid (call `check` first to reject requests one by one). Runs with
-        specdec's thread count (`threads.decode_threads`)."""
-        with threads_for(self.model):
-            self._add_many(requests)
-
-    def _add_many(self, requests: Sequence[tuple[object, Sequence[int] | torch.Tensor, dict]]) -> None:
-        rows = [self.check(key, prompt, **options) for key, prompt, options in requests]
+    def add_many(self, requests: Sequence[tuple[object, Sequence[int] | torch.Tensor, DecodeOptions | dict]]) -> None:
+        """Add several rows (key, prompt_ids, options: a `DecodeOptions` or a dict of its fields) with one
+        batched prefill. Raises before prefilling anything if one request is invalid (call `check` first to
+        reject requests one by one). Runs with specdec's thread count (`threads.decode_threads`)."""
+        rows = [self.check(key, prompt, options) if isinstance(options, DecodeOptions) else
+                self.check(key, prompt, **options) for key, prompt, options in requests]
         if not rows:
             return
         start = time.perf_counter()
-        prefixes = [row.context[: row.n - 1] for row in rows]
-        features = self.target.add_rows(prefixes, hidden=self.hidden)  # per row [n-1, H] | None, with heads
-        if self.draft_model is not None:
-            self.draft_model.add_rows(prefixes)
-        elif self.heads is not None:
-            self.heads.add_rows(rows, features)
-        elif self.drafter is not None:
-            for row in rows:
-                row.drafter = self.drafter.fork()  # its own state (a tree drafter: its own draft cache)
-                row.drafter.reset(row.context[: row.n])
+        with threads_for(self.model):
+            self.engine.add_rows(rows)
         prefill_s = time.perf_counter() - start
         for row in rows:
             row.stats.prefill_s = prefill_s
         self.rows.extend(rows)
 
-    def check(
-        self,
-        key: object,
-        prompt_ids: Sequence[int] | torch.Tensor,
-        *,
-        gamma: int | str | object | None = None,
-        max_new_tokens: int = 64,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        eos_token_id: int | Sequence[int] | None = None,
-        seed: int | None = None,
-        logprobs: int | None = None,
-    ) -> Row:
+    def check(self, key: object, prompt_ids: Sequence[int] | torch.Tensor, options: DecodeOptions | None = None,
+              **kwargs) -> Row:
         """Validate one request and build its (not yet prefilled) row; raises a SpecdecError if invalid.
 
-        logprobs: None (off) or k >= 0: each event carries the emitted tokens' target log-probabilities and
-        the k most likely alternatives at each position."""
-        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
-            raise ConfigError(f"logprobs must be None or an integer >= 0 (top alternatives), got {logprobs!r}")
-        sampling = SamplingConfig(temperature, top_k, top_p)
-        if gamma is None:  # as generate: a tree drafter's own depth, else the chain default
-            gamma = getattr(self.drafter, "default_gamma", None) or DEFAULT_GAMMA
-        policy = make_gamma_policy(gamma)
-        max_new_tokens = check_max_new_tokens(max_new_tokens)
-        prompt = prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
-        n = prompt.shape[0]
-        check_prompt_fits(n, max_new_tokens, self.limit)
-        self.target.check_fits(n + max_new_tokens)
-        generator = torch.Generator(device=self.target.device)
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(int(seed))
-        context = torch.empty(n + max_new_tokens + 1, dtype=torch.long, device=self.target.device)
-        context[:n] = prompt
-        return Row(key, context, n, max_new_tokens, sampling, generator, policy, eos_ids(self.model, eos_token_id),
-                   logprobs=logprobs)
+        options: a `DecodeOptions`, or its fields as keyword arguments (logprobs: None (off) or k >= 0: each
+        event carries the emitted tokens' target log-probabilities and the k most likely alternatives)."""
+        options = DecodeOptions.given(options, **kwargs)
+        policy = gamma_policy(options.gamma, self.target, self.drafter)  # as a lone request's
+        return new_row(key, prompt_ids, options, self.engine.target, policy)
 
     def remove(self, keys: Sequence[object]) -> None:
         """Drop the rows with these keys (finished, cancelled, failed) between rounds."""
@@ -228,13 +127,12 @@ class BatchDecoder:
         if len(keep) == len(self.rows):
             return
         self.rows = [self.rows[i] for i in keep]
-        self.target.remove_rows(keep)
-        if self.draft_model is not None:
-            self.draft_model.remove_rows(keep)
+        self.engine.remove_rows(keep)
 
     # -- one round ------------------------------------------------------------------------------------
     def step(self, gamma_cap: int | dict[object, int | None] | None = None) -> list[RowEvent]:
-        """One round for every row: propose, score, verify, commit, emit. Finished rows are removed.
+        """One round for every row: propose, score, verify, commit, emit (`round.Engine.run`). Finished and
+        failed rows are removed.
 
         gamma_cap: an upper bound on every row's γ this round (the server's load-based choice; 0 = plain),
         or a dict from row key to its own bound (None: not bounded). Runs with specdec's thread count
@@ -242,196 +140,12 @@ class BatchDecoder:
         """
         if not self.rows:
             return []
-        with threads_for(self.model):
-            return self._step(gamma_cap)
-
-    def _step(self, gamma_cap: int | dict[object, int | None] | None) -> list[RowEvent]:
         rows = self.rows
-        gammas = [self._gamma(row, gamma_cap) for row in rows]
-
-        # 1. drafters propose.
-        t = time.perf_counter()
-        proposals, trees, errors = self._propose(rows, gammas)
-        draft_s = time.perf_counter() - t
-
-        # 2. target scores every row: its last committed token and its drafts (a chain, or a tree's nodes).
-        t = time.perf_counter()
-        inputs = [torch.cat([row.context[row.n - 1 : row.n], p.tokens]) for row, p in zip(rows, proposals)]
-        scores = self.target.score(inputs, trees=trees, hidden=self.hidden)
-        target_logits = scores.logits  # [B, W, V]
-        width = target_logits.shape[1]
-        target_s = time.perf_counter() - t
-        self.last_round = {"draft_s": draft_s, "target_s": target_s, "width": int(target_logits.shape[1])}
-
-        # One finiteness check and one argmax for the whole pass (rows are re-checked one by one only if the
-        # pass has a non-finite value somewhere, which may be a padding column).
-        all_finite = bool(torch.isfinite(target_logits).all())
-        greedy = [row.sampling.greedy and tree is None for row, tree in zip(rows, trees)]
-        best = target_logits.argmax(dim=-1).tolist() if any(greedy) else None  # [B, W]
-
-        events, kept_lengths = [], []
-        for i, (row, proposal) in enumerate(zip(rows, proposals)):
-            gamma = len(proposal)
-            logits = target_logits[i, : gamma + 1]  # [γ+1, V] (a tree: [N+1, V], row 0 the root)
-            try:
-                if errors[i] is not None:
-                    raise errors[i]
-                if not all_finite:
-                    check_finite(logits, self.model, f"for request {row.key!r}")
-                # 3. verify this row with its own generator.
-                verdict, accepted, keep = self._verify_row(row, proposal, trees[i], logits,
-                                                           best[i] if greedy[i] else None)
-                if trees[i] is not None:
-                    self.target.keep_new(i, width, keep)  # root + path
-            except SpecdecError as exc:
-                kept_lengths.append(row.n - 1)
-                events.append(RowEvent(row.key, [], 0, gamma, True, None, exc))
-                continue
-            # 4. commit: the target keeps context + accepted drafts; append the next token.
-            kept_lengths.append(row.n + verdict.num_accepted)
-            hidden = scores.hidden[i, keep] if self.heads is not None else None  # root + accepted path: [k+1, H]
-            new_tokens = self._commit_row(row, gamma, verdict, accepted, hidden, target_s, draft_s)
-            # 5. emit, stopping at the first EOS or max_new_tokens.
-            events.append(self._emit(row, new_tokens, verdict.num_accepted, gamma, logits))
-
-        self.target.crop(kept_lengths)
-        if self.draft_model is not None:
-            self.draft_model.commit(rows)
-        done = [e.key for e in events if e.finished]
-        self.remove(done)
+        with threads_for(self.model):
+            events = self.engine.run(rows, self.engine.gammas(rows, gamma_cap))
+        self.last_round = self.engine.last_round
+        self.remove([event.key for event in events if event.finished])
         return events
-
-    def _gamma(self, row: Row, gamma_cap: int | dict[object, int | None] | None) -> int:
-        """γ for `row` this round: its policy's choice, within max_new_tokens and the server's cap."""
-        remaining = row.max_new_tokens - row.produced
-        gamma = min(row.gamma_policy.choose(row.stats), remaining - 1) if self.drafter is not None else 0
-        cap = gamma_cap.get(row.key) if isinstance(gamma_cap, dict) else gamma_cap
-        if cap is not None:
-            gamma = min(gamma, cap)
-        return max(0, gamma)
-
-    @staticmethod
-    def _verify_row(row: Row, proposal: Proposal, tree: TreeMask | None, logits: torch.Tensor,
-                    best: list[int] | None) -> tuple[Verdict, list[int], list[int]]:
-        """3. one row's verdict with its own generator, from logits [γ+1, V] (a tree: [N+1, V]); best: the
-        pass's argmax of this row when it is greedy and a chain. Returns (verdict, accepted tokens [k], the
-        rows of the pass to keep: root + accepted)."""
-        if best is not None:
-            drafts = proposal.tokens.tolist()
-            verdict = _verify_greedy_from_argmax(drafts, best)
-            accepted = drafts[: verdict.num_accepted]
-        elif tree is None:
-            verdict = verify_round(proposal.tokens, proposal.draft_probs, logits, row.sampling, row.generator)
-            accepted = proposal.tokens[: verdict.num_accepted].tolist()  # [k]
-        else:
-            verdict = verify_tree(proposal, logits, row.sampling, row.generator)
-            path = list(verdict.path)  # [k] node indices
-            accepted = proposal.tokens[path].tolist()  # [k]
-        keep = list(range(len(accepted) + 1)) if tree is None else [0] + [node + 1 for node in verdict.path]
-        return verdict, accepted, keep
-
-    def _commit_row(self, row: Row, gamma: int, verdict: Verdict, accepted: list[int],
-                    hidden: torch.Tensor | None, target_s: float, draft_s: float) -> list[int]:
-        """4. append the accepted drafts and the next token to the row's context, record the round, tell the
-        drafter (with the features [k+1, H] of the root and the accepted path, for heads) and the γ policy.
-        Returns the new tokens."""
-        k = verdict.num_accepted
-        new_tokens = accepted + [verdict.next_token]
-        row.context[row.n : row.n + k + 1] = torch.tensor(new_tokens, device=row.context.device)
-        row.n += k + 1
-        stats = row.stats
-        stats.record_round(gamma, k, verdict.outcome)
-        stats.target_s += target_s
-        stats.draft_s += draft_s
-        stats.target_forwards += 1
-        if self.heads is not None:
-            self.heads.commit(row, k, hidden)
-            stats.draft_forwards = row.drafter.forwards
-        elif row.drafter is not None:
-            row.drafter.commit(row.context[: row.n], k)
-            stats.draft_forwards = row.drafter.forwards
-        row.gamma_policy.update(stats)
-        return new_tokens
-
-    @staticmethod
-    def _emit(row: Row, new_tokens: list[int], k: int, gamma: int, logits: torch.Tensor) -> RowEvent:
-        """5. the row's event: its new tokens up to the first EOS or max_new_tokens (with their logprobs when
-        asked, from logits [γ+1, V])."""
-        emitted, reason = [], None
-        for token in new_tokens:
-            emitted.append(token)
-            row.produced += 1
-            if token in row.eos:
-                reason = "stop"
-                break
-            if row.produced >= row.max_new_tokens:
-                reason = "length"
-                break
-        stats = row.stats
-        stats.new_tokens = row.produced
-        stats.wall_s = time.perf_counter() - row.started
-        event = RowEvent(row.key, emitted, min(k, len(emitted)), gamma, reason is not None, reason)
-        if row.logprobs is not None:
-            event.logprobs, event.top_logprobs = _token_logprobs(logits[: len(emitted)], emitted, row.logprobs)
-        return event
-
-    def _propose(self, rows: list[Row], gammas: list[int]):
-        """Each row's proposal (a chain, or a tree with its mask), and a ProposalError for rows whose drafter
-        proposed something invalid (that row alone fails; its proposal is replaced by an empty one)."""
-        empty = Proposal(torch.empty(0, dtype=torch.long, device=self.target.device))
-        none = [None] * len(rows)
-        if self.drafter is None or not any(gammas):
-            return [empty for _ in rows], none, none
-        if self.draft_model is not None:
-            return self.draft_model.propose(rows, gammas), none, none
-        if self.heads is not None:
-            raw = self.heads.propose(rows, gammas, empty)
-        else:
-            raw = [row.drafter.propose(row.context[: row.n], gamma, row.sampling, row.generator) if gamma else empty
-                   for row, gamma in zip(rows, gammas)]
-        out, trees, errors = [], [], []  # per-row drafters
-        for row, gamma, p in zip(rows, gammas, raw):
-            tree, error = None, None
-            if p.parents is not None:
-                try:
-                    p, tree = self._check_tree(p, gamma, row.n)
-                except ProposalError as exc:
-                    p, error = empty, exc
-            if tree is None:
-                gamma = min(gamma, len(p))
-                p = Proposal(p.tokens[:gamma], None if p.draft_probs is None else p.draft_probs[:gamma])
-            out.append(p)
-            trees.append(tree)
-            errors.append(error)
-        return out, trees, errors
-
-    def _check_tree(self, proposal: Proposal, gamma: int, n: int) -> tuple[Proposal, TreeMask | None]:
-        """As the single-request decoder: validate, cap the depth at γ, and score a chain (or, when the target
-        cannot take a 4-D mask, the first branch) as a chain."""
-        room = None if self.limit is None else self.limit - n
-        tree = checked_tree(proposal, gamma, self.target.vocab_size, room)
-        if tree is None:
-            return Proposal(proposal.tokens, proposal.draft_probs), None
-        return (proposal, tree) if self.trees else (first_branch_proposal(proposal), None)
-
-
-def _verify_greedy_from_argmax(drafts: list[int], best: list[int]) -> Verdict:
-    """`verify.verify_greedy` on a row's slice of an argmax taken once for the whole batch: accept the drafts
-    that equal the target's argmax, then the argmax after them (recovered, or bonus if all were accepted)."""
-    k = 0
-    while k < len(drafts) and drafts[k] == best[k]:
-        k += 1
-    return Verdict(k, best[k], "bonus" if k == len(drafts) else "recovered")
-
-
-def _token_logprobs(logits: torch.Tensor, tokens: list[int], top: int):
-    """logits [m, V] (row j scored token j): the tokens' log-probabilities and the `top` best per position."""
-    logp = torch.log_softmax(logits, dim=-1)  # [m, V] (float32 or float64, as the forward returned)
-    chosen = logp.gather(1, torch.tensor(tokens, device=logp.device)[:, None])[:, 0].tolist()  # [m]
-    if top == 0:
-        return chosen, [[] for _ in tokens]
-    values, indices = logp.topk(min(top, logp.shape[-1]), dim=-1)  # [m, top]
-    return chosen, [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
 
 
 def generate_batch(
@@ -460,10 +174,10 @@ def generate_batch(
     seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(prompts)
     if len(seeds) != len(prompts):
         raise ConfigError(f"got {len(seeds)} seeds for {len(prompts)} prompts; pass one seed or one per prompt")
+    options = [DecodeOptions(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                             top_p=top_p, eos_token_id=eos_token_id, seed=s) for s in seeds]
     decoder = BatchDecoder(target, drafter, compile=compile)
-    options = dict(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                   eos_token_id=eos_token_id)
-    decoder.add_many([(i, prompt, {**options, "seed": seeds[i]}) for i, prompt in enumerate(prompts)])
+    decoder.add_many([(i, prompt, options[i]) for i, prompt in enumerate(prompts)])
     stats = {row.key: row.stats for row in decoder.rows}
     tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
     while len(decoder):

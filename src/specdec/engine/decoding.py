@@ -1,260 +1,50 @@
-"""The decode loop: ``drafter.propose`` → ``target.score`` → ``verify`` → ``commit`` → emit.
+"""A lone request: `generate`, `stream` and `SpeculativeDecoder`, the round of `round.py` over one row.
 
-Invariants between rounds (n = committed tokens, prompt included):
-- the target's cache holds context[:n-1]; the last committed token is fed in the next round together with
-  the draft tokens, so one target pass scores γ drafts and yields the distribution after each of them;
-- the drafter's state covers at most context[:n-1] (it catches up itself when it proposes).
-Plain decoding is the same loop with nothing drafted.
+The target is the request's fast single-row adapter (`CachedCausalLM`, the fast path's `StaticCausalLM`, an
+encoder-decoder's `CachedSeq2SeqLM`) wrapped as a batch of one (`targets.OneRow`), and the drafter drives its
+one row itself (`PerRow.alone`); the round, the verification, the tree check and the γ rule are the batch's.
 """
 
 from __future__ import annotations
 
-import operator
 import time
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from transformers import PreTrainedModel
 
-from specdec.core.sampling import SamplingConfig
 from specdec.core.stats import DecodeStats
-from specdec.core.tree import TreeMask, first_branch, is_chain, validate_proposal
-from specdec.core.verify import Verdict, verify_greedy, verify_sampled, verify_tree
-from specdec.drafters.base import Drafter, Proposal
-from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, ProposalError, UnsupportedModelError
-from specdec.runtime.base import Scores
-from specdec.runtime.causal_lm import CachedCausalLM, context_length
-from specdec.runtime.compiled import DEFAULT_BUCKETS, compile_seconds
-from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder, seq2seq_adapter, tree_unsupported_reason
+from specdec.core.verify import verify_tree
+from specdec.drafters.base import Drafter, DrafterCapabilities
+from specdec.drafters.per_row import PerRow
+from specdec.engine import shapes
+from specdec.engine.options import DecodeOptions, check_compile
+from specdec.engine.pairing import check_drafter, check_encoder_pairing
+from specdec.engine.policies import gamma_policy
+from specdec.engine.request import GenerationOutput, Row, eos_ids, new_row, seeded_generator
+from specdec.engine.round import Engine
+from specdec.engine.targets import OneRow
+from specdec.engine.verification import TreeVerifyFn, Verifier, VerifyFn, verify_round
+from specdec.runtime.causal_lm import CachedCausalLM
+from specdec.runtime.compiled import compile_seconds
+from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder, seq2seq_adapter
 from specdec.runtime.static_lm import StaticCausalLM, fast_adapter
 from specdec.runtime.threads import scoped_stream
 
-DEFAULT_GAMMA = 4
 
-#: verify_fn(draft_tokens [γ], draft_probs [γ, V] | None, target_logits [γ+1, V], sampling, generator)
-VerifyFn = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, SamplingConfig, "torch.Generator | None"], Verdict]
-#: tree_verify_fn(proposal (tokens [N], draft_probs [N, V] | None, parents [N]), target_logits [N+1, V], sampling,
-#: generator) -> Verdict with the accepted path
-TreeVerifyFn = Callable[[Proposal, torch.Tensor, SamplingConfig, "torch.Generator | None"], Verdict]
-
-
-def verify_round(
-    draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    target_logits: torch.Tensor,
-    sampling: SamplingConfig,
-    generator: torch.Generator | None,
-) -> Verdict:
-    """Greedy: accept the prefix matching the target's argmax. Sampling: the rejection rule on warped probs."""
-    if sampling.greedy:
-        return verify_greedy(draft_tokens, target_logits)
-    target_probs = sampling.warp(target_logits)  # [γ+1, V]
-    return verify_sampled(draft_tokens, draft_probs, target_probs, generator)
-
-
-@dataclass
-class GenerationOutput:
-    tokens: list[int]  # the new tokens only, up to and including an EOS
-    stats: DecodeStats = field(default_factory=DecodeStats)
-
-
-class FixedGamma:
-    """Draft the same γ every round. (Adaptive policies implement the same two methods.)"""
-
-    def __init__(self, gamma: int):
-        self.gamma = gamma
-
-    def choose(self, stats: DecodeStats) -> int:
-        return self.gamma
-
-    def update(self, stats: DecodeStats) -> None:
-        pass
-
-
-def _check_gamma(gamma: object) -> int:
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ConfigError(f"gamma (draft tokens per round) must be an integer >= 1, got {gamma!r}")
-    return gamma
-
-
-def check_max_new_tokens(max_new_tokens: object) -> int:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    return max_new_tokens
-
-
-def check_prompt_fits(prompt_len: int, max_new_tokens: int, limit: int | None) -> None:
-    """Raise before any work if the prompt plus every new token would pass the target's context `limit`."""
-    if limit is not None and prompt_len + max_new_tokens > limit:
-        raise PromptError(
-            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = {prompt_len + max_new_tokens} "
-            f"exceeds the target's context of {limit} tokens; shorten the prompt or lower max_new_tokens"
-        )
-
-
-def make_gamma_policy(gamma: object, target: object = None, drafter: object = None):
-    if hasattr(gamma, "choose") and hasattr(gamma, "update"):
-        return gamma
-    if gamma == "auto":
-        from specdec.engine.adaptive import AdaptiveGamma  # noqa: PLC0415 (optional policy, loaded on demand)
-
-        # One policy per (drafter, target, adapter) in this process: a reused drafter keeps its measured costs.
-        return AdaptiveGamma.for_pair(target, drafter) if drafter is not None else AdaptiveGamma()
-    return FixedGamma(_check_gamma(gamma))
-
-
-def eos_ids(target: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
-    if eos_token_id is None:
-        config = getattr(target, "generation_config", None)
-        eos_token_id = getattr(config, "eos_token_id", None)
-        if eos_token_id is None:
-            return frozenset()
-    return frozenset(_int_list(eos_token_id, "eos_token_id", "an int, a list of ints, None (the target's "
-                               "generation_config) or [] (never stop early)"))
-
-
-def _int_list(value: object, name: str, expected: str) -> list[int]:
-    """`value` (an int or a sequence of ints, numpy/torch integers included) as a list of ints."""
-    scalar = not isinstance(value, Iterable) or getattr(value, "ndim", 1) == 0
-    items = [value] if scalar else value
-    try:
-        if isinstance(value, (str, bytes)) or any(isinstance(v, bool) for v in items):
-            raise TypeError
-        return [operator.index(v) for v in items]
-    except TypeError:
-        raise ConfigError(f"{name} must be {expected}, got {value!r}") from None
-
-
-def _check_seed(seed: object) -> int | None:
-    if seed is None:
-        return None
-    try:
-        if isinstance(seed, bool):
-            raise TypeError
-        return operator.index(seed)
-    except TypeError:
-        raise ConfigError(f"seed must be an integer or None, got {seed!r}") from None
-
-
-def prompt_tensor(prompt_ids: Sequence[int] | torch.Tensor, vocab: int) -> torch.Tensor:
-    if isinstance(prompt_ids, Mapping):  # a tokenizer's BatchEncoding: use its input_ids
-        if "input_ids" not in prompt_ids:
-            raise PromptError("prompt_ids is a mapping without 'input_ids'; pass tokenizer(text).input_ids")
-        prompt_ids = prompt_ids["input_ids"]
-    if isinstance(prompt_ids, str):
-        raise PromptError("prompt_ids must be token ids, not a string: use specdec.generate_text for text")
-    if not isinstance(prompt_ids, torch.Tensor):
-        try:
-            prompt_ids = torch.tensor(list(prompt_ids), dtype=torch.long)
-        except (TypeError, ValueError, RuntimeError):
-            raise PromptError(
-                f"prompt_ids must be a list of ints or a 1-D integer tensor, got {type(prompt_ids).__name__} "
-                f"{str(prompt_ids)[:60]}; pass tokenizer(text).input_ids"
-            ) from None
-    if isinstance(prompt_ids, torch.Tensor):
-        if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
-            prompt_ids = prompt_ids[0]
-        if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point:
-            raise PromptError(
-                f"prompt_ids must be one sequence (a 1-D integer tensor, a list of ints, or a batch of one), "
-                f"got shape {tuple(prompt_ids.shape)} and dtype {prompt_ids.dtype}; decode one prompt at a "
-                "time: pass tokenizer(text).input_ids"
-            )
-        ids = prompt_ids.detach().to("cpu", torch.long)
-    if ids.numel() == 0:
-        raise PromptError("the prompt is empty: pass at least one token id (e.g. the BOS token)")
-    bad = (ids < 0) | (ids >= vocab)
-    if bool(bad.any()):
-        first = int(ids[bad][0])
-        raise PromptError(
-            f"prompt token id {first} is outside the target's vocabulary [0, {vocab}); "
-            "tokenize with the target's own tokenizer"
-        )
-    return ids
-
-
-def _check_encoder_pairing(target: object, drafter: Drafter | None, encoder_inputs: object) -> object:
-    """Encoder inputs go with an encoder-decoder target only, and its drafter must take them."""
-    seq2seq = isinstance(target, CachedSeq2SeqLM)
-    if not seq2seq:
-        if encoder_inputs is not None:
-            raise ConfigError(
-                f"encoder_inputs was given but the target {type(target.model).__name__} is a decoder-only model "
-                "with no encoder; put the whole text in prompt_ids, or load an encoder-decoder target "
-                "(AutoModelForSeq2SeqLM / AutoModelForSpeechSeq2Seq)"
-            )
-        if drafter is not None and getattr(drafter, "is_encoder_decoder", False):
-            raise IncompatibleModelsError(
-                "the draft is an encoder-decoder model but the target is decoder-only; pair a decoder-only "
-                "draft with it (or use an encoder-decoder target of the draft's family)"
-            )
-        return None
-    if encoder_inputs is None:
-        raise PromptError(
-            f"{type(target.model).__name__} is an encoder-decoder model: pass what its encoder reads, "
-            f"encoder_inputs={{'{target.main_input}': ...}} (e.g. dict(tokenizer(source_text)), or a feature "
-            "extractor's output for Whisper); prompt_ids is the decoder prompt (None = the start token)"
-        )
-    if drafter is not None and getattr(drafter, "is_encoder_decoder", None) is False:
-        raise IncompatibleModelsError(
-            "the draft is a decoder-only model but the target is an encoder-decoder model, and a decoder-only "
-            "draft cannot see the source; load the draft as an encoder-decoder model of the target's family "
-            "(AutoModelForSeq2SeqLM, e.g. t5-small for t5-large), or use specdec.PromptLookup"
-        )
-    if drafter is not None and not getattr(drafter, "accepts_encoder_inputs", False) and drafter.needs_hidden:
-        raise UnsupportedModelError(
-            f"{type(drafter).__name__}'s head is one decoder layer of the target's family fed the target's "
-            f"features, and {type(target.model).__name__}'s decoder layers also cross-attend to the encoder "
-            "output, which the head does not model; use specdec.Medusa (its heads read only the decoder's last "
-            "hidden state), specdec.DraftModel or specdec.PromptLookup with this target"
-        )
-    if drafter is not None and not getattr(drafter, "accepts_encoder_inputs", False):
-        raise IncompatibleModelsError(
-            f"{type(drafter).__name__} cannot draft for an encoder-decoder target; use specdec.DraftModel with a "
-            "smaller encoder-decoder draft of the same vocabulary, or specdec.PromptLookup (it also copies from "
-            "the source)"
-        )
-    reason = tree_unsupported_reason(target.model)
-    if drafter is not None and _drafts_trees(drafter) and reason is not None:
-        raise UnsupportedModelError(
-            f"{drafter.name} drafts token trees, but {reason}; draft chains for this target (specdec.DraftModel, "
-            "specdec.PromptLookup with branches=1, specdec.Medusa without tree=), or use a decoder that takes "
-            "decoder_position_ids (Whisper)"
-        )
-    return encoder_inputs
-
-
-def _drafts_trees(drafter: Drafter) -> bool:
-    """Does this drafter propose token trees (not only chains)?"""
-    return (getattr(drafter, "max_nodes", None) is not None or getattr(drafter, "num_drafts", None) is not None
-            or getattr(drafter, "tree", None) is not None)
-
-
-def checked_tree(proposal: Proposal, gamma: int, vocab_size: int, room: int | None) -> TreeMask | None:
-    """Validate a tree proposal before any target pass (`room`: cache slots left after the root) and build its
-    mask [N+1] rows (root and nodes); None when the proposal is a chain."""
-    validate_proposal(proposal.tokens, proposal.draft_probs, proposal.parents, vocab_size, room)
-    tree = TreeMask.from_parents(proposal.parents)
-    depth = int(tree.depths.max())
-    if depth > gamma:
-        raise ProposalError(
-            f"the drafter proposed a tree {depth} deep but this round allows {gamma} tokens (gamma, capped by "
-            "the remaining max_new_tokens); a tree drafter must cap its depth at the gamma it is given"
-        )
-    return None if is_chain(proposal.parents) else tree
-
-
-def first_branch_proposal(proposal: Proposal) -> Proposal:
-    """A tree proposal's first branch, as a chain (for a target that cannot score the tree)."""
-    first = first_branch(proposal.parents)  # [d] node indices
-    probs = proposal.draft_probs[first] if proposal.draft_probs is not None else None
-    return Proposal(proposal.tokens[first], probs)
+def single_adapter(target: PreTrainedModel | object, compile: bool | str):
+    """A lone request's target adapter: `target` itself when it is one, else the adapter `compile` picks (an
+    encoder-decoder model's `CachedSeq2SeqLM`; the fast path's `StaticCausalLM`, or `CachedCausalLM`)."""
+    if isinstance(target, (CachedCausalLM, StaticCausalLM, CachedSeq2SeqLM)):
+        return target
+    if is_encoder_decoder(target):  # T5, BART, Marian, Whisper: the decoder is driven (docs/seq2seq.md)
+        return seq2seq_adapter(target, compile)
+    return fast_adapter(target, compile)
 
 
 class SpeculativeDecoder:
-    """One request's decode loop. Use `stream()` to iterate final tokens; `stats` fills as it runs."""
+    """One request's decode loop. Use `stream()` to iterate final tokens; `stats` fills as it runs. The decoder
+    keeps its random generator and γ policy across `stream` calls (each call is one request)."""
 
     def __init__(
         self,
@@ -272,138 +62,42 @@ class SpeculativeDecoder:
         tree_verify_fn: TreeVerifyFn = verify_tree,
         compile: bool | str = False,
         encoder_inputs: Mapping[str, object] | None = None,
+        options: DecodeOptions | None = None,
     ):
-        if compile not in (False, True, "static"):
-            raise ConfigError(f"compile must be True, False or 'static' (the slot cache without torch.compile), "
-                              f"got {compile!r}")
-        self.compile = compile
-        is_adapter = isinstance(target, (CachedCausalLM, StaticCausalLM, CachedSeq2SeqLM))
-        if is_adapter:
-            self.target = target
-        elif is_encoder_decoder(target):  # T5, BART, Marian, Whisper: the decoder is driven (docs/seq2seq.md)
-            self.target = seq2seq_adapter(target, compile)
-        else:
-            self.target = fast_adapter(target, compile)
-        self.drafter = drafter
-        self.sampling = SamplingConfig(temperature, top_k, top_p)
-        if gamma is None:  # a tree drafter's own depth, else the chain default
-            gamma = getattr(drafter, "default_gamma", None) or DEFAULT_GAMMA
-        self.gamma_policy = make_gamma_policy(gamma, self.target, drafter)
-        self.max_new_tokens = check_max_new_tokens(max_new_tokens)
+        """options: the request's options as one `DecodeOptions` (then leave gamma ... seed unset)."""
+        options = DecodeOptions.given(options, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
+                                      top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed)
+        self.options = options
+        self.compile = check_compile(compile)
+        self.target = single_adapter(target, compile)
+        self.drafter = check_drafter(drafter, self.target.vocab_size)
+        self.capabilities = drafter.capabilities if drafter is not None else DrafterCapabilities()
+        self.encoder_inputs = check_encoder_pairing(self.target, drafter, encoder_inputs)
         if drafter is not None:
-            if not isinstance(drafter, Drafter):
-                raise ConfigError(
-                    f"drafter must be a specdec Drafter (e.g. specdec.DraftModel(model)), got "
-                    f"{type(drafter).__name__}"
-                )
-            if not drafter.match_target_vocab(self.target.vocab_size):
-                raise IncompatibleModelsError(
-                    f"the drafter's vocabulary has {drafter.vocab_size} tokens but the target's has "
-                    f"{self.target.vocab_size} (more than LM-head padding explains); speculative decoding "
-                    "needs the same tokenizer, or both tokenizers to translate between them: pass "
-                    "specdec.DraftModel(draft, tokenizer=draft_tokenizer, target_tokenizer=target_tokenizer) "
-                    "(CLI: --draft-tokenizer), pick a draft model from the target's family, or a model-free "
-                    "drafter (specdec.PromptLookup)"
-                )
-        self.encoder_inputs = _check_encoder_pairing(self.target, drafter, encoder_inputs)
-        if drafter is not None and hasattr(drafter, "use_fast_path"):
             drafter.use_fast_path(compile)
-        self.eos = eos_ids(self.target.model, eos_token_id)
-        self.generator = torch.Generator(device=self.target.device)
-        seed = _check_seed(seed)
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
-        self.verify_fn = verify_fn
-        self.tree_verify_fn = tree_verify_fn
-        # A target that can verify a chain inside its own pass (the fast path) does so for the default rule
-        # when sampling; any other verify_fn (e.g. the exactness suite's faulty ones) gets the logits.
-        self.fused_verify = (verify_fn is verify_round and not self.sampling.greedy
-                             and hasattr(self.target, "score_and_verify"))
-        self._warned_chain_fallback = False
+        self.sampling = options.sampling
+        self.max_new_tokens = options.max_new_tokens
+        self.gamma_policy = gamma_policy(options.gamma, self.target, drafter)
+        self.eos = eos_ids(self.target.model, options.eos_token_id)
+        self.generator = seeded_generator(options.seed, self.target.device)
+        self.verify_fn, self.tree_verify_fn = verify_fn, tree_verify_fn
+        drafters = PerRow.alone(drafter) if drafter is not None else None
+        self.engine = Engine(OneRow(self.target, self.capabilities.needs_hidden), drafters,
+                             Verifier(verify_fn, tree_verify_fn))
         self.stats = DecodeStats()
         # Where the token just yielded came from: "accepted" (a verified draft token), "recovered" (the
         # correction after a rejection), "bonus" (after full acceptance) or "target" (nothing was drafted).
         self.last_token_source = ""
 
-    def _check_fits(self, prompt_len: int) -> None:
-        limit = self.target.context_limit if isinstance(self.target, CachedSeq2SeqLM) else context_length(
-            self.target.model)
-        check_prompt_fits(prompt_len, self.max_new_tokens, limit)
+    @property
+    def fused_verify(self) -> bool:
+        """Are this decoder's chains verified inside the target's own pass (sampling, the default rule, a target
+        that can: the fast path)? Settable (False: verify after a plain pass, e.g. to measure the difference)."""
+        return self.engine.verifier.fused and self.target.verifies_in_graph and not self.sampling.greedy
 
-    def _check_tree(self, proposal: Proposal, gamma: int, n: int) -> tuple[Proposal, TreeMask | None]:
-        """Validate a tree proposal before any target pass and build its mask; fall back to its first branch
-        (a chain, mask None) when the proposal is a chain or the target cannot score a tree now."""
-        capacity = getattr(self.target, "capacity", None) or context_length(self.target.model)
-        room = None if capacity is None else capacity - n  # cache slots left after the root
-        tree = checked_tree(proposal, gamma, self.target.vocab_size, room)
-        if tree is None:
-            return Proposal(proposal.tokens, proposal.draft_probs), None
-        supports = getattr(self.target, "supports_tree", None)  # optional: an adapter without it can do trees
-        if supports is None or supports(len(proposal) + 1):
-            return proposal, tree
-        if not self._warned_chain_fallback:
-            self._warned_chain_fallback = True
-            warnings.warn(
-                f"{type(self.target.model).__name__} cannot score this token tree in one pass (no 4D-mask "
-                "support, or a sliding-window cache would be exceeded): verifying each round's first branch "
-                "as a chain instead (exact, fewer tokens per pass)",
-                stacklevel=3,
-            )
-        return first_branch_proposal(proposal), None
-
-    def _plan_static(self, prompt_len: int) -> None:
-        """Size the slot caches for this request (or raise before any work) and fix the verification shapes:
-        a fixed γ pads every pass to γ+1 (one compiled shape), an adaptive one to DEFAULT_BUCKETS."""
-        fixed = isinstance(self.gamma_policy, FixedGamma)
-        widest = self.gamma_policy.gamma + 1 if fixed else DEFAULT_BUCKETS[-1]
-        tree_nodes = getattr(self.drafter, "max_nodes", None)  # a tree drafter: its node budget sets the width
-        num_drafts = getattr(self.drafter, "num_drafts", None)  # MultiDraft: k chains of γ
-        if isinstance(num_drafts, int) and tree_nodes is None:
-            tree_nodes = num_drafts * (self.gamma_policy.gamma if fixed else DEFAULT_BUCKETS[-1])
-        # A drafter that picks its node budget per round (DraftTree(max_nodes="auto")) names every budget
-        # it may use: each one is a verification shape (budget + 1 rows), fixed before the request.
-        plan = getattr(self.drafter, "plan", None)
-        if plan is not None:
-            plan(self.target)
-        budgets = getattr(self.drafter, "node_budgets", None)
-        if budgets:
-            tree_nodes = max(budgets)
-        if isinstance(tree_nodes, int):
-            widest = max(widest, tree_nodes + 1)
-        allowed = getattr(self.gamma_policy, "gammas", None)  # an adaptive policy restricted to a γ set
-        if allowed and tree_nodes is None:
-            widest = max(allowed) + 1
-        need = prompt_len + self.max_new_tokens + widest
-        if isinstance(self.target, StaticCausalLM):
-            self.target.buckets = (widest,) if fixed and self.drafter is not None else (
-                (1,) if self.drafter is None else
-                (1, *sorted(g + 1 for g in allowed)) if allowed and tree_nodes is None else DEFAULT_BUCKETS)
-            if budgets and len(budgets) > 1:
-                self.target.buckets = tuple(sorted({b + 1 for b in budgets} | {widest}))
-            self.target.ensure_capacity(need)
-        draft_lm = getattr(self.drafter, "lm", None)
-        if isinstance(draft_lm, StaticCausalLM):
-            draft_lm.ensure_capacity(need + getattr(self.drafter, "draft_room", 0))
-        ensure = getattr(self.drafter, "ensure_capacity", None)  # a drafter with its own slot cache (Eagle)
-        if self.compile and callable(ensure):
-            ensure(need)
-
-    def _precompile(self, context: torch.Tensor) -> None:
-        """A policy restricted to a γ set on a compiled target (gamma="auto" on the fast path): compile every
-        shape it may use now, before the first round, so no round compiles (and no compile time is measured
-        as a round's cost). Only the first request of a process pays; later ones find them compiled."""
-        allowed = getattr(self.gamma_policy, "gammas", None)
-        if not allowed or not isinstance(self.target, StaticCausalLM) or self.drafter is None:
-            return
-        if (self.drafter.needs_hidden or getattr(self.drafter, "max_nodes", None) is not None
-                or getattr(self.drafter, "num_drafts", None) is not None):
-            return  # their passes have other shapes (hidden states, tree masks): compiled on first use
-        self.target.precompile(self.target.buckets, verify=self.sampling if self.fused_verify else None)
-        draft_lm = getattr(self.drafter, "lm", None)
-        if isinstance(draft_lm, StaticCausalLM):
-            draft_lm.precompile(draft_lm.catch_up_sizes, allowed, self.sampling, context)
+    @fused_verify.setter
+    def fused_verify(self, value: bool) -> None:
+        self.engine.verifier.fused = bool(value) and self.engine.verifier.default
 
     def stream(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> Iterator[int]:
         """Yield each new token as soon as it is final. An encoder-decoder target: prompt_ids is the decoder
@@ -412,148 +106,44 @@ class SpeculativeDecoder:
         return scoped_stream(self._tokens(prompt_ids), self.target.model)
 
     def _tokens(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> Iterator[int]:
-        """The decoding loop of `stream`: _start, then per round propose, verify, commit and emit."""
-        context, n, needs_hidden, start, compiled = self._start(prompt_ids)
+        """The loop of `stream`: the request's start, then the round over its one row until it finishes."""
+        row, compiled = self._start(prompt_ids)
         stats = self.stats
-        produced = 0
-        while produced < self.max_new_tokens:
-            # 1. drafter.propose: at most γ tokens (a tree at most γ deep), never more than fit under max_new_tokens.
-            remaining = self.max_new_tokens - produced
-            gamma = min(self.gamma_policy.choose(stats), remaining - 1) if self.drafter else 0
-            t = time.perf_counter()
-            proposal = (
-                self.drafter.propose(context[:n], gamma, self.sampling, self.generator)
-                if gamma > 0
-                else Proposal(context.new_empty(0))
-            )
-            stats.draft_s += time.perf_counter() - t
-            if proposal.parents is not None:
-                proposal, tree = self._check_tree(proposal, gamma, n)  # a chain again if the target cannot do trees
-
-            # 2-3. target.score + verify.
-            if proposal.parents is None:
-                gamma, accepted, keep, scores, verdict = self._verify_chain(context, n, proposal, gamma, needs_hidden)
-            else:
-                gamma, accepted, keep, scores, verdict = self._verify_tree(context, n, proposal, tree, needs_hidden)
-            k = verdict.num_accepted
-
-            # 4. commit.
-            new_tokens = self._commit(context, n, gamma, accepted, keep, scores, verdict, needs_hidden)
+        engine = self.engine
+        while True:
+            event = engine.run([row], engine.gammas([row]))[0]
             stats.compile_s = compile_seconds() - compiled
-            n += k + 1
-
-            # 5. emit, stopping at the first EOS.
-            last_source = verdict.outcome if gamma else "target"
-            for i, token in enumerate(new_tokens):
-                self.last_token_source = "accepted" if i < k else last_source
-                produced += 1
-                stats.new_tokens = produced
-                stats.target_forwards = self.target.forwards
-                stats.draft_forwards = self.drafter.forwards if self.drafter is not None else 0
-                stats.wall_s = time.perf_counter() - start
+            if event.error is not None:
+                raise event.error
+            before = row.produced - len(event.tokens)
+            for i, token in enumerate(event.tokens):
+                self.last_token_source = "accepted" if i < event.accepted else event.outcome
+                stats.new_tokens = before + i + 1
+                stats.wall_s = time.perf_counter() - row.started
                 yield token
-                if token in self.eos:
-                    return
-        stats.wall_s = time.perf_counter() - start
+            if event.finished:
+                break
+        stats.wall_s = time.perf_counter() - row.started
 
-    def _start(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> tuple[torch.Tensor, int, bool, float, float]:
-        """A request's start: the prompt checked, the target reset and prefilled (with the features of drafters
-        that read them), the drafter reset, shapes compiled up front (their time in stats.prefill_compile_s).
-        Returns context (context[:n] committed; room for the prompt, every new token and one round's drafts), n,
-        whether the drafter reads the target's features, the request's start time, and the process's compile
+    def _start(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> tuple[Row, float]:
+        """A request's start: the prompt checked, the caches sized (or a PromptError before any work), the target
+        reset and prefilled (with the features of drafters that read them), the drafter reset, shapes compiled
+        up front (their time in stats.prefill_compile_s). Returns the request's row and the process's compile
         seconds before it (`compile_seconds`: the request's compile time is the growth of that total)."""
-        if prompt_ids is None and isinstance(self.target, CachedSeq2SeqLM):
+        if prompt_ids is None and is_encoder_decoder(self.target.model):
             prompt_ids = self.target.decoder_prompt()
-        prompt = prompt_tensor(prompt_ids, self.target.vocab_size)  # [n0]
-        self._check_fits(prompt.shape[0])
-        self._plan_static(prompt.shape[0])
-        device = self.target.device
-        stats = self.stats = DecodeStats()
-        start = time.perf_counter()
+        row = new_row(0, prompt_ids, self.options, self.engine.target, self.gamma_policy, self.generator,
+                      self.encoder_inputs)
+        self.stats = stats = row.stats
+        buckets = shapes.plan(self.target, self.drafter, self.gamma_policy, row.n, self.max_new_tokens)
+        row.started = time.perf_counter()
         compiled = compile_seconds()  # compile time paid by this call: the growth of this total
-
-        context = torch.empty(prompt.shape[0] + self.max_new_tokens + 1, dtype=torch.long, device=device)
-        n = prompt.shape[0]
-        context[:n] = prompt
-        # Drafters that read the target's features (EAGLE, Medusa) get them for every committed token.
-        needs_hidden = self.drafter is not None and self.drafter.needs_hidden
-        # An encoder-decoder target runs its encoder here, once per request (encoder_inputs is None otherwise).
-        encoder = {} if self.encoder_inputs is None else {"encoder_inputs": self.encoder_inputs}
-        self.target.reset(**encoder)
-        prefill_hidden = self.target.prefill(context[: n - 1], hidden=needs_hidden)  # [n-1, H] | None
-        if self.drafter is not None:
-            t = time.perf_counter()
-            if encoder:  # the source tokens too, for drafters that look them up (PromptLookup)
-                encoder["encoder_input_ids"] = self.target.encoder_input_ids
-            if needs_hidden:
-                self.drafter.reset(context[:n], hidden=prefill_hidden, **encoder)
-            else:
-                self.drafter.reset(context[:n], **encoder)
-            stats.draft_s += time.perf_counter() - t
-        self._precompile(context[:n])
-        stats.prefill_s = time.perf_counter() - start
+        self.engine.add_rows([row])
+        shapes.precompile(self.target, self.drafter, self.gamma_policy, buckets, self.sampling, self.fused_verify,
+                          row.context[: row.n])
+        stats.prefill_s = time.perf_counter() - row.started
         stats.prefill_compile_s = stats.compile_s = compile_seconds() - compiled
-        return context, n, needs_hidden, start, compiled
-
-    def _verify_chain(self, context: torch.Tensor, n: int, proposal: Proposal, gamma: int, needs_hidden: bool):
-        """2-3. for a chain: the target scores the last committed token and the drafts, then the accepted prefix
-        and a recovered or bonus token. Returns (γ' drafted, accepted [k], None: the prefix is kept by a crop,
-        the scores [γ'+1, V], the verdict)."""
-        drafted = proposal.tokens[:gamma]  # [γ']
-        gamma = drafted.shape[0]
-        draft_probs = proposal.draft_probs[:gamma] if proposal.draft_probs is not None else None
-        t = time.perf_counter()
-        if self.fused_verify:  # the target's pass runs the warp and verify.rejection_rule in its graph
-            scores, verdict = self.target.score_and_verify(
-                torch.cat([context[n - 1 : n], drafted]), draft_probs, self.sampling, self.generator,
-                hidden=needs_hidden)  # [γ'+1, V]
-            self.stats.target_s += time.perf_counter() - t
-        else:
-            scores = self.target.score(torch.cat([context[n - 1 : n], drafted]), hidden=needs_hidden)
-            self.stats.target_s += time.perf_counter() - t
-            verdict = self.verify_fn(drafted, draft_probs, scores.logits, self.sampling, self.generator)
-        return gamma, drafted[: verdict.num_accepted], None, scores, verdict
-
-    def _verify_tree(self, context: torch.Tensor, n: int, proposal: Proposal, tree: TreeMask, needs_hidden: bool):
-        """2-3. for a tree: every node in one target pass, then the longest surviving path. Returns (nodes drafted,
-        accepted [k], keep [k+1]: the rows to keep, root + path, the scores [N+1, V], the verdict)."""
-        gamma = len(proposal)  # nodes drafted
-        t = time.perf_counter()
-        scores = self.target.score(torch.cat([context[n - 1 : n], proposal.tokens]),
-                                   tree=tree, hidden=needs_hidden)  # [N+1, V]
-        self.stats.target_s += time.perf_counter() - t
-        verdict = self.tree_verify_fn(proposal, scores.logits, self.sampling, self.generator)
-        path = torch.tensor(verdict.path, dtype=torch.long)  # [k] node indices
-        accepted = proposal.tokens[path.to(proposal.tokens.device)]  # [k]
-        keep = torch.cat([torch.zeros(1, dtype=torch.long), path + 1])  # [k+1] rows: root + path
-        return gamma, accepted, keep, scores, verdict
-
-    def _commit(self, context: torch.Tensor, n: int, gamma: int, accepted: torch.Tensor, keep: torch.Tensor | None,
-                scores: Scores, verdict: Verdict, needs_hidden: bool) -> list[int]:
-        """4. the target keeps the root and the accepted drafts (a crop, or the rows `keep` of a tree pass);
-        context[n:n+k+1] = the accepted drafts and the next token; the round recorded; the drafter and the γ
-        policy told. Returns the new tokens."""
-        stats = self.stats
-        k = verdict.num_accepted
-        if keep is None:
-            self.target.crop(n + k)
-        else:
-            self.target.commit(n - 1, keep)
-        context[n : n + k] = accepted
-        context[n + k] = verdict.next_token
-        new_tokens = context[n : n + k + 1].tolist()
-        n += k + 1
-        stats.record_round(gamma, k, verdict.outcome)
-        if self.drafter is not None:
-            t = time.perf_counter()
-            if needs_hidden:  # features of the root and the accepted drafts only: [k+1, H]
-                rows = scores.hidden[: k + 1] if keep is None else scores.hidden[keep.to(scores.hidden.device)]
-                self.drafter.commit(context[:n], k, hidden=rows)
-            else:
-                self.drafter.commit(context[:n], k)
-            stats.draft_s += time.perf_counter() - t
-        self.gamma_policy.update(stats)
-        return new_tokens
+        return row, compiled
 
 
 def stream(
@@ -571,11 +161,9 @@ def stream(
     encoder_inputs: Mapping[str, object] | None = None,
 ) -> Iterator[int]:
     """Yield new token ids as soon as they are final (same arguments as `generate`)."""
-    decoder = SpeculativeDecoder(
-        target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed, compile=compile,
-        encoder_inputs=encoder_inputs,
-    )
+    options = DecodeOptions(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                            top_p=top_p, eos_token_id=eos_token_id, seed=seed)
+    decoder = SpeculativeDecoder(target, drafter, options=options, compile=compile, encoder_inputs=encoder_inputs)
     yield from decoder.stream(prompt_ids)
 
 
@@ -597,7 +185,8 @@ def generate(
 
     Returns the new tokens (up to and including an EOS) and the decoding statistics. `gamma` is the number
     of draft tokens per round for a chain drafter (default 4); a tree drafter (`DraftTree`, `MultiDraft`)
-    uses its own depth by default, and an explicit `gamma` caps the tree's depth.
+    uses its own depth by default, and an explicit `gamma` caps the tree's depth. The options are checked
+    once, as a `specdec.DecodeOptions`.
     compile=True runs target and DraftModel on the fast path (slot KV cache, compiled fixed-shape passes;
     the first call of each shape compiles, see docs/fastpath.md); "static" is the slot cache without
     compiling. Models that cannot take it decode eagerly with a FastPathWarning; tokens never differ.
@@ -605,10 +194,8 @@ def generate(
     ({"input_ids": ..., "attention_mask": ...} or {"input_features": ...}), `prompt_ids` the decoder prompt
     (None: the decoder start token); see docs/seq2seq.md.
     """
-    decoder = SpeculativeDecoder(
-        target, drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, seed=seed, compile=compile,
-        encoder_inputs=encoder_inputs,
-    )
+    options = DecodeOptions(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                            top_p=top_p, eos_token_id=eos_token_id, seed=seed)
+    decoder = SpeculativeDecoder(target, drafter, options=options, compile=compile, encoder_inputs=encoder_inputs)
     tokens = list(decoder.stream(prompt_ids))
     return GenerationOutput(tokens=tokens, stats=decoder.stats)

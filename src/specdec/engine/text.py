@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from specdec.core.stats import DecodeStats
+from specdec.drafters.base import Drafter
 from specdec.engine.decoding import SpeculativeDecoder
 from specdec.errors import PromptError
 
@@ -68,8 +69,8 @@ def detokenize(tokenizer, tokens: Iterable[int]) -> Iterator[str]:
 
 def _pair_tokenizers(drafter, tokenizer) -> None:
     """A draft with its own tokenizer (DraftModel(draft, tokenizer=...)) translates to this target's."""
-    if getattr(drafter, "target_tokenizer", False) is None and hasattr(drafter, "set_target_tokenizer"):
-        drafter.set_target_tokenizer(tokenizer)
+    if isinstance(drafter, Drafter):
+        drafter.pair_tokenizer(tokenizer)
 
 
 def stream_text(target, tokenizer, prompt: str, drafter=None, **kwargs) -> Iterator[str]:

@@ -32,7 +32,8 @@ from specdec.core.stats import DecodeStats
 from specdec.core.verify import Verdict, verify_tree
 from specdec.drafters.base import Drafter
 from specdec.engine.batch import generate_batch
-from specdec.engine.decoding import SpeculativeDecoder, TreeVerifyFn, VerifyFn, verify_round
+from specdec.engine.decoding import SpeculativeDecoder
+from specdec.engine.verification import TreeVerifyFn, VerifyFn, verify_round
 from specdec.errors import ConfigError, PromptError
 
 #: A divergence whose margin is at most this many ulp of the model's dtype (at the best logit) is a near-tie:

@@ -33,7 +33,10 @@ from transformers import PreTrainedModel
 from specdec.core.sampling import SamplingConfig
 from specdec.core.verify import verify_tree
 from specdec.drafters.base import Drafter
-from specdec.engine.decoding import DEFAULT_GAMMA, SpeculativeDecoder, TreeVerifyFn, VerifyFn, eos_ids, verify_round
+from specdec.engine.decoding import SpeculativeDecoder
+from specdec.engine.verification import TreeVerifyFn, VerifyFn, verify_round
+from specdec.engine.policies import DEFAULT_GAMMA
+from specdec.engine.request import eos_ids
 from specdec.errors import ConfigError
 from specdec.exactness.engine import Draws, draw, find_models, torch_threads
 from specdec.exactness.gof import (

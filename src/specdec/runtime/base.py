@@ -25,15 +25,18 @@ class Scores:
     hidden: torch.Tensor | None = None
 
 
-def select_hidden(hidden_states: tuple[torch.Tensor, ...], hidden: bool | tuple[int, ...]) -> torch.Tensor | None:
-    """The features a `hidden=` request asks for, from HF's output_hidden_states of one pass ([1, M, H] each;
+def select_hidden(hidden_states: tuple[torch.Tensor, ...], hidden: bool | tuple[int, ...],
+                  rows: bool = False) -> torch.Tensor | None:
+    """The features a `hidden=` request asks for, from HF's output_hidden_states of one pass ([B, M, H] each;
     index 0 = the embeddings, -1 = the final, normed state): None, the final state [M, H] (True), or the
-    given indices' states concatenated [M, len * H] (a tuple, e.g. EAGLE-3's low / mid / high layers)."""
-    if hidden is True:
-        return hidden_states[-1][0]
+    given indices' states concatenated [M, len * H] (a tuple, e.g. EAGLE-3's low / mid / high layers); of the
+    first row (a batch of one), or with rows=True of every row ([B, M, H], [B, M, len * H])."""
     if not hidden:
         return None
-    return torch.cat([hidden_states[i][0] for i in hidden], dim=-1)
+    layers = [hidden_states[-1]] if hidden is True else [hidden_states[i] for i in hidden]
+    if not rows:
+        layers = [layer[0] for layer in layers]
+    return layers[0] if len(layers) == 1 else torch.cat(layers, dim=-1)
 
 
 def as_float_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -78,7 +81,8 @@ def _cache_name(model_class: type) -> str:
 
 @runtime_checkable
 class ModelAdapter(Protocol):
-    """A causal LM plus the KV cache it owns. `length` tokens are in the cache."""
+    """One request's model and the KV cache it owns (`CachedCausalLM`, `StaticCausalLM`, `CachedSeq2SeqLM`): what the
+    decode loop calls on a lone request's target, through `engine.targets.OneRow`. `length` tokens are cached."""
 
     model: PreTrainedModel
     vocab_size: int
@@ -87,19 +91,39 @@ class ModelAdapter(Protocol):
     forwards: int  # decoding passes (score and forward) since reset; prefill not counted
     forward_s: float
     prefill_s: float
+    #: The longest sequence the model's positions allow (None: unbounded or unknown).
+    context_limit: int | None
+    #: Slots of a preallocated cache (None: the cache grows).
+    capacity: int | None
+    #: Does `score_and_verify` verify a chain at T > 0 inside the target's own (compiled) pass?
+    verifies_in_graph: bool
 
-    def reset(self) -> None: ...
+    def prepare(self, tokens: int, buckets: tuple[int, ...]) -> None:
+        """Before a request: room for `tokens` cache slots, and the widths its passes are padded to (a fixed-shape
+        cache; a growing one ignores both). Raises a PromptError before any work if the request cannot fit."""
 
-    def prefill(self, input_ids: torch.Tensor, hidden: bool = False) -> torch.Tensor | None:
+    def reset(self, **encoder: object) -> None:
+        """Start a request (an encoder-decoder adapter runs its encoder on `encoder_inputs=` here)."""
+
+    def prefill(self, input_ids: torch.Tensor, hidden: bool | tuple[int, ...] = False) -> torch.Tensor | None:
         """Cache input_ids [n]; return their hidden states [n, H] when asked."""
 
     def forward(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """Append input_ids [n]; return logits [n or 1, V]."""
 
-    def crop(self, length: int) -> None: ...
-
-    def score(self, input_ids: torch.Tensor, *, tree: TreeMask | None = None, hidden: bool = False) -> Scores:
+    def score(self, input_ids: torch.Tensor, *, tree: TreeMask | None = None,
+              hidden: bool | tuple[int, ...] = False) -> Scores:
         """Append input_ids [M] at slots length..length+M−1 (a chain, or a tree: row 0 the root)."""
+
+    def supports_tree(self, num_rows: int, warn: bool = True) -> bool:
+        """Can a tree of `num_rows` rows (root included) be scored in one pass now?"""
+
+    def crop(self, length: int) -> None:
+        """Roll the cache back to its first `length` tokens."""
 
     def commit(self, start: int, keep: torch.Tensor) -> None:
         """Keep rows keep [k] (increasing, relative to `start`) of the last score at slots start..start+k−1."""
+
+    def precompile(self, sizes, *, verify=None) -> None:
+        """Compile now the passes of `sizes` rows (verifying passes for the sampling config `verify`), so that no
+        round compiles; a no-op for an eager adapter."""

@@ -30,28 +30,15 @@ from transformers.cache_utils import DynamicLayer
 
 from specdec.core.masks import additive_mask
 from specdec.core.tree import TreeMask
-from specdec.errors import UnsupportedModelError
-from specdec.runtime.rowwise import row_invariant
-from specdec.runtime.base import Scores, as_float_logits, cache_kwarg
+from specdec.runtime.base import Scores, as_float_logits, cache_kwarg, select_hidden
 from specdec.runtime.causal_lm import EAGER_INVARIANT_DTYPES, check_rollback_support, vocab_size
+from specdec.runtime.rowwise import row_invariant
 
 
 def check_batchable(model: PreTrainedModel) -> None:
-    """Raise unless every attention layer of `model` is full causal attention (no sliding window)."""
+    """Raise unless `model` is a causal LM whose cache rows can be rolled back. (A sliding attention window counts
+    cache slots, holes included: the engine admits a batched request only when it fits inside the window.)"""
     check_rollback_support(model)
-    config = model.config.get_text_config()
-    layer_types = getattr(config, "layer_types", None) or []
-    windowed = getattr(config, "sliding_window", None) and (
-        not layer_types or any("sliding" in str(t) for t in layer_types)
-    )
-    if getattr(config, "use_sliding_window", True) is False:
-        windowed = False
-    if windowed:
-        raise UnsupportedModelError(
-            f"{type(model).__name__} uses sliding-window attention, which batched decoding does not support "
-            "(its window is counted in cache slots, and batched rows leave holes); decode its requests one "
-            "at a time with specdec.generate"
-        )
 
 
 class _AppendLayer(DynamicLayer):
@@ -92,6 +79,9 @@ def _is_prefix_view(states: torch.Tensor, buffer: torch.Tensor | None) -> bool:
 
 class BatchedCausalLM:
     """A causal LM over a batch of rows with their own lengths. `lengths[i]` tokens are cached for row i."""
+
+    returns_features = True  # score(..., hidden=) returns the features heads read
+    compile = False  # eager passes (StaticBatchedCausalLM may compile its own)
 
     def __init__(self, model: PreTrainedModel):
         check_batchable(model)
@@ -198,7 +188,7 @@ class BatchedCausalLM:
               trees: Sequence[TreeMask | None] | None = None, hidden: bool | tuple[int, ...] = False) -> Scores:
         """`forward`, and with `hidden` the features heads read: logits [B, W, V] and hidden [B, W, H]
         (hidden=True: the final, normed states; a tuple of layer indices: those side by side [B, W, len * H],
-        as `models.base.select_hidden`). Row i's features are meaningful at [i, :n_i] only."""
+        as `runtime.base.select_hidden`). Row i's features are meaningful at [i, :n_i] only."""
         start = time.perf_counter()
         rows = self.rows
         counts = torch.tensor([int(x.shape[0]) for x in inputs], device=self.device)  # [B]
@@ -241,11 +231,7 @@ class BatchedCausalLM:
         self.value_buffers = [getattr(layer, "value_buffer", None) for layer in layers]
         self.valid = torch.cat([self.valid, steps[None] < counts[:, None]], dim=1)  # [B, S + W]
         logits = as_float_logits(out.logits)  # [B, W, V]
-        states = None
-        if hidden is True:
-            states = out.hidden_states[-1]  # [B, W, H]
-        elif hidden:
-            states = torch.cat([out.hidden_states[j] for j in hidden], dim=-1)  # [B, W, len * H]
+        states = select_hidden(out.hidden_states, hidden, rows=True) if hidden else None  # [B, W, H] (len * H)
         self.forwards += 1
         self.forward_s += time.perf_counter() - start
         return Scores(logits, states)

@@ -76,6 +76,8 @@ class StaticBatchedCausalLM(BatchedCausalLM):
     compiled passes (compile=False: the same code, eager; the tests use it to check the layout without
     compiling)."""
 
+    returns_features = False  # the compiled passes return logits only (`no_features`)
+
     def __init__(self, model: PreTrainedModel, *, max_len: int | None = None, compile: bool = True,
                  grow: bool = False):
         super().__init__(model)

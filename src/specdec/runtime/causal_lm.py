@@ -96,6 +96,9 @@ def keep_cache_rows(cache, start: int, keep: torch.Tensor) -> None:
 class CachedCausalLM:
     """A causal LM and its KV cache. `length` tokens are in the cache."""
 
+    capacity = None  # the cache grows
+    verifies_in_graph = False
+
     def __init__(self, model: PreTrainedModel):
         check_rollback_support(model)
         self.model = model
@@ -106,6 +109,16 @@ class CachedCausalLM:
         self.forwards = 0  # decoding forward passes since reset (prefill not counted)
         self.forward_s = 0.0  # wall time spent in them
         self.prefill_s = 0.0
+
+    @property
+    def context_limit(self) -> int | None:
+        return context_length(self.model)
+
+    def prepare(self, tokens: int, buckets: tuple[int, ...]) -> None:
+        """Nothing to size: the cache grows, passes take any width."""
+
+    def precompile(self, sizes, *, verify=None) -> None:
+        """Nothing to compile: eager."""
 
     def reset(self) -> None:
         self.cache = DynamicCache()
@@ -168,7 +181,7 @@ class CachedCausalLM:
             kwargs["attention_mask"] = tree.additive(self.length, self.model.dtype, self.device)  # [1, 1, M, L+M]
         if hidden:
             kwargs["output_hidden_states"] = True
-        invariant = self.model.dtype in EAGER_INVARIANT_DTYPES and _sliding_window(self.model) is None
+        invariant = self.model.dtype in EAGER_INVARIANT_DTYPES and sliding_window(self.model) is None
         if invariant and "attention_mask" not in kwargs:  # a chain: the cache, then causal over the new rows
             visible = torch.arange(self.length + n, device=self.device)[None, :] <= positions[:, None]  # [n, L+n]
             kwargs["attention_mask"] = additive_mask(visible, self.model.dtype)[None, None]  # [1, 1, n, L+n]
@@ -203,7 +216,7 @@ class CachedCausalLM:
     def supports_tree(self, num_rows: int, warn: bool = True) -> bool:
         """Can a tree of `num_rows` rows (root included) be scored now? Probed once per model; False past a
         sliding window (the 4D mask would let rows see keys the window must hide)."""
-        window = _sliding_window(self.model)
+        window = sliding_window(self.model)
         if window is not None and self.length + num_rows > window:
             return False
         supported = _TREE_PROBES.get(self.model)
@@ -219,10 +232,14 @@ class CachedCausalLM:
         return supported
 
 
-def _sliding_window(model: PreTrainedModel) -> int | None:
+def sliding_window(model: PreTrainedModel) -> int | None:
+    """The attention window of a model whose config names one and whose layers use it (None: full attention)."""
     config = model.config.get_text_config()
     window = getattr(config, "sliding_window", None)
     if not isinstance(window, int) or window <= 0 or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None) or []
+    if layer_types and not any("sliding" in str(t) for t in layer_types):
         return None
     return window
 

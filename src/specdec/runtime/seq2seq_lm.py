@@ -32,7 +32,7 @@ from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from specdec.core.masks import additive_mask
 from specdec.core.tree import TreeMask
 from specdec.errors import PromptError, UnsupportedModelError
-from specdec.runtime.base import Scores, as_float_logits, cache_kwarg, check_finite
+from specdec.runtime.base import Scores, as_float_logits, cache_kwarg, check_finite, select_hidden
 from specdec.runtime.causal_lm import keep_cache_rows, vocab_size
 from specdec.runtime.compiled import FastPathWarning
 
@@ -110,6 +110,9 @@ class CachedSeq2SeqLM:
     """An encoder-decoder model, its encoder output for the current request, and its decoder KV cache.
     `length` decoder tokens are in the self-attention cache."""
 
+    capacity = None  # the cache grows
+    verifies_in_graph = False
+
     def __init__(self, model: PreTrainedModel):
         if not isinstance(model, PreTrainedModel) or not is_encoder_decoder(model):
             raise UnsupportedModelError(
@@ -141,6 +144,12 @@ class CachedSeq2SeqLM:
     @property
     def context_limit(self) -> int | None:
         return decoder_context_length(self.model)
+
+    def prepare(self, tokens: int, buckets: tuple[int, ...]) -> None:
+        """Nothing to size: the cache grows, passes take any width."""
+
+    def precompile(self, sizes, *, verify=None) -> None:
+        """Nothing to compile: eager."""
 
     def decoder_prompt(self) -> list[int]:
         return decoder_start_ids(self.model)
@@ -232,7 +241,8 @@ class CachedSeq2SeqLM:
         self.length += n
         logits = as_float_logits(out.logits[0])  # [n, V]
         check_finite(logits, self.model, f"at decoder positions {self.length - n}..{self.length - 1}")
-        states = out.decoder_hidden_states[-1][0] if hidden else None  # [n, H]
+        # A memo engine's output (exactness.engine) holds decoder_hidden_states only when they were asked for.
+        states = select_hidden(out.decoder_hidden_states, hidden) if hidden else None  # [n, H]
         return logits, states
 
     def crop(self, length: int) -> None:

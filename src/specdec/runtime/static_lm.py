@@ -71,6 +71,8 @@ class StaticCausalLM:
     compile: torch.compile the decoding passes (False: the same code, eager).
     """
 
+    verifies_in_graph = True  # score_and_verify: a chain's warp and rejection rule in the pass's graph
+
     def __init__(self, model: PreTrainedModel, *, compile: bool = True, max_len: int | None = None):
         check_rollback_support(model)
         self.model = model
@@ -97,6 +99,15 @@ class StaticCausalLM:
     def capacity(self) -> int | None:
         """Slots the cache holds (None before the first request sized it)."""
         return self.max_len or None
+
+    @property
+    def context_limit(self) -> int | None:
+        return context_length(self.model)
+
+    def prepare(self, tokens: int, buckets: tuple[int, ...]) -> None:
+        """Before a request: pad its passes to `buckets`, and make room for `tokens` slots (or raise)."""
+        self.buckets = buckets
+        self.ensure_capacity(tokens)
 
     def supports_tree(self, num_rows: int, warn: bool = True) -> bool:
         """A tree pass is one explicit 4D mask over the slots: any architecture the slot cache takes can

@@ -17,7 +17,9 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from specdec.engine.decoding import FixedGamma
+from specdec.engine.options import DecodeOptions
+from specdec.engine.policies import FixedGamma
+from specdec.errors import SpecdecError
 from specdec.runtime.causal_lm import context_length, vocab_size
 from specdec.runtime.threads import decode_threads
 from specdec.server.metrics import Metrics
@@ -303,8 +305,11 @@ class _Service:
         gamma = FixedGamma(0) if sampling.plain else (sampling.gamma or self.max_gamma)
         # Choice i of a seeded request with n > 1 uses seed + i (the choices differ, and each reproduces).
         seed = None if sampling.seed is None else sampling.seed + index
-        options = dict(gamma=gamma, max_new_tokens=max_new, temperature=sampling.temperature,
-                       top_k=sampling.top_k, top_p=sampling.top_p, seed=seed, logprobs=sampling.logprobs)
+        try:
+            options = DecodeOptions(gamma=gamma, max_new_tokens=max_new, temperature=sampling.temperature,
+                                    top_k=sampling.top_k, top_p=sampling.top_p, seed=seed, logprobs=sampling.logprobs)
+        except SpecdecError as exc:  # the protocol checks come first; this names anything they let through
+            raise APIError(str(exc)) from None
         # A seeded sampled request keeps a fixed γ (its draws then reproduce); so does an explicit gamma.
         adaptive = sampling.gamma is None and not (sampling.seed is not None and sampling.temperature > 0)
         request = Request(ids, options, asyncio.get_running_loop(), adaptive=adaptive)

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.engine.batch import BatchDecoder
+from specdec.engine.options import DecodeOptions
 from specdec.errors import SpecdecError
 from specdec.runtime.threads import threads_for
 from specdec.server.goodput import GoodputGamma
@@ -50,7 +51,7 @@ class Request:
     """One generation request, as the scheduler sees it."""
 
     prompt_ids: list[int]
-    options: dict  # BatchDecoder.add keyword arguments (max_new_tokens, temperature, ..., gamma, seed)
+    options: DecodeOptions  # the request's options (max_new_tokens, temperature, ..., gamma, seed, logprobs)
     loop: asyncio.AbstractEventLoop
     adaptive: bool = True  # may the load-based γ cap lower this row's γ (False keeps seeded draws reproducible)
     id: int = field(default_factory=itertools.count().__next__)
@@ -95,6 +96,7 @@ class Scheduler:
         self.accepting = True
         self.thread = threading.Thread(target=self._run, name="specdec-scheduler", daemon=True)
         self.rounds = 0
+        self.widths: tuple[int, ...] | None = None  # the precompiled input widths (the batched fast path)
 
     # -- called from handlers (event-loop thread) -----------------------------------------------------
     def start(self) -> None:
@@ -126,15 +128,15 @@ class Scheduler:
         """On the batched fast path: compile every pass the loop may run (each batch bucket up to max_batch x
         one input per row and γ + 1 for every γ the policy may pick), logging each compile and its time."""
         target = self.decoder.target
-        if not hasattr(target, "precompile") or not getattr(target, "compile", False):
+        if not target.compile:  # eager passes (no --compile, or the model could not take the fast path)
             return
         gammas = self.policy.candidates if self.policy is not None else [self.max_gamma]
         widths = {g + 1 for g in gammas} | {1}
-        nodes = getattr(self._models[1], "max_nodes", None)  # a tree drafter scores its nodes + the root
-        if isinstance(nodes, int) and self.speculative:
+        nodes = self.decoder.capabilities.max_nodes  # a tree drafter scores its nodes + the root
+        if nodes is not None and self.speculative:
             widths.add(nodes + 1)
         widths = sorted(widths)
-        target.query_buckets = tuple(widths)  # a shorter round (a row near its end) pads up to one of these
+        self.widths = target.query_buckets = tuple(widths)  # a shorter round (a row near its end) pads up to these
         start = time.perf_counter()
         with threads_for(self._models[0]):  # compiled kernels keep the thread count they were compiled with
             target.precompile(range(1, self.max_batch + 1), widths)
@@ -180,7 +182,7 @@ class Scheduler:
                 continue
             try:
                 rows.append((request.id, request.prompt_ids, request.options))
-                self.decoder.check(*rows[-1][:2], **request.options)
+                self.decoder.check(*rows[-1])
             except SpecdecError as exc:
                 rows.pop()
                 request.push(Failed(400, str(exc)))
@@ -220,10 +222,9 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 (the round as a whole failed: fail its rows, keep serving)
             log.exception("decoding round failed")
             keys = self.decoder.keys
-            buckets = getattr(self.decoder.target, "query_buckets", None)
             self.decoder = BatchDecoder(*self._models, compile=self.compile, max_len=self.max_len)  # start clean
-            if buckets is not None:  # the precompiled input widths
-                self.decoder.target.query_buckets = buckets
+            if self.widths is not None:  # the precompiled input widths
+                self.decoder.target.query_buckets = self.widths
             for rid in keys:
                 self.active.pop(rid).push(Failed(500, f"decoding failed: {type(exc).__name__}: {exc}"))
             return

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from specdec.core.masks import additive_mask
 from specdec.errors import ConfigError
 from specdec.heads import EagleHead, MedusaHeads
 from specdec.training.data import cached_tokens, sample_batch, sequential_batches
@@ -122,9 +123,7 @@ def _unroll_mask(n: int, step: int, dtype: torch.dtype, device) -> torch.Tensor:
     for s in range(1, step + 1):
         allowed.append(t[None, :] == (t[:, None] - step + s))
     allowed = torch.cat(allowed, dim=1)  # [n, (step+1) n]
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return additive_mask(allowed, dtype)[None, None]
 
 
 def eagle_unrolls(head: EagleHead, target, batch: torch.Tensor, steps: int, noise: float):
