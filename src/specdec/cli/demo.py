@@ -223,7 +223,7 @@ def run(args) -> int:
         "greedy_identical": identical,
         "prompts": rows,
         "calibration": None if calibration is None else {
-            name: {"speedup_vs_plain_geomean": round(calibration.score(name), 3),
+            name: {"speedup_vs_eager_plain_geomean": round(calibration.score(name), 3),
                    "per_prompt": [round(v, 3) for v in values]}
             for name, values in calibration.speedups.items()},
         "sampled": {"prompt": streamed.name, "temperature": args.temperature, "top_p": args.top_p,
