@@ -398,7 +398,7 @@ def _show(console, chosen, gamma, rows, result, vs_hf, vs_plain) -> None:
             f"{r['tau']:.2f}", f"{r['target_passes']['speculative']}/{r['target_passes']['plain']}",
             "yes" if r["greedy_identical"] else "[bold red]NO[/]")
     console.print(table)
-    console.print(f"[dim]HF f32 = plain Hugging Face generate in float32 (what a transformers user runs)"
+    console.print("[dim]HF f32 = plain Hugging Face generate in float32 (what a transformers user runs)"
                   + (f"; HF {_short(dtype)} = the same in {dtype}" if low else "")
                   + f"; plain = specdec's loop with nothing drafted ({dtype}, same path); spec = the method; ×: "
                   "speedup of spec; passes = target forward passes, spec/plain; same = greedy output "
@@ -438,6 +438,5 @@ def _show(console, chosen, gamma, rows, result, vs_hf, vs_plain) -> None:
                   f"over its own plain decoding (median of {n} {which}, greedy, identical output; {dtype}) with "
                   f"{chosen.summary}.[/]"
                   if result["greedy_identical"] else
-                  f"[bold red]specdec: greedy outputs differ from plain decoding: this is a bug, please report "
-                  f"it[/]")
+                  "[bold red]specdec: greedy outputs differ from plain decoding: this is a bug, please report it[/]")
     sys.stdout.flush()
