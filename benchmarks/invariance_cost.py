@@ -64,6 +64,7 @@ def main() -> None:
 
     import specdec
     from specdec.bench.workloads import code_prompts
+    from specdec.runtime.precision import cpu_model
 
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
@@ -112,7 +113,7 @@ def main() -> None:
                      "range": [round(min(ratios), 3), round(max(ratios), 3)],
                      **{f"identical to plain, {copy}": f"{sum(bool(s) for s in same[(copy, method)])}/{len(prompts)}"
                         for copy in copies}})
-    machine = {"cpu": _cpu(), "python": platform.python_version(), "torch": torch.__version__,
+    machine = {"cpu": cpu_model(), "python": platform.python_version(), "torch": torch.__version__,
                "load_average": os.getloadavg(), "dtype": args.dtype, "path": args.path, "threads": 1,
                "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "repeats": args.repeats}
     print(json.dumps(machine))
@@ -122,16 +123,6 @@ def main() -> None:
         print("| " + " | ".join(str(row[h]) for h in header) + " |")
     if args.out:
         Path(args.out).write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

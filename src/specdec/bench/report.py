@@ -11,22 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.runner import SLOW_RUN_FACTOR
+from specdec.runtime.precision import cpu_model
 
 PLOTS = {
     "speedup": "speedup_vs_gamma.png",
     "tau": "tau_measured_vs_predicted.png",
     "acceptance": "acceptance_by_position.png",
 }
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def machine_info(device: str = "cpu") -> dict[str, Any]:

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -79,16 +78,20 @@ def _measure(repeats: int = 15) -> tuple[list[float], list[float]]:
     return ([best[torch.float32, 1], best[torch.float32, 8]], [best[torch.bfloat16, 1], best[torch.bfloat16, 8]])
 
 
-def _machine_key() -> str:
-    model = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), for cache keys and reports."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{model} | {os.cpu_count()} cores | torch {torch.__version__} | {torch.backends.cpu.get_cpu_capability()}"
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _machine_key() -> str:
+    return (f"{cpu_model()} | {os.cpu_count()} cores | torch {torch.__version__} | "
+            f"{torch.backends.cpu.get_cpu_capability()}")
 
 
 def _cache_path() -> Path:

@@ -9,7 +9,6 @@ final model (``config.json`` + ``model.safetensors`` in 16 bits + tokenizer file
 from __future__ import annotations
 
 import json
-import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,15 +104,9 @@ def save_dtype(name: str) -> torch.dtype:
 
 def hardware_summary() -> dict[str, Any]:
     """CPU model name, thread count and torch version, for reports."""
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+    from specdec.runtime.precision import cpu_model
+
+    return {"cpu": cpu_model(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def train(cfg: TrainConfig, log=print) -> dict[str, Any]:
