@@ -174,8 +174,8 @@ class StaticCausalLM:
         seeing the slots where visible [M, L] is True (None: a chain, row i sees the slots up to its own).
         Returns logits [M, V] and hidden | None; with `rule` = (draft_probs [M-1, V], uniforms [M] float64,
         sampling) for a chain, also the rejection rule's (k, next_token) [2] from the same graph
-        (`_verify_pass`), or None for a padded pass (whose graph verified the padding as drafts). keep > 0 (an
-        uncompiled pass): the logits of the last `keep` rows only."""
+        (`_verify_pass`), or None for a padded pass (whose graph verified the padding as drafts). keep > 0 (a
+        prefill): the logits of the last `keep` rows only."""
         m = input_ids.shape[0]
         b = self._bucket(m) if pad else m
         if self.length + b > self.max_len:
@@ -200,8 +200,7 @@ class StaticCausalLM:
         decided = None
         if rule is None:
             fn = self._fn(("pass", b, self.max_len, hidden, mask is not None), run_model)
-            logits, states, finite = fn(self.model, ids[None], positions[None], slots, mask, self.cache, hidden,
-                                        *((keep,) if keep else ()))
+            logits, states, finite = fn(self.model, ids[None], positions[None], slots, mask, self.cache, hidden, keep)
         else:  # a chain verified in the same graph: padded rows are drafted with q = 0, their result unused
             draft_probs, uniforms, sampling = rule
             if b > m:
