@@ -155,6 +155,10 @@ CANDIDATES: list[Candidate] = [
 ]
 
 
+#: The reference every candidate is ranked against: plain decoding on the eager path.
+EAGER_PLAIN = Candidate("plain", "plain decoding on the eager path", lambda models: (None, 1))
+
+
 def get_candidate(name: str, candidates: Sequence[Candidate] = CANDIDATES) -> Candidate:
     for candidate in candidates:
         if candidate.name == name:
@@ -191,16 +195,15 @@ def calibrate(models: Models, candidates: Sequence[Candidate], prompts: Sequence
     untimed warm-up of each (any one-off setup, e.g. a compile, happens there); the order is rotated from prompt
     to prompt."""
     settings = dict(max_new_tokens=max_new_tokens, temperature=0.0, eos_token_id=[], seed=0)
-    reference = CANDIDATES[0]  # its plain decoding: the eager path
     for candidate in candidates:
         if candidate.setup_note and on_setup:
             on_setup(candidate.setup_note)
         timed_run(candidate.decoder(models, **settings), prompts[0])
-    timed_run(reference.decoder(models, speculative=False, **settings), prompts[0])
+    timed_run(EAGER_PLAIN.decoder(models, speculative=False, **settings), prompts[0])
     speedups: dict[str, list[float]] = {c.name: [] for c in candidates}
     for i, prompt in enumerate(prompts):
         order = list(candidates[i % len(candidates):]) + list(candidates[: i % len(candidates)])
-        plain = timed_run(reference.decoder(models, speculative=False, **settings), prompt)[1]
+        plain = timed_run(EAGER_PLAIN.decoder(models, speculative=False, **settings), prompt)[1]
         for candidate in order:
             wall = timed_run(candidate.decoder(models, **settings), prompt)[1]
             speedups[candidate.name].append(plain / wall)
