@@ -373,10 +373,9 @@ def test_memo_engine_draws_what_real_forwards_draw(pair):
     assert "forward" not in target.__dict__ and "forward" not in draft.__dict__  # unpatched afterwards
 
 
-@pytest.mark.parametrize("name", ["plain-static", "draft-model-static", "draft-tree-static"])
-def test_memo_engine_answers_the_slot_cache(pair, name):
-    """compile="static": the memo answers the slot cache's masked calls (its caches become SlotTokens), and
-    draws what real forwards on the slot cache draw, same seed, float64."""
+def _memo_and_cache_draws(pair, name):
+    """The same 60 seeded draws of method `name` through the memo engine and through real forwards: ({engine:
+    draws}, {engine: the type of the target adapter's cache after the draws})."""
     target, draft, _ = pair
     runs, caches = {}, {}
     for engine in ("memo", "cache"):
@@ -390,6 +389,14 @@ def test_memo_engine_answers_the_slot_cache(pair, name):
 
         runs[engine] = draw(make, PROMPT, 60, models=find_models(target, drafter), engine=engine)
         caches[engine] = type(decoders[-1].target.cache)
+    return runs, caches
+
+
+@pytest.mark.parametrize("name", ["plain-static", "draft-model-static", "draft-tree-static"])
+def test_memo_engine_answers_the_slot_cache(pair, name):
+    """compile="static": the memo answers the slot cache's masked calls (its caches become SlotTokens), and
+    draws what real forwards on the slot cache draw, same seed, float64."""
+    runs, caches = _memo_and_cache_draws(pair, name)
     assert runs["memo"].engine == "memo" and caches["memo"] is SlotTokens and caches["cache"] is not SlotTokens
     assert runs["memo"].sequences == runs["cache"].sequences
     assert runs["memo"].accepted == runs["cache"].accepted
@@ -399,19 +406,7 @@ def test_memo_engine_answers_the_slot_cache(pair, name):
 def test_memo_engine_answers_the_target_s_hidden_states(pair, name):
     """Heads read the target's features: the memo answers those calls too (the target's cache becomes a memo
     one), and draws what real forwards draw, same seed, float64."""
-    target, draft, _ = pair
-    runs, caches = {}, {}
-    for engine in ("memo", "cache"):
-        drafter, options = build(name, target, draft)
-        decoders = []
-
-        def make():
-            decoders.append(specdec.SpeculativeDecoder(target, drafter, max_new_tokens=4, temperature=1.0, seed=5,
-                                                       eos_token_id=[], **{"gamma": 3, **options}))
-            return decoders[-1]
-
-        runs[engine] = draw(make, PROMPT, 60, models=find_models(target, drafter), engine=engine)
-        caches[engine] = type(decoders[-1].target.cache)
+    runs, caches = _memo_and_cache_draws(pair, name)
     assert runs["memo"].engine == "memo" and caches["memo"] in (TokenCache, SlotTokens)
     assert caches["cache"] not in (TokenCache, SlotTokens)
     assert runs["memo"].sequences == runs["cache"].sequences
