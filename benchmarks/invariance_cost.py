@@ -5,9 +5,9 @@ process, on the same prompts and precision.
     flock /tmp/specdec-bench.lock taskset -c 1 python benchmarks/invariance_cost.py --dtype bfloat16 --path compiled
 
 Two copies of the default pair are loaded. The "library kernels" copy runs with the routing to
-`specdec::row_attention` / `specdec::row_linear` switched off (the adapters' `row_invariant` replaced by a mode
-that routes nothing, for this copy's calls only: its compiled graphs are traced without the kernels and keep
-their own entries, keyed by model object); the "row-invariant" copy runs the library unchanged. Each method runs
+`specdec::row_attention` / `specdec::row_linear` switched off (the adapters' `row_invariant` replaced by a null
+context, for this copy's calls only: its compiled graphs are traced without the kernels and keep their own
+entries, keyed by model object); the "row-invariant" copy runs the library unchanged. Each method runs
 on both copies, interleaved and rotated per prompt; tokens/s are medians over prompts of the median over
 repeats. Each copy's greedy output is also compared with its own plain decoding (same copy, same path): the
 library-kernel copy is the negative control of the identity the invariant one keeps.
@@ -23,31 +23,24 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 
-class _routes_nothing(TorchFunctionMode):  # noqa: N801 (stands in for row_invariant)
-    def __init__(self, linear: bool = False):
-        super().__init__()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
+def _no_kernels(linear: bool = False):
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
 def library_kernels():
-    """The adapters' passes without the row-invariant routing, while inside."""
+    """The adapters' passes without the row-invariant routing (PyTorch's kernels, no mode entered), while inside."""
     import specdec.runtime.causal_lm as causal_lm
     import specdec.runtime.slot_cache as slot_cache
 
-    saved = slot_cache.row_invariant, causal_lm.row_invariant
-    slot_cache.row_invariant = causal_lm.row_invariant = _routes_nothing
-    try:
+    with mock.patch.object(slot_cache, "row_invariant", _no_kernels), \
+            mock.patch.object(causal_lm, "row_invariant", _no_kernels):
         yield
-    finally:
-        slot_cache.row_invariant, causal_lm.row_invariant = saved
 
 
 def main() -> None:
