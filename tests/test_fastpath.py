@@ -281,3 +281,28 @@ def test_bench_knows_the_compiled_methods():
     assert is_gamma_free("draft-auto-compiled") and not is_gamma_free("draft-compiled")
     with pytest.raises(specdec.ConfigError):
         parse_methods("hf-assisted-compiled")
+
+
+def _plus_one(model, x):
+    return x + 1
+
+
+@pytest.mark.compile
+def test_a_compiled_shape_runs_without_re_checking_every_guard_and_a_mismatch_recompiles_loudly(monkeypatch):
+    """Calls of an already-compiled key skip dynamo's full guard check (only the guards that tell the code
+    object's cache entries apart run); a call that matches no entry is retried with full guards and flagged as
+    an unplanned recompile, never run on a wrong graph."""
+    from specdec.runtime import compiled  # noqa: PLC0415
+
+    monkeypatch.setattr(compiled, "UNPLANNED_RECOMPILES", [])
+    model = tiny("llama", hidden=16, layers=1)
+    keys = [("pass", rows, 0, False, False) for rows in (4, 5)]  # as the slot cache names its shapes
+    four, five = (compiled.compile_once(model, key, _plus_one) for key in keys)
+    x4, x5 = torch.arange(4.0), torch.arange(5.0)
+    assert torch.equal(four(model, x4), x4 + 1) and torch.equal(five(model, x5), x5 + 1)  # compiled: two entries
+    for _ in range(2):  # each key's entry is picked among the two by the differentiating guards alone
+        assert torch.equal(four(model, x4), x4 + 1) and torch.equal(five(model, x5), x5 + 1)
+    assert not compiled.UNPLANNED_RECOMPILES
+    x6 = torch.arange(6.0)
+    assert torch.equal(four(model, x6), x6 + 1)  # no entry matches: recompiled, not run on the 4-row graph
+    assert compiled.UNPLANNED_RECOMPILES == [keys[0]]
