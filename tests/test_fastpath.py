@@ -20,7 +20,7 @@ from specdec.errors import PromptError
 from specdec.exactness import check_exactness
 from specdec.runtime.causal_lm import CachedCausalLM
 from specdec.runtime.compiled import COMPILED, FastPathWarning
-from specdec.runtime.static_lm import StaticCausalLM
+from specdec.runtime.static_lm import PREFILL_ROWS, StaticCausalLM
 
 LONG = [(i * 37 + 11) % 96 for i in range(120)]
 
@@ -40,9 +40,10 @@ def test_compiled_draft_model_is_token_identical_and_compiles_each_shape_once(ll
         assert out.tokens == hf_greedy(target, prompt, 24)
         assert 0 < out.stats.accepted < out.stats.drafted
     # one verification shape (γ+1 = 4 rows) for the target, one γ=3 graph for the draft: both reused by the
-    # second request, and by the short last rounds (padded to the compiled shapes)
-    assert sorted(COMPILED[target].fns) == [("pass", 4, 256, False, False)]
-    assert [k[:2] for k in COMPILED[draft].fns] == [("draft", 3)]
+    # second request, and by the short last rounds (padded to the compiled shapes); one prefill shape each,
+    # whatever the prompt's length (20 and 37 tokens: chunks of PREFILL_ROWS, the last padded)
+    assert sorted(COMPILED[target].fns) == [("pass", 4, 256, False, False), ("prefill", PREFILL_ROWS, 256, False)]
+    assert sorted(k[:2] for k in COMPILED[draft].fns) == [("draft", 3), ("prefill", PREFILL_ROWS)]
 
 
 @pytest.mark.compile
@@ -126,7 +127,8 @@ def test_gamma_auto_compiles_every_shape_before_its_first_round(monkeypatch):
         if noise > 1:
             assert 0 in dec.gamma_policy.chosen  # plain rounds happened, so the catch-up ran
     assert late == []
-    assert {k[1] for k in COMPILED[target].fns} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
+    assert {k[1] for k in COMPILED[target].fns if k[0] == "pass"} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
+    assert {k[:2] for k in COMPILED[target].fns if k[0] != "pass"} == {("prefill", PREFILL_ROWS)}
     # T > 0: the verifying passes (warp and rejection rule in the graph) are what is compiled up front
     rounds["started"] = False
     dec = specdec.SpeculativeDecoder(target, specdec.DraftModel(perturbed(target, 3.0, seed=4)), gamma="auto",
@@ -246,6 +248,31 @@ def test_tree_pass_matches_per_branch_chain_passes(arch):
     chain = _lm(target)
     chain.prefill(torch.cat([prompt, tokens[[0, 2, 4]]]))
     torch.testing.assert_close(nxt, chain.forward(torch.tensor([41])), rtol=0, atol=1e-10)
+
+
+@pytest.mark.compile
+def test_a_compiled_prefill_in_chunks_gives_every_row_the_bits_of_any_other_chunking(llama_pair):
+    """A compiled prefill runs in padded chunks of PREFILL_ROWS rows; near a full cache its last chunk re-feeds
+    earlier rows (or runs unpadded when there are too few). None of it changes a row's states, nor what is
+    decoded after."""
+    target = llama_pair[0]
+    prompt = torch.tensor(LONG[:45])
+
+    def prefilled(max_len: int, n: int):
+        lm = StaticCausalLM(target, compile=True, max_len=max_len)
+        states = lm.prefill(prompt[:n], hidden=True)  # [n, H]
+        return lm, states
+
+    roomy, expected = prefilled(256, 45)  # chunks of 0..31 and 32..44 (padded)
+    assert expected.shape == (45, 32)
+    tight, states = prefilled(50, 45)  # the last chunk's padding would pass slot 49: re-feeds rows 18..31
+    assert torch.equal(states, expected)
+    assert tight.length == roomy.length == 45
+    token = torch.tensor([7])
+    assert torch.equal(tight.forward(token), roomy.forward(token))  # and the same caches behind them
+    short, states = prefilled(20, 10)  # 10 rows, 32 do not fit and none precede: one unpadded pass
+    assert torch.equal(states, expected[:10])
+    assert ("prefill", 10, 20, True) in COMPILED[target].fns
 
 
 def test_hidden_states_feed_the_lm_head():

@@ -123,8 +123,9 @@ class Timed:
                 if "skip_guard_eval_unsafe" not in str(error):
                     raise
             graphs = _graphs_compiled()
-            out = self.fn(*args)
-            if _graphs_compiled() != graphs:  # a guard failed: dynamo compiled again, without the freezing flag
+            with torch._dynamo.config.patch(prepare_freezing=True):  # a recompile freezes too: the same rounding
+                out = self.fn(*args)
+            if _graphs_compiled() != graphs:  # a guard failed (a global a model reads changed): compiled again
                 _unplanned_recompile(self)
             return out
         start = time.perf_counter()
@@ -149,8 +150,10 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
-#: Shapes that dynamo compiled again after their first call (a guard failed): without the freezing flag, so
-#: slower and with other rounding. The fast path's own state must never cause one; tests check this stays empty.
+#: Shapes that dynamo compiled again after their first call (a guard failed; frozen like the first compile, so
+#: the same graph and rounding, but seconds of compiling). The fast path's own state must never cause one
+#: (tests check); loading a model of another class after compiling does (transformers guards a registry of
+#: model classes that each model's forward reads).
 UNPLANNED_RECOMPILES: list[tuple] = []
 
 
@@ -160,8 +163,8 @@ def _graphs_compiled() -> int:
 
 def _unplanned_recompile(timed: Timed) -> None:
     if not UNPLANNED_RECOMPILES:
-        log.warning("dynamo recompiled %s %s after a guard failed; it now runs unfrozen (slower, other rounding). "
-                    "TORCH_LOGS=recompiles names the guard", timed.model_name, _describe(timed.key))
+        log.warning("dynamo recompiled %s %s after a guard failed (seconds of compiling, not part of any shape's "
+                    "first call). TORCH_LOGS=recompiles names the guard", timed.model_name, _describe(timed.key))
     UNPLANNED_RECOMPILES.append(timed.key)
 
 
@@ -171,6 +174,8 @@ def _describe(key: tuple) -> str:
     if key[0] == "verify":
         return (f"pass of {key[1]} tokens with warp and rejection rule (T={key[4].temperature}, top_k={key[4].top_k}, "
                 f"top_p={key[4].top_p}, cache {key[2]} slots{', hidden' if key[3] else ''})")
+    if key[0] == "prefill":
+        return f"prefill pass of {key[1]} tokens (cache {key[2]} slots{', hidden' if key[3] else ''})"
     if key[0] == "pass":
         return f"pass of {key[1]} tokens (cache {key[2]} slots{', hidden' if key[3] else ''}{', tree' if key[4] else ''})"
     if key[0].startswith("tree"):

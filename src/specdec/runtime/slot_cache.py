@@ -11,6 +11,10 @@ batch) and the EAGLE head's fixed-shape round.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -36,6 +40,11 @@ class SlotLayer(CacheLayerMixin):
         self.values = value_states.new_zeros((*shape, value_states.shape[-1]))
         self.is_initialized = True
 
+    @property
+    def layout(self) -> LayerLayout:
+        return LayerLayout(tuple(self.keys.shape[:2]), self.keys.shape[-1], self.values.shape[-1], self.dtype,
+                           self.device)
+
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -52,6 +61,18 @@ class SlotLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return self.owner.max_len
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """What a layer's keys and values look like, less the slots: [*lead, max_len, key_dim] and
+    [*lead, max_len, value_dim] of `dtype` on `device` (lead = (batch, kv heads))."""
+
+    lead: tuple[int, ...]
+    key_dim: int
+    value_dim: int
+    dtype: torch.dtype
+    device: torch.device
 
 
 class SlotCache(Cache):
@@ -74,6 +95,17 @@ class SlotCache(Cache):
             self.layers.append(SlotLayer(self))
         return self.layers[layer_idx].update(key_states, value_states)
 
+    def allocate(self, layouts: Sequence[LayerLayout]) -> None:
+        """Allocate every layer now, as a first write would: the cache is `ready` before any pass, so a compiled
+        adapter runs every pass of a request compiled, the first one too."""
+        with torch.inference_mode():
+            for layout in layouts:
+                layer = SlotLayer(self)
+                one = {"dtype": layout.dtype, "device": layout.device}  # one slot's worth: only the shape is read
+                layer.lazy_initialization(torch.empty((*layout.lead, 1, layout.key_dim), **one),
+                                          torch.empty((*layout.lead, 1, layout.value_dim), **one))
+                self.layers.append(layer)
+
     @torch.inference_mode()
     def move(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Copy slots src [k] to slots dst [k] in every layer (the accepted path of a tree)."""
@@ -81,6 +113,25 @@ class SlotCache(Cache):
             if layer.is_initialized:
                 layer.keys[:, :, dst] = layer.keys[:, :, src]
                 layer.values[:, :, dst] = layer.values[:, :, src]
+
+
+#: model -> its layers' layouts, found once per model object (`kv_layout`).
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def kv_layout(model) -> tuple[LayerLayout, ...]:
+    """The layouts of `model`'s cache layers for one sequence: read once per model object from one eager
+    one-token pass into a one-slot cache (whatever the architecture names its heads and dims). The pass asks for
+    hidden states, so that transformers installs its hidden-state hooks eagerly: a compiled first pass that asks
+    cannot (a lock)."""
+    if model not in _LAYOUTS:
+        probe = SlotCache(1)
+        device = next(model.parameters()).device
+        with torch.inference_mode():
+            zero = torch.zeros((1, 1), dtype=torch.long, device=device)
+            run_model(model, zero, zero, zero[0], None, probe, True, keep=1)
+        _LAYOUTS[model] = tuple(layer.layout for layer in probe.layers)
+    return _LAYOUTS[model]
 
 
 def run_model(model, input_ids, position_ids, slots, mask, cache, hidden: bool, keep: int = 0):

@@ -45,10 +45,12 @@ from specdec.runtime.compiled import (
     is_compiled,
 )
 from specdec.runtime.draft_graphs import draft_chain, expand_tree, tree_level, tree_root
-from specdec.runtime.slot_cache import SlotCache, run_model
+from specdec.runtime.slot_cache import SlotCache, kv_layout, run_model
 
 #: Chunk size of `StaticCausalLM.catch_up` (tokens a drafter skipped while the policy decoded plainly).
 CATCH_UP_ROWS = 8
+#: Rows per compiled prefill pass (`StaticCausalLM.prefill`): one shape for every prompt length.
+PREFILL_ROWS = 32
 
 
 def _verify_pass(model, input_ids, position_ids, slots, cache, hidden, draft_tokens, draft_probs, uniforms,
@@ -84,7 +86,7 @@ class StaticCausalLM:
         self.draft_gammas: set[int] = set()
         self.cache: SlotCache | None = None
         if max_len is not None:
-            self.cache = SlotCache(max_len)
+            self.cache = self._new_cache(max_len)
         self.length = 0
         self.forwards = 0
         self.forward_s = 0.0
@@ -129,8 +131,16 @@ class StaticCausalLM:
         if limit is not None:
             size = min(size, max(limit, tokens))
         if self.cache is None or self.cache.max_len < tokens:
-            self.cache = SlotCache(size)
+            self.cache = self._new_cache(size)
             self.length = 0
+
+    def _new_cache(self, size: int) -> SlotCache:
+        """A cache of `size` slots; compiled, allocated up front, so that every pass runs compiled (the
+        prefill's first chunk too: eager and compiled passes may round differently)."""
+        cache = SlotCache(size)
+        if self.compile:
+            cache.allocate(kv_layout(self.model))
+        return cache
 
     # -- bookkeeping ------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -169,15 +179,16 @@ class StaticCausalLM:
 
     @torch.inference_mode()
     def _pass(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor | None,
-              hidden: bool, pad: bool, rule: tuple | None = None, keep: int = 0):
+              hidden: bool, pad: bool, rule: tuple | None = None, keep: int = 0, rows: int | None = None):
         """Rows input_ids [M] at positions [M], written to slots length..length+M-1 (padded to a bucket), each
         seeing the slots where visible [M, L] is True (None: a chain, row i sees the slots up to its own).
         Returns logits [M, V] and hidden | None; with `rule` = (draft_probs [M-1, V], uniforms [M] float64,
         sampling) for a chain, also the rejection rule's (k, next_token) [2] from the same graph
         (`_verify_pass`), or None for a padded pass (whose graph verified the padding as drafts). keep > 0 (a
-        prefill): the logits of the last `keep` rows only."""
+        prefill): the logits of the last `keep` rows only (of the padded pass). rows: pad to this many rows
+        instead of a bucket."""
         m = input_ids.shape[0]
-        b = self._bucket(m) if pad else m
+        b = rows if rows is not None else self._bucket(m) if pad else m
         if self.length + b > self.max_len:
             raise PromptError(
                 f"the static cache of {self.max_len} slots is full (length {self.length} + {b} new rows); "
@@ -199,7 +210,8 @@ class StaticCausalLM:
         positions = positions.to(self.device).clone()  # [b] inference tensors, as above
         decided = None
         if rule is None:
-            fn = self._fn(("pass", b, self.max_len, hidden, mask is not None), run_model)
+            key = ("prefill", b, self.max_len, hidden) if keep else ("pass", b, self.max_len, hidden, mask is not None)
+            fn = self._fn(key, run_model)
             logits, states, finite = fn(self.model, ids[None], positions[None], slots, mask, self.cache, hidden, keep)
         else:  # a chain verified in the same graph: padded rows are drafted with q = 0, their result unused
             draft_probs, uniforms, sampling = rule
@@ -275,17 +287,34 @@ class StaticCausalLM:
         return Scores(logits, states), verdict
 
     def prefill(self, input_ids: torch.Tensor, hidden: bool | tuple[int, ...] = False) -> torch.Tensor | None:
-        """Cache input_ids [n] (eager, any n; not a decoding pass). Returns hidden [n, H] when asked."""
+        """Cache input_ids [n] (any n; not a decoding pass). Returns hidden [n, H] when asked.
+
+        Compiled: in passes of PREFILL_ROWS rows, the last one padded, so that one compiled shape serves every
+        prompt length. Every kernel computes each row on its own, so the chunks leave each row's keys and values
+        (and states) the bits one pass over the whole prompt gives it. Eager: one pass."""
         n = input_ids.shape[-1]
         if not n:
             return None
         start = time.perf_counter()
-        positions = torch.arange(self.length, self.length + n, device=self.device)
-        compile, self.compile = self.compile, False  # prompt lengths vary: never compile a prefill
-        try:
+        if not self.compile:
+            positions = torch.arange(self.length, self.length + n, device=self.device)
             _, states = self._pass(input_ids, positions, None, hidden, pad=False, keep=1)  # logits unused
-        finally:
-            self.compile = compile
+        else:
+            parts = []
+            for s in range(0, n, PREFILL_ROWS):
+                rows, back = PREFILL_ROWS, 0
+                over = self.length + PREFILL_ROWS - self.max_len
+                if over > 0:  # the last chunk's padding would run past the cache:
+                    if over <= s:  # re-feed rows before it (the same rows at the same slots give the same bits)
+                        back = over
+                    else:  # or, with too few before it, pass it unpadded (its own compiled shape)
+                        rows = min(PREFILL_ROWS, n - s)
+                self.length -= back
+                chunk = input_ids[s - back : s + PREFILL_ROWS]
+                positions = torch.arange(self.length, self.length + chunk.shape[0], device=self.device)
+                _, states = self._pass(chunk, positions, None, hidden, pad=True, keep=1, rows=rows)
+                parts.append(None if states is None else states[back:])
+            states = None if parts[0] is None else torch.cat(parts)
         self.prefill_s += time.perf_counter() - start
         return states
 
