@@ -39,10 +39,11 @@ def test_compiled_draft_model_is_token_identical_and_compiles_each_shape_once(ll
                                compile=True)
         assert out.tokens == hf_greedy(target, prompt, 24)
         assert 0 < out.stats.accepted < out.stats.drafted
-    # one verification shape (γ+1 = 4 rows) for the target, one γ=3 graph for the draft: both reused by the
-    # second request, and by the short last rounds (padded to the compiled shapes); one prefill shape each,
-    # whatever the prompt's length (20 and 37 tokens: chunks of PREFILL_ROWS, the last padded)
-    assert sorted(COMPILED[target].fns) == [("pass", 4, 256, False, False), ("prefill", PREFILL_ROWS, 256, False)]
+    # one verification shape (γ+1 = 4 rows, greedy rule in the graph) for the target, one γ=3 graph for the
+    # draft: both reused by the second request, and by the short last rounds (padded to the compiled shapes);
+    # one prefill shape each, whatever the prompt's length (20 and 37 tokens: chunks of PREFILL_ROWS, the last
+    # padded)
+    assert sorted(k[:3] for k in COMPILED[target].fns) == [("prefill", PREFILL_ROWS, 256), ("verify", 4, 256)]
     assert sorted(k[:2] for k in COMPILED[draft].fns) == [("draft", 3), ("prefill", PREFILL_ROWS)]
 
 
@@ -127,15 +128,17 @@ def test_gamma_auto_compiles_every_shape_before_its_first_round(monkeypatch):
         if noise > 1:
             assert 0 in dec.gamma_policy.chosen  # plain rounds happened, so the catch-up ran
     assert late == []
-    assert {k[1] for k in COMPILED[target].fns if k[0] == "pass"} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
-    assert {k[:2] for k in COMPILED[target].fns if k[0] != "pass"} == {("prefill", PREFILL_ROWS)}
+    # greedy chains verify in their pass too: verifying passes of every size, and the prefill's chunk
+    assert {k[1] for k in COMPILED[target].fns if k[0] == "verify"} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
+    assert {k[:2] for k in COMPILED[target].fns if k[0] != "verify"} == {("prefill", PREFILL_ROWS)}
     # T > 0: the verifying passes (warp and rejection rule in the graph) are what is compiled up front
     rounds["started"] = False
     dec = specdec.SpeculativeDecoder(target, specdec.DraftModel(perturbed(target, 3.0, seed=4)), gamma="auto",
                                      max_new_tokens=40, compile=True, temperature=1.0, top_k=20, seed=0)
     assert len(list(dec.stream(LONG[:20]))) == 40 and dec.fused_verify
     assert late == []
-    assert {k[1] for k in COMPILED[target].fns if k[0] == "verify"} == {1, *(g + 1 for g in FAST_PATH_GAMMAS)}
+    assert {k[1] for k in COMPILED[target].fns if k[0] == "verify" and not k[4].greedy} == {
+        1, *(g + 1 for g in FAST_PATH_GAMMAS)}
 
 
 @pytest.mark.compile

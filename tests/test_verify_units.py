@@ -12,6 +12,7 @@ from specdec.core.stats import best_gamma, expected_speedup, expected_tokens_per
 from specdec.core.verify import (
     acceptance_ratio,
     draw_uniforms,
+    greedy_rule,
     rejection_rule,
     residual_distribution,
     verify_greedy,
@@ -135,6 +136,25 @@ def test_greedy_verification_matches_the_rule_written_as_a_loop():
         assert verify_round(draft, None, logits, SamplingConfig(0.0), None) == v  # T = 0 routes here
         seen.add((gamma, k))
     assert {(4, k) for k in range(5)} <= seen
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.compile)])
+def test_greedy_rule_on_tensors_matches_the_rule_written_as_a_loop(compiled):
+    """greedy_rule (what the fast path's verifying pass runs, compiled) against the loop, on logits with many
+    exact ties in a realistic vocabulary: compiled, inductor's argmax must break ties as torch.argmax does."""
+    gen = torch.Generator().manual_seed(1)
+    rule = torch.compile(greedy_rule, fullgraph=True, dynamic=False) if compiled else greedy_rule
+    seen = set()
+    for _ in range(60 if compiled else 400):
+        gamma = 4
+        logits = torch.randint(0, 3, (gamma + 1, 1000), generator=gen).to(torch.bfloat16).float()  # [γ+1, V]
+        best = logits.argmax(dim=-1)
+        draft = torch.where(torch.rand(gamma, generator=gen) < 0.7, best[:gamma],
+                            torch.randint(0, 1000, (gamma,), generator=gen))  # [γ], mostly the argmax
+        k, nxt = rule(draft, logits)
+        assert (int(k), int(nxt)) == _greedy_by_hand(draft.tolist(), logits), (draft, logits)
+        seen.add(int(k))
+    assert seen == set(range(gamma + 1))
 
 
 def _sampled_by_hand(draft, q, p, u):

@@ -63,6 +63,16 @@ def greedy_verdict(drafts: list[int], best: list[int]) -> Verdict:
     return Verdict(k, best[k], "bonus" if k == len(drafts) else "recovered")
 
 
+def greedy_rule(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`greedy_verdict` on tensors, with no data-dependent branch (it runs inside the fast path's compiled
+    verification pass): draft_tokens [γ], target_logits [γ+1, V] -> (k, next_token), both 0-dim: the drafts
+    that equal the target's argmax, then the argmax after them."""
+    best = target_logits.argmax(dim=-1)  # [γ+1]
+    gamma = draft_tokens.shape[0]
+    k = (draft_tokens == best[:gamma]).cumprod(dim=0).sum()  # [] accepted prefix
+    return k, best.index_select(0, k.view(1))[0]
+
+
 def acceptance_ratio(
     draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor
 ) -> torch.Tensor:

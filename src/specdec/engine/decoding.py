@@ -91,9 +91,9 @@ class SpeculativeDecoder:
 
     @property
     def fused_verify(self) -> bool:
-        """Are this decoder's chains verified inside the target's own pass (sampling, the default rule, a target
-        that can: the fast path)? Settable (False: verify after a plain pass, e.g. to measure the difference)."""
-        return self.engine.verifier.fused and self.target.verifies_in_graph and not self.sampling.greedy
+        """Are this decoder's chains verified inside the target's own pass (the default rule, a target that can:
+        the fast path)? Settable (False: verify after a plain pass, e.g. to measure the difference)."""
+        return self.engine.verifier.fused and self.target.verifies_in_graph
 
     @fused_verify.setter
     def fused_verify(self, value: bool) -> None:

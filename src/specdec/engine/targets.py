@@ -32,7 +32,7 @@ class RowTarget(Protocol):
     vocab_size: int
     device: torch.device
     hidden: bool | tuple[int, ...]  # the features its passes return besides logits (what the drafter reads)
-    verifies_in_graph: bool  # can `score_and_verify` verify a sampled chain inside the pass
+    verifies_in_graph: bool  # can `score_and_verify` verify a chain inside the pass
 
     def check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         """Raise a PromptError before any work unless a request of this size fits."""
@@ -55,7 +55,7 @@ class RowTarget(Protocol):
 
     def score_and_verify(self, rows: Sequence[Row], inputs: Sequence[torch.Tensor],
                          proposals: Sequence[Proposal]) -> tuple[Scores, list[Verdict]]:
-        """`score` sampled chains and verify them inside the pass (where `verifies_in_graph`)."""
+        """`score` chains and verify them inside the pass (where `verifies_in_graph`)."""
 
     def row_errors(self, rows: Sequence[Row], scores: Scores, widths: Sequence[int]) -> list[SpecdecError | None]:
         """Per row, the error that fails it after a pass (non-finite logits in its real columns), or None."""

@@ -5,8 +5,8 @@ its own slice of the target's pass with its own generator (`core/verify.py` hold
 - a chain otherwise: `verify_fn(draft_tokens [γ], draft_probs [γ, V] | None, target_logits [γ+1, V], sampling,
   generator)` (default `verify_round`);
 - a tree: `tree_verify_fn(proposal, target_logits [N+1, V], sampling, generator)` (default `verify_tree`);
-- fused: a target that verifies a sampled chain inside its own pass (`verifies_in_graph`, the fast path) returns
-  the verdict with the scores; only for the default rule (a custom verify_fn always gets the logits).
+- fused: a target that verifies a chain inside its own pass (`verifies_in_graph`, the fast path) returns the
+  verdict with the scores; only for the default rule (a custom verify_fn always gets the logits).
 """
 
 from __future__ import annotations
@@ -74,9 +74,8 @@ class Verifier:
         self.fused = fused and self.default
 
     def fuses(self, rows: Sequence, trees: Sequence[TreeMask | None], target) -> bool:
-        """Does this pass verify inside the target's graph: sampled chains, the default rule, a target that can."""
-        return (self.fused and target.verifies_in_graph
-                and all(tree is None and not row.sampling.greedy for row, tree in zip(rows, trees)))
+        """Does this pass verify inside the target's graph: chains, the default rule, a target that can."""
+        return self.fused and target.verifies_in_graph and all(tree is None for tree in trees)
 
     def verify(self, rows: Sequence, proposals: Sequence[Proposal], trees: Sequence[TreeMask | None],
                logits: torch.Tensor, errors: Sequence[SpecdecError | None]) -> list[Verified | SpecdecError]:

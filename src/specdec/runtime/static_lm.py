@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 from specdec.core.masks import additive_mask
 from specdec.core.sampling import SamplingConfig
 from specdec.core.tree import TreeMask
-from specdec.core.verify import Verdict, chain_verdict, draw_uniforms, rejection_rule
+from specdec.core.verify import Verdict, chain_verdict, draw_uniforms, greedy_rule, rejection_rule
 from specdec.errors import PromptError
 from specdec.runtime import draft_graphs
 from specdec.runtime.base import Scores, numerical_error
@@ -61,9 +61,16 @@ def _verify_pass(model, input_ids, position_ids, slots, cache, hidden, draft_tok
     one-hot row) and uniforms [G+1] drawn beforehand from the request's generator.
     Returns logits [G+1, V], hidden | None, whether every logit is finite, and (k, next_token) as [2]."""
     logits, states, finite = run_model(model, input_ids, position_ids, slots, None, cache, hidden)
-    target_probs = sampling.warp(logits)  # [G+1, V]
-    k, next_token = rejection_rule(draft_tokens, draft_probs, target_probs, uniforms)
+    k, next_token = _rule(draft_tokens, draft_probs, logits, uniforms, sampling)
     return logits, states, finite, torch.stack([k, next_token])
+
+
+def _rule(draft_tokens, draft_probs, logits, uniforms, sampling: SamplingConfig):
+    """The default verification rule of a chain: greedy (argmax; draft_probs and uniforms unused), or the
+    rejection rule on the target's warped probabilities [G+1, V]."""
+    if sampling.greedy:
+        return greedy_rule(draft_tokens, logits)
+    return rejection_rule(draft_tokens, draft_probs, sampling.warp(logits), uniforms)
 
 
 class StaticCausalLM:
@@ -73,7 +80,7 @@ class StaticCausalLM:
     compile: torch.compile the decoding passes (False: the same code, eager).
     """
 
-    verifies_in_graph = True  # score_and_verify: a chain's warp and rejection rule in the pass's graph
+    verifies_in_graph = True  # score_and_verify: a chain's verification rule in the pass's graph
 
     def __init__(self, model: PreTrainedModel, *, compile: bool = True, max_len: int | None = None):
         check_rollback_support(model)
@@ -262,25 +269,30 @@ class StaticCausalLM:
                          generator: torch.Generator | None, *,
                          hidden: bool | tuple[int, ...] = False) -> tuple[Scores, Verdict]:
         """`score` a chain input_ids [γ+1] (the last committed token, then γ drafts with draft_probs [γ, V], or
-        None for a point mass) and verify it at temperature > 0 in the same pass: the target's warp and
-        `verify.rejection_rule` run inside the (compiled) graph, with uniforms drawn here from `generator`
-        exactly as `verify.verify_sampled` draws them, so the tokens are the eager rule's."""
+        None for a point mass) and verify it in the same pass: greedy, `verify.greedy_rule` (the target's
+        argmax); at temperature > 0 the target's warp and `verify.rejection_rule`, with uniforms drawn here from
+        `generator` exactly as `verify.verify_sampled` draws them, so the tokens are the eager rule's. Both run
+        inside the (compiled) graph."""
         start = time.perf_counter()
         m = input_ids.shape[0]
         drafts = input_ids[1:].to(self.device)  # [γ]
-        uniforms = draw_uniforms(m - 1, generator, self.device)  # [γ+1]
-        # q in float64 whatever the drafter's dtype (one graph per shape; the ratio is float64 anyway), and a
-        # point mass as its one-hot row: the same ratio p(x) and residual as draft_probs=None.
-        if draft_probs is None:
-            q = torch.nn.functional.one_hot(drafts, self.vocab_size).double()  # [γ, V]
+        if sampling.greedy:  # the rule reads neither q nor uniforms: nothing is drawn from the generator
+            uniforms = torch.zeros(m, dtype=torch.float64, device=self.device)  # [γ+1]
+            q = torch.zeros((m - 1, 0), dtype=torch.float64, device=self.device)  # [γ, 0]
         else:
-            q = draft_probs.to(self.device, torch.float64, copy=True)  # [γ, V]
+            uniforms = draw_uniforms(m - 1, generator, self.device)  # [γ+1]
+            # q in float64 whatever the drafter's dtype (one graph per shape; the ratio is float64 anyway), and
+            # a point mass as its one-hot row: the same ratio p(x) and residual as draft_probs=None.
+            if draft_probs is None:
+                q = torch.nn.functional.one_hot(drafts, self.vocab_size).double()  # [γ, V]
+            else:
+                q = draft_probs.to(self.device, torch.float64, copy=True)  # [γ, V]
         positions = torch.arange(self.length, self.length + m, device=self.device)
         logits, states, decided = self._pass(input_ids, positions, None, hidden, pad=True,
                                              rule=(q, uniforms, sampling))
         self.forwards += 1
         if decided is None:  # a padded (short) round: the same rule on the scored rows, eagerly
-            k, next_token = rejection_rule(drafts, q, sampling.warp(logits), uniforms)
+            k, next_token = _rule(drafts, q, logits, uniforms, sampling)
             decided = torch.stack([k, next_token])
         verdict = chain_verdict(m - 1, decided)
         self.forward_s += time.perf_counter() - start
