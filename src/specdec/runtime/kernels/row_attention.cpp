@@ -2,17 +2,33 @@
 //
 //   out[b, h, m, :] = softmax_l(scale * q[b, h, m, :] . k[b, h / rep, l, :] + mask[b, h|0, m, l]) @ v[b, h / rep, l, :]
 //
-// Row-invariant by construction: each (b, h, m) row runs the same loops in the same order whatever the number of
-// rows, their batch or their neighbours, so a row's result depends only on its own query, the cache and its own
-// mask row. That is what makes a γ+1-row verification pass, a tree pass or a batched pass give a row exactly the
-// logits a one-row pass gives it (library kernels pick other reduction orders for other row counts). A slot whose
-// mask is below -FLT_MAX / 2 is skipped: its exp() would be exactly 0, so skipping it (or holes, or a longer
-// cache) changes no sum. Built on first use by specdec.runtime.rowwise.
+// Row-invariant by construction: a row's result depends only on its own query, its own mask row and the keys and
+// values of the slots it sees, in slot order; never on the number of rows in the pass, their batch or neighbours,
+// the cache length, holes between its slots, or where its slots fall in the blocks below. That is what makes a
+// γ+1-row verification pass, a tree pass or a batched pass give a row exactly the logits a one-row pass gives it
+// (library kernels pick other reduction orders for other row counts). How each step keeps it:
+//
+// - a slot's score is a fixed function of its own products: W lanes of q[d] * k[l, d] partial sums, accumulated
+//   over the head's vectors in order, then summed by one fixed tree (`slot_sums`). Scores are computed W slots at
+//   a time (the tree reduces the W slots' partial vectors together), and every slot gets the same tree whatever
+//   its lane and whether the other lanes hold slots, masked slots or nothing;
+// - a slot whose mask is below -FLT_MAX / 2 (or false) is skipped: its exp() would be exactly 0, so skipping it
+//   (or holes, or a longer cache) changes no sum. Each row scans only its own first-to-last visible range;
+// - the row maximum is exact whatever the order; exp() is lane-wise;
+// - the softmax sum and the weighted values are accumulated slot by slot in slot order, over the slots whose
+//   weight is not 0, each value row as a vector over the head dimension.
+//
+// Arithmetic is float32 (bfloat16 and float16 inputs are converted); the build passes -ffp-contract=off, so the
+// only fused multiply-adds are the explicit ones. Built on first use by specdec.runtime.rowwise.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -21,12 +37,21 @@ namespace {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t W = Vec::size();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+static_assert(W % 4 == 0 && (W & (W - 1)) == 0, "the slot tree reduces lanes in blocks of 4, blocks in pairs");
 
 // n (<= W) elements of T at p as floats, zeros past n
 template <typename T>
 inline Vec load_vec(const T* p, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
     return n == W ? Vec::loadu(p) : Vec::loadu(p, n);
+#if defined(CPU_CAPABILITY_AVX512)
+  } else if constexpr (std::is_same_v<T, at::BFloat16> || std::is_same_v<T, at::Half>) {  // exact widening
+    const __m256i x = n == W ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                             : _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), p);
+    if constexpr (std::is_same_v<T, at::Half>) return _mm512_cvtph_ps(x);
+    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+#endif
   } else {
     return at::vec::convert<float>(n == W ? at::vec::Vectorized<T>::loadu(p, W) : at::vec::Vectorized<T>::loadu(p, n));
   }
@@ -41,19 +66,146 @@ inline void store_vec(const Vec& x, T* p, int64_t n) {
   }
 }
 
-// The mask's value at slot l as an additive float: its own dtype read directly (no converted copy per call).
+// The mask of slots [l, l + n) (n <= W) as additive floats, lanes past n -inf: its own dtype read directly.
 template <typename MT>
-inline float mask_at(const MT* row, int64_t l) {
+inline Vec mask_vec(const MT* p, int64_t n) {
   if constexpr (std::is_same_v<MT, bool>) {
-    return row[l] ? 0.f : -std::numeric_limits<float>::infinity();
+    alignas(64) float bias[W];
+    for (int64_t i = 0; i < W; ++i) bias[i] = i < n && p[i] ? 0.f : -kInf;
+    return Vec::loadu(bias);
   } else {
-    return static_cast<float>(row[l]);
+    const Vec x = load_vec(p, n);
+    return n == W ? x : Vec::set(Vec(-kInf), x, n);
   }
 }
 
-// One (b, kv-head) at a time: each key and value row is loaded once for all the query rows that read it, but
-// every query row's own arithmetic (its dot products, max, exp, sum and weighted sum, each over its visible
-// slots in slot order) is the same sequence as when it is alone in a pass.
+// Bit i set where lane i of an additive mask is a slot to attend (above `skip`).
+inline int64_t visible_bits(const Vec& bias, float skip) {
+  return ~static_cast<int64_t>((bias > Vec(skip)).zero_mask()) & ((int64_t{1} << W) - 1);
+}
+
+// The W sums of W slots' partial vectors: lane i of the result sums the lanes of p[i], always by the same tree,
+// ((l0 + l2) + (l1 + l3)) within each block of 4 lanes, then the blocks pairwise ((b0 + b1) + (b2 + b3)).
+// Both operands of every step below are treated alike, so a slot's sum does not depend on its lane.
+inline Vec slot_sums(const Vec* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  static_assert(W == 16);
+  __m512 t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i) {  // per block of slot 2i: (l0 + l2), slot 2i + 1: (l0 + l2), then both (l1 + l3)
+    const __m512 a = p[2 * i], b = p[2 * i + 1];
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  }
+  for (int i = 0; i < 4; ++i)  // per block: slots 4i .. 4i + 3, each (l0 + l2) + (l1 + l3)
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int i = 0; i < 2; ++i)  // blocks: (b0 + b1), (b2 + b3) of slots 8i .. 8i + 3, then of 8i + 4 .. 8i + 7
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // (b0 + b1) + (b2 + b3) of slots 0 .. 15, in slot order
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+#else
+  alignas(64) float lanes[W], sums[W], blocks[W / 4];
+  for (int64_t i = 0; i < W; ++i) {
+    p[i].store(lanes);
+    for (int64_t k = 0; k < W / 4; ++k) {
+      const float* x = lanes + 4 * k;
+      blocks[k] = (x[0] + x[2]) + (x[1] + x[3]);
+    }
+    for (int64_t n = W / 4; n > 1; n /= 2)
+      for (int64_t k = 0; k < n / 2; ++k) blocks[k] = blocks[2 * k] + blocks[2 * k + 1];
+    sums[i] = blocks[0];
+  }
+  return Vec::loadu(sums);
+#endif
+}
+
+// Vector j of NV of a head row at p whose last vector holds `tail` values.
+template <typename KT>
+inline Vec row_vec(const KT* p, int64_t j, int64_t NV, int64_t tail) {
+  return load_vec(p + j * W, j + 1 < NV ? W : tail);
+}
+
+// The attention of rows [0, R) over key and value rows of NV vectors (the last holding `tail` values), slot l's at
+// kf + l * ks, vf + l * vs, widened to float32 where they are read (bfloat16 rows read from the cache and widened at
+// each use beat a float32 copy: half the bytes). Row r sees slots [first[r], last[r]); sc + r * S - lo, indexed
+// by slot, holds its additive mask there (-inf past last[r], up to W - 1 slots) and is overwritten with scores.
+// out + r * NV receives the row's normalised output. NVT: NV as a constant (0: NV at run time).
+template <int NVT, typename KT>
+void attend_rows(int64_t R, int64_t NV_, int64_t tail, const Vec* qv, const int64_t* first, const int64_t* last,
+                 int64_t lo, float* sc, int64_t S, const KT* kf, int64_t ks, const KT* vf, int64_t vs, float skip,
+                 Vec* out) {
+  const int64_t NV = NVT ? NVT : NV_;
+  for (int64_t r = 0; r < R; ++r) {
+    const Vec* q = qv + r * NV;
+    Vec* o = out + r * NV;
+    const int64_t f = first[r], e = last[r];
+    float* row = sc + r * S - lo;  // row[l]: slot l
+    // scores, W slots at a time, and their maximum
+    Vec top(std::numeric_limits<float>::lowest());
+    for (int64_t l0 = f; l0 < e; l0 += W) {
+      const int64_t n = std::min(W, e - l0);
+      Vec p[W];
+      if (n == W) {
+        for (int64_t i = 0; i < W; ++i) {
+          const KT* k = kf + (l0 + i) * ks;
+          Vec s = q[0] * row_vec(k, 0, NV, tail);
+          for (int64_t j = 1; j < NV; ++j) s = at::vec::fmadd(q[j], row_vec(k, j, NV, tail), s);
+          p[i] = s;
+        }
+      } else {
+        for (int64_t i = 0; i < W; ++i) {
+          if (i >= n) { p[i] = Vec(0.f); continue; }
+          const KT* k = kf + (l0 + i) * ks;
+          Vec s = q[0] * row_vec(k, 0, NV, tail);
+          for (int64_t j = 1; j < NV; ++j) s = at::vec::fmadd(q[j], row_vec(k, j, NV, tail), s);
+          p[i] = s;
+        }
+      }
+      const Vec bias = Vec::loadu(row + l0);
+      const Vec s = Vec::blendv(slot_sums(p) + bias, Vec(-kInf), bias <= Vec(skip));
+      s.store(row + l0);
+      top = at::vec::maximum(top, s);
+    }
+    const float best = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, top);
+    // exp(score - best), W at a time (masked: exactly 0)
+    const Vec bv(best);
+    for (int64_t l0 = f; l0 < e; l0 += W) (Vec::loadu(row + l0) - bv).exp_u20().store(row + l0);
+    // the softmax sum and the weighted values, slot by slot in slot order
+    float total = 0.f;
+    for (int64_t j = 0; j < NV; ++j) o[j] = Vec(0.f);
+    for (int64_t l = f; l < e; ++l) {
+      const float w = row[l];
+      if (w == 0.f) continue;  // a masked slot, or one whose weight underflowed: adds exactly nothing
+      total += w;
+      const Vec wv(w);
+      const KT* v = vf + l * vs;
+      for (int64_t j = 0; j < NV; ++j) o[j] = at::vec::fmadd(wv, row_vec(v, j, NV, tail), o[j]);
+    }
+    const Vec inv(total > 0.f ? 1.f / total : 0.f);
+    for (int64_t j = 0; j < NV; ++j) o[j] = o[j] * inv;
+  }
+}
+
+template <typename KT>
+using AttendRows = void (*)(int64_t, int64_t, int64_t, const Vec*, const int64_t*, const int64_t*, int64_t, float*,
+                            int64_t, const KT*, int64_t, const KT*, int64_t, float, Vec*);
+
+template <typename KT>
+AttendRows<KT> attend_rows_for(int64_t NV) {
+  switch (NV) {
+    case 1: return attend_rows<1, KT>;
+    case 2: return attend_rows<2, KT>;
+    case 3: return attend_rows<3, KT>;
+    case 4: return attend_rows<4, KT>;
+    case 8: return attend_rows<8, KT>;
+    default: return attend_rows<0, KT>;
+  }
+}
+
+
+// One (b, kv-head) at a time: its query rows' visible slots, keys and values are read (and converted to float32)
+// once for all of them; every row then runs attend_rows on its own.
 template <typename T, typename MT>
 void row_attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MT* mp,
                           int64_t mb, int64_t mh, int64_t mm, float scale, at::Tensor& out) {
@@ -68,91 +220,63 @@ void row_attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Te
   const float skip = -0.5f * std::numeric_limits<float>::max();
   const int64_t NV = (D + W - 1) / W;  // vectors per head row; the last holds D - (NV - 1) * W values
   const int64_t tail = D - (NV - 1) * W;
+  const AttendRows<T> attend = attend_rows_for<T>(NV);
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
     // per-thread scratch, reused across calls (and reached through plain pointers in the loops below)
-    thread_local std::vector<Vec> qv_buf, acc_buf, kv_buf;
-    thread_local std::vector<float> scores_buf, stats_buf;
-    thread_local std::vector<const void*> masks_buf;
-    qv_buf.resize(R * NV); acc_buf.resize(R * NV); kv_buf.resize(NV);
-    scores_buf.resize(R * L); stats_buf.resize(2 * R); masks_buf.resize(R);
+    thread_local std::vector<Vec> qv_buf, out_buf;
+    thread_local std::vector<float> scores_buf;
+    thread_local std::vector<int64_t> range_buf;
+    qv_buf.resize(R * NV); out_buf.resize(R * NV); range_buf.resize(2 * R);
     Vec* qv = qv_buf.data();
-    Vec* acc = acc_buf.data();
-    Vec* kv = kv_buf.data();
-    float* scores = scores_buf.data();
-    float* best = stats_buf.data();
-    float* total = best + R;
-    const MT** masks = reinterpret_cast<const MT**>(masks_buf.data());
+    Vec* ov = out_buf.data();
+    int64_t* first = range_buf.data();
+    int64_t* last = first + R;
     for (int64_t bk = begin; bk < end; ++bk) {
       const int64_t b = bk / Hkv, hk = bk % Hkv;
-      const T* kbase = kp + bk * L * D;
-      const T* vbase = vp + bk * L * D;
+      int64_t lo = L, hi = 0;  // the slots any row sees lie in [lo, hi)
       for (int64_t r = 0; r < R; ++r) {  // row r: head hk * rep + r / M, query m = r % M
         const int64_t h = hk * rep + r / M, m = r % M;
         const T* qr = qp + ((b * H + h) * M + m) * D;
         for (int64_t j = 0; j < NV; ++j) qv[r * NV + j] = load_vec(qr + j * W, j + 1 < NV ? W : tail) * Vec(scale);
-        masks[r] = mp ? mp + b * mb + h * mh + m * mm : nullptr;
-        best[r] = std::numeric_limits<float>::lowest();
-        total[r] = 0.f;
-        for (int64_t j = 0; j < NV; ++j) acc[r * NV + j] = Vec(0.f);
-      }
-      // Slots past the last one any row sees (or before the first) add nothing: the loops below stop there.
-      int64_t lo = L, hi = 0;
-      for (int64_t r = 0; r < R; ++r) {
-        if (!masks[r]) { lo = 0; hi = L; break; }
-        int64_t first = 0, last = L;
-        while (first < L && mask_at(masks[r], first) <= skip) ++first;
-        while (last > first && mask_at(masks[r], last - 1) <= skip) --last;
-        lo = std::min(lo, first);
-        hi = std::max(hi, last);
-      }
-      for (int64_t r = 0; r < R; ++r)
-        for (int64_t l = 0; l < L; ++l)
-          if (l < lo || l >= hi) scores[r * L + l] = -std::numeric_limits<float>::infinity();
-      for (int64_t l = lo; l < hi; ++l) {  // scores: a fixed-order dot product per (row, slot)
-        bool loaded = false;
-        for (int64_t r = 0; r < R; ++r) {
-          const float bias = masks[r] ? mask_at(masks[r], l) : 0.f;
-          if (bias <= skip) {  // a masked slot: exp() would be exactly 0
-            scores[r * L + l] = -std::numeric_limits<float>::infinity();
-            continue;
+        int64_t f = 0, e = L;
+        if (mp) {  // the row's first and last visible slots
+          const MT* mrow = mp + b * mb + h * mh + m * mm;
+          for (; f < L; f += W) {
+            const int64_t bits = visible_bits(mask_vec(mrow + f, std::min(W, L - f)), skip);
+            if (bits) { f += __builtin_ctzll(bits); break; }
           }
-          if (!loaded) {
-            for (int64_t j = 0; j < NV; ++j) kv[j] = load_vec(kbase + l * D + j * W, j + 1 < NV ? W : tail);
-            loaded = true;
+          f = std::min(f, L);
+          for (; e > f; e -= W) {
+            const int64_t start = std::max(f, e - W);
+            const int64_t bits = visible_bits(mask_vec(mrow + start, e - start), skip);
+            if (bits) { e = start + 64 - __builtin_clzll(bits); break; }
           }
-          Vec s = qv[r * NV] * kv[0];
-          for (int64_t j = 1; j < NV; ++j) s = at::vec::fmadd(qv[r * NV + j], kv[j], s);
-          const float score = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, s) + bias;
-          scores[r * L + l] = score;
-          best[r] = std::max(best[r], score);
+          e = std::max(e, f);
+        }
+        first[r] = f; last[r] = e;
+        if (f < e) { lo = std::min(lo, f); hi = std::max(hi, e); }
+      }
+      const int64_t span = std::max<int64_t>(hi - lo, 0);
+      const int64_t S = (span + W - 1) / W * W + W;  // a row's scores: its visible range, rounded up to vectors
+      scores_buf.resize(R * S);
+      float* scores = scores_buf.data();
+      for (int64_t r = 0; r < R; ++r) {  // each row's mask over its range, as additive floats (-inf past it)
+        const int64_t f = first[r], e = last[r];
+        if (f >= e) continue;
+        const int64_t h = hk * rep + r / M, m = r % M;
+        float* row = scores + r * S - lo;
+        if (mp) {
+          const MT* mrow = mp + b * mb + h * mh + m * mm;
+          for (int64_t l0 = f; l0 < e; l0 += W) mask_vec(mrow + l0, std::min(W, e - l0)).store(row + l0);
+        } else {
+          for (int64_t l0 = f; l0 < e; l0 += W) Vec::set(Vec(-kInf), Vec(0.f), std::min(W, e - l0)).store(row + l0);
         }
       }
-      for (int64_t r = 0; r < R; ++r) {  // exp(score - best) of a row's slots, W at a time (masked: exactly 0)
-        float* row = scores + r * L;
-        const Vec top(best[r]);
-        int64_t l = 0;
-        for (; l + W <= L; l += W) (Vec::loadu(row + l) - top).exp_u20().store(row + l);
-        if (l < L) (Vec::loadu(row + l, L - l) - top).exp_u20().store(row + l, L - l);
-      }
-      for (int64_t l = lo; l < hi; ++l) {  // weighted values: each row accumulates its slots in slot order
-        bool loaded = false;
-        for (int64_t r = 0; r < R; ++r) {
-          const float e = scores[r * L + l];
-          if (e == 0.f) continue;  // a masked slot, or one whose weight underflowed: adds exactly nothing
-          total[r] += e;
-          if (!loaded) {
-            for (int64_t j = 0; j < NV; ++j) kv[j] = load_vec(vbase + l * D + j * W, j + 1 < NV ? W : tail);
-            loaded = true;
-          }
-          const Vec ev(e);
-          for (int64_t j = 0; j < NV; ++j) acc[r * NV + j] = at::vec::fmadd(ev, kv[j], acc[r * NV + j]);
-        }
-      }
+      attend(R, NV, tail, qv, first, last, lo, scores, S, kp + bk * L * D, D, vp + bk * L * D, D, skip, ov);
       for (int64_t r = 0; r < R; ++r) {
         const int64_t h = hk * rep + r / M, m = r % M;
-        const Vec inv(total[r] > 0.f ? 1.f / total[r] : 0.f);
         T* orow = op + ((b * H + h) * M + m) * D;
-        for (int64_t j = 0; j < NV; ++j) store_vec(acc[r * NV + j] * inv, orow + j * W, j + 1 < NV ? W : tail);
+        for (int64_t j = 0; j < NV; ++j) store_vec(ov[r * NV + j], orow + j * W, j + 1 < NV ? W : tail);
       }
     }
   });
