@@ -79,11 +79,6 @@ inline Vec mask_vec(const MT* p, int64_t n) {
   }
 }
 
-// Bit i set where lane i of an additive mask is a slot to attend (above `skip`).
-inline int64_t visible_bits(const Vec& bias, float skip) {
-  return ~static_cast<int64_t>((bias > Vec(skip)).zero_mask()) & ((int64_t{1} << W) - 1);
-}
-
 // The W sums of W slots' partial vectors: lane i of the result sums the lanes of p[i], always by the same tree,
 // ((l0 + l2) + (l1 + l3)) within each block of 4 lanes, then the blocks pairwise ((b0 + b1) + (b2 + b3)).
 // Both operands of every step below are treated alike, so a slot's sum does not depend on its lane.
@@ -128,12 +123,12 @@ inline Vec row_vec(const KT* p, int64_t j, int64_t NV, int64_t tail) {
 
 // The attention of rows [0, R) over key and value rows of NV vectors (the last holding `tail` values), slot l's at
 // kf + l * ks, vf + l * vs, widened to float32 where they are read (bfloat16 rows read from the cache and widened at
-// each use beat a float32 copy: half the bytes). Row r sees slots [first[r], last[r]); sc + r * S - lo, indexed
-// by slot, holds its additive mask there (-inf past last[r], up to W - 1 slots) and is overwritten with scores.
+// each use beat a float32 copy: half the bytes). Row r sees slots [first[r], last[r]); bias[r][l] is its additive
+// mask at slot l (-inf past last[r], up to W - 1 slots); sc + r * S - lo, indexed by slot, receives its scores.
 // out + r * NV receives the row's normalised output. NVT: NV as a constant (0: NV at run time).
 template <int NVT, typename KT>
 void attend_rows(int64_t R, int64_t NV_, int64_t tail, const Vec* qv, const int64_t* first, const int64_t* last,
-                 int64_t lo, float* sc, int64_t S, const KT* kf, int64_t ks, const KT* vf, int64_t vs, float skip,
+                 const float* const* bias, int64_t lo, float* sc, int64_t S, const KT* kf, int64_t ks, const KT* vf, int64_t vs, float skip,
                  Vec* out) {
   const int64_t NV = NVT ? NVT : NV_;
   for (int64_t r = 0; r < R; ++r) {
@@ -162,8 +157,8 @@ void attend_rows(int64_t R, int64_t NV_, int64_t tail, const Vec* qv, const int6
           p[i] = s;
         }
       }
-      const Vec bias = Vec::loadu(row + l0);
-      const Vec s = Vec::blendv(slot_sums(p) + bias, Vec(-kInf), bias <= Vec(skip));
+      const Vec add = Vec::loadu(bias[r] + l0);
+      const Vec s = Vec::blendv(slot_sums(p) + add, Vec(-kInf), add <= Vec(skip));
       s.store(row + l0);
       top = at::vec::maximum(top, s);
     }
@@ -188,7 +183,8 @@ void attend_rows(int64_t R, int64_t NV_, int64_t tail, const Vec* qv, const int6
 }
 
 template <typename KT>
-using AttendRows = void (*)(int64_t, int64_t, int64_t, const Vec*, const int64_t*, const int64_t*, int64_t, float*,
+using AttendRows = void (*)(int64_t, int64_t, int64_t, const Vec*, const int64_t*, const int64_t*,
+                            const float* const*, int64_t, float*,
                             int64_t, const KT*, int64_t, const KT*, int64_t, float, Vec*);
 
 template <typename KT>
@@ -204,8 +200,81 @@ AttendRows<KT> attend_rows_for(int64_t NV) {
 }
 
 
-// One (b, kv-head) at a time: its query rows' visible slots, keys and values are read (and converted to float32)
-// once for all of them; every row then runs attend_rows on its own.
+// Bit i set where lane i of an additive mask is a slot to attend (above `skip`).
+inline int64_t visible_bits(const Vec& bias, float skip) {
+  return ~static_cast<int64_t>((bias > Vec(skip)).zero_mask()) & ((int64_t{1} << W) - 1);
+}
+
+// The distinct rows of a mask (one per (b, h, m) it does not broadcast over; a single row of zeros without one),
+// each as its first and last visible slots and its additive values over that range as floats (-inf after it, up
+// to a whole number of vectors): what every query row reading it needs, computed once per call rather than once
+// per head or query row that shares it.
+struct MaskRows {
+  int64_t Bm = 1, Hm = 1, Mm = 1;
+  const int64_t* first;
+  const int64_t* last;
+  const float* const* bias;  // bias[i][l]: slot l of distinct row i
+
+  int64_t index(int64_t b, int64_t h, int64_t m) const { return ((Bm > 1 ? b : 0) * Hm + (Hm > 1 ? h : 0)) * Mm + (Mm > 1 ? m : 0); }
+};
+
+template <typename MT>
+MaskRows mask_rows(const MT* mp, int64_t B, int64_t H, int64_t M, int64_t L, int64_t mb, int64_t mh, int64_t mm,
+                   float skip) {
+  // the calling thread's scratch, reused across calls; read (not written) by the workers of one call
+  thread_local std::vector<int64_t> range_buf, offset_buf;
+  thread_local std::vector<float> value_buf;
+  thread_local std::vector<const float*> row_buf;
+  MaskRows rows;
+  if (mp) {
+    rows.Bm = mb ? B : 1;
+    rows.Hm = mh ? H : 1;
+    rows.Mm = mm ? M : 1;
+  }
+  const int64_t N = rows.Bm * rows.Hm * rows.Mm;
+  range_buf.resize(2 * N); offset_buf.resize(N); row_buf.resize(N);
+  int64_t* first = range_buf.data();
+  int64_t* last = first + N;
+  int64_t size = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t m = i % rows.Mm, h = i / rows.Mm % rows.Hm, b = i / (rows.Mm * rows.Hm);
+    int64_t f = 0, e = L;
+    if (mp) {  // the row's first and last visible slots
+      const MT* mrow = mp + b * mb + h * mh + m * mm;
+      for (; f < L; f += W) {
+        const int64_t bits = visible_bits(mask_vec(mrow + f, std::min(W, L - f)), skip);
+        if (bits) { f += __builtin_ctzll(bits); break; }
+      }
+      f = std::min(f, L);
+      for (; e > f; e -= W) {
+        const int64_t start = std::max(f, e - W);
+        const int64_t bits = visible_bits(mask_vec(mrow + start, e - start), skip);
+        if (bits) { e = start + 64 - __builtin_clzll(bits); break; }
+      }
+      e = std::max(e, f);
+    }
+    first[i] = f; last[i] = e;
+    offset_buf[i] = size;
+    size += (e - f + W - 1) / W * W;
+  }
+  value_buf.resize(size);
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t m = i % rows.Mm, h = i / rows.Mm % rows.Hm, b = i / (rows.Mm * rows.Hm);
+    const int64_t f = first[i], e = last[i];
+    float* row = value_buf.data() + offset_buf[i] - f;  // row[l]: slot l
+    row_buf[i] = row;
+    for (int64_t l0 = f; l0 < e; l0 += W) {
+      const int64_t n = std::min(W, e - l0);
+      (mp ? mask_vec(mp + b * mb + h * mh + m * mm + l0, n) : Vec::set(Vec(-kInf), Vec(0.f), n)).store(row + l0);
+    }
+  }
+  rows.first = first;
+  rows.last = last;
+  rows.bias = row_buf.data();
+  return rows;
+}
+
+// One (b, kv-head) at a time: every query row reading it runs attend_rows on its own.
 template <typename T, typename MT>
 void row_attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MT* mp,
                           int64_t mb, int64_t mh, int64_t mm, float scale, at::Tensor& out) {
@@ -221,16 +290,19 @@ void row_attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Te
   const int64_t NV = (D + W - 1) / W;  // vectors per head row; the last holds D - (NV - 1) * W values
   const int64_t tail = D - (NV - 1) * W;
   const AttendRows<T> attend = attend_rows_for<T>(NV);
+  const MaskRows masks = mask_rows(mp, B, H, M, L, mb, mh, mm, skip);
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
     // per-thread scratch, reused across calls (and reached through plain pointers in the loops below)
     thread_local std::vector<Vec> qv_buf, out_buf;
     thread_local std::vector<float> scores_buf;
     thread_local std::vector<int64_t> range_buf;
-    qv_buf.resize(R * NV); out_buf.resize(R * NV); range_buf.resize(2 * R);
+    thread_local std::vector<const float*> bias_buf;
+    qv_buf.resize(R * NV); out_buf.resize(R * NV); range_buf.resize(2 * R); bias_buf.resize(R);
     Vec* qv = qv_buf.data();
     Vec* ov = out_buf.data();
     int64_t* first = range_buf.data();
     int64_t* last = first + R;
+    const float** bias = bias_buf.data();
     for (int64_t bk = begin; bk < end; ++bk) {
       const int64_t b = bk / Hkv, hk = bk % Hkv;
       int64_t lo = L, hi = 0;  // the slots any row sees lie in [lo, hi)
@@ -238,41 +310,15 @@ void row_attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Te
         const int64_t h = hk * rep + r / M, m = r % M;
         const T* qr = qp + ((b * H + h) * M + m) * D;
         for (int64_t j = 0; j < NV; ++j) qv[r * NV + j] = load_vec(qr + j * W, j + 1 < NV ? W : tail) * Vec(scale);
-        int64_t f = 0, e = L;
-        if (mp) {  // the row's first and last visible slots
-          const MT* mrow = mp + b * mb + h * mh + m * mm;
-          for (; f < L; f += W) {
-            const int64_t bits = visible_bits(mask_vec(mrow + f, std::min(W, L - f)), skip);
-            if (bits) { f += __builtin_ctzll(bits); break; }
-          }
-          f = std::min(f, L);
-          for (; e > f; e -= W) {
-            const int64_t start = std::max(f, e - W);
-            const int64_t bits = visible_bits(mask_vec(mrow + start, e - start), skip);
-            if (bits) { e = start + 64 - __builtin_clzll(bits); break; }
-          }
-          e = std::max(e, f);
-        }
-        first[r] = f; last[r] = e;
-        if (f < e) { lo = std::min(lo, f); hi = std::max(hi, e); }
+        const int64_t i = masks.index(b, h, m);
+        first[r] = masks.first[i]; last[r] = masks.last[i]; bias[r] = masks.bias[i];
+        if (first[r] < last[r]) { lo = std::min(lo, first[r]); hi = std::max(hi, last[r]); }
       }
       const int64_t span = std::max<int64_t>(hi - lo, 0);
       const int64_t S = (span + W - 1) / W * W + W;  // a row's scores: its visible range, rounded up to vectors
       scores_buf.resize(R * S);
-      float* scores = scores_buf.data();
-      for (int64_t r = 0; r < R; ++r) {  // each row's mask over its range, as additive floats (-inf past it)
-        const int64_t f = first[r], e = last[r];
-        if (f >= e) continue;
-        const int64_t h = hk * rep + r / M, m = r % M;
-        float* row = scores + r * S - lo;
-        if (mp) {
-          const MT* mrow = mp + b * mb + h * mh + m * mm;
-          for (int64_t l0 = f; l0 < e; l0 += W) mask_vec(mrow + l0, std::min(W, e - l0)).store(row + l0);
-        } else {
-          for (int64_t l0 = f; l0 < e; l0 += W) Vec::set(Vec(-kInf), Vec(0.f), std::min(W, e - l0)).store(row + l0);
-        }
-      }
-      attend(R, NV, tail, qv, first, last, lo, scores, S, kp + bk * L * D, D, vp + bk * L * D, D, skip, ov);
+      attend(R, NV, tail, qv, first, last, bias, lo, scores_buf.data(), S, kp + bk * L * D, D, vp + bk * L * D, D,
+             skip, ov);
       for (int64_t r = 0; r < R; ++r) {
         const int64_t h = hk * rep + r / M, m = r % M;
         T* orow = op + ((b * H + h) * M + m) * D;
