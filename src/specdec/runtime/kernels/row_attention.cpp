@@ -9,17 +9,20 @@
 // (library kernels pick other reduction orders for other row counts). How each step keeps it:
 //
 // - a slot's score is a fixed function of its own products: W lanes of q[d] * k[l, d] partial sums, accumulated
-//   over the head's vectors in order, then summed by one fixed tree (`slot_sums`). Scores are computed W slots at
-//   a time (the tree reduces the W slots' partial vectors together), and every slot gets the same tree whatever
-//   its lane and whether the other lanes hold slots, masked slots or nothing;
+//   over the head's vectors in order (`partial_dot`), then summed by one fixed tree (`slot_sums`). Scores are
+//   computed W slots at a time (the tree reduces the W slots' partial vectors together), and every slot gets the
+//   same tree whatever its lane and whether the other lanes hold slots, masked slots or nothing;
 // - a slot whose mask is below -FLT_MAX / 2 (or false) is skipped: its exp() would be exactly 0, so skipping it
 //   (or holes, or a longer cache) changes no sum. Each row scans only its own first-to-last visible range;
 // - the row maximum is exact whatever the order; exp() is lane-wise;
 // - the softmax sum and the weighted values are accumulated slot by slot in slot order, over the slots whose
 //   weight is not 0, each value row as a vector over the head dimension.
 //
-// Arithmetic is float32 (bfloat16 and float16 inputs are converted); the build passes -ffp-contract=off, so the
-// only fused multiply-adds are the explicit ones. Built on first use by specdec.runtime.rowwise.
+// Arithmetic is float32 (bfloat16 and float16 inputs are widened exactly); the build passes -ffp-contract=off, so
+// the only fused multiply-adds are the explicit ones. Where the CPU has AVX512_BF16, a bfloat16 slot's partial sums
+// come from its dot-product instruction (each lane adds exact products of bfloat16 pairs in float32, one fixed order)
+// and the scale multiplies the summed dot product; elsewhere the query is scaled first. Either way one machine gives
+// one row one result. Built on first use by specdec.runtime.rowwise.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -121,71 +124,119 @@ inline Vec row_vec(const KT* p, int64_t j, int64_t NV, int64_t tail) {
   return load_vec(p + j * W, j + 1 < NV ? W : tail);
 }
 
-// The attention of rows [0, R) over key and value rows of NV vectors (the last holding `tail` values), slot l's at
-// kf + l * ks, vf + l * vs, widened to float32 where they are read (bfloat16 rows read from the cache and widened at
-// each use beat a float32 copy: half the bytes). Row r sees slots [first[r], last[r]); bias[r][l] is its additive
-// mask at slot l (-inf past last[r], up to W - 1 slots); sc + r * S - lo, indexed by slot, receives its scores.
-// out + r * NV receives the row's normalised output. NVT: NV as a constant (0: NV at run time).
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+// bfloat16 scores by the CPU's bf16 dot product: W lanes, each summing its pairs of exact products in float32
+constexpr bool kDotBF16 = true;
+#else
+constexpr bool kDotBF16 = false;
+#endif
+
+// A pass of R query rows over one kv head: the inputs of attend_rows.
+template <typename KT>
+struct Rows {
+  int64_t R, NV, tail;             // rows; vectors per head row, the last holding `tail` values
+  const Vec* qv;                   // [R, NV]: each row's query times the scale, as floats
+  const void* qb;                  // with the bf16 dot product: [R, (NV + 1) / 2] vectors of 2W bfloat16 (unscaled)
+  float scale;
+  const int64_t *first, *last;     // row r sees slots [first[r], last[r])
+  const float* const* bias;        // bias[r][l]: row r's additive mask at slot l (-inf past last[r], up to W - 1)
+  float skip;                      // masks at or below it: a slot not seen
+  const KT *kf, *vf;               // slot l's key and value rows at kf + l * D, vf + l * D
+  int64_t D;
+  float* sc;                       // sc + r * S - lo, indexed by slot: row r's scores
+  int64_t S, lo;
+  Vec* out;                        // [R, NV]: each row's normalised output
+};
+
+// Slot k's W partial dot products with a row's query: its products summed over the head's vectors in order.
+// q: the row's query, as floats times the scale; qb: with the bf16 dot product, as bfloat16 (unscaled).
+template <typename KT>
+inline Vec partial_dot(const Vec* q, const void* qb, int64_t NV, int64_t tail, int64_t D, const KT* k) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<KT, at::BFloat16>) {
+    const int64_t NB = (NV + 1) / 2, rest = D - (NB - 1) * 2 * W;  // 2W bfloat16 a vector, `rest` in the last
+    const __m512i* qv = static_cast<const __m512i*>(qb);
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t j = 0; j < NB; ++j) {
+      const __m512i kk = j + 1 < NB ? _mm512_loadu_si512(k + j * 2 * W)
+                                    : _mm512_maskz_loadu_epi16(static_cast<__mmask32>((uint64_t{1} << rest) - 1),
+                                                               k + j * 2 * W);
+      s = _mm512_dpbf16_ps(s, (__m512bh)qv[j], (__m512bh)kk);
+    }
+    return s;
+  }
+#endif
+  Vec s = q[0] * row_vec(k, 0, NV, tail);
+  for (int64_t j = 1; j < NV; ++j) s = at::vec::fmadd(q[j], row_vec(k, j, NV, tail), s);
+  return s;
+}
+
+// Every row of a pass on its own: scores, W slots at a time, their maximum, exp(), then the softmax sum and the
+// weighted values slot by slot. Key and value rows are widened to float32 where they are read (bfloat16 rows read
+// from the cache and widened at each use beat a float32 copy: half the bytes). NVT: NV as a constant (0: NV at run
+// time).
 template <int NVT, typename KT>
-void attend_rows(int64_t R, int64_t NV_, int64_t tail, const Vec* qv, const int64_t* first, const int64_t* last,
-                 const float* const* bias, int64_t lo, float* sc, int64_t S, const KT* kf, int64_t ks, const KT* vf, int64_t vs, float skip,
-                 Vec* out) {
-  const int64_t NV = NVT ? NVT : NV_;
+void attend_rows(const Rows<KT>& x) {
+  const int64_t NV = NVT ? NVT : x.NV;
+  const bool dot_bf16 = kDotBF16 && std::is_same_v<KT, at::BFloat16>;
+  const int64_t NB = (NV + 1) / 2;
+  const int64_t R = x.R, tail = x.tail, D = x.D, S = x.S, lo = x.lo;
+  const Vec scale(x.scale), skip(x.skip);
+  const KT* kf = x.kf;
+  const KT* vf = x.vf;
   for (int64_t r = 0; r < R; ++r) {
-    const Vec* q = qv + r * NV;
-    Vec* o = out + r * NV;
-    const int64_t f = first[r], e = last[r];
-    float* row = sc + r * S - lo;  // row[l]: slot l
+    Vec q[NVT ? NVT : 1];  // the row's query in registers (NVT known)
+    const Vec* qr = x.qv + r * NV;
+    if constexpr (NVT > 0) {
+      for (int64_t j = 0; j < NVT; ++j) q[j] = qr[j];
+      qr = q;
+    }
+    const void* qb = x.qb ? static_cast<const void*>(static_cast<const char*>(x.qb) + r * NB * 64) : nullptr;
+    Vec* o = x.out + r * NV;
+    const int64_t f = x.first[r], e = x.last[r];
+    const float* bias = x.bias[r];
+    float* row = x.sc + r * S - lo;  // row[l]: slot l
     // scores, W slots at a time, and their maximum
     Vec top(std::numeric_limits<float>::lowest());
     for (int64_t l0 = f; l0 < e; l0 += W) {
       const int64_t n = std::min(W, e - l0);
       Vec p[W];
       if (n == W) {
-        for (int64_t i = 0; i < W; ++i) {
-          const KT* k = kf + (l0 + i) * ks;
-          Vec s = q[0] * row_vec(k, 0, NV, tail);
-          for (int64_t j = 1; j < NV; ++j) s = at::vec::fmadd(q[j], row_vec(k, j, NV, tail), s);
-          p[i] = s;
-        }
+        for (int64_t i = 0; i < W; ++i) p[i] = partial_dot(qr, qb, NV, tail, D, kf + (l0 + i) * D);
       } else {
-        for (int64_t i = 0; i < W; ++i) {
-          if (i >= n) { p[i] = Vec(0.f); continue; }
-          const KT* k = kf + (l0 + i) * ks;
-          Vec s = q[0] * row_vec(k, 0, NV, tail);
-          for (int64_t j = 1; j < NV; ++j) s = at::vec::fmadd(q[j], row_vec(k, j, NV, tail), s);
-          p[i] = s;
-        }
+        for (int64_t i = 0; i < W; ++i)
+          p[i] = i < n ? partial_dot(qr, qb, NV, tail, D, kf + (l0 + i) * D) : Vec(0.f);
       }
-      const Vec add = Vec::loadu(bias[r] + l0);
-      const Vec s = Vec::blendv(slot_sums(p) + add, Vec(-kInf), add <= Vec(skip));
+      const Vec add = Vec::loadu(bias + l0);
+      const Vec dot = dot_bf16 ? slot_sums(p) * scale : slot_sums(p);
+      const Vec s = Vec::blendv(dot + add, Vec(-kInf), add <= skip);
       s.store(row + l0);
       top = at::vec::maximum(top, s);
     }
-    const float best = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, top);
+    const float best = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, top);
     // exp(score - best), W at a time (masked: exactly 0)
     const Vec bv(best);
     for (int64_t l0 = f; l0 < e; l0 += W) (Vec::loadu(row + l0) - bv).exp_u20().store(row + l0);
     // the softmax sum and the weighted values, slot by slot in slot order
     float total = 0.f;
-    for (int64_t j = 0; j < NV; ++j) o[j] = Vec(0.f);
+    Vec acc[NVT ? NVT : 1];  // in registers (NVT known)
+    Vec* a = NVT ? acc : o;
+    for (int64_t j = 0; j < NV; ++j) a[j] = Vec(0.f);
     for (int64_t l = f; l < e; ++l) {
       const float w = row[l];
       if (w == 0.f) continue;  // a masked slot, or one whose weight underflowed: adds exactly nothing
       total += w;
       const Vec wv(w);
-      const KT* v = vf + l * vs;
-      for (int64_t j = 0; j < NV; ++j) o[j] = at::vec::fmadd(wv, row_vec(v, j, NV, tail), o[j]);
+      const KT* v = vf + l * D;
+      for (int64_t j = 0; j < NV; ++j) a[j] = at::vec::fmadd(wv, row_vec(v, j, NV, tail), a[j]);
     }
     const Vec inv(total > 0.f ? 1.f / total : 0.f);
-    for (int64_t j = 0; j < NV; ++j) o[j] = o[j] * inv;
+    for (int64_t j = 0; j < NV; ++j) o[j] = a[j] * inv;
   }
 }
 
 template <typename KT>
-using AttendRows = void (*)(int64_t, int64_t, int64_t, const Vec*, const int64_t*, const int64_t*,
-                            const float* const*, int64_t, float*,
-                            int64_t, const KT*, int64_t, const KT*, int64_t, float, Vec*);
+using AttendRows = void (*)(const Rows<KT>&);
 
 template <typename KT>
 AttendRows<KT> attend_rows_for(int64_t NV) {
@@ -198,7 +249,6 @@ AttendRows<KT> attend_rows_for(int64_t NV) {
     default: return attend_rows<0, KT>;
   }
 }
-
 
 // Bit i set where lane i of an additive mask is a slot to attend (above `skip`).
 inline int64_t visible_bits(const Vec& bias, float skip) {
@@ -215,7 +265,9 @@ struct MaskRows {
   const int64_t* last;
   const float* const* bias;  // bias[i][l]: slot l of distinct row i
 
-  int64_t index(int64_t b, int64_t h, int64_t m) const { return ((Bm > 1 ? b : 0) * Hm + (Hm > 1 ? h : 0)) * Mm + (Mm > 1 ? m : 0); }
+  int64_t index(int64_t b, int64_t h, int64_t m) const {
+    return ((Bm > 1 ? b : 0) * Hm + (Hm > 1 ? h : 0)) * Mm + (Mm > 1 ? m : 0);
+  }
 };
 
 template <typename MT>
@@ -298,11 +350,20 @@ void row_attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Te
     thread_local std::vector<int64_t> range_buf;
     thread_local std::vector<const float*> bias_buf;
     qv_buf.resize(R * NV); out_buf.resize(R * NV); range_buf.resize(2 * R); bias_buf.resize(R);
+    Rows<T> x{R, NV, tail, qv_buf.data(), nullptr, scale, range_buf.data(), range_buf.data() + R, bias_buf.data(),
+              skip, nullptr, nullptr, D, nullptr, 0, 0, out_buf.data()};
     Vec* qv = qv_buf.data();
-    Vec* ov = out_buf.data();
     int64_t* first = range_buf.data();
     int64_t* last = first + R;
     const float** bias = bias_buf.data();
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+    thread_local std::vector<__m512i> qb_buf;
+    const int64_t NB = (NV + 1) / 2, rest = D - (NB - 1) * 2 * W;
+    if constexpr (std::is_same_v<T, at::BFloat16>) {
+      qb_buf.resize(R * NB);
+      x.qb = qb_buf.data();
+    }
+#endif
     for (int64_t bk = begin; bk < end; ++bk) {
       const int64_t b = bk / Hkv, hk = bk % Hkv;
       int64_t lo = L, hi = 0;  // the slots any row sees lie in [lo, hi)
@@ -310,15 +371,27 @@ void row_attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Te
         const int64_t h = hk * rep + r / M, m = r % M;
         const T* qr = qp + ((b * H + h) * M + m) * D;
         for (int64_t j = 0; j < NV; ++j) qv[r * NV + j] = load_vec(qr + j * W, j + 1 < NV ? W : tail) * Vec(scale);
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+        if constexpr (std::is_same_v<T, at::BFloat16>) {
+          for (int64_t j = 0; j < NB; ++j)
+            qb_buf[r * NB + j] = j + 1 < NB ? _mm512_loadu_si512(qr + j * 2 * W)
+                                            : _mm512_maskz_loadu_epi16(
+                                                  static_cast<__mmask32>((uint64_t{1} << rest) - 1), qr + j * 2 * W);
+        }
+#endif
         const int64_t i = masks.index(b, h, m);
         first[r] = masks.first[i]; last[r] = masks.last[i]; bias[r] = masks.bias[i];
         if (first[r] < last[r]) { lo = std::min(lo, first[r]); hi = std::max(hi, last[r]); }
       }
       const int64_t span = std::max<int64_t>(hi - lo, 0);
-      const int64_t S = (span + W - 1) / W * W + W;  // a row's scores: its visible range, rounded up to vectors
-      scores_buf.resize(R * S);
-      attend(R, NV, tail, qv, first, last, bias, lo, scores_buf.data(), S, kp + bk * L * D, D, vp + bk * L * D, D,
-             skip, ov);
+      x.S = (span + W - 1) / W * W + W;  // a row's scores: its visible range, rounded up to vectors
+      scores_buf.resize(R * x.S);
+      x.sc = scores_buf.data();
+      x.lo = lo;
+      x.kf = kp + bk * L * D;
+      x.vf = vp + bk * L * D;
+      attend(x);
+      Vec* ov = x.out;
       for (int64_t r = 0; r < R; ++r) {
         const int64_t h = hk * rep + r / M, m = r % M;
         T* orow = op + ((b * H + h) * M + m) * D;
