@@ -35,6 +35,20 @@ def test_computes_attention(dtype, head_dim, heads, kv_heads):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 4, 5), (2, 4, 1), (1, 4, 5), (2, 1, 1)])
+def test_masks_per_batch_row_head_and_query_row_or_broadcast(dtype, shape):
+    """A mask [B|1, H|1, M|1, L]: each query row reads its own mask row, whichever dimensions it is shared over."""
+    torch.manual_seed(4)
+    q = torch.randn(2, 4, 5, 24).to(dtype)  # [B, H, M, D]
+    k, v = (torch.randn(2, 2, 40, 24).to(dtype) for _ in range(2))  # [B, Hkv, L, D]
+    mask = torch.where(torch.rand(*shape, 40) < 0.6, 0.0, float("-inf"))  # [B|1, H|1, M|1, L]
+    mask[..., 7] = 0.0  # every row sees a slot
+    expected = reference(q, k, v, mask.expand(2, 4, 5, 40))
+    tol = 2e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(row_attention(q, k, v, mask.to(dtype)).float(), expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_a_row_does_not_depend_on_the_rest_of_the_pass(dtype):
     """Row i of a pass equals the same row computed alone, in a batch, beside other rows, over a longer cache
     (extra masked slots) and with its valid slots spread over holes."""
