@@ -35,6 +35,20 @@ def test_computes_attention(dtype, head_dim, heads, kv_heads):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 4, 5), (2, 4, 1), (1, 4, 5), (2, 1, 1)])
+def test_masks_per_batch_row_head_and_query_row_or_broadcast(dtype, shape):
+    """A mask [B|1, H|1, M|1, L]: each query row reads its own mask row, whichever dimensions it is shared over."""
+    torch.manual_seed(4)
+    q = torch.randn(2, 4, 5, 24).to(dtype)  # [B, H, M, D]
+    k, v = (torch.randn(2, 2, 40, 24).to(dtype) for _ in range(2))  # [B, Hkv, L, D]
+    mask = torch.where(torch.rand(*shape, 40) < 0.6, 0.0, float("-inf"))  # [B|1, H|1, M|1, L]
+    mask[..., 7] = 0.0  # every row sees a slot
+    expected = reference(q, k, v, mask.expand(2, 4, 5, 40))
+    tol = 2e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(row_attention(q, k, v, mask.to(dtype)).float(), expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_a_row_does_not_depend_on_the_rest_of_the_pass(dtype):
     """Row i of a pass equals the same row computed alone, in a batch, beside other rows, over a longer cache
     (extra masked slots) and with its valid slots spread over holes."""
@@ -66,6 +80,46 @@ def test_a_row_does_not_depend_on_the_rest_of_the_pass(dtype):
     holey_mask = torch.full((1, 1, rows, 2 * slots + 1), float("-inf"))
     holey_mask[..., spread] = mask
     assert torch.equal(row_attention(q, *holey, holey_mask.to(dtype)), full)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 20, 8])
+@pytest.mark.parametrize("heads, kv_heads", [(6, 6), (4, 2)])
+def test_a_row_at_model_shapes_does_not_depend_on_the_rest_of_the_pass(dtype, head_dim, heads, kv_heads):
+    """A slot cache as a model pass sees it: 130 causal query rows after a 61-slot prefix. Each row has the same
+    bits in the full pass as in passes of 1, 3 or 7 rows (row and slot counts that are not multiples of the
+    kernel's groups), over a 512-slot cache (masked junk after the visible slots), with every visible slot moved
+    5 places on (another lane of its group of slots), and spread over holes (groups whose other slots are masked)."""
+    torch.manual_seed(3)
+    rows, past, slots = 130, 61, 200
+    k, v = (torch.randn(1, kv_heads, slots, head_dim).to(dtype) for _ in range(2))  # [B, Hkv, L, D]
+    q = torch.randn(1, heads, rows, head_dim).to(dtype)  # [B, H, M, D]
+    masked = torch.finfo(dtype).min
+    mask = torch.full((1, 1, rows, slots), masked, dtype=dtype)  # [B, 1, M, L]
+    for i in range(rows):
+        mask[0, 0, i, : past + i + 1] = 0  # row i sees slots 0..past+i
+    full = row_attention(q, k, v, mask)
+    tol = 2e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(full.float(), reference(q, k, v, mask), atol=tol, rtol=tol)
+    for n in (1, 3, 7):
+        parts = [row_attention(q[:, :, s : s + n], k, v, mask[:, :, s : s + n]) for s in range(0, rows, n)]
+        assert torch.equal(torch.cat(parts, dim=2), full), f"in passes of {n} rows"
+
+    def moved(where, length):  # the cache with slot j at where[j], junk (masked) elsewhere
+        kv = [torch.randn(1, kv_heads, length, head_dim).to(dtype) for _ in range(2)]
+        for new, old in zip(kv, (k, v)):
+            new[:, :, where] = old
+        new_mask = torch.full((1, 1, rows, length), masked, dtype=dtype)
+        new_mask[..., where] = mask
+        return row_attention(q, *kv, new_mask)
+
+    assert torch.equal(moved(torch.arange(slots), 512), full), "in a 512-slot cache"
+    assert torch.equal(moved(torch.arange(slots) + 5, 512), full), "moved 5 slots on"
+    assert torch.equal(moved(torch.arange(slots) * 5 // 2 + 3, 512), full), "spread over holes"
+    bool_mask = mask == 0  # the same mask as booleans (True = attend)
+    assert torch.equal(row_attention(q, k, v, bool_mask), full)
+    alone = [row_attention(q[:, :, i : i + 1], k, v, bool_mask[:, :, i : i + 1]) for i in (0, 64, rows - 1)]
+    assert all(torch.equal(a, full[:, :, i : i + 1]) for a, i in zip(alone, (0, 64, rows - 1)))
 
 
 def test_the_mode_routes_sdpa_and_passes_through_what_it_cannot_serve():
