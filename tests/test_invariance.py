@@ -18,6 +18,8 @@ import specdec
 import specdec.runtime.causal_lm
 import specdec.runtime.compiled
 from specdec.bench.workloads import code_prompts
+from specdec.hub.default_pair import default_assets_dir
+from specdec.hub.loading import load_tokenizer
 
 NEW = 48
 #: Held-out prompts (code_prompts(seed=1), of 8) on which, before the row-invariant attention, a token tree or a
@@ -60,6 +62,21 @@ def test_default_pair_batched_rows_are_the_requests_alone(default_bf16, path):
     for drafter in (None, specdec.DraftModel(draft)):
         outs = specdec.generate_batch(target, prompts, drafter=drafter, gamma=4, max_new_tokens=NEW,
                                       eos_token_id=[], compile=path)
+        assert [o.tokens for o in outs] == alone
+
+
+@pytest.mark.compile
+def test_compiled_batched_rows_are_the_requests_alone(default_bf16):
+    """The compiled batched path against compiled requests alone. A request alone prefills in compiled chunks,
+    so a batch must prefill its rows the same way: with one eager batched prefill instead (other roundings of
+    the norms and rotary), the last of these prompts left its request alone at token 50-odd."""
+    target, draft, _ = default_bf16
+    tokenizer = load_tokenizer(default_assets_dir() / "tokenizer")
+    prompts = [p.ids for p in code_prompts(tokenizer, 16, seed=1)[12:]]
+    alone = [greedy(target, prompt, max_new_tokens=64, compile=True) for prompt in prompts]
+    for drafter in (None, specdec.DraftModel(draft)):
+        outs = specdec.generate_batch(target, prompts, drafter=drafter, gamma=4, max_new_tokens=64,
+                                      eos_token_id=[], compile=True)
         assert [o.tokens for o in outs] == alone
 
 

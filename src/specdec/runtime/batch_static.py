@@ -14,8 +14,9 @@ holes), L fixed per adapter. Each (rows, inputs, L) shape is compiled once per m
 (`compiled.compile_once`: the fast path's compile options and registry) with a log line and its time;
 `precompile` does them up front.
 
-Rows join by an eager, batched prefill (`BatchedCausalLM` on the new rows alone) whose states are copied into
-the buffers; rows leave by an index copy of the batch axis. When the next pass would run past L, rows are
+Rows join by a prefill whose states are copied into the buffers: compiled, each new row alone through the
+single-row fast path's compiled prefill chunks (`StaticCausalLM.prefill`, so a row's keys and values are the bits
+the request alone gets); uncompiled, the new rows together in one eager `BatchedCausalLM` pass; rows leave by an index copy of the batch axis. When the next pass would run past L, rows are
 compacted (each row's valid columns gathered to the left, one gather per layer); if that is not enough the
 cache is reallocated with more columns (between rounds; a new L compiles new shapes, so the server sizes
 L for its longest request up front).
@@ -26,6 +27,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
@@ -45,7 +47,8 @@ from specdec.runtime.compiled import (
     is_compiled,
 )
 from specdec.runtime.rowwise import load_kernel, row_invariant
-from specdec.runtime.slot_cache import SlotCache, SlotLayer
+from specdec.runtime.slot_cache import SlotCache, SlotLayer, kv_layout
+from specdec.runtime.static_lm import StaticCausalLM
 
 
 #: Row counts a pass is padded to.
@@ -63,6 +66,20 @@ def _batched_pass(model, input_ids, position_ids, slots, mask, cache):
         out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                     **cache_kwarg(model, cache), use_cache=True)
     return out.logits
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """New rows' prefilled states, right-aligned (each row's tokens end at the last column): per layer keys and
+    values [n, H, w, D], valid [n, w]."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    valid: torch.Tensor
+
+    @property
+    def slots(self) -> int:
+        return int(self.valid.shape[1])
 
 
 def bucket(n: int, buckets: Sequence[int]) -> int:
@@ -167,10 +184,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         is longer), so every row's tokens stay in column order."""
         no_features(hidden)
         start = time.perf_counter()
-        fresh = BatchedCausalLM(self.model)
-        fresh.valid = self.valid.new_zeros(len(inputs), 0)
-        if any(x.shape[0] for x in inputs):
-            fresh.forward(inputs, last_only=True)
+        fresh = self._prefill_compiled(inputs) if self.compile else self._prefill_eager(inputs)
         if self.cache is None:
             template = list(zip(fresh.keys, fresh.values)) or None
             self._allocate(0, self.max_len or self._columns_for(fresh.slots + 2 * DEFAULT_BUCKETS[-1]), template)
@@ -189,6 +203,39 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         new_valid[:, first:] = fresh.valid
         self.valid = torch.cat([self.valid, new_valid])
         self.prefill_s += time.perf_counter() - start
+
+    def _prefill_eager(self, inputs: Sequence[torch.Tensor]) -> Prefilled:
+        """The new rows prefilled together in one eager pass (as the uncompiled single-row slot cache does)."""
+        fresh = BatchedCausalLM(self.model)
+        fresh.valid = self.valid.new_zeros(len(inputs), 0)
+        if any(x.shape[0] for x in inputs):
+            fresh.forward(inputs, last_only=True)
+        return Prefilled(fresh.keys, fresh.values, fresh.valid)
+
+    def _prefill_compiled(self, inputs: Sequence[torch.Tensor]) -> Prefilled:
+        """Each new row prefilled alone by the compiled single-row fast path (`StaticCausalLM.prefill`: the same
+        compiled chunks a request alone runs, so the row's keys and values are the bits it gets there)."""
+        width = max(x.shape[0] for x in inputs)
+        valid = torch.zeros(len(inputs), width, dtype=torch.bool, device=self.device)  # [n, w]
+        if not width:
+            return Prefilled([], [], valid)
+        layouts = kv_layout(self.model)
+        keys = [torch.zeros((len(inputs), layout.lead[1], width, layout.key_dim), dtype=layout.dtype,
+                            device=layout.device) for layout in layouts]  # per layer [n, H, w, D]
+        values = [torch.zeros((len(inputs), layout.lead[1], width, layout.value_dim), dtype=layout.dtype,
+                              device=layout.device) for layout in layouts]
+        for i, x in enumerate(inputs):
+            n = x.shape[0]
+            if not n:
+                continue
+            alone = StaticCausalLM(self.model, compile=True)
+            alone.ensure_capacity(n)
+            alone.prefill(x)
+            for k, v, layer in zip(keys, values, alone.cache.layers):  # right-aligned: ends at column w
+                k[i, :, width - n :] = layer.keys[0, :, :n]
+                v[i, :, width - n :] = layer.values[0, :, :n]
+            valid[i, width - n :] = True
+        return Prefilled(keys, values, valid)
 
     @torch.inference_mode()
     def remove_rows(self, keep: Sequence[int]) -> None:
