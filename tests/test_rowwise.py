@@ -175,6 +175,31 @@ def test_linear_row_does_not_depend_on_the_rest_of_the_pass(dtype):
     assert torch.equal(shifted, full)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k, n", [(389, 203), (1024, 64), (37, 21)])
+def test_linear_row_does_not_depend_on_the_rest_of_a_long_pass(dtype, k, n):
+    """A prefill-sized product (~200 rows: many row chunks and blocks; K and N not multiples of any block or vector
+    size) equals its rows computed alone, in passes of 5 to 7 rows, in uneven slices that cross chunk and block
+    boundaries, shifted, and with the outputs split into slices of the weight."""
+    torch.manual_seed(3)
+    x, w = torch.randn(203, k).to(dtype), torch.randn(n, k).to(dtype)  # [M, K], [N, K]
+    b = torch.randn(n).to(dtype)
+    full = row_linear(x, w, b)  # [M, N]
+    for i in (0, 1, 31, 32, 33, 100, 202):
+        assert torch.equal(row_linear(x[i : i + 1], w, b), full[i : i + 1]), f"row {i} alone"
+    for rows in (5, 7):
+        parts = torch.cat([row_linear(x[s : s + rows], w, b) for s in range(0, 203, rows)])
+        assert torch.equal(parts, full), f"in passes of {rows} rows"
+    cuts = [0, 3, 30, 37, 64, 65, 130, 199, 203]
+    parts = torch.cat([row_linear(x[s:e], w, b) for s, e in zip(cuts, cuts[1:])])
+    assert torch.equal(parts, full), "in uneven slices"
+    shifted = row_linear(torch.cat([torch.randn(13, k).to(dtype), x]), w, b)[13:]  # each row 13 places later
+    assert torch.equal(shifted, full)
+    cols = [0, 1, 6, 17, n]  # output slices of the weight, each at another offset in its own blocks
+    parts = torch.cat([row_linear(x, w[s:e], b[s:e]) for s, e in zip(cols, cols[1:])], dim=1)
+    assert torch.equal(parts, full), "with the outputs split"
+
+
 def test_the_mode_routes_linear_only_when_asked():
     x, w = torch.randn(3, 16), torch.randn(8, 16)
     with row_invariant():
