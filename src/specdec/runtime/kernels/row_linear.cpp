@@ -262,7 +262,7 @@ void row_linear_kernel(const at::Tensor& x, const at::Tensor& w, const T* bias, 
   T* op = out.data_ptr<T>();
   // float32 sums [M, N] first; then bias and the rounding to T in whole vectors
   thread_local std::vector<float> sums_buf;
-  sums_buf.resize(M * N);
+  if (sums_buf.size() < static_cast<size_t>(M * N)) sums_buf.resize(M * N);  // only grows: no zero-fill per call
   float* sums_all = sums_buf.data();
   if (M <= RB_MAX) {
     // a decoding or verification pass: one block of rows, the weights streamed from memory once (prefetched)
