@@ -255,11 +255,7 @@ void chunk_rows(int r_tail, const T* xp, const T* wp, int64_t K, int64_t N, int6
 }
 
 template <typename T>
-void row_linear_kernel(const at::Tensor& x, const at::Tensor& w, const T* bias, at::Tensor& out) {
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  const T* xp = x.data_ptr<T>();
-  const T* wp = w.data_ptr<T>();
-  T* op = out.data_ptr<T>();
+void row_linear_kernel(const T* xp, const T* wp, const T* bias, T* op, int64_t M, int64_t K, int64_t N) {
   // float32 sums [M, N] first; then bias and the rounding to T in whole vectors
   thread_local std::vector<float> sums_buf;
   if (sums_buf.size() < static_cast<size_t>(M * N)) sums_buf.resize(M * N);  // only grows: no zero-fill per call
@@ -319,20 +315,33 @@ at::Tensor row_linear(const at::Tensor& input, const at::Tensor& weight, const c
   TORCH_CHECK(input.scalar_type() == weight.scalar_type(), "row_linear: input and weight must share a dtype");
   TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == weight.scalar_type() && bias->numel() == weight.size(0)),
               "row_linear: bias must be [N] in the weight's dtype");
-  const auto x = input.reshape({-1, input.size(-1)}).contiguous();
-  const auto w = weight.contiguous();
-  const auto b = bias.has_value() ? bias->contiguous() : at::Tensor();
-  auto sizes = input.sizes().vec();
-  sizes.back() = weight.size(0);
-  auto out = at::empty({x.size(0), weight.size(0)}, input.options().memory_format(at::MemoryFormat::Contiguous));
+  // Raw pointers over contiguous data: no reshaped or viewed tensors (each costs a dispatch and an allocation, and
+  // a pass makes ~50 of these calls). The output is allocated in its final shape.
+  const at::Tensor x = input.is_contiguous() ? input : input.contiguous();
+  const at::Tensor w = weight.is_contiguous() ? weight : weight.contiguous();
+  const at::Tensor b = !bias.has_value() ? at::Tensor() : bias->is_contiguous() ? *bias : bias->contiguous();
+  const int64_t K = weight.size(1), N = weight.size(0), M = K ? x.numel() / K : 0;
+  c10::SmallVector<int64_t, 4> sizes(input.sizes().begin(), input.sizes().end());
+  sizes.back() = N;
+  at::Tensor out = at::empty(sizes, input.options());
   switch (input.scalar_type()) {
-    case at::kFloat: row_linear_kernel<float>(x, w, b.defined() ? b.data_ptr<float>() : nullptr, out); break;
+    case at::kFloat:
+      row_linear_kernel<float>(x.const_data_ptr<float>(), w.const_data_ptr<float>(),
+                               b.defined() ? b.const_data_ptr<float>() : nullptr, out.mutable_data_ptr<float>(), M, K, N);
+      break;
     case at::kBFloat16:
-      row_linear_kernel<at::BFloat16>(x, w, b.defined() ? b.data_ptr<at::BFloat16>() : nullptr, out); break;
-    case at::kHalf: row_linear_kernel<at::Half>(x, w, b.defined() ? b.data_ptr<at::Half>() : nullptr, out); break;
+      row_linear_kernel<at::BFloat16>(x.const_data_ptr<at::BFloat16>(), w.const_data_ptr<at::BFloat16>(),
+                                      b.defined() ? b.const_data_ptr<at::BFloat16>() : nullptr,
+                                      out.mutable_data_ptr<at::BFloat16>(), M, K, N);
+      break;
+    case at::kHalf:
+      row_linear_kernel<at::Half>(x.const_data_ptr<at::Half>(), w.const_data_ptr<at::Half>(),
+                                  b.defined() ? b.const_data_ptr<at::Half>() : nullptr, out.mutable_data_ptr<at::Half>(),
+                                  M, K, N);
+      break;
     default: TORCH_CHECK(false, "row_linear: float32, bfloat16 or float16 only, got ", input.scalar_type());
   }
-  return out.view(sizes);
+  return out;
 }
 
 }  // namespace
