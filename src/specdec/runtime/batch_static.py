@@ -118,22 +118,18 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         return [(layer.keys, layer.values) for layer in self.cache.layers]
 
     @torch.inference_mode()  # inference tensors always: a compiled pass guards on it (else it recompiles)
-    def _allocate(self, rows: int, columns: int, template: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
-        """(Re)allocate the cache with `rows` rows and `columns` slot columns, keeping the first
-        min(rows, old rows) rows' first min(columns, old columns) columns. template: per layer (keys,
-        values) with the right heads, head size, dtype and device (None: from one eager dummy token)."""
+    def _allocate(self, rows: int, columns: int) -> None:
+        """(Re)allocate the cache with `rows` rows and `columns` slot columns (each layer's heads, head size,
+        dtype and device from `slot_cache.kv_layout`), keeping the first min(rows, old rows) rows' first
+        min(columns, old columns) columns."""
         old = self._layer_states() if self.cache is not None else None
-        if template is None:
-            probe = BatchedCausalLM(self.model)
-            probe.valid = probe.valid.new_zeros(1, 0)
-            probe.forward([torch.zeros(1, dtype=torch.long, device=self.device)])
-            template = list(zip(probe.keys, probe.values))
         cache = SlotCache(columns)
-        for i, (k, v) in enumerate(template):
+        for i, layout in enumerate(kv_layout(self.model)):
             layer = SlotLayer(cache)
-            layer.dtype, layer.device = k.dtype, k.device
-            layer.keys = k.new_zeros(rows, k.shape[1], columns, k.shape[3])  # [R, H, L, D]
-            layer.values = v.new_zeros(rows, v.shape[1], columns, v.shape[3])
+            layer.dtype, layer.device = layout.dtype, layout.device
+            shape = (rows, layout.lead[1], columns)  # [R, H, L, D]
+            layer.keys = torch.zeros((*shape, layout.key_dim), dtype=layout.dtype, device=layout.device)
+            layer.values = torch.zeros((*shape, layout.value_dim), dtype=layout.dtype, device=layout.device)
             layer.is_initialized = True
             if old is not None:
                 r, c = min(rows, old[i][0].shape[0]), min(columns, old[i][0].shape[2])
@@ -162,7 +158,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         """Buffers for `rows` rows (a bucket); shrink when the batch has fallen to a smaller bucket."""
         want = self._rows_for(rows)
         if self.cache is not None and self.capacity_rows != want:
-            self._allocate(want, self.max_len, self._layer_states())
+            self._allocate(want, self.max_len)
 
     def _columns_for(self, tokens: int) -> int:
         size = -(-tokens // CACHE_ROUND) * CACHE_ROUND
@@ -174,7 +170,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
             return
         self.compact()
         if self.slots + width > self.max_len:
-            self._allocate(self.capacity_rows, self._columns_for(self.slots + width), self._layer_states())
+            self._allocate(self.capacity_rows, self._columns_for(self.slots + width))
 
     # -- rows join and leave --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -186,12 +182,10 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         start = time.perf_counter()
         fresh = self._prefill_compiled(inputs) if self.compile else self._prefill_eager(inputs)
         if self.cache is None:
-            template = list(zip(fresh.keys, fresh.values)) or None
-            self._allocate(0, self.max_len or self._columns_for(fresh.slots + 2 * DEFAULT_BUCKETS[-1]), template)
+            self._allocate(0, self.max_len or self._columns_for(fresh.slots + 2 * DEFAULT_BUCKETS[-1]))
         rows, width = self.rows, fresh.slots
         if width > self.max_len:
-            self._allocate(self.capacity_rows, self._columns_for(width + self.query_buckets[-1]),
-                           self._layer_states())
+            self._allocate(self.capacity_rows, self._columns_for(width + self.query_buckets[-1]))
         if width > self.slots:  # existing rows get holes up to the new rows' end
             self.valid = torch.cat([self.valid, self.valid.new_zeros(rows, width - self.slots)], dim=1)
         self._fit_rows(rows + len(inputs))
@@ -351,13 +345,13 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         if not self.compile:
             return
         if self.cache is None:
-            self._allocate(0, self.max_len or self._columns_for(1), None)
+            self._allocate(0, self.max_len or self._columns_for(1))
         for r in sorted({self._rows_for(n) for n in rows}):
             for w in sorted({bucket(n, self.query_buckets) for n in widths}):
                 if is_compiled(self.model, ("batch-pass", r, w, self.max_len)):
                     continue
                 scratch = StaticBatchedCausalLM(self.model, max_len=self.max_len, compile=True)
-                scratch._allocate(r, self.max_len, self._layer_states())
+                scratch._allocate(r, self.max_len)
                 scratch.valid = self.valid.new_zeros(r, 0)
                 scratch.forward([torch.zeros(w, dtype=torch.long, device=self.device)] * r)
 
