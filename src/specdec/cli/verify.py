@@ -118,6 +118,27 @@ def _load(args, need_tokenizer: bool):
     return target, draft, tokenizer
 
 
+def _eos(args) -> list[int] | None:
+    """--eos: None (the tokenizer's), [] for "none", or the listed ids."""
+    return None if args.eos is None else ([] if args.eos.lower() == "none" else _ids(args.eos, "--eos"))
+
+
+def _drafters(args, target, draft, tokenizer):
+    """(kind, drafter) for each --drafter once (None for "plain"), each built with the options that apply to it
+    (several kinds may be checked in one run)."""
+    from specdec.cli.generate import draft_tokenizer_options
+    from specdec.drafters import DRAFTER_OPTIONS, make_drafter
+
+    kinds = args.drafter or (["draft"] if draft is not None else ["plain"])
+    options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
+               "bigram_path": args.bigram}
+    for kind in dict.fromkeys(kinds):
+        applicable = {k: v for k, v in options.items() if k in DRAFTER_OPTIONS.get(kind, {})}
+        if draft is not None:
+            applicable.update(draft_tokenizer_options(args, kind, tokenizer))
+        yield kind, None if kind == "plain" else make_drafter(kind, target=target, draft=draft, **applicable)
+
+
 def _p_text(p: float) -> str:
     return "< 1e-300" if p == 0.0 else f"{p:.3g}"
 
@@ -126,8 +147,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from specdec.cli.generate import draft_tokenizer_options, parse_gamma
-    from specdec.drafters import DRAFTER_OPTIONS, make_drafter
+    from specdec.cli.generate import parse_gamma
     from specdec.errors import ConfigError
     from specdec.exactness import check_exactness
     from specdec.exactness.verifier import settings_text
@@ -151,18 +171,10 @@ def run(args) -> int:
         args.max_new_tokens = 3
     target, draft, tokenizer = _load(args, need_tokenizer=args.prompt is not None)
     prompt_ids = encode_prompt(tokenizer, args.prompt[0]) if args.prompt else _ids(args.prompt_ids[0], "--prompt-ids")
-    eos = None if args.eos is None else ([] if args.eos.lower() == "none" else _ids(args.eos, "--eos"))
-    kinds = args.drafter or (["draft"] if draft is not None else ["plain"])
-    options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
-               "bigram_path": args.bigram}
+    eos = _eos(args)
     console = Console(stderr=args.json, highlight=False)
     results = []
-    for kind in dict.fromkeys(kinds):
-        # Each drafter gets the options that apply to it (several kinds may be checked in one run).
-        applicable = {k: v for k, v in options.items() if k in DRAFTER_OPTIONS.get(kind, {})}
-        if draft is not None:
-            applicable.update(draft_tokenizer_options(args, kind, tokenizer))
-        drafter = None if kind == "plain" else make_drafter(kind, target=target, draft=draft, **applicable)
+    for kind, drafter in _drafters(args, target, draft, tokenizer):
         with console.status(f"verifying {kind}: {args.samples} draws ..."):
             result = check_exactness(
                 target, prompt_ids, drafter, method=kind, gamma=parse_gamma(args.gamma),
@@ -241,18 +253,14 @@ def _greedy_prompts(args, tokenizer) -> list:
 def run_greedy(args) -> int:
     from rich.console import Console
 
-    from specdec.cli.generate import draft_tokenizer_options, parse_gamma
-    from specdec.drafters import DRAFTER_OPTIONS, make_drafter
+    from specdec.cli.generate import parse_gamma
     from specdec.exactness import check_greedy, plain_reference
 
     _greedy_options(args)
     target, draft, tokenizer = _load(args, need_tokenizer=bool(args.prompt) or not args.prompt_ids
                                      or args.prompts is not None)
     prompts = _greedy_prompts(args, tokenizer)
-    eos = None if args.eos is None else ([] if args.eos.lower() == "none" else _ids(args.eos, "--eos"))
-    kinds = args.drafter or (["draft"] if draft is not None else ["plain"])
-    options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
-               "bigram_path": args.bigram}
+    eos = _eos(args)
     console = Console(stderr=args.json, highlight=False)
     if args.compile:
         _say_when_compiling()
@@ -261,11 +269,7 @@ def run_greedy(args) -> int:
     with console.status(f"plain decoding: {len(prompts)} prompts x {args.max_new_tokens} tokens ..."):
         reference = plain_reference(target, named, **settings)  # once for every --drafter
     reports = []
-    for kind in dict.fromkeys(kinds):
-        applicable = {k: v for k, v in options.items() if k in DRAFTER_OPTIONS.get(kind, {})}
-        if draft is not None:
-            applicable.update(draft_tokenizer_options(args, kind, tokenizer))
-        drafter = None if kind == "plain" else make_drafter(kind, target=target, draft=draft, **applicable)
+    for kind, drafter in _drafters(args, target, draft, tokenizer):
         with console.status(f"greedy {kind}: {len(prompts)} prompts x {args.max_new_tokens} tokens ..."):
             reports.append(check_greedy(target, named, drafter, method=kind, gamma=parse_gamma(args.gamma),
                                         batch_size=args.batch_size, reference=reference, **settings))
