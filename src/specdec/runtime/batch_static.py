@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import PreTrainedModel
@@ -126,11 +126,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         cache = SlotCache(columns)
         for i, layout in enumerate(kv_layout(self.model)):
             layer = SlotLayer(cache)
-            layer.dtype, layer.device = layout.dtype, layout.device
-            shape = (rows, layout.lead[1], columns)  # [R, H, L, D]
-            layer.keys = torch.zeros((*shape, layout.key_dim), dtype=layout.dtype, device=layout.device)
-            layer.values = torch.zeros((*shape, layout.value_dim), dtype=layout.dtype, device=layout.device)
-            layer.is_initialized = True
+            layer.allocate(replace(layout, lead=(rows, *layout.lead[1:])))  # [R, H, L, D]
             if old is not None:
                 r, c = min(rows, old[i][0].shape[0]), min(columns, old[i][0].shape[2])
                 layer.keys[:r, :, :c] = old[i][0][:r, :, :c]

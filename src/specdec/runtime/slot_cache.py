@@ -34,10 +34,15 @@ class SlotLayer(CacheLayerMixin):
         self.owner = owner
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        shape = (key_states.shape[0], key_states.shape[1], self.owner.max_len)
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.keys = key_states.new_zeros((*shape, key_states.shape[-1]))
-        self.values = value_states.new_zeros((*shape, value_states.shape[-1]))
+        self.allocate(LayerLayout(tuple(key_states.shape[:2]), key_states.shape[-1], value_states.shape[-1],
+                                  key_states.dtype, key_states.device))
+
+    def allocate(self, layout: LayerLayout) -> None:
+        """Zeroed keys [*lead, max_len, key_dim] and values [*lead, max_len, value_dim]."""
+        shape = (*layout.lead, self.owner.max_len)
+        self.dtype, self.device = layout.dtype, layout.device
+        self.keys = torch.zeros((*shape, layout.key_dim), dtype=layout.dtype, device=layout.device)
+        self.values = torch.zeros((*shape, layout.value_dim), dtype=layout.dtype, device=layout.device)
         self.is_initialized = True
 
     @property
@@ -101,9 +106,7 @@ class SlotCache(Cache):
         with torch.inference_mode():
             for layout in layouts:
                 layer = SlotLayer(self)
-                one = {"dtype": layout.dtype, "device": layout.device}  # one slot's worth: only the shape is read
-                layer.lazy_initialization(torch.empty((*layout.lead, 1, layout.key_dim), **one),
-                                          torch.empty((*layout.lead, 1, layout.value_dim), **one))
+                layer.allocate(layout)
                 self.layers.append(layer)
 
     @torch.inference_mode()
