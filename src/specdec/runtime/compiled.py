@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.runtime.causal_lm import context_length
+from specdec.runtime.fuse_linears import FuseRowLinears
 
 log = logging.getLogger("specdec.fastpath")
 
@@ -24,8 +25,10 @@ CACHE_ROUND = 256
 
 #: Inductor options measured on the default pair (docs/fastpath.md). `freezing` folds the weights in as
 #: constants (only valid while they do not change: inference), which lets inductor pre-pack them for oneDNN /
-#: MKL; `cpp.enable_concat_linear` then runs the linears that share an input (q/k/v, gate/up) as one.
-COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True, "emulate_precision_casts": True}
+#: MKL; `cpp.enable_concat_linear` then runs the linears that share an input (q/k/v, gate/up) as one, and
+#: `FuseRowLinears` does the same for the row-invariant linear's calls.
+COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True, "emulate_precision_casts": True,
+                   "post_grad_custom_pre_pass": FuseRowLinears()}
 
 
 def static_cache_problem(model: PreTrainedModel) -> str | None:

@@ -1,0 +1,108 @@
+"""One `specdec::row_linear` call for the projections of a compiled pass that read the same input.
+
+A Llama-shaped layer projects one input three times (q, k, v) and another twice (gate, up). On the fast path each
+projection is a call of the row-invariant linear (runtime/rowwise.py), and on a CPU a call costs ~2 µs of dispatch
+beyond its arithmetic: ~40 calls a pass of the default target, of which a third can go. Inductor's own
+`cpp.enable_concat_linear` does this for PyTorch's linears; this pass does it for ours.
+
+It runs after freezing (inductor's `post_grad_custom_pre_pass`), when the weights are constants of the graph: calls
+that share an input node and whose weights (and biases) are constants of one dtype and width become one call on the
+concatenated weight, followed by a slice of its output for each (calls whose weight is an input of the graph stay). The concatenated weight is a new constant (a copy,
+like inductor's concatenation). Since row_linear computes every output element in one fixed order whatever the
+weight's other rows are, the outputs are the same bits as the separate calls' (tests/test_rowwise.py).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+
+def _constant(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor | None:
+    """The tensor a get_attr node reads, or None for any other node."""
+    if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
+        return None
+    value = graph_module
+    for part in node.target.split("."):
+        value = getattr(value, part)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _args(node: torch.fx.Node) -> tuple:
+    """(input, weight, bias) of a row_linear call node, bias None when not given."""
+    args = list(node.args) + [None] * (3 - len(node.args))
+    return args[0], args[1], node.kwargs.get("bias", args[2])
+
+
+class FuseRowLinears(CustomGraphPass):
+    """The inductor graph pass (see the module's docstring); `uuid` keys inductor's cache on this file."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        op = torch.ops.specdec.row_linear.default
+        module = graph.owning_module
+        groups: dict[torch.fx.Node, list[torch.fx.Node]] = defaultdict(list)  # input -> the calls reading it
+        for node in graph.nodes:
+            if node.op == "call_function" and node.target is op:
+                groups[_args(node)[0]].append(node)
+        for reading in groups.values():
+            calls = [call for call in reading if _constant(module, _args(call)[1]) is not None]
+            weights = [_constant(module, _args(call)[1]) for call in calls]  # each [N_i, K]
+            if len(calls) < 2 or len({(w.dtype, w.shape[1], w.device) for w in weights}) != 1:
+                continue
+            biases = [_args(call)[2] for call in calls]
+            bias_values = None
+            if any(b is not None for b in biases):  # all constants, or no fusion
+                bias_values = [_constant(module, b) if b is not None else None for b in biases]
+                if any(b is None for b in bias_values):
+                    continue
+            self._fuse(graph, module, calls, weights, bias_values)
+
+    @staticmethod
+    def _fuse(graph, module, calls, weights, bias_values) -> None:
+        op = torch.ops.specdec.row_linear.default
+        first = calls[0]  # the earliest in the graph (groups are filled in graph order)
+        index = 0
+        while hasattr(module, f"_specdec_fused_row_linear_{index}"):
+            index += 1
+        name = f"_specdec_fused_row_linear_{index}"
+        module.register_buffer(name, torch.cat(weights).contiguous(), persistent=False)  # [ΣN, K]
+        bias_name = None
+        if bias_values is not None:
+            bias_name = name + "_bias"
+            module.register_buffer(bias_name, torch.cat(bias_values).contiguous(), persistent=False)  # [ΣN]
+        x = _args(first)[0]
+        with graph.inserting_before(_args(first)[1]):  # beside the constants the graph reads
+            weight = graph.get_attr(name)
+            bias = graph.get_attr(bias_name) if bias_name else None
+        with graph.inserting_before(first):
+            fused = graph.call_function(op, (x, weight, bias))  # [..., ΣN]
+            fake_x = x.meta.get("val")
+            if fake_x is not None:
+                mode = fake_x.fake_mode
+                weight.meta["val"] = mode.from_tensor(getattr(module, name), static_shapes=True)
+                if bias is not None:
+                    bias.meta["val"] = mode.from_tensor(getattr(module, bias_name), static_shapes=True)
+                with mode:
+                    fused.meta["val"] = op(fake_x, weight.meta["val"], bias.meta["val"] if bias is not None else None)
+            start = 0
+            for call, w in zip(calls, weights):
+                end = start + w.shape[0]
+                dim = fake_x.dim() - 1 if fake_x is not None else -1
+                part = graph.call_function(torch.ops.aten.slice.Tensor, (fused, dim, start, end))
+                if fake_x is not None:
+                    with fake_x.fake_mode:
+                        part.meta["val"] = torch.ops.aten.slice.Tensor(fused.meta["val"], dim, start, end)
+                call.replace_all_uses_with(part)
+                start = end
+        for call in calls:  # after the insertions, which go before the first of them
+            old_weight, old_bias = _args(call)[1:]
+            graph.erase_node(call)
+            for old in (old_weight, old_bias):
+                if old is not None and not old.users:
+                    graph.erase_node(old)
+
+    def uuid(self) -> bytes:
+        return get_hash_for_files((str(Path(__file__).resolve()),))

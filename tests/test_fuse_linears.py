@@ -1,0 +1,99 @@
+"""The compiled path's graph pass (runtime/fuse_linears.py): the row-invariant linear's calls that read one input
+become one call on the concatenated weights, with the same bits, and nothing else is fused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import tiny
+
+from specdec.runtime.compiled import COMPILE_OPTIONS
+from specdec.runtime.fuse_linears import FuseRowLinears
+from specdec.runtime.rowwise import load_kernel, row_invariant
+
+
+def row_linear_calls(graph: torch.fx.Graph) -> int:
+    return sum(node.op == "call_function" and node.target is torch.ops.specdec.row_linear.default
+               for node in graph.nodes)
+
+
+class Projections(torch.nn.Module):
+    """q/k/v-like projections of x (constant weights, one with and one without biases), one of another input, and
+    one whose weight is an input of the graph (not a constant: not fused)."""
+
+    def __init__(self, bias: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        for name, n in (("wq", 24), ("wk", 8), ("wv", 8), ("wo", 16)):
+            self.register_buffer(name, torch.randn(n, 16, dtype=torch.bfloat16))
+        self.register_buffer("bq", torch.randn(24, dtype=torch.bfloat16) if bias else None)
+        self.register_buffer("bk", torch.randn(8, dtype=torch.bfloat16) if bias else None)
+        self.register_buffer("bv", torch.randn(8, dtype=torch.bfloat16) if bias else None)
+
+    def forward(self, x, y, w_input):
+        op = torch.ops.specdec.row_linear.default
+        q, k, v = op(x, self.wq, self.bq), op(x, self.wk, self.bk), op(x, self.wv, self.bv)
+        return q, k * 2, v, op(y, self.wo, None), op(x, w_input, None)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_calls_sharing_an_input_and_constant_weights_become_one_with_the_same_bits(bias):
+    load_kernel()
+    module = Projections(bias)
+    x, y = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(5, 16, dtype=torch.bfloat16)
+    w_input = torch.randn(4, 16, dtype=torch.bfloat16)
+    before = module(x, y, w_input)
+    graph_module = torch.fx.symbolic_trace(module)
+    assert row_linear_calls(graph_module.graph) == 5
+    FuseRowLinears()(graph_module.graph)
+    graph_module.graph.lint()
+    graph_module.recompile()
+    # q, k, v -> one call; the projection of y alone and the one with an input weight stay
+    assert row_linear_calls(graph_module.graph) == 3
+    after = graph_module(x, y, w_input)
+    for b, a in zip(before, after, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_bias_on_some_calls_only_is_not_fused():
+    load_kernel()
+    module = Projections(bias=True)
+    module.bk = None  # q and v have biases, k has none
+    graph_module = torch.fx.symbolic_trace(module)
+    FuseRowLinears()(graph_module.graph)
+    assert row_linear_calls(graph_module.graph) == 5
+
+
+class Counting(FuseRowLinears):
+    def __init__(self):
+        self.seen: list[tuple[int, int]] = []
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        before = row_linear_calls(graph)
+        super().__call__(graph)
+        self.seen.append((before, row_linear_calls(graph)))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v with biases
+def test_a_compiled_model_pass_makes_fewer_calls_with_the_same_bits(arch):
+    load_kernel()
+    model = tiny(arch, hidden=64, layers=2, dtype=torch.bfloat16)
+    ids = torch.randint(0, model.config.vocab_size, (1, 7))
+
+    def forward(ids):
+        with row_invariant(linear=True):
+            return model(ids).logits
+
+    logits = {}
+    counting = Counting()
+    for name, graph_pass in (("fused", counting), ("separate", None)):
+        torch._dynamo.reset()
+        options = {**COMPILE_OPTIONS, "post_grad_custom_pre_pass": graph_pass, "fx_graph_cache": False}
+        with torch._dynamo.config.patch(prepare_freezing=True), torch.inference_mode():
+            logits[name] = torch.compile(forward, fullgraph=True, dynamic=False, options=options)(ids)
+    torch._dynamo.reset()
+    assert torch.equal(logits["fused"], logits["separate"])
+    layers = model.config.num_hidden_layers
+    # per layer q, k, v, o, gate, up, down -> qkv, o, gate_up, down; and the LM head
+    assert counting.seen == [(7 * layers + 1, 4 * layers + 1)]
