@@ -20,6 +20,7 @@ from specdec.errors import PromptError
 from specdec.exactness import check_exactness
 from specdec.runtime.causal_lm import CachedCausalLM
 from specdec.runtime.compiled import COMPILED, FastPathWarning
+from specdec.runtime.slot_cache import POOL
 from specdec.runtime.static_lm import PREFILL_ROWS, StaticCausalLM
 
 LONG = [(i * 37 + 11) % 96 for i in range(120)]
@@ -285,6 +286,26 @@ def test_hidden_states_feed_the_lm_head():
     scores = lm.score(torch.tensor(LONG[10:14]), hidden=True)
     with torch.inference_mode():
         torch.testing.assert_close(target.get_output_embeddings()(scores.hidden), scores.logits)
+
+
+@pytest.mark.compile
+def test_a_request_takes_a_finished_request_s_cache_zeroed_with_the_same_tokens():
+    """The fast path's adapter gives its cache back to the pool when dropped; the next request of that model and
+    size takes it, zeroed, and decodes as with a new cache."""
+    target = tiny("llama", hidden=32, layers=2, dtype=torch.float32)
+    options = dict(max_new_tokens=16, eos_token_id=[], compile=True)
+    first = specdec.generate(target, LONG[:37], **options).tokens
+    (kept,) = POOL.held(target)
+    assert any(bool(layer.keys.any()) for layer in kept.layers)  # that request's keys
+    lm = StaticCausalLM(target, compile=True)
+    lm.ensure_capacity(37 + 16 + 8)
+    assert lm.cache is kept and not POOL.held(target)
+    assert not any(bool(layer.keys.any() or layer.values.any()) for layer in kept.layers)
+    del lm  # gives it back
+    assert POOL.held(target) == [kept]
+    specdec.generate(target, LONG[5:42], **options)  # another request's keys in the cache
+    again = specdec.generate(target, LONG[:37], **options).tokens
+    assert again == first == hf_greedy(target, LONG[:37], 16)
 
 
 def test_chain_commit_is_a_crop_and_matches_the_eager_adapter():

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 import warnings
+import weakref
 
 import torch
 from transformers import PreTrainedModel
@@ -45,7 +46,7 @@ from specdec.runtime.compiled import (
     is_compiled,
 )
 from specdec.runtime.draft_graphs import draft_chain, expand_tree, tree_level, tree_root
-from specdec.runtime.slot_cache import SlotCache, kv_layout, run_model
+from specdec.runtime.slot_cache import POOL, SlotCache, run_model
 
 #: Chunk size of `StaticCausalLM.catch_up` (tokens a drafter skipped while the policy decoded plainly).
 CATCH_UP_ROWS = 8
@@ -92,6 +93,7 @@ class StaticCausalLM:
         self.buckets: tuple[int, ...] = DEFAULT_BUCKETS
         self.draft_gammas: set[int] = set()
         self.cache: SlotCache | None = None
+        self._give_back: weakref.finalize | None = None
         if max_len is not None:
             self.cache = self._new_cache(max_len)
         self.length = 0
@@ -143,10 +145,14 @@ class StaticCausalLM:
 
     def _new_cache(self, size: int) -> SlotCache:
         """A cache of `size` slots; compiled, allocated up front, so that every pass runs compiled (the
-        prefill's first chunk too: eager and compiled passes may round differently)."""
-        cache = SlotCache(size)
-        if self.compile:
-            cache.allocate(kv_layout(self.model))
+        prefill's first chunk too: eager and compiled passes may round differently), taken from the pool of
+        allocated caches and given back when this adapter is dropped or takes a larger one."""
+        if not self.compile:
+            return SlotCache(size)
+        if self._give_back is not None:
+            self._give_back()  # the cache this one replaces
+        cache = POOL.take(self.model, size)
+        self._give_back = weakref.finalize(self, POOL.give_back, weakref.ref(self.model), cache)
         return cache
 
     # -- bookkeeping ------------------------------------------------------------------------------------
