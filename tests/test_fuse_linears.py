@@ -7,9 +7,13 @@ import pytest
 import torch
 from models import tiny
 
+from specdec.runtime import fuse_linears
 from specdec.runtime.compiled import COMPILE_OPTIONS
 from specdec.runtime.fuse_linears import FuseRowLinears
-from specdec.runtime.rowwise import load_kernel, row_invariant
+from specdec.runtime.rowwise import load_kernel, packed_linear_serves, row_invariant
+
+needs_packing = pytest.mark.skipif(not packed_linear_serves(torch.zeros(1, 1, dtype=torch.bfloat16)),
+                                   reason="packed_linear needs a CPU with AVX512_BF16")
 
 
 def row_linear_calls(graph: torch.fx.Graph) -> int:
@@ -55,6 +59,44 @@ def test_calls_sharing_an_input_and_constant_weights_become_one_with_the_same_bi
         assert torch.equal(a, b)
 
 
+def test_copies_are_made_once_and_shared_and_large_weights_are_not_copied(monkeypatch):
+    load_kernel()
+    module = Projections(bias=False)
+    shared: dict = {}
+    fused = []
+    for _ in range(2):  # two passes of one model share the concatenated weight
+        graph_module = torch.fx.symbolic_trace(module)
+        FuseRowLinears(shared=shared)(graph_module.graph)
+        (name,) = [n.target for n in graph_module.graph.nodes if n.op == "get_attr" and "fused" in n.target]
+        fused.append(getattr(graph_module, name))
+    assert len(shared) == 1 and fused[0] is fused[1]
+    monkeypatch.setattr(fuse_linears, "MAX_COPY_BYTES", 40 * 16 * 2 - 1)  # q, k, v: 40 rows of 16 bf16
+    graph_module = torch.fx.symbolic_trace(module)
+    FuseRowLinears()(graph_module.graph)
+    assert row_linear_calls(graph_module.graph) == 5
+
+
+@needs_packing
+@pytest.mark.parametrize("bias", [False, True])
+def test_packing_runs_every_constant_weight_on_the_packed_kernel(bias):
+    load_kernel()
+    module = Projections(bias)
+    x, y = torch.randn(33, 16, dtype=torch.bfloat16), torch.randn(5, 16, dtype=torch.bfloat16)
+    w_input = torch.randn(4, 16, dtype=torch.bfloat16)
+    graph_module = torch.fx.symbolic_trace(module)
+    FuseRowLinears(pack=True)(graph_module.graph)
+    graph_module.recompile()
+    packed = [n for n in graph_module.graph.nodes if n.target is torch.ops.specdec.packed_linear.default]
+    assert len(packed) == 2 and row_linear_calls(graph_module.graph) == 1  # qkv and wo; not the input weight
+    q, k, v, o, _ = graph_module(x, y, w_input)
+    ops = torch.ops.specdec
+    qkv = ops.packed_linear(x, ops.pack_weight(torch.cat([module.wq, module.wk, module.wv])),
+                            torch.cat([module.bq, module.bk, module.bv]) if bias else None, 40)
+    assert torch.equal(torch.cat([q, k / 2, v], dim=-1), qkv)
+    assert torch.equal(o, ops.packed_linear(y, ops.pack_weight(module.wo), None, 16))
+    torch.testing.assert_close(o, ops.row_linear(y, module.wo, None), atol=0.1, rtol=0.02)
+
+
 def test_a_bias_on_some_calls_only_is_not_fused():
     load_kernel()
     module = Projections(bias=True)
@@ -66,6 +108,7 @@ def test_a_bias_on_some_calls_only_is_not_fused():
 
 class Counting(FuseRowLinears):
     def __init__(self):
+        super().__init__()
         self.seen: list[tuple[int, int]] = []
 
     def __call__(self, graph: torch.fx.Graph) -> None:

@@ -25,10 +25,9 @@ CACHE_ROUND = 256
 
 #: Inductor options measured on the default pair (docs/fastpath.md). `freezing` folds the weights in as
 #: constants (only valid while they do not change: inference), which lets inductor pre-pack them for oneDNN /
-#: MKL; `cpp.enable_concat_linear` then runs the linears that share an input (q/k/v, gate/up) as one, and
-#: `FuseRowLinears` does the same for the row-invariant linear's calls.
-COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True, "emulate_precision_casts": True,
-                   "post_grad_custom_pre_pass": FuseRowLinears()}
+#: MKL; `cpp.enable_concat_linear` then runs the linears that share an input (q/k/v, gate/up) as one (and
+#: `Compiled.options` adds the graph pass that does the same for the row-invariant linear's calls).
+COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True, "emulate_precision_casts": True}
 
 
 def static_cache_problem(model: PreTrainedModel) -> str | None:
@@ -65,6 +64,15 @@ class Compiled:
     def __init__(self):
         self.fns: dict[tuple, object] = {}
         self.compile_s: dict[tuple, float] = {}
+        self.copies: dict[tuple, torch.Tensor] = {}  # the weight copies its graphs share (runtime/fuse_linears.py)
+
+    def options(self, key: tuple) -> dict:
+        """Inductor options for the shape `key`: COMPILE_OPTIONS and the row_linear graph pass. A prompt's prefill
+        passes (keys "prefill": many rows, compute-bound linears) also pack their weights; every prefill pass of a
+        path takes them, so the bits a prompt's keys and values get do not depend on how its rows were chunked,
+        and decoding passes keep row_linear's."""
+        graph_pass = FuseRowLinears(pack=key[0] == "prefill", shared=self.copies)
+        return {**COMPILE_OPTIONS, "post_grad_custom_pre_pass": graph_pass}
 
 
 COMPILED: weakref.WeakKeyDictionary[PreTrainedModel, Compiled] = weakref.WeakKeyDictionary()
@@ -94,7 +102,7 @@ def compile_once(model: PreTrainedModel, key: tuple, fn):
     if compiled is None:
         raise_recompile_limit()
         compiled = entry.fns[key] = Timed(
-            torch.compile(fn, fullgraph=True, dynamic=False, options=COMPILE_OPTIONS), key,
+            torch.compile(fn, fullgraph=True, dynamic=False, options=entry.options(key)), key,
             type(model).__name__, entry)
     return compiled
 

@@ -1,4 +1,5 @@
-"""One `specdec::row_linear` call for the projections of a compiled pass that read the same input.
+"""One `specdec::row_linear` call for the projections of a compiled pass that read the same input, and packed
+weights for a prefill's.
 
 A Llama-shaped layer projects one input three times (q, k, v) and another twice (gate, up). On the fast path each
 projection is a call of the row-invariant linear (runtime/rowwise.py), and on a CPU a call costs ~2 µs of dispatch
@@ -7,9 +8,18 @@ beyond its arithmetic: ~40 calls a pass of the default target, of which a third 
 
 It runs after freezing (inductor's `post_grad_custom_pre_pass`), when the weights are constants of the graph: calls
 that share an input node and whose weights (and biases) are constants of one dtype and width become one call on the
-concatenated weight, followed by a slice of its output for each (calls whose weight is an input of the graph stay). The concatenated weight is a new constant (a copy,
-like inductor's concatenation). Since row_linear computes every output element in one fixed order whatever the
-weight's other rows are, the outputs are the same bits as the separate calls' (tests/test_rowwise.py).
+concatenated weight, followed by a slice of its output for each (calls whose weight is an input of the graph stay).
+Since row_linear computes every output element in one fixed order whatever the weight's other rows are, the outputs
+are the same bits as the separate calls' (tests/test_fuse_linears.py).
+
+With `pack`, for a prefill pass, every bfloat16 call then runs `specdec::packed_linear` on a packed copy of its
+weight (runtime/kernels/packed_linear.cpp).
+
+The concatenated and packed weights are copies, made once per model object and shared by all its compiled passes
+(`shared`, the model's entry in runtime/compiled.py). Only weights of at most `MAX_COPY_BYTES` are copied: there a
+call's dispatch and a prefill's arithmetic are what cost, and the copies stay small (the default target's are
+~45 MB in bfloat16); a larger model's projections take long enough that ~2 µs does not matter, and its copies would
+not fit beside it.
 """
 
 from __future__ import annotations
@@ -19,6 +29,11 @@ from pathlib import Path
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+from specdec.runtime.rowwise import packed_linear_serves
+
+#: The largest weight (or concatenation of weights) this pass copies, in bytes.
+MAX_COPY_BYTES = 8 << 20
 
 
 def _constant(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor | None:
@@ -31,6 +46,13 @@ def _constant(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> torch.
     return value if isinstance(value, torch.Tensor) else None
 
 
+def _free_name(module: torch.nn.Module, prefix: str) -> str:
+    index = 0
+    while hasattr(module, f"{prefix}_{index}"):
+        index += 1
+    return f"{prefix}_{index}"
+
+
 def _args(node: torch.fx.Node) -> tuple:
     """(input, weight, bias) of a row_linear call node, bias None when not given."""
     args = list(node.args) + [None] * (3 - len(node.args))
@@ -38,7 +60,22 @@ def _args(node: torch.fx.Node) -> tuple:
 
 
 class FuseRowLinears(CustomGraphPass):
-    """The inductor graph pass (see the module's docstring); `uuid` keys inductor's cache on this file."""
+    """The inductor graph pass (see the module's docstring); `uuid` keys inductor's cache on this file.
+
+    pack: then run every call with a constant bfloat16 weight as `specdec::packed_linear` on a packed copy of the
+    weight (runtime/kernels/packed_linear.cpp; where the CPU has AVX512_BF16): for passes of many rows, whose
+    linears are compute-bound (a prefill's), never for passes whose rows must have row_linear's bits."""
+
+    def __init__(self, pack: bool = False, shared: dict | None = None):
+        self.pack = pack
+        self.shared = {} if shared is None else shared  # (kind, source tensors' identities) -> the copy
+
+    def _copy(self, kind: str, sources: list[torch.Tensor], make) -> torch.Tensor:
+        """The `kind` copy of `sources` (made by `make()` the first time): one per model, shared by its passes."""
+        key = (kind, *((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in sources))
+        if key not in self.shared:
+            self.shared[key] = make()
+        return self.shared[key]
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         op = torch.ops.specdec.row_linear.default
@@ -52,6 +89,8 @@ class FuseRowLinears(CustomGraphPass):
             weights = [_constant(module, _args(call)[1]) for call in calls]  # each [N_i, K]
             if len(calls) < 2 or len({(w.dtype, w.shape[1], w.device) for w in weights}) != 1:
                 continue
+            if sum(w.numel() * w.element_size() for w in weights) > MAX_COPY_BYTES:
+                continue
             biases = [_args(call)[2] for call in calls]
             bias_values = None
             if any(b is not None for b in biases):  # all constants, or no fusion
@@ -59,20 +98,19 @@ class FuseRowLinears(CustomGraphPass):
                 if any(b is None for b in bias_values):
                     continue
             self._fuse(graph, module, calls, weights, bias_values)
+        if self.pack:
+            self._pack(graph, module)
 
-    @staticmethod
-    def _fuse(graph, module, calls, weights, bias_values) -> None:
+    def _fuse(self, graph, module, calls, weights, bias_values) -> None:
         op = torch.ops.specdec.row_linear.default
         first = calls[0]  # the earliest in the graph (groups are filled in graph order)
-        index = 0
-        while hasattr(module, f"_specdec_fused_row_linear_{index}"):
-            index += 1
-        name = f"_specdec_fused_row_linear_{index}"
-        module.register_buffer(name, torch.cat(weights).contiguous(), persistent=False)  # [ΣN, K]
+        name = _free_name(module, "_specdec_fused_row_linear")
+        module.register_buffer(name, self._copy("cat", weights, lambda: torch.cat(weights)), persistent=False)  # [ΣN, K]
         bias_name = None
         if bias_values is not None:
             bias_name = name + "_bias"
-            module.register_buffer(bias_name, torch.cat(bias_values).contiguous(), persistent=False)  # [ΣN]
+            module.register_buffer(bias_name, self._copy("cat", bias_values, lambda: torch.cat(bias_values)),
+                                   persistent=False)  # [ΣN]
         x = _args(first)[0]
         with graph.inserting_before(_args(first)[1]):  # beside the constants the graph reads
             weight = graph.get_attr(name)
@@ -104,5 +142,30 @@ class FuseRowLinears(CustomGraphPass):
                 if old is not None and not old.users:
                     graph.erase_node(old)
 
+    def _pack(self, graph, module) -> None:
+        op = torch.ops.specdec.row_linear.default
+        packed_op = torch.ops.specdec.packed_linear.default
+        for call in [n for n in graph.nodes if n.op == "call_function" and n.target is op]:
+            x, weight_node, bias = _args(call)
+            weight = _constant(module, weight_node)
+            if (weight is None or not packed_linear_serves(weight)
+                    or weight.numel() * weight.element_size() > MAX_COPY_BYTES):
+                continue
+            name = _free_name(module, "_specdec_packed_weight")
+            packed_weight = self._copy("pack", [weight], lambda: torch.ops.specdec.pack_weight(weight))
+            module.register_buffer(name, packed_weight, persistent=False)
+            with graph.inserting_before(weight_node):
+                packed = graph.get_attr(name)
+            with graph.inserting_before(call):
+                replacement = graph.call_function(packed_op, (x, packed, bias, weight.shape[0]))  # [..., N]
+            fake_x = x.meta.get("val")
+            if fake_x is not None:
+                packed.meta["val"] = fake_x.fake_mode.from_tensor(getattr(module, name), static_shapes=True)
+                replacement.meta["val"] = call.meta.get("val")
+            call.replace_all_uses_with(replacement)
+            graph.erase_node(call)
+            if not weight_node.users:
+                graph.erase_node(weight_node)
+
     def uuid(self) -> bytes:
-        return get_hash_for_files((str(Path(__file__).resolve()),))
+        return get_hash_for_files((str(Path(__file__).resolve()),), extra=f"pack={self.pack}")

@@ -33,7 +33,8 @@ from torch.overrides import TorchFunctionMode
 
 log = logging.getLogger("specdec.fastpath")
 
-SOURCES = [Path(__file__).resolve().parent / "kernels" / name for name in ("row_attention.cpp", "row_linear.cpp")]
+SOURCES = [Path(__file__).resolve().parent / "kernels" / name
+           for name in ("row_attention.cpp", "row_linear.cpp", "packed_linear.cpp")]
 
 #: PyTorch's CPU capability (torch.backends.cpu.get_cpu_capability()) -> compiler flags for ATen's vector types.
 _CAPABILITY_FLAGS = {
@@ -76,6 +77,17 @@ def load_kernel() -> None:
     @torch.library.register_fake("specdec::row_linear")
     def _(x, weight, bias):  # [..., N]
         return torch.empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype, device=x.device)
+
+    @torch.library.register_fake("specdec::packed_linear")
+    def _(x, packed, bias, n):  # [..., N]
+        return torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+
+
+def packed_linear_serves(weight: torch.Tensor) -> bool:
+    """Whether `specdec::packed_linear` (kernels/packed_linear.cpp) can run with this weight here: bfloat16 on a
+    CPU with AVX512_BF16."""
+    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2
+            and torch.backends.cpu.get_cpu_capability() == "AVX512" and _bf16_dot_product())
 
 
 def _ensure_loaded() -> None:
