@@ -205,9 +205,13 @@ class StaticCausalLM:
         return compiled
 
     @torch.inference_mode()
-    def _pass(self, input_ids: torch.Tensor, tree: tuple[torch.Tensor, torch.Tensor] | None, hidden: bool,
-              pad: bool, rule: tuple | None = None, keep: int = 0, rows: int | None = None):
-        """Rows input_ids [M], written to slots length..length+M-1 (padded to a bucket): a chain (tree None), row
+    def _pass(self, *args, **kwargs):
+        """`_run` in inference mode, for callers not in it already."""
+        return self._run(*args, **kwargs)
+
+    def _run(self, input_ids: torch.Tensor, tree: tuple[torch.Tensor, torch.Tensor] | None, hidden: bool,
+             pad: bool, rule: tuple | None = None, keep: int = 0, rows: int | None = None):
+        """A pass, in inference mode (the caller's). Rows input_ids [M], written to slots length..length+M-1 (padded to a bucket): a chain (tree None), row
         i at position length + i seeing the slots up to its own, or a tree = (positions [M], visible [M, L]),
         row i at positions[i] seeing the slots where visible[i] is True.
         Returns logits [M, V] and hidden | None; with `rule` = (draft_probs [M-1, V], uniforms [M] float64,
@@ -310,7 +314,7 @@ class StaticCausalLM:
                 q = torch.nn.functional.one_hot(drafts, self.vocab_size).double()  # [γ, V]
             else:
                 q = draft_probs.to(self.device, torch.float64, copy=True)  # [γ, V]
-        logits, states, decided = self._pass(input_ids, None, hidden, pad=True, rule=(q, uniforms, sampling))
+        logits, states, decided = self._run(input_ids, None, hidden, pad=True, rule=(q, uniforms, sampling))
         self.forwards += 1
         if decided is None:  # a padded (short) round: the same rule on the scored rows, eagerly
             k, next_token = _rule(drafts.to(self.device), q, logits, uniforms, sampling)
@@ -368,9 +372,9 @@ class StaticCausalLM:
         key = ("draft", gamma, sampling, self.max_len)
         fn = self._fn(key, draft_chain)
         t = time.perf_counter()
-        tokens, probs, finite = fn(self.model, context[n - 2 : n].to(self.device).clone(),
-                                   torch.tensor(start_slot, device=self.device), self.cache, uniforms, gamma,
-                                   sampling)
+        slot0 = torch.scalar_tensor(start_slot, dtype=torch.long, device=self.device)  # [] (cheaper than tensor())
+        tokens, probs, finite = fn(self.model, context[n - 2 : n].to(self.device).clone(), slot0, self.cache, uniforms,
+                                   gamma, sampling)
         self.forward_s += time.perf_counter() - t
         if not bool(finite):
             raise numerical_error(self.model, f"at positions {n - 2}..{n + gamma - 2} (drafting)")
