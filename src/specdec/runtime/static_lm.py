@@ -101,7 +101,7 @@ class StaticCausalLM:
         self.fixed_max_len = max_len
         self.buckets: tuple[int, ...] = DEFAULT_BUCKETS
         self.draft_gammas: set[int] = set()
-        self.graphs: dict[tuple, object] = {}  # shape key -> its compiled callable (`compile_once`'s), once found
+        self._graphs: dict[tuple, object] = {}  # shape key -> its compiled callable (`compile_once`'s), once found
         self.cache: SlotCache | None = None
         self._give_back: weakref.finalize | None = None
         if max_len is not None:
@@ -196,12 +196,12 @@ class StaticCausalLM:
 
     def _fn(self, key: tuple, fn):
         """The callable for a shape key: compiled once per model object, or `fn` itself when eager."""
-        compiled = self.graphs.get(key)
+        compiled = self._graphs.get(key)
         if compiled is not None:
             return compiled
         if not self.compile or not self.cache.ready:
             return fn
-        compiled = self.graphs[key] = compile_once(self.model, key, fn)
+        compiled = self._graphs[key] = compile_once(self.model, key, fn)
         return compiled
 
     @torch.inference_mode()
