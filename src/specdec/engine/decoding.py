@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import closing
 
 import torch
 from transformers import PreTrainedModel
@@ -22,7 +23,7 @@ from specdec.engine.options import DecodeOptions, check_compile
 from specdec.engine.pairing import check_drafter, check_encoder_pairing
 from specdec.engine.policies import gamma_policy
 from specdec.engine.request import GenerationOutput, Row, eos_ids, new_row, seeded_generator
-from specdec.engine.round import Engine
+from specdec.engine.round import Engine, RowEvent
 from specdec.engine.targets import OneRow
 from specdec.engine.verification import TreeVerifyFn, Verifier, VerifyFn, verify_round
 from specdec.runtime.causal_lm import CachedCausalLM
@@ -103,10 +104,11 @@ class SpeculativeDecoder:
         """Yield each new token as soon as it is final. An encoder-decoder target: prompt_ids is the decoder
         prompt (None: its decoder start token). Runs with specdec's thread count (`threads.decode_threads`),
         the caller's torch setting back in force at every yield."""
-        return scoped_stream(self._tokens(prompt_ids), self.target.model)
+        return self._tokens(scoped_stream(self._rounds(prompt_ids), self.target.model))
 
-    def _tokens(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> Iterator[int]:
-        """The loop of `stream`: the request's start, then the round over its one row until it finishes."""
+    def _rounds(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> Iterator[tuple[Row, RowEvent]]:
+        """The loop of `stream`: the request's start, then the round over its one row until it finishes; each
+        round's event (with the row)."""
         row, compiled = self._start(prompt_ids)
         stats = self.stats
         engine = self.engine
@@ -115,15 +117,23 @@ class SpeculativeDecoder:
             stats.compile_s = compile_seconds() - compiled
             if event.error is not None:
                 raise event.error
-            before = row.produced - len(event.tokens)
-            for i, token in enumerate(event.tokens):
-                self.last_token_source = "accepted" if i < event.accepted else event.outcome
-                stats.new_tokens = before + i + 1
-                stats.wall_s = time.perf_counter() - row.started
-                yield token
+            yield row, event
             if event.finished:
                 break
-        stats.wall_s = time.perf_counter() - row.started
+
+    def _tokens(self, rounds: Iterator[tuple[Row, RowEvent]]) -> Iterator[int]:
+        """Each round's tokens one at a time (the rounds run under specdec's thread count, the tokens are yielded
+        outside it), with the stats and `last_token_source` of the token just yielded."""
+        with closing(rounds):
+            for row, event in rounds:
+                stats = row.stats
+                before = row.produced - len(event.tokens)
+                for i, token in enumerate(event.tokens):
+                    self.last_token_source = "accepted" if i < event.accepted else event.outcome
+                    stats.new_tokens = before + i + 1
+                    stats.wall_s = time.perf_counter() - row.started
+                    yield token
+            stats.wall_s = time.perf_counter() - row.started
 
     def _start(self, prompt_ids: Sequence[int] | torch.Tensor | None) -> tuple[Row, float]:
         """A request's start: the prompt checked, the caches sized (or a PromptError before any work), the target

@@ -57,7 +57,7 @@ class Verified:
     def of(cls, proposal: Proposal, tree: TreeMask | None, verdict: Verdict) -> Verified:
         if tree is None:
             k = verdict.num_accepted
-            return cls(verdict, proposal.tokens[:k].tolist(), list(range(k + 1)))
+            return cls(verdict, proposal.tokens.tolist()[:k], list(range(k + 1)))  # (one list, not a slice op)
         path = list(verdict.path)  # [k] node indices
         return cls(verdict, proposal.tokens[path].tolist(), [0] + [node + 1 for node in path])
 

@@ -76,12 +76,13 @@ class Compiled:
 
 
 COMPILED: weakref.WeakKeyDictionary[PreTrainedModel, Compiled] = weakref.WeakKeyDictionary()
+_compile_s_total = 0.0  # every first call's seconds, in this process (`compile_seconds`)
 
 
 def compile_seconds() -> float:
     """Seconds this process has spent so far compiling fast-path passes (the first call of each shape, for
-    every model): the difference across a call is the compile time it paid."""
-    return sum(sum(entry.compile_s.values()) for entry in list(COMPILED.values()))
+    every model, those since freed too): the difference across a call is the compile time it paid."""
+    return _compile_s_total
 
 
 def raise_recompile_limit() -> None:
@@ -148,6 +149,8 @@ class Timed:
         self.done = True
         _freeze_heap()
         self.entry.compile_s[self.key] = elapsed
+        global _compile_s_total
+        _compile_s_total += elapsed
         log.info("compiled %s %s in %.1f s", self.model_name, _describe(self.key), elapsed)
         return out
 

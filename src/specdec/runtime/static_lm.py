@@ -22,6 +22,7 @@ The draft side (`draft_steps`, `draft_tree`) runs the graphs of `draft_graphs`. 
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 import weakref
@@ -66,6 +67,14 @@ def _verify_pass(model, input_ids, position_ids, slots, cache, hidden, draft_tok
     return logits, states, finite, torch.stack([k, next_token])
 
 
+@functools.cache
+def _zeros(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """float64 zeros of `shape` on `device`, made once: the uniforms and q that a greedy rule takes but never reads
+    (an inference tensor, as every compiled call expects; nothing writes it)."""
+    with torch.inference_mode():
+        return torch.zeros(shape, dtype=torch.float64, device=device)
+
+
 def _rule(draft_tokens, draft_probs, logits, uniforms, sampling: SamplingConfig):
     """The default verification rule of a chain: greedy (argmax; draft_probs and uniforms unused), or the
     rejection rule on the target's warped probabilities [G+1, V]."""
@@ -92,6 +101,7 @@ class StaticCausalLM:
         self.fixed_max_len = max_len
         self.buckets: tuple[int, ...] = DEFAULT_BUCKETS
         self.draft_gammas: set[int] = set()
+        self._graphs: dict[tuple, object] = {}  # shape key -> its compiled callable (`compile_once`'s), once found
         self.cache: SlotCache | None = None
         self._give_back: weakref.finalize | None = None
         if max_len is not None:
@@ -186,15 +196,24 @@ class StaticCausalLM:
 
     def _fn(self, key: tuple, fn):
         """The callable for a shape key: compiled once per model object, or `fn` itself when eager."""
+        compiled = self._graphs.get(key)
+        if compiled is not None:
+            return compiled
         if not self.compile or not self.cache.ready:
             return fn
-        return compile_once(self.model, key, fn)
+        compiled = self._graphs[key] = compile_once(self.model, key, fn)
+        return compiled
 
     @torch.inference_mode()
-    def _pass(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor | None,
-              hidden: bool, pad: bool, rule: tuple | None = None, keep: int = 0, rows: int | None = None):
-        """Rows input_ids [M] at positions [M], written to slots length..length+M-1 (padded to a bucket), each
-        seeing the slots where visible [M, L] is True (None: a chain, row i sees the slots up to its own).
+    def _pass(self, *args, **kwargs):
+        """`_run` in inference mode, for callers not in it already."""
+        return self._run(*args, **kwargs)
+
+    def _run(self, input_ids: torch.Tensor, tree: tuple[torch.Tensor, torch.Tensor] | None, hidden: bool,
+             pad: bool, rule: tuple | None = None, keep: int = 0, rows: int | None = None):
+        """A pass, in inference mode (the caller's). Rows input_ids [M], written to slots length..length+M-1 (padded to a bucket): a chain (tree None), row
+        i at position length + i seeing the slots up to its own, or a tree = (positions [M], visible [M, L]),
+        row i at positions[i] seeing the slots where visible[i] is True.
         Returns logits [M, V] and hidden | None; with `rule` = (draft_probs [M-1, V], uniforms [M] float64,
         sampling) for a chain, also the rejection rule's (k, next_token) [2] from the same graph
         (`_verify_pass`), or None for a padded pass (whose graph verified the padding as drafts). keep > 0 (a
@@ -210,17 +229,20 @@ class StaticCausalLM:
         slots = torch.arange(self.length, self.length + b, device=self.device)  # [b]
         if b > m:
             ids = torch.cat([ids, ids.new_zeros(b - m)])
-            if visible is None:  # a chain: padded rows continue it
-                positions = torch.cat([positions, positions[-1] + torch.arange(1, b - m + 1, device=self.device)])
-            else:  # a tree: each padded row sees the cache and itself, one position past the cache
+        mask = None
+        if tree is None:  # a chain: each row at its slot's position (padded rows continue the chain)
+            positions = torch.arange(self.length, self.length + b, device=self.device)  # [b]
+        else:
+            positions, visible = tree
+            if b > m:  # a tree: each padded row sees the cache and itself, one position past the cache
                 positions = torch.cat([positions, positions.new_full((b - m,), self.length)])
                 full = visible.new_zeros((b, self.max_len))  # [b, L]
                 full[:m] = visible
                 full[m:, : self.length] = True
                 full[torch.arange(m, b), slots[m:]] = True
                 visible = full
-        mask = None if visible is None else additive_mask(visible, self.model.dtype)[None, None]  # [1, 1, b, L]
-        positions = positions.to(self.device).clone()  # [b] inference tensors, as above
+            mask = additive_mask(visible, self.model.dtype)[None, None]  # [1, 1, b, L]
+            positions = positions.to(self.device).clone()  # [b] inference tensors, as above
         decided = None
         if rule is None:
             key = ("prefill", b, self.max_len, hidden) if keep else ("pass", b, self.max_len, hidden, mask is not None)
@@ -238,16 +260,16 @@ class StaticCausalLM:
         if not bool(finite):
             raise numerical_error(self.model, f"at positions {self.length}..{self.length + m - 1}")
         self.length += m
+        if b > m:
+            logits, states = logits[:m], (states[:m] if states is not None else None)
         if rule is not None:
-            return logits[:m], (states[:m] if states is not None else None), decided
-        return logits[:m], (states[:m] if states is not None else None)
+            return logits, states, decided
+        return logits, states
 
     def forward(self, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """Append input_ids [n] to the cache; return logits [n, V] (or [1, V] with last_only)."""
         start = time.perf_counter()
-        n = input_ids.shape[-1]
-        positions = torch.arange(self.length, self.length + n, device=self.device)
-        logits, _ = self._pass(input_ids, positions, None, False, pad=True)
+        logits, _ = self._pass(input_ids, None, False, pad=True)
         self.forwards += 1
         self.forward_s += time.perf_counter() - start
         return logits[-1:] if last_only else logits
@@ -257,15 +279,14 @@ class StaticCausalLM:
         """Append input_ids [M] (a chain, or a tree whose row 0 is the root); logits [M, V] (+ hidden)."""
         start = time.perf_counter()
         m = input_ids.shape[0]
-        if tree is None:
-            positions = torch.arange(self.length, self.length + m, device=self.device)
-            visible = None
-        else:
-            positions = self.length + tree.depths.to(self.device)
+        placed = None  # a chain
+        if tree is not None:
+            positions = self.length + tree.depths.to(self.device)  # [M]
             visible = torch.zeros(m, self.max_len, dtype=torch.bool, device=self.device)  # [M, L]
             visible[:, : self.length] = True
             visible[:, self.length : self.length + m] = tree.ancestors.to(self.device)
-        logits, states = self._pass(input_ids, positions, visible, hidden, pad=True)
+            placed = (positions, visible)
+        logits, states = self._pass(input_ids, placed, hidden, pad=True)
         self.forwards += 1
         self.forward_s += time.perf_counter() - start
         return Scores(logits, states)
@@ -281,11 +302,11 @@ class StaticCausalLM:
         inside the (compiled) graph."""
         start = time.perf_counter()
         m = input_ids.shape[0]
-        drafts = input_ids[1:].to(self.device)  # [γ]
+        drafts = input_ids[1:]  # [γ]
         if sampling.greedy:  # the rule reads neither q nor uniforms: nothing is drawn from the generator
-            uniforms = torch.zeros(m, dtype=torch.float64, device=self.device)  # [γ+1]
-            q = torch.zeros((m - 1, 0), dtype=torch.float64, device=self.device)  # [γ, 0]
+            uniforms, q = _zeros((m,), self.device), _zeros((m - 1, 0), self.device)  # [γ+1], [γ, 0]
         else:
+            drafts = drafts.to(self.device)
             uniforms = draw_uniforms(m - 1, generator, self.device)  # [γ+1]
             # q in float64 whatever the drafter's dtype (one graph per shape; the ratio is float64 anyway), and
             # a point mass as its one-hot row: the same ratio p(x) and residual as draft_probs=None.
@@ -293,12 +314,10 @@ class StaticCausalLM:
                 q = torch.nn.functional.one_hot(drafts, self.vocab_size).double()  # [γ, V]
             else:
                 q = draft_probs.to(self.device, torch.float64, copy=True)  # [γ, V]
-        positions = torch.arange(self.length, self.length + m, device=self.device)
-        logits, states, decided = self._pass(input_ids, positions, None, hidden, pad=True,
-                                             rule=(q, uniforms, sampling))
+        logits, states, decided = self._run(input_ids, None, hidden, pad=True, rule=(q, uniforms, sampling))
         self.forwards += 1
         if decided is None:  # a padded (short) round: the same rule on the scored rows, eagerly
-            k, next_token = _rule(drafts, q, logits, uniforms, sampling)
+            k, next_token = _rule(drafts.to(self.device), q, logits, uniforms, sampling)
             decided = torch.stack([k, next_token])
         verdict = chain_verdict(m - 1, decided)
         self.forward_s += time.perf_counter() - start
@@ -315,8 +334,7 @@ class StaticCausalLM:
             return None
         start = time.perf_counter()
         if not self.compile:
-            positions = torch.arange(self.length, self.length + n, device=self.device)
-            _, states = self._pass(input_ids, positions, None, hidden, pad=False, keep=1)  # logits unused
+            _, states = self._pass(input_ids, None, hidden, pad=False, keep=1)  # logits unused
         else:
             parts = []
             for s in range(0, n, PREFILL_ROWS):
@@ -329,8 +347,7 @@ class StaticCausalLM:
                         rows = min(PREFILL_ROWS, n - s)
                 self.length -= back
                 chunk = input_ids[s - back : s + PREFILL_ROWS]
-                positions = torch.arange(self.length, self.length + chunk.shape[0], device=self.device)
-                _, states = self._pass(chunk, positions, None, hidden, pad=True, keep=1, rows=rows)
+                _, states = self._pass(chunk, None, hidden, pad=True, keep=1, rows=rows)
                 parts.append(None if states is None else states[back:])
             states = None if parts[0] is None else torch.cat(parts)
         self.prefill_s += time.perf_counter() - start
@@ -351,13 +368,13 @@ class StaticCausalLM:
         if start_slot + 1 + gamma > self.max_len:
             raise PromptError(f"the draft's static cache of {self.max_len} slots is full; lower max_new_tokens")
         uniforms = (torch.rand(gamma, dtype=torch.float64, device=self.device, generator=generator)
-                    if not sampling.greedy else torch.zeros(gamma, dtype=torch.float64, device=self.device))
+                    if not sampling.greedy else _zeros((gamma,), self.device))  # [γ] (greedy: unread)
         key = ("draft", gamma, sampling, self.max_len)
         fn = self._fn(key, draft_chain)
         t = time.perf_counter()
-        tokens, probs, finite = fn(self.model, context[n - 2 : n].to(self.device).clone(),
-                                   torch.tensor(start_slot, device=self.device), self.cache, uniforms, gamma,
-                                   sampling)
+        slot0 = torch.scalar_tensor(start_slot, dtype=torch.long, device=self.device)  # [] (cheaper than tensor())
+        tokens, probs, finite = fn(self.model, context[n - 2 : n].to(self.device).clone(), slot0, self.cache, uniforms,
+                                   gamma, sampling)
         self.forward_s += time.perf_counter() - t
         if not bool(finite):
             raise numerical_error(self.model, f"at positions {n - 2}..{n + gamma - 2} (drafting)")
@@ -402,8 +419,7 @@ class StaticCausalLM:
                     self.length = length
             for b in sizes if verify is None else ():
                 if not self._compiled(("pass", b, self.max_len, False, False)) and length + b <= self.max_len:
-                    self._pass(torch.zeros(b, dtype=torch.long), torch.arange(length, length + b), None, False,
-                               pad=False)
+                    self._pass(torch.zeros(b, dtype=torch.long), None, False, pad=False)
                     self.length = length
             if context is None or context.shape[0] < 2 or sampling is None:
                 return
