@@ -40,21 +40,26 @@ class Projections(torch.nn.Module):
         return q, k * 2, v, op(y, self.wo, None), op(x, w_input, None)
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_calls_sharing_an_input_and_constant_weights_become_one_with_the_same_bits(bias):
+def traced(bias: bool, rows: int):
+    """Projections, inputs for it (x of `rows` rows), and its traced graph module."""
     load_kernel()
     module = Projections(bias)
-    x, y = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(5, 16, dtype=torch.bfloat16)
-    w_input = torch.randn(4, 16, dtype=torch.bfloat16)
-    before = module(x, y, w_input)
-    graph_module = torch.fx.symbolic_trace(module)
+    inputs = (torch.randn(rows, 16, dtype=torch.bfloat16), torch.randn(5, 16, dtype=torch.bfloat16),
+              torch.randn(4, 16, dtype=torch.bfloat16))  # x, y, w_input
+    return module, inputs, torch.fx.symbolic_trace(module)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_calls_sharing_an_input_and_constant_weights_become_one_with_the_same_bits(bias):
+    module, inputs, graph_module = traced(bias, rows=3)
+    before = module(*inputs)
     assert row_linear_calls(graph_module.graph) == 5
     FuseRowLinears()(graph_module.graph)
     graph_module.graph.lint()
     graph_module.recompile()
     # q, k, v -> one call; the projection of y alone and the one with an input weight stay
     assert row_linear_calls(graph_module.graph) == 3
-    after = graph_module(x, y, w_input)
+    after = graph_module(*inputs)
     for b, a in zip(before, after, strict=True):
         assert torch.equal(a, b)
 
@@ -79,11 +84,7 @@ def test_copies_are_made_once_and_shared_and_large_weights_are_not_copied(monkey
 @needs_packing
 @pytest.mark.parametrize("bias", [False, True])
 def test_packing_runs_every_constant_weight_on_the_packed_kernel(bias):
-    load_kernel()
-    module = Projections(bias)
-    x, y = torch.randn(33, 16, dtype=torch.bfloat16), torch.randn(5, 16, dtype=torch.bfloat16)
-    w_input = torch.randn(4, 16, dtype=torch.bfloat16)
-    graph_module = torch.fx.symbolic_trace(module)
+    module, (x, y, w_input), graph_module = traced(bias, rows=33)
     FuseRowLinears(pack=True)(graph_module.graph)
     graph_module.recompile()
     packed = [n for n in graph_module.graph.nodes if n.target is torch.ops.specdec.packed_linear.default]

@@ -46,11 +46,29 @@ def _constant(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> torch.
     return value if isinstance(value, torch.Tensor) else None
 
 
-def _free_name(module: torch.nn.Module, prefix: str) -> str:
+def _add_constant(graph: torch.fx.Graph, module: torch.nn.Module, prefix: str, before: torch.fx.Node, mode,
+                  value: torch.Tensor) -> torch.fx.Node:
+    """A get_attr node (inserted before `before`) reading `value`, a new constant of the graph's module under a
+    free name `prefix`_i; with its fake tensor when the graph has a fake mode."""
     index = 0
     while hasattr(module, f"{prefix}_{index}"):
         index += 1
-    return f"{prefix}_{index}"
+    name = f"{prefix}_{index}"
+    module.register_buffer(name, value, persistent=False)
+    with graph.inserting_before(before):
+        node = graph.get_attr(name)
+    if mode is not None:
+        node.meta["val"] = mode.from_tensor(value, static_shapes=True)
+    return node
+
+
+def _erase_call(graph: torch.fx.Graph, call: torch.fx.Node) -> None:
+    """Erase a replaced call, and the constants it read that nothing else reads."""
+    _, weight, bias = _args(call)
+    graph.erase_node(call)
+    for old in (weight, bias):
+        if old is not None and not old.users:
+            graph.erase_node(old)
 
 
 def _args(node: torch.fx.Node) -> tuple:
@@ -85,8 +103,9 @@ class FuseRowLinears(CustomGraphPass):
             if node.op == "call_function" and node.target is op:
                 groups[_args(node)[0]].append(node)
         for reading in groups.values():
-            calls = [call for call in reading if _constant(module, _args(call)[1]) is not None]
-            weights = [_constant(module, _args(call)[1]) for call in calls]  # each [N_i, K]
+            constant = [(call, w) for call in reading if (w := _constant(module, _args(call)[1])) is not None]
+            calls = [call for call, _ in constant]
+            weights = [w for _, w in constant]  # each [N_i, K]
             if len(calls) < 2 or len({(w.dtype, w.shape[1], w.device) for w in weights}) != 1:
                 continue
             if sum(w.numel() * w.element_size() for w in weights) > MAX_COPY_BYTES:
@@ -104,43 +123,33 @@ class FuseRowLinears(CustomGraphPass):
     def _fuse(self, graph, module, calls, weights, bias_values) -> None:
         op = torch.ops.specdec.row_linear.default
         first = calls[0]  # the earliest in the graph (groups are filled in graph order)
-        name = _free_name(module, "_specdec_fused_row_linear")
-        module.register_buffer(name, self._copy("cat", weights, lambda: torch.cat(weights)), persistent=False)  # [ΣN, K]
-        bias_name = None
-        if bias_values is not None:
-            bias_name = name + "_bias"
-            module.register_buffer(bias_name, self._copy("cat", bias_values, lambda: torch.cat(bias_values)),
-                                   persistent=False)  # [ΣN]
         x = _args(first)[0]
-        with graph.inserting_before(_args(first)[1]):  # beside the constants the graph reads
-            weight = graph.get_attr(name)
-            bias = graph.get_attr(bias_name) if bias_name else None
+        fake_x = x.meta.get("val")
+        mode = fake_x.fake_mode if fake_x is not None else None
+        before = _args(first)[1]  # new constants go beside the ones the graph reads
+        weight = _add_constant(graph, module, "_specdec_fused_row_linear", before, mode,
+                               self._copy("cat", weights, lambda: torch.cat(weights)))  # [ΣN, K]
+        bias = None
+        if bias_values is not None:
+            bias = _add_constant(graph, module, "_specdec_fused_row_linear_bias", before, mode,
+                                 self._copy("cat", bias_values, lambda: torch.cat(bias_values)))  # [ΣN]
         with graph.inserting_before(first):
             fused = graph.call_function(op, (x, weight, bias))  # [..., ΣN]
-            fake_x = x.meta.get("val")
-            if fake_x is not None:
-                mode = fake_x.fake_mode
-                weight.meta["val"] = mode.from_tensor(getattr(module, name), static_shapes=True)
-                if bias is not None:
-                    bias.meta["val"] = mode.from_tensor(getattr(module, bias_name), static_shapes=True)
+            dim = fake_x.dim() - 1 if fake_x is not None else -1
+            if mode is not None:
                 with mode:
                     fused.meta["val"] = op(fake_x, weight.meta["val"], bias.meta["val"] if bias is not None else None)
             start = 0
             for call, w in zip(calls, weights):
                 end = start + w.shape[0]
-                dim = fake_x.dim() - 1 if fake_x is not None else -1
                 part = graph.call_function(torch.ops.aten.slice.Tensor, (fused, dim, start, end))
-                if fake_x is not None:
-                    with fake_x.fake_mode:
+                if mode is not None:
+                    with mode:
                         part.meta["val"] = torch.ops.aten.slice.Tensor(fused.meta["val"], dim, start, end)
                 call.replace_all_uses_with(part)
                 start = end
         for call in calls:  # after the insertions, which go before the first of them
-            old_weight, old_bias = _args(call)[1:]
-            graph.erase_node(call)
-            for old in (old_weight, old_bias):
-                if old is not None and not old.users:
-                    graph.erase_node(old)
+            _erase_call(graph, call)
 
     def _pack(self, graph, module) -> None:
         op = torch.ops.specdec.row_linear.default
@@ -151,21 +160,16 @@ class FuseRowLinears(CustomGraphPass):
             if (weight is None or not packed_linear_serves(weight)
                     or weight.numel() * weight.element_size() > MAX_COPY_BYTES):
                 continue
-            name = _free_name(module, "_specdec_packed_weight")
-            packed_weight = self._copy("pack", [weight], lambda: torch.ops.specdec.pack_weight(weight))
-            module.register_buffer(name, packed_weight, persistent=False)
-            with graph.inserting_before(weight_node):
-                packed = graph.get_attr(name)
+            fake_x = x.meta.get("val")
+            packed = _add_constant(graph, module, "_specdec_packed_weight", weight_node,
+                                   fake_x.fake_mode if fake_x is not None else None,
+                                   self._copy("pack", [weight], lambda: torch.ops.specdec.pack_weight(weight)))
             with graph.inserting_before(call):
                 replacement = graph.call_function(packed_op, (x, packed, bias, weight.shape[0]))  # [..., N]
-            fake_x = x.meta.get("val")
-            if fake_x is not None:
-                packed.meta["val"] = fake_x.fake_mode.from_tensor(getattr(module, name), static_shapes=True)
-                replacement.meta["val"] = call.meta.get("val")
+            if "val" in call.meta:
+                replacement.meta["val"] = call.meta["val"]
             call.replace_all_uses_with(replacement)
-            graph.erase_node(call)
-            if not weight_node.users:
-                graph.erase_node(weight_node)
+            _erase_call(graph, call)
 
     def uuid(self) -> bytes:
         return get_hash_for_files((str(Path(__file__).resolve()),), extra=f"pack={self.pack}")
