@@ -211,9 +211,10 @@ class StaticCausalLM:
 
     def _run(self, input_ids: torch.Tensor, tree: tuple[torch.Tensor, torch.Tensor] | None, hidden: bool,
              pad: bool, rule: tuple | None = None, keep: int = 0, rows: int | None = None):
-        """A pass, in inference mode (the caller's). Rows input_ids [M], written to slots length..length+M-1 (padded to a bucket): a chain (tree None), row
-        i at position length + i seeing the slots up to its own, or a tree = (positions [M], visible [M, L]),
-        row i at positions[i] seeing the slots where visible[i] is True.
+        """A pass, in inference mode (the caller's). Rows input_ids [M], written to slots length..length+M-1
+        (padded to a bucket): a chain (tree None), row i at position length + i seeing the slots up to its own,
+        or a tree = (positions [M], visible [M, L]), row i at positions[i] seeing the slots where visible[i] is
+        True.
         Returns logits [M, V] and hidden | None; with `rule` = (draft_probs [M-1, V], uniforms [M] float64,
         sampling) for a chain, also the rejection rule's (k, next_token) [2] from the same graph
         (`_verify_pass`), or None for a padded pass (whose graph verified the padding as drafts). keep > 0 (a
