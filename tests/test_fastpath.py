@@ -358,3 +358,24 @@ def test_a_compiled_shape_runs_without_re_checking_every_guard_and_a_mismatch_re
     x6 = torch.arange(6.0)
     assert torch.equal(four(model, x6), x6 + 1)  # no entry matches: recompiled, not run on the 4-row graph
     assert compiled.UNPLANNED_RECOMPILES == [keys[0]]
+
+
+@pytest.mark.compile
+def test_float32_compiled_speculative_equals_compiled_plain_on_the_default_pair():
+    """In float32 every compiled pass runs the packed kernel (runtime/fuse_linears.packs): a verification pass's
+    rows have a decoding pass's bits, so a draft chain, a token tree and EAGLE give compiled plain decoding's tokens."""
+    from specdec.bench.workloads import code_prompts  # noqa: PLC0415
+    from specdec.hub.default_pair import default_assets_dir  # noqa: PLC0415
+    from specdec.hub.loading import load_tokenizer  # noqa: PLC0415
+
+    target, draft, _ = specdec.load_default(dtype=torch.float32)
+    prompts = [p.ids for p in code_prompts(load_tokenizer(default_assets_dir() / "tokenizer"), 8, seed=1)[:2]]
+    drafters = {"draft-6": (specdec.DraftModel(draft), {"gamma": 6}), "tree": (specdec.DraftTree(draft), {}),
+                "eagle": (specdec.Eagle(target, specdec.load_default_heads(target)["eagle"]), {})}
+    for prompt in prompts:
+        plain = specdec.generate(target, prompt, max_new_tokens=48, temperature=0.0, eos_token_id=[],
+                                 compile=True).tokens
+        for name, (drafter, options) in drafters.items():
+            out = specdec.generate(target, prompt, drafter=drafter, max_new_tokens=48, temperature=0.0,
+                                   eos_token_id=[], compile=True, **options)
+            assert out.tokens == plain, name

@@ -85,7 +85,7 @@ def test_copies_are_made_once_and_shared_and_large_weights_are_not_copied(monkey
 @pytest.mark.parametrize("bias", [False, True])
 def test_packing_runs_every_constant_weight_on_the_packed_kernel(bias):
     module, (x, y, w_input), graph_module = traced(bias, rows=33)
-    FuseRowLinears(pack=True)(graph_module.graph)
+    FuseRowLinears(prefill=True)(graph_module.graph)
     graph_module.recompile()
     packed = [n for n in graph_module.graph.nodes if n.target is torch.ops.specdec.packed_linear.default]
     assert len(packed) == 2 and row_linear_calls(graph_module.graph) == 1  # qkv and wo; not the input weight
@@ -96,6 +96,31 @@ def test_packing_runs_every_constant_weight_on_the_packed_kernel(bias):
     assert torch.equal(torch.cat([q, k / 2, v], dim=-1), qkv)
     assert torch.equal(o, ops.packed_linear(y, ops.pack_weight(module.wo), None, 16))
     torch.testing.assert_close(o, ops.row_linear(y, module.wo, None), atol=0.1, rtol=0.02)
+
+
+@pytest.mark.skipif(not packed_linear_serves(torch.zeros(1, 1)), reason="packed_linear needs AVX-512")
+def test_float32_weights_are_packed_in_every_pass_and_bfloat16_only_in_a_prefill():
+    """Every compiled pass of a path decides alike per dtype: float32 always (decoding and verification passes
+    included), bfloat16 in a prefill; never a weight over the copy limit."""
+    f32, bf16 = torch.zeros(64, 32), torch.zeros(64, 32, dtype=torch.bfloat16)
+    assert fuse_linears.packs(f32, prefill=False) and fuse_linears.packs(f32, prefill=True)
+    assert not fuse_linears.packs(bf16, prefill=False)
+    assert fuse_linears.packs(bf16, prefill=True) == packed_linear_serves(bf16)
+    assert not fuse_linears.packs(f32, prefill=True, nbytes=fuse_linears.MAX_COPY_BYTES + 1)
+    load_kernel()
+    module = Projections(bias=True).float()
+    x, y, w_input = torch.randn(7, 16), torch.randn(5, 16), torch.randn(4, 16)  # a verification pass's 7 rows
+    graph_module = torch.fx.symbolic_trace(module)
+    FuseRowLinears(prefill=False)(graph_module.graph)
+    graph_module.recompile()
+    packed = [n for n in graph_module.graph.nodes if n.target is torch.ops.specdec.packed_linear.default]
+    assert len(packed) == 2 and row_linear_calls(graph_module.graph) == 1  # qkv (fused) and wo; not the input weight
+    q, k, v, o, _ = graph_module(x, y, w_input)
+    ops = torch.ops.specdec
+    qkv = ops.packed_linear(x, ops.pack_weight(torch.cat([module.wq, module.wk, module.wv])),
+                            torch.cat([module.bq, module.bk, module.bv]), 40)
+    assert torch.equal(torch.cat([q, k / 2, v], dim=-1), qkv)
+    assert torch.equal(o, ops.packed_linear(y, ops.pack_weight(module.wo), None, 16))
 
 
 def test_a_bias_on_some_calls_only_is_not_fused():

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.runtime.rowwise import packed_linear_serves, row_attention, row_invariant, row_linear
+from specdec.runtime.rowwise import load_kernel, packed_linear_serves, row_attention, row_invariant, row_linear
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -212,24 +212,28 @@ def test_the_mode_routes_linear_only_when_asked():
     assert double.dtype == torch.float64
 
 
-@pytest.mark.skipif(not packed_linear_serves(torch.zeros(1, 1, dtype=torch.bfloat16)),
-                    reason="packed_linear needs a CPU with AVX512_BF16")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("k, n", [(384, 1152), (389, 203), (37, 21), (128, 8192)])
-def test_packed_linear_computes_x_wt_plus_b_with_rows_that_do_not_depend_on_the_pass(k, n):
-    """The prefill's kernel on packed weights (K odd, N not a multiple of 16 included): x wᵀ + b, and every row the
-    same bits alone, in passes of 1 to 17 rows and shifted."""
+def test_packed_linear_computes_x_wt_plus_b_with_rows_that_do_not_depend_on_the_pass(k, n, dtype):
+    """The kernel on packed weights (K odd, N not a multiple of 16 or of a float32 panel's 64 included): x wᵀ + b,
+    and every row the same bits alone, in passes of 1 to 17 rows and shifted."""
+    if not packed_linear_serves(torch.zeros(1, 1, dtype=dtype)):
+        pytest.skip(f"packed_linear needs AVX-512 ({dtype}: AVX512_BF16 for bfloat16)")
+    load_kernel()
     torch.manual_seed(4)
-    x = torch.randn(45, k).to(torch.bfloat16)  # [M, K]
-    w, b = torch.randn(n, k).to(torch.bfloat16), torch.randn(n).to(torch.bfloat16)
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
+    x = torch.randn(45, k).to(dtype)  # [M, K]
+    w, b = torch.randn(n, k).to(dtype), torch.randn(n).to(dtype)
     packed = torch.ops.specdec.pack_weight(w)
     full = torch.ops.specdec.packed_linear(x, packed, b, n)  # [M, N]
+    assert full.dtype == dtype
     expected = F.linear(x.double(), w.double(), b.double())
-    torch.testing.assert_close(full.double(), expected, atol=3e-2 * k ** 0.5, rtol=3e-2)
+    torch.testing.assert_close(full.double(), expected, atol=tol * k ** 0.5, rtol=tol)
     no_bias = torch.ops.specdec.packed_linear(x, packed, None, n)
-    torch.testing.assert_close(no_bias.double(), expected - b.double(), atol=3e-2 * k ** 0.5, rtol=3e-2)
-    for rows in (1, 3, 8, 9, 17):
+    torch.testing.assert_close(no_bias.double(), expected - b.double(), atol=tol * k ** 0.5, rtol=tol)
+    for rows in (1, 3, 7, 8, 9, 17):
         parts = torch.cat([torch.ops.specdec.packed_linear(x[s : s + rows], packed, b, n) for s in range(0, 45, rows)])
         assert torch.equal(parts, full), f"in passes of {rows} rows"
-    shifted = torch.ops.specdec.packed_linear(torch.cat([torch.randn(5, k).to(torch.bfloat16), x]), packed, b, n)
+    shifted = torch.ops.specdec.packed_linear(torch.cat([torch.randn(5, k).to(dtype), x]), packed, b, n)
     assert torch.equal(shifted[5:], full)
 

@@ -67,11 +67,11 @@ class Compiled:
         self.copies: dict[tuple, torch.Tensor] = {}  # the weight copies its graphs share (runtime/fuse_linears.py)
 
     def options(self, key: tuple) -> dict:
-        """Inductor options for the shape `key`: COMPILE_OPTIONS and the row_linear graph pass. A prompt's prefill
-        passes (keys "prefill": many rows, compute-bound linears) also pack their weights; every prefill pass of a
-        path takes them, so the bits a prompt's keys and values get do not depend on how its rows were chunked,
-        and decoding passes keep row_linear's."""
-        graph_pass = FuseRowLinears(pack=key[0] == "prefill", shared=self.copies)
+        """Inductor options for the shape `key`: COMPILE_OPTIONS and the row_linear graph pass, which packs float32
+        weights in every pass and bfloat16 weights in a prompt's prefill passes (keys "prefill": many rows,
+        compute-bound linears). Every prefill pass of a path packs alike, so the bits a prompt's keys and values get
+        do not depend on how its rows were chunked, and bfloat16 decoding passes keep row_linear's."""
+        graph_pass = FuseRowLinears(prefill=key[0] == "prefill", shared=self.copies)
         return {**COMPILE_OPTIONS, "post_grad_custom_pre_pass": graph_pass}
 
 

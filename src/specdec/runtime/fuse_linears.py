@@ -1,5 +1,4 @@
-"""One `specdec::row_linear` call for the projections of a compiled pass that read the same input, and packed
-weights for a prefill's.
+"""One call for the projections of a compiled pass that read the same input, and packed weights where they pay.
 
 A Llama-shaped layer projects one input three times (q, k, v) and another twice (gate, up). On the fast path each
 projection is a call of the row-invariant linear (runtime/rowwise.py), and on a CPU a call costs ~2 µs of dispatch
@@ -12,14 +11,16 @@ concatenated weight, followed by a slice of its output for each (calls whose wei
 Since row_linear computes every output element in one fixed order whatever the weight's other rows are, the outputs
 are the same bits as the separate calls' (tests/test_fuse_linears.py).
 
-With `pack`, for a prefill pass, every bfloat16 call then runs `specdec::packed_linear` on a packed copy of its
-weight (runtime/kernels/packed_linear.cpp).
+Calls with a constant weight run `specdec::packed_linear` on a packed copy of it instead
+(runtime/kernels/packed_linear.cpp; `packs`): in every float32 pass, whose weights stream from memory and read
+faster as one sequential panel, and in a bfloat16 prefill pass, whose many rows make the linears compute-bound
+(bfloat16 decoding passes keep row_linear's bits). A fused float32 call packs the concatenation.
 
 The concatenated and packed weights are copies, made once per model object and shared by all its compiled passes
 (`shared`, the model's entry in runtime/compiled.py). Only weights of at most `MAX_COPY_BYTES` are copied: there a
-call's dispatch and a prefill's arithmetic are what cost, and the copies stay small (the default target's are
-~45 MB in bfloat16); a larger model's projections take long enough that ~2 µs does not matter, and its copies would
-not fit beside it.
+call's dispatch and the weights' layout are what cost, and the copies stay small (the default target's are ~45 MB
+in bfloat16 and ~57 MB in float32); a larger model's projections take long enough that ~2 µs does not matter, and
+its copies would not fit beside it.
 """
 
 from __future__ import annotations
@@ -32,8 +33,20 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 
 from specdec.runtime.rowwise import packed_linear_serves
 
-#: The largest weight (or concatenation of weights) this pass copies, in bytes.
-MAX_COPY_BYTES = 8 << 20
+#: The largest weight (or concatenation of weights) this pass copies, in bytes (the default target's float32 LM
+#: head is 12.6 MB).
+MAX_COPY_BYTES = 16 << 20
+
+
+def packs(weight: torch.Tensor, prefill: bool, nbytes: int | None = None) -> bool:
+    """Whether a compiled pass runs this constant weight (of `nbytes`, a concatenation's, when given) on
+    `specdec::packed_linear`: in float32 always, in bfloat16 in a prefill pass; where the kernel serves the weight
+    and its copy is at most MAX_COPY_BYTES. Every pass of a path decides alike, so a token's bits do not depend on
+    which pass computed it (only on whether it was a prompt's)."""
+    nbytes = weight.numel() * weight.element_size() if nbytes is None else nbytes
+    if not packed_linear_serves(weight) or nbytes > MAX_COPY_BYTES:
+        return False
+    return weight.dtype == torch.float32 or prefill
 
 
 def _constant(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor | None:
@@ -80,12 +93,10 @@ def _args(node: torch.fx.Node) -> tuple:
 class FuseRowLinears(CustomGraphPass):
     """The inductor graph pass (see the module's docstring); `uuid` keys inductor's cache on this file.
 
-    pack: then run every call with a constant bfloat16 weight as `specdec::packed_linear` on a packed copy of the
-    weight (runtime/kernels/packed_linear.cpp; where the CPU has AVX512_BF16): for passes of many rows, whose
-    linears are compute-bound (a prefill's), never for passes whose rows must have row_linear's bits."""
+    prefill: the pass is a prompt's prefill (bfloat16 weights are packed there too; see `packs`)."""
 
-    def __init__(self, pack: bool = False, shared: dict | None = None):
-        self.pack = pack
+    def __init__(self, prefill: bool = False, shared: dict | None = None):
+        self.prefill = prefill
         self.shared = {} if shared is None else shared  # (kind, source tensors' identities) -> the copy
 
     def _copy(self, kind: str, sources: list[torch.Tensor], make) -> torch.Tensor:
@@ -117,28 +128,34 @@ class FuseRowLinears(CustomGraphPass):
                 if any(b is None for b in bias_values):
                     continue
             self._fuse(graph, module, calls, weights, bias_values)
-        if self.pack:
-            self._pack(graph, module)
+        self._pack(graph, module)
 
     def _fuse(self, graph, module, calls, weights, bias_values) -> None:
-        op = torch.ops.specdec.row_linear.default
         first = calls[0]  # the earliest in the graph (groups are filled in graph order)
         x = _args(first)[0]
         fake_x = x.meta.get("val")
         mode = fake_x.fake_mode if fake_x is not None else None
         before = _args(first)[1]  # new constants go beside the ones the graph reads
-        weight = _add_constant(graph, module, "_specdec_fused_row_linear", before, mode,
-                               self._copy("cat", weights, lambda: torch.cat(weights)))  # [ΣN, K]
+        if packs(weights[0], self.prefill, nbytes=sum(w.numel() * w.element_size() for w in weights)):
+            op, extra = torch.ops.specdec.packed_linear.default, (sum(w.shape[0] for w in weights),)  # (ΣN,)
+            weight = _add_constant(graph, module, "_specdec_packed_weight", before, mode,
+                                   self._copy("pack", weights,
+                                              lambda: torch.ops.specdec.pack_weight(torch.cat(weights))))
+        else:
+            op, extra = torch.ops.specdec.row_linear.default, ()
+            weight = _add_constant(graph, module, "_specdec_fused_row_linear", before, mode,
+                                   self._copy("cat", weights, lambda: torch.cat(weights)))  # [ΣN, K]
         bias = None
         if bias_values is not None:
             bias = _add_constant(graph, module, "_specdec_fused_row_linear_bias", before, mode,
                                  self._copy("cat", bias_values, lambda: torch.cat(bias_values)))  # [ΣN]
         with graph.inserting_before(first):
-            fused = graph.call_function(op, (x, weight, bias))  # [..., ΣN]
+            fused = graph.call_function(op, (x, weight, bias, *extra))  # [..., ΣN]
             dim = fake_x.dim() - 1 if fake_x is not None else -1
             if mode is not None:
                 with mode:
-                    fused.meta["val"] = op(fake_x, weight.meta["val"], bias.meta["val"] if bias is not None else None)
+                    fused.meta["val"] = op(fake_x, weight.meta["val"], bias.meta["val"] if bias is not None else None,
+                                           *extra)
             start = 0
             for call, w in zip(calls, weights):
                 end = start + w.shape[0]
@@ -157,8 +174,7 @@ class FuseRowLinears(CustomGraphPass):
         for call in [n for n in graph.nodes if n.op == "call_function" and n.target is op]:
             x, weight_node, bias = _args(call)
             weight = _constant(module, weight_node)
-            if (weight is None or not packed_linear_serves(weight)
-                    or weight.numel() * weight.element_size() > MAX_COPY_BYTES):
+            if weight is None or not packs(weight, self.prefill):
                 continue
             fake_x = x.meta.get("val")
             packed = _add_constant(graph, module, "_specdec_packed_weight", weight_node,
@@ -172,4 +188,4 @@ class FuseRowLinears(CustomGraphPass):
             _erase_call(graph, call)
 
     def uuid(self) -> bytes:
-        return get_hash_for_files((str(Path(__file__).resolve()),), extra=f"pack={self.pack}")
+        return get_hash_for_files((str(Path(__file__).resolve()),), extra=f"prefill={self.prefill}")

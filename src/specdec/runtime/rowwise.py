@@ -84,10 +84,11 @@ def load_kernel() -> None:
 
 
 def packed_linear_serves(weight: torch.Tensor) -> bool:
-    """Whether `specdec::packed_linear` (kernels/packed_linear.cpp) can run with this weight here: bfloat16 on a
-    CPU with AVX512_BF16."""
-    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2
-            and torch.backends.cpu.get_cpu_capability() == "AVX512" and _bf16_dot_product())
+    """Whether `specdec::packed_linear` (kernels/packed_linear.cpp) can run with this weight here: a 2-D CPU weight,
+    float32 on a CPU with AVX-512 or bfloat16 on one with AVX512_BF16."""
+    if weight.device.type != "cpu" or weight.dim() != 2 or torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return False
+    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _bf16_dot_product())
 
 
 def _ensure_loaded() -> None:
