@@ -37,8 +37,8 @@ OpenVINO a compiled model with `PERF_COUNT`, read with `get_profiling_info()` be
 
 | class | specdec | specdec, HF kernels (both) | OpenVINO |
 |---|---|---|---|
-| linear | `specdec::row_linear` but the LM head | the GEMM calls (`mkl::_mkl_linear`, `mkldnn::_linear_pointwise`, `aten::mm`/`addmm`) but the LM head | FullyConnected / MatMul but the LM head and the rotary table |
-| LM head | the vocabulary-sized `specdec::row_linear` | the vocabulary-sized GEMM | the vocabulary-sized FullyConnected |
+| linear | `specdec::row_linear` and `specdec::packed_linear` but the LM head | the GEMM calls (`mkl::_mkl_linear`, `mkldnn::_linear_pointwise`, `aten::mm`/`addmm`) but the LM head | FullyConnected / MatMul but the LM head and the rotary table |
+| LM head | the vocabulary-sized `specdec::row_linear` or `specdec::packed_linear` | the vocabulary-sized GEMM | the vocabulary-sized FullyConnected |
 | attention | `specdec::row_attention` | the SDPA call, or its batched matmuls where inductor decomposed it | ScaledDotProductAttention(WithKVCache) (it also writes the KV cache) |
 | norm + rope + pointwise | inductor's fused kernels (`cpp_fused_*`: norms, rotary, SiLU·up, residual adds, the KV-cache write, the embedding gather) | as specdec (and a decomposed attention's softmax) | RMS, MVN, RoPE, Eltwise, Subgraph and the elementwise nodes, the rotary table |
 | rest | the profiled pass less the above: dynamo's guard check, the Python wrapper, allocations, the adapter's host work | as specdec | the pass less the above: the remaining nodes (embedding Gather, ReadValue / Assign of the KV state, shape nodes, reorders) and the runtime's own work |
@@ -229,6 +229,10 @@ def torch_class(name: str, input_shapes, vocab: int) -> str | None:
     """The op class of one torch.profiler event of a specdec pass, or None (not one of the four)."""
     if name == "specdec::row_linear" or name in TORCH_LINEAR:
         lm_head = any(len(s) == 2 and vocab in s for s in input_shapes[1:])  # [V, H], or [H, V] unfrozen
+        return "LM head" if lm_head else "linear"
+    if name == "specdec::packed_linear":  # packed weights: [N/64, K, 64] (float32) or [N/16, K/2, 16, 2]
+        packed = input_shapes[1]
+        lm_head = len(packed) >= 3 and vocab <= packed[0] * packed[2] < vocab + 64
         return "LM head" if lm_head else "linear"
     if name == "specdec::row_attention" or name in TORCH_ATTENTION:
         return "attention"
