@@ -12,8 +12,11 @@ from specdec.runtime.compiled import COMPILE_OPTIONS
 from specdec.runtime.fuse_linears import FuseRowLinears
 from specdec.runtime.rowwise import load_kernel, packed_linear_serves, row_invariant
 
-needs_packing = pytest.mark.skipif(not packed_linear_serves(torch.zeros(1, 1, dtype=torch.bfloat16)),
-                                   reason="packed_linear needs a CPU with AVX512_BF16")
+
+@pytest.fixture
+def unpacked(monkeypatch):
+    """The pass without packing (as on a CPU the packed kernel does not serve): fusion alone."""
+    monkeypatch.setattr(fuse_linears, "packs", lambda weight, nbytes=None: False)
 
 
 def row_linear_calls(graph: torch.fx.Graph) -> int:
@@ -50,7 +53,7 @@ def traced(bias: bool, rows: int):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_calls_sharing_an_input_and_constant_weights_become_one_with_the_same_bits(bias):
+def test_calls_sharing_an_input_and_constant_weights_become_one_with_the_same_bits(bias, unpacked):
     module, inputs, graph_module = traced(bias, rows=3)
     before = module(*inputs)
     assert row_linear_calls(graph_module.graph) == 5
@@ -64,7 +67,7 @@ def test_calls_sharing_an_input_and_constant_weights_become_one_with_the_same_bi
         assert torch.equal(a, b)
 
 
-def test_copies_are_made_once_and_shared_and_large_weights_are_not_copied(monkeypatch):
+def test_copies_are_made_once_and_shared_and_large_weights_are_not_copied(monkeypatch, unpacked):
     load_kernel()
     module = Projections(bias=False)
     shared: dict = {}
@@ -81,11 +84,16 @@ def test_copies_are_made_once_and_shared_and_large_weights_are_not_copied(monkey
     assert row_linear_calls(graph_module.graph) == 5
 
 
-@needs_packing
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("rows", [1, 7, 33])  # a decoding pass, a verification pass, a prefill chunk
 @pytest.mark.parametrize("bias", [False, True])
-def test_packing_runs_every_constant_weight_on_the_packed_kernel(bias):
-    module, (x, y, w_input), graph_module = traced(bias, rows=33)
-    FuseRowLinears(prefill=True)(graph_module.graph)
+def test_packing_runs_every_constant_weight_on_the_packed_kernel(bias, rows, dtype):
+    if not packed_linear_serves(torch.zeros(1, 1, dtype=dtype)):
+        pytest.skip(f"packed_linear does not serve {dtype} on this CPU")
+    module, (x, y, w_input), _ = traced(bias, rows=rows)
+    module, x, y, w_input = module.to(dtype), x.to(dtype), y.to(dtype), w_input.to(dtype)
+    graph_module = torch.fx.symbolic_trace(module)
+    FuseRowLinears()(graph_module.graph)
     graph_module.recompile()
     packed = [n for n in graph_module.graph.nodes if n.target is torch.ops.specdec.packed_linear.default]
     assert len(packed) == 2 and row_linear_calls(graph_module.graph) == 1  # qkv and wo; not the input weight
@@ -98,32 +106,18 @@ def test_packing_runs_every_constant_weight_on_the_packed_kernel(bias):
     torch.testing.assert_close(o, ops.row_linear(y, module.wo, None), atol=0.1, rtol=0.02)
 
 
-@pytest.mark.skipif(not packed_linear_serves(torch.zeros(1, 1)), reason="packed_linear needs AVX-512")
-def test_float32_weights_are_packed_in_every_pass_and_bfloat16_only_in_a_prefill():
-    """Every compiled pass of a path decides alike per dtype: float32 always (decoding and verification passes
-    included), bfloat16 in a prefill; never a weight over the copy limit."""
-    f32, bf16 = torch.zeros(64, 32), torch.zeros(64, 32, dtype=torch.bfloat16)
-    assert fuse_linears.packs(f32, prefill=False) and fuse_linears.packs(f32, prefill=True)
-    assert not fuse_linears.packs(bf16, prefill=False)
-    assert fuse_linears.packs(bf16, prefill=True) == packed_linear_serves(bf16)
-    assert not fuse_linears.packs(f32, prefill=True, nbytes=fuse_linears.MAX_COPY_BYTES + 1)
-    load_kernel()
-    module = Projections(bias=True).float()
-    x, y, w_input = torch.randn(7, 16), torch.randn(5, 16), torch.randn(4, 16)  # a verification pass's 7 rows
-    graph_module = torch.fx.symbolic_trace(module)
-    FuseRowLinears(prefill=False)(graph_module.graph)
-    graph_module.recompile()
-    packed = [n for n in graph_module.graph.nodes if n.target is torch.ops.specdec.packed_linear.default]
-    assert len(packed) == 2 and row_linear_calls(graph_module.graph) == 1  # qkv (fused) and wo; not the input weight
-    q, k, v, o, _ = graph_module(x, y, w_input)
-    ops = torch.ops.specdec
-    qkv = ops.packed_linear(x, ops.pack_weight(torch.cat([module.wq, module.wk, module.wv])),
-                            torch.cat([module.bq, module.bk, module.bv]), 40)
-    assert torch.equal(torch.cat([q, k / 2, v], dim=-1), qkv)
-    assert torch.equal(o, ops.packed_linear(y, ops.pack_weight(module.wo), None, 16))
+def test_whether_a_weight_is_packed_depends_on_the_weight_alone():
+    """Every compiled pass of a path decides alike: by the weight's dtype (where the kernel serves it on this CPU)
+    and size, never by the pass."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        weight = torch.zeros(64, 32, dtype=dtype)
+        assert fuse_linears.packs(weight) == packed_linear_serves(weight)
+        assert not fuse_linears.packs(weight, nbytes=fuse_linears.MAX_COPY_BYTES + 1)
+    assert not packed_linear_serves(torch.zeros(64, 32, dtype=torch.float16))
+    assert not packed_linear_serves(torch.zeros(64, 32, dtype=torch.float64))
 
 
-def test_a_bias_on_some_calls_only_is_not_fused():
+def test_a_bias_on_some_calls_only_is_not_fused(unpacked):
     load_kernel()
     module = Projections(bias=True)
     module.bk = None  # q and v have biases, k has none
@@ -145,7 +139,7 @@ class Counting(FuseRowLinears):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v with biases
-def test_a_compiled_model_pass_makes_fewer_calls_with_the_same_bits(arch):
+def test_a_compiled_model_pass_makes_fewer_calls_with_the_same_bits(arch, unpacked):
     load_kernel()
     model = tiny(arch, hidden=64, layers=2, dtype=torch.bfloat16)
     ids = torch.randint(0, model.config.vocab_size, (1, 7))

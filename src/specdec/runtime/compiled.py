@@ -66,13 +66,10 @@ class Compiled:
         self.compile_s: dict[tuple, float] = {}
         self.copies: dict[tuple, torch.Tensor] = {}  # the weight copies its graphs share (runtime/fuse_linears.py)
 
-    def options(self, key: tuple) -> dict:
-        """Inductor options for the shape `key`: COMPILE_OPTIONS and the row_linear graph pass, which packs float32
-        weights in every pass and bfloat16 weights in a prompt's prefill passes (keys "prefill": many rows,
-        compute-bound linears). Every prefill pass of a path packs alike, so the bits a prompt's keys and values get
-        do not depend on how its rows were chunked, and bfloat16 decoding passes keep row_linear's."""
-        graph_pass = FuseRowLinears(prefill=key[0] == "prefill", shared=self.copies)
-        return {**COMPILE_OPTIONS, "post_grad_custom_pre_pass": graph_pass}
+    def options(self) -> dict:
+        """Inductor options for this model's passes: COMPILE_OPTIONS and the graph pass that fuses and packs their
+        linears (runtime/fuse_linears.py), its copies of the weights shared by all of them."""
+        return {**COMPILE_OPTIONS, "post_grad_custom_pre_pass": FuseRowLinears(shared=self.copies)}
 
 
 COMPILED: weakref.WeakKeyDictionary[PreTrainedModel, Compiled] = weakref.WeakKeyDictionary()
@@ -103,7 +100,7 @@ def compile_once(model: PreTrainedModel, key: tuple, fn):
     if compiled is None:
         raise_recompile_limit()
         compiled = entry.fns[key] = Timed(
-            torch.compile(fn, fullgraph=True, dynamic=False, options=entry.options(key)), key,
+            torch.compile(fn, fullgraph=True, dynamic=False, options=entry.options()), key,
             type(model).__name__, entry)
     return compiled
 

@@ -12,9 +12,10 @@ Since row_linear computes every output element in one fixed order whatever the w
 are the same bits as the separate calls' (tests/test_fuse_linears.py).
 
 Calls with a constant weight run `specdec::packed_linear` on a packed copy of it instead
-(runtime/kernels/packed_linear.cpp; `packs`): in every float32 pass, whose weights stream from memory and read
-faster as one sequential panel, and in a bfloat16 prefill pass, whose many rows make the linears compute-bound
-(bfloat16 decoding passes keep row_linear's bits). A fused float32 call packs the concatenation.
+(runtime/kernels/packed_linear.cpp; `packs`), where the CPU serves it: its panels are one sequential stream of
+weights for a pass of a few rows and need no lane sums, so a decoding pass and a prefill both run faster than on
+row_linear. A fused call packs the concatenation. Whether a weight is packed depends on the weight alone, never on
+the pass, so every pass of a path gives a row the same bits.
 
 The concatenated and packed weights are copies, made once per model object and shared by all its compiled passes
 (`shared`, the model's entry in runtime/compiled.py). Only weights of at most `MAX_COPY_BYTES` are copied: there a
@@ -38,15 +39,13 @@ from specdec.runtime.rowwise import packed_linear_serves
 MAX_COPY_BYTES = 16 << 20
 
 
-def packs(weight: torch.Tensor, prefill: bool, nbytes: int | None = None) -> bool:
-    """Whether a compiled pass runs this constant weight (of `nbytes`, a concatenation's, when given) on
-    `specdec::packed_linear`: in float32 always, in bfloat16 in a prefill pass; where the kernel serves the weight
-    and its copy is at most MAX_COPY_BYTES. Every pass of a path decides alike, so a token's bits do not depend on
-    which pass computed it (only on whether it was a prompt's)."""
+def packs(weight: torch.Tensor, nbytes: int | None = None) -> bool:
+    """Whether compiled passes run this constant weight (of `nbytes`, a concatenation's, when given) on
+    `specdec::packed_linear`: where the kernel serves its dtype on this CPU and its copy is at most MAX_COPY_BYTES.
+    It depends on the weight alone, so every pass of a path (prefill, decoding, verification, a tree's, a batch's)
+    decides alike and a row's bits do not depend on which pass computed it."""
     nbytes = weight.numel() * weight.element_size() if nbytes is None else nbytes
-    if not packed_linear_serves(weight) or nbytes > MAX_COPY_BYTES:
-        return False
-    return weight.dtype == torch.float32 or prefill
+    return packed_linear_serves(weight) and nbytes <= MAX_COPY_BYTES
 
 
 def _constant(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor | None:
@@ -91,12 +90,9 @@ def _args(node: torch.fx.Node) -> tuple:
 
 
 class FuseRowLinears(CustomGraphPass):
-    """The inductor graph pass (see the module's docstring); `uuid` keys inductor's cache on this file.
+    """The inductor graph pass (see the module's docstring); `uuid` keys inductor's cache on this file."""
 
-    prefill: the pass is a prompt's prefill (bfloat16 weights are packed there too; see `packs`)."""
-
-    def __init__(self, prefill: bool = False, shared: dict | None = None):
-        self.prefill = prefill
+    def __init__(self, shared: dict | None = None):
         self.shared = {} if shared is None else shared  # (kind, source tensors' identities) -> the copy
 
     def _copy(self, kind: str, sources: list[torch.Tensor], make) -> torch.Tensor:
@@ -136,7 +132,7 @@ class FuseRowLinears(CustomGraphPass):
         fake_x = x.meta.get("val")
         mode = fake_x.fake_mode if fake_x is not None else None
         before = _args(first)[1]  # new constants go beside the ones the graph reads
-        if packs(weights[0], self.prefill, nbytes=sum(w.numel() * w.element_size() for w in weights)):
+        if packs(weights[0], nbytes=sum(w.numel() * w.element_size() for w in weights)):
             op, extra = torch.ops.specdec.packed_linear.default, (sum(w.shape[0] for w in weights),)  # (ΣN,)
             weight = _add_constant(graph, module, "_specdec_packed_weight", before, mode,
                                    self._copy("pack", weights,
@@ -174,7 +170,7 @@ class FuseRowLinears(CustomGraphPass):
         for call in [n for n in graph.nodes if n.op == "call_function" and n.target is op]:
             x, weight_node, bias = _args(call)
             weight = _constant(module, weight_node)
-            if weight is None or not packs(weight, self.prefill):
+            if weight is None or not packs(weight):
                 continue
             fake_x = x.meta.get("val")
             packed = _add_constant(graph, module, "_specdec_packed_weight", weight_node,
@@ -188,4 +184,4 @@ class FuseRowLinears(CustomGraphPass):
             _erase_call(graph, call)
 
     def uuid(self) -> bytes:
-        return get_hash_for_files((str(Path(__file__).resolve()),), extra=f"prefill={self.prefill}")
+        return get_hash_for_files((str(Path(__file__).resolve()),))
