@@ -13,8 +13,8 @@
 // few rows (decoding, verification) and prefetched ahead; a prefill's rows go in blocks against each panel while it
 // stays in cache. row_linear (row_linear.cpp) instead reads a few weight rows at once and sums each output's lanes
 // at the end: more streams and a reduction per output. On the default target's linears, one thread (AMD EPYC Zen 5):
-// a one-row pass 1.54 -> 1.19 ms in float32 (its 55 MB of weights stream from memory), 0.75 -> 0.63 ms in bfloat16;
-// a 127-row prefill 20.3 -> 15.2 ms and 9.3 -> 7.0 ms.
+// a one-row pass 1.47 -> 1.17 ms in float32 (its 55 MB of weights stream from memory), 0.68 -> 0.57 ms in bfloat16;
+// a 127-row prefill 19.6 -> 14.5 ms and 9.7 -> 7.2 ms (docs/fastpath.md).
 //
 // Row-invariant by construction: an output is the same sequence of multiply-adds whatever the number of rows, the
 // row's block or its neighbours. It is not row_linear's order, so every pass of a path must use it for a weight or
@@ -49,7 +49,7 @@ at::Tensor pack_weight(const at::Tensor& weight) {
 
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int V = PANEL / 16;  // vectors per panel
-constexpr int RB_MAX = 8;  // a pass of up to this many rows is one block (up to 32 accumulators): decoding, verification
+constexpr int RB_MAX = 8;  // a pass of up to this many rows (decoding, verification) is one block: <= 32 accumulators
 constexpr int RB = 6;  // otherwise (a prefill) blocks of this many rows (24 accumulators)
 constexpr int64_t PREFETCH_STEPS = 32;  // weights prefetched this many steps of k ahead (8 KiB)
 
