@@ -4,7 +4,7 @@
     flock /tmp/specdec-bench.lock taskset -c 1 python benchmarks/llamacpp_peer.py --dir DIR --dtype bfloat16 \\
         --num-prompts 12 --repeats 3 --out docs/bench/llamacpp-bf16
 
-Setup (~10 min on 2 cores; ../shared/research/peer-llamacpp.md has the facts it follows):
+Setup (~3 min on 2 cores; ../shared/research/peer-llamacpp.md has the facts it follows):
 - llama.cpp is the source bundled in the llama-cpp-python sdist (`pip download llama-cpp-python==VERSION
   --no-binary :all: --no-deps`), built with cmake (GGML_NATIVE, release, static) for its `llama-completion` tool;
 - the default target goes to GGUF (float32 and bfloat16 files) with the bundled `convert_hf_to_gguf.py` (it needs

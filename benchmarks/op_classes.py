@@ -230,7 +230,7 @@ def torch_class(name: str, input_shapes, vocab: int) -> str | None:
     if name == "specdec::row_linear" or name in TORCH_LINEAR:
         lm_head = any(len(s) == 2 and vocab in s for s in input_shapes[1:])  # [V, H], or [H, V] unfrozen
         return "LM head" if lm_head else "linear"
-    if name == "specdec::packed_linear":  # packed weights: [N/64, K, 64] (float32) or [N/16, K/2, 16, 2]
+    if name == "specdec::packed_linear":  # packed weights: [N/64, K, 64] (float32) or [N/64, K/2, 64, 2]
         packed = input_shapes[1]
         lm_head = len(packed) >= 3 and vocab <= packed[0] * packed[2] < vocab + 64
         return "LM head" if lm_head else "linear"

@@ -19,9 +19,9 @@ the pass, so every pass of a path gives a row the same bits.
 
 The concatenated and packed weights are copies, made once per model object and shared by all its compiled passes
 (`shared`, the model's entry in runtime/compiled.py). Only weights of at most `MAX_COPY_BYTES` are copied: there a
-call's dispatch and the weights' layout are what cost, and the copies stay small (the default target's are ~45 MB
-in bfloat16 and ~57 MB in float32); a larger model's projections take long enough that ~2 µs does not matter, and
-its copies would not fit beside it.
+call's dispatch and the weights' layout are what cost, and the copies stay small (the default target's are ~28 MB
+in bfloat16 and ~55 MB in float32: packed copies only, as every weight is packed); a larger model's projections take
+long enough that ~2 µs does not matter, and its copies would not fit beside it.
 """
 
 from __future__ import annotations

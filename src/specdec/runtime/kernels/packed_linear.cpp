@@ -34,6 +34,8 @@
 namespace {
 
 constexpr int64_t PANEL = 64;  // outputs per panel: four vectors
+template <typename T>
+constexpr int64_t K_PER_STEP = sizeof(T) == 2 ? 2 : 1;  // values of k per multiply-add (bfloat16: a pair)
 
 at::Tensor pack_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kFloat),
@@ -94,7 +96,7 @@ template <typename T, int R>
 __attribute__((noinline)) void panel(const T* x, int64_t K, const T* weights, int64_t steps, int64_t n0,
                                      const T* bias, T* out, int64_t N) {
   using S = Step<T>;
-  constexpr int64_t STEP = PANEL * (sizeof(T) == 2 ? 2 : 1);  // elements of weights per step
+  constexpr int64_t STEP = PANEL * K_PER_STEP<T>;  // elements of weights per step
   __m512 acc[R][V];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -115,7 +117,7 @@ __attribute__((noinline)) void panel(const T* x, int64_t K, const T* weights, in
       for (int v = 0; v < V; ++v) acc[r][v] = S::fma(acc[r][v], xb, wv[v]);
     }
   };
-  const int64_t whole = sizeof(T) == 2 ? K / 2 : K;  // steps with a whole pair of inputs (bfloat16)
+  const int64_t whole = K / K_PER_STEP<T>;  // steps with all their inputs (bfloat16: a whole pair)
   for (int64_t s = 0; s < whole; ++s) step(s, std::false_type{});
   if (whole < steps) step(whole, std::true_type{});
 #pragma GCC unroll 4
@@ -146,7 +148,7 @@ template <typename T>
 void packed_linear_kernel(const T* xp, const T* wp, const T* bp, T* op, int64_t M, int64_t K, int64_t N,
                           int64_t panels, int64_t steps) {
   const int64_t rb = M <= RB_MAX ? M : RB;
-  const int64_t panel_elems = steps * PANEL * (sizeof(T) == 2 ? 2 : 1);
+  const int64_t panel_elems = steps * PANEL * K_PER_STEP<T>;
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g)  // a panel against every block of rows (it stays in cache between them)
       for (int64_t m = 0; m < M; m += rb)
