@@ -134,6 +134,24 @@ class UnwarpedDraft(DraftModel):
         return "UnwarpedDraft(faulty)"
 
 
+class UnmappedDraftVocab(DraftModel):
+    """BUG (a drafter with a reduced vocabulary, `draft_vocab=`): draws its tokens right, but reports q over the
+    reduced head's columns as if they were token ids (the column -> token map left out of draft_probs)."""
+
+    def propose(self, context, gamma, sampling, generator) -> Proposal:
+        proposal = super().propose(context, gamma, sampling, generator)
+        if proposal.draft_probs is None:
+            return proposal
+        columns = proposal.draft_probs[:, self.draft_vocab]  # [γ, N]: q over the reduced head's columns
+        wrong = torch.zeros_like(proposal.draft_probs)  # [γ, V]
+        wrong[:, : columns.shape[1]] = columns
+        return Proposal(proposal.tokens, wrong)
+
+    @property
+    def name(self) -> str:
+        return "UnmappedDraftVocab(faulty)"
+
+
 #: name -> broken verify_fn, for loops in tests.
 FAULTY_VERIFIERS = {
     "no_residual": no_residual,

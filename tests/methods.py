@@ -31,6 +31,10 @@ METHODS = {
     "draft-tree-static": lambda target, draft: (specdec.DraftTree(draft, top_k=2, depth=2, max_nodes=4),
                                                 {"compile": "static"}),
     "draft-model-static": lambda target, draft: (specdec.DraftModel(draft), {"compile": "static"}),
+    # A reduced draft vocabulary (FR-Spec): the draft's LM head keeps 2 tokens in 3, q is its softmax over them.
+    "draft-model-vocab": lambda target, draft: specdec.DraftModel(draft, draft_vocab=_two_in_three(draft)),
+    "draft-model-vocab-static": lambda target, draft: (specdec.DraftModel(draft, draft_vocab=_two_in_three(draft)),
+                                                       {"compile": "static"}),
     # Untrained heads (exactness does not depend on training); they read the target's own features.
     # EAGLE-2 dynamic tree and Medusa static tree (point-mass children).
     "eagle": lambda target, draft: specdec.Eagle(target, specdec.EagleHead.init(target, seed=0), top_k=2, depth=4,
@@ -45,6 +49,11 @@ METHODS = {
     "medusa": lambda target, draft: specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=4, seed=0),
                                                    tree=specdec.drafters.medusa.DEFAULT_TREE),
 }
+
+
+def _two_in_three(draft):
+    """A draft vocabulary of every token id but each third one."""
+    return [i for i in range(draft.get_output_embeddings().weight.shape[0]) if i % 3]
 
 
 def _reduced_eagle3(target):

@@ -375,7 +375,8 @@ def test_make_drafter_builds_every_kind(targets, tmp_path):
     target = targets["llama"]
     assert set(DRAFTER_KINDS) == {"draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft",
                                   "eagle", "eagle-chain", "medusa", "medusa-chain", "draft-tli", "draft-slem",
-                                  "multi-draft-specinfer", "multi-draft-spectr", "eagle3", "eagle3-chain"}
+                                  "multi-draft-specinfer", "multi-draft-spectr", "eagle3", "eagle3-chain",
+                                  "draft-vocab"}
     tree = make_drafter("draft-tree", draft=target, tree_top_k=2, tree_depth=3, max_nodes=7)
     assert (tree.top_k, tree.depth, tree.max_nodes) == (2, 3, 7)
     assert make_drafter("multi-draft", draft=target, num_drafts=5, replacement=False).num_drafts == 5
@@ -411,6 +412,19 @@ def test_cli_generate_with_each_drafter(tmp_path, capsys):
         assert "τ=" in capsys.readouterr().err
     assert cli_main(base + ["--drafter", "bigram", "--draft-layers", "2"]) == 2
     assert "--draft-layers" in capsys.readouterr().err
+
+
+def test_cli_generate_drafts_from_a_reduced_vocabulary_on_the_default_pair(capsys):
+    from specdec.cli import main as cli_main
+    from specdec.hub.default_pair import assets_present
+
+    if not assets_present():
+        pytest.skip("the shipped default pair is not installed")
+    base = ["generate", "--prompt", "def add(a, b):\n", "--max-new-tokens", "8", "--drafter", "draft-vocab"]
+    assert cli_main(base + ["--draft-vocab", "1024"]) == 0
+    assert "τ=" in capsys.readouterr().err
+    assert cli_main(base + ["--draft-vocab", "9000"]) == 2
+    assert "1..8192" in capsys.readouterr().err
 
 
 # -- adaptive draft length -----------------------------------------------------------------------------
@@ -478,3 +492,86 @@ def test_heuristic_gamma_schedule():
     chosen = simulate(policy, 10, accept=lambda g: g if next(pattern) else 0, draft_cost=0.1)
     assert chosen == [5, 7, 9, 8, 7, 6, 5, 4, 3, 2]
     assert policy.gamma == 4
+
+
+# -- a reduced draft vocabulary (DraftModel(draft_vocab=...)) ----------------------------------------------
+VOCAB_IDS = [i for i in range(96) if i % 3]  # tiny()'s 96 tokens, less every third one
+
+
+@pytest.fixture(scope="module")
+def small_draft():
+    return tiny("llama", hidden=16, layers=1, vocab=96, seed=3)
+
+
+def test_reduced_head_scores_its_rows_and_leaves_the_draft_untouched(small_draft):
+    from specdec.drafters.draft_model import reduced_head
+
+    head = small_draft.get_output_embeddings()
+    drafter = specdec.DraftModel(small_draft, draft_vocab=VOCAB_IDS)
+    assert small_draft.get_output_embeddings() is head and head.weight.shape[0] == 96  # the draft as it was
+    ids = torch.tensor([[4, 5, 7, 8]])
+    with torch.no_grad():
+        full = small_draft(ids).logits  # [1, 4, 96]
+        reduced = drafter.model(ids).logits  # [1, 4, N]
+    assert reduced.shape[-1] == len(VOCAB_IDS)
+    torch.testing.assert_close(reduced, full[..., VOCAB_IDS])
+    # one copy per model and vocabulary, shared by every drafter built on them (and so their compiled graphs)
+    assert specdec.DraftModel(small_draft, draft_vocab=list(reversed(VOCAB_IDS))).model is drafter.model
+    assert reduced_head(small_draft, torch.tensor(VOCAB_IDS)) is drafter.model
+    assert specdec.DraftModel(small_draft, draft_vocab=[1, 2]).model is not drafter.model
+
+
+@pytest.mark.parametrize("compile", [False, "static"])
+def test_reduced_vocabulary_proposes_only_its_tokens_with_the_q_it_drew_from(small_draft, compile):
+    """Greedy: the argmax over the vocabulary; T > 0: q is zero outside it and sums to 1 (eager and fast path)."""
+    drafter = specdec.DraftModel(small_draft, draft_vocab=VOCAB_IDS, compile=compile)
+    context = torch.tensor([4, 5, 6, 7, 8, 9])
+    drafter.ensure_capacity(64)
+    drafter.reset(context)
+    greedy_tokens = drafter.propose(context, 5, GREEDY, None).tokens
+    with torch.no_grad():
+        logits = small_draft(context[None]).logits[0, -1]  # [96]
+    assert int(greedy_tokens[0]) == VOCAB_IDS[int(logits[VOCAB_IDS].argmax())]
+    drafter.reset(context)
+    sampled = drafter.propose(context, 5, SamplingConfig(1.0, top_k=20), torch.Generator().manual_seed(0))
+    outside = torch.ones(96, dtype=torch.bool)
+    outside[VOCAB_IDS] = False
+    assert all(int(t) in VOCAB_IDS for t in torch.cat([greedy_tokens, sampled.tokens]))
+    assert sampled.draft_probs.shape == (5, 96)
+    assert torch.all(sampled.draft_probs[:, outside] == 0)
+    torch.testing.assert_close(sampled.draft_probs.sum(-1).double(), torch.ones(5, dtype=torch.float64))
+    assert torch.all(sampled.draft_probs[torch.arange(5), sampled.tokens] > 0)
+
+
+@pytest.mark.parametrize(("draft_vocab", "words"), [
+    ([], "non-empty"), ([0.5, 1.5], "integer"), ([3, 96], "0..95"), ([-1, 3], "0..95"), ("abc", "sequence"),
+])
+def test_bad_draft_vocabulary_is_one_clear_error(small_draft, draft_vocab, words):
+    with pytest.raises(specdec.ConfigError, match=words):
+        specdec.DraftModel(small_draft, draft_vocab=draft_vocab)
+
+
+def test_draft_vocab_kind_reads_the_default_ranking_and_refuses_other_widths(small_draft):
+    from specdec.hub.default_pair import assets_present, frequent_tokens
+
+    if not assets_present():
+        pytest.skip("the shipped default pair is not installed")
+    ids = frequent_tokens(2048)
+    assert ids.shape == (2048,) and torch.all(ids[1:] > ids[:-1])  # ascending, distinct
+    assert set(frequent_tokens(16).tolist()) <= set(ids.tolist())  # the ranking's head
+    with pytest.raises(specdec.ConfigError, match="1..8192"):
+        frequent_tokens(0)
+    with pytest.raises(specdec.ConfigError, match="96 token rows"):
+        make_drafter("draft-vocab", draft=small_draft)  # the default ranking does not fit a 96-token draft
+    drafter = make_drafter("draft-vocab", draft=small_draft, draft_vocab=VOCAB_IDS)  # ids fit any draft
+    assert drafter.draft_vocab.tolist() == VOCAB_IDS
+    with pytest.raises(specdec.ConfigError, match="--draft-vocab does not apply to --drafter draft"):
+        make_drafter("draft", draft=small_draft, draft_vocab=8)
+
+
+def test_a_reduced_vocabulary_with_another_tokenizer_is_refused(small_draft):
+    from models import tiny_tokenizer
+
+    with pytest.raises(specdec.ConfigError, match="target's tokenizer"):
+        specdec.DraftModel(small_draft, tokenizer=tiny_tokenizer(300), target_tokenizer=tiny_tokenizer(280),
+                           draft_vocab=[1, 2])

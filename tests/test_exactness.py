@@ -21,7 +21,7 @@ Thresholds and error rates
   fixed, so a given commit passes or fails deterministically (gamma="auto" excepted: its γ choices follow
   measured timings). Each positive check also asserts its power: every deviation of TV >= 0.12 on the
   test's cells is detected with probability >= 0.8 (typically 0.065-0.095 here).
-- Negative controls (7 deliberately broken verifiers/drafters from tests/faulty.py, plus one in
+- Negative controls (8 deliberately broken verifiers/drafters from tests/faulty.py, plus one in
   conditional mode) must FAIL with p < 1e-6 at the same N; measured p-values are 5e-21 or smaller.
 - Statistics unit tests (p-value uniformity, power) use their own stated tolerances on fixed seeds.
 Runtime: about a minute on an idle 2-core CPU (the draws run through the memo engine, ~1000-2000 draws/s).
@@ -38,7 +38,7 @@ import numpy as np
 import pytest
 import torch
 from methods import CROSS_VOCAB_METHODS, METHODS, SEQ2SEQ_METHODS, SEQ2SEQ_TREE_STATISTICAL, build
-from faulty import FAULTY_VERIFIERS, UnwarpedDraft
+from faulty import FAULTY_VERIFIERS, UnmappedDraftVocab, UnwarpedDraft
 from models import perturbed, tiny
 from scipy import stats
 
@@ -280,6 +280,14 @@ def test_negative_control_unwarped_draft_is_caught(pair, far_draft):
     """The drafter samples from its unwarped distribution but reports the warped one."""
     target, _, _ = pair
     result = _check(target, UnwarpedDraft(far_draft), "T0.5-top4-g3-L4-eos")
+    assert result.p_value < NEGATIVE_P, result.summary()
+
+
+def test_negative_control_unmapped_draft_vocabulary_is_caught(pair, far_draft):
+    """The drafter draws from its reduced vocabulary but reports q by head column, not by token id."""
+    target, _, _ = pair
+    vocab = range(1, far_draft.get_output_embeddings().weight.shape[0], 2)  # odd ids: column j is token 2j + 1
+    result = _check(target, UnmappedDraftVocab(far_draft, draft_vocab=vocab), "T0.5-top4-g3-L4-eos")
     assert result.p_value < NEGATIVE_P, result.summary()
 
 

@@ -166,6 +166,18 @@ def test_compiled_plain_and_sampling_are_exact(llama_pair):
 
 
 @pytest.mark.compile
+@pytest.mark.exactness_positive(checks=1, alpha=1e-4)
+def test_compiled_reduced_draft_vocabulary_is_exact():
+    """The compiled draft chain over a reduced vocabulary (its column -> token map in the graph, q spread back to
+    the whole vocabulary by the drafter) passes the statistical test at T > 0 with top-k and top-p."""
+    small = tiny("llama", hidden=16, layers=2, vocab=8, seed=3)
+    drafter = specdec.DraftModel(perturbed(small, 0.3, seed=11), draft_vocab=[0, 1, 2, 4, 5, 7])
+    result = check_exactness(small, [1, 2, 1], drafter, gamma=2, temperature=1.0, top_k=6, top_p=0.9,
+                             max_new_tokens=3, samples=3000, seed=7, alpha=1e-4, eos_token_id=[], compile=True)
+    assert result.passed, result.summary()
+
+
+@pytest.mark.compile
 @pytest.mark.slow
 def test_compiled_sampling_verifies_in_one_graph_with_the_slot_cache_s_tokens(llama_pair):
     """compile=True at T > 0: one verifying graph per (rows, sampling config), reused by the short last
@@ -363,14 +375,17 @@ def test_a_compiled_shape_runs_without_re_checking_every_guard_and_a_mismatch_re
 @pytest.mark.compile
 def test_float32_compiled_speculative_equals_compiled_plain_on_the_default_pair():
     """In float32 every compiled pass runs the packed kernel (runtime/fuse_linears.packs): a verification pass's
-    rows have a decoding pass's bits, so a draft chain, a token tree and EAGLE give compiled plain decoding's tokens."""
+    rows have a decoding pass's bits, so a draft chain (over the whole vocabulary or a reduced one), a token tree
+    and EAGLE give compiled plain decoding's tokens."""
     from specdec.bench.workloads import code_prompts  # noqa: PLC0415
-    from specdec.hub.default_pair import default_assets_dir  # noqa: PLC0415
+    from specdec.hub.default_pair import default_assets_dir, frequent_tokens  # noqa: PLC0415
     from specdec.hub.loading import load_tokenizer  # noqa: PLC0415
 
     target, draft, _ = specdec.load_default(dtype=torch.float32)
     prompts = [p.ids for p in code_prompts(load_tokenizer(default_assets_dir() / "tokenizer"), 8, seed=1)[:2]]
-    drafters = {"draft-6": (specdec.DraftModel(draft), {"gamma": 6}), "tree": (specdec.DraftTree(draft), {}),
+    drafters = {"draft-6": (specdec.DraftModel(draft), {"gamma": 6}),
+                "draft-vocab-6": (specdec.DraftModel(draft, draft_vocab=frequent_tokens(2048)), {"gamma": 6}),
+                "tree": (specdec.DraftTree(draft), {}),
                 "eagle": (specdec.Eagle(target, specdec.load_default_heads(target)["eagle"]), {})}
     for prompt in prompts:
         plain = specdec.generate(target, prompt, max_new_tokens=48, temperature=0.0, eos_token_id=[],

@@ -43,7 +43,8 @@ GAMMA_FREE = ("plain", "hf-plain", "hf-plain-f32", "hf-assisted-heuristic", "hf-
 #: A run slower than this many times the fastest run of the same config and prompt is reported as stalled.
 SLOW_RUN_FACTOR = 3.0
 #: Methods that need the draft model.
-NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "hf-assisted", "hf-assisted-heuristic", "draft-tree",
+NEEDS_DRAFT_MODEL = ("draft", "draft-auto", "draft-heuristic", "draft-vocab", "draft-vocab-auto",
+                     "draft-vocab-heuristic", "hf-assisted", "hf-assisted-heuristic", "draft-tree",
                      "draft-tree-auto",
                      "multi-draft", "multi-draft-specinfer", "multi-draft-spectr",
                      "draft-tli", "draft-tli-auto", "draft-tli-heuristic",
@@ -55,7 +56,7 @@ POLICY_SUFFIXES = ("-auto", "-heuristic")
 #: A specdec method on the fast path (slot KV cache, compiled passes): "plain-compiled", "draft-compiled", ...
 COMPILED = "-compiled"
 #: Drafters whose fast path is measured (model-free drafters only compile the target).
-COMPILED_KINDS = ("draft", "prompt-lookup", "bigram", "draft-tree", "eagle", "eagle-chain", "eagle3", "eagle3-chain")
+COMPILED_KINDS = ("draft", "draft-vocab", "prompt-lookup", "bigram", "draft-tree", "eagle", "eagle-chain", "eagle3", "eagle3-chain")
 #: "draft-tree-auto": DraftTree(max_nodes="auto"), its node budget chosen online (not gamma="auto").
 TREE_AUTO = "draft-tree-auto"
 

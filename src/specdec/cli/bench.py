@@ -8,7 +8,8 @@ METHODS_HELP = """\
 methods:
   plain                   specdec's loop with no drafter (plain decoding, same code path)
   <drafter>               specdec with that drafter at each --gamma: one per specdec drafter kind
-                          (draft = the --draft model; prompt-lookup, bigram, layer-skip)
+                          (draft = the --draft model; draft-vocab = the same drafting from its 2048 most
+                          frequent tokens, default pair only; prompt-lookup, bigram, layer-skip)
   <drafter>-auto          the same drafter with gamma='auto' (adaptive γ), e.g. draft-auto
   <drafter>-heuristic     the same drafter with transformers' γ schedule (+2 if all accepted, else -1),
                           in specdec's loop (specdec.HeuristicGamma), e.g. draft-heuristic

@@ -126,7 +126,9 @@ def register(subparsers) -> None:
                         "'eagle' / 'medusa' = draft heads on the target's features (a tree; "
                         "'-chain' for one branch), --head or the heads shipped for the default target "
                         "('eagle3' / 'eagle3-chain': an EAGLE-3 head, --head DIR where none is shipped); "
-                        "'draft-tli' / 'draft-slem' = a draft with another tokenizer. With --target and no --draft: plain")
+                        "'draft-tli' / 'draft-slem' = a draft with another tokenizer; 'draft-vocab' = the draft "
+                        "model drafting from its --draft-vocab most frequent tokens (a cheaper draft step). With "
+                        "--target and no --draft: plain")
     parser.add_argument("--ngram-max", type=int, default=None,
                         help="prompt-lookup: longest n-gram matched (default 3)")
     parser.add_argument("--ngram-min", type=int, default=None,
@@ -135,6 +137,8 @@ def register(subparsers) -> None:
                         help="layer-skip: draft with the target's first K decoder layers (default half)")
     parser.add_argument("--bigram", default=None, metavar="PATH",
                         help="bigram: a table saved with specdec.Bigram.save (default: built from the target)")
+    parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                        help="draft-vocab: draft from the default pair's N most frequent tokens (default 2048)")
     parser.add_argument("--head", default=None, metavar="DIR",
                         help="eagle / medusa: a head saved by `specdec train-head` (default: the shipped one)")
     parser.add_argument("--prompt", required=True, help="the text to continue (an encoder-decoder target such as "
@@ -192,12 +196,13 @@ def run(args) -> int:
     kind = args.drafter or ("draft" if args.draft or (shipped and draft is not None) else None)
     kind = None if kind == "plain" else kind
     options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
-               "bigram_path": args.bigram, "head_path": args.head}
+               "bigram_path": args.bigram, "head_path": args.head, "draft_vocab": args.draft_vocab}
     options.update(draft_tokenizer_options(args, kind, tokenizer))
     if kind is None and any(v is not None for v in options.values()):
         from specdec.errors import ConfigError
 
-        raise ConfigError("drafter options (--ngram-max, --ngram-min, --draft-layers, --bigram, --head) need --drafter")
+        raise ConfigError("drafter options (--ngram-max, --ngram-min, --draft-layers, --bigram, --head, "
+                          "--draft-vocab) need --drafter")
     drafter = make_drafter(kind, target=target, draft=draft, **options) if kind else None
     # An encoder-decoder target (T5, BART, Marian) reads the prompt with its encoder.
     prompt_ids, encoder_inputs = text_request(target, tokenizer, args.prompt)

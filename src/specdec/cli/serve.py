@@ -29,6 +29,9 @@ def register(subparsers) -> None:
                         "shipped for the default target)")
     parser.add_argument("--draft-layers", type=int, default=None,
                         help="--drafter layer-skip: the target's first N layers draft (default: half of them)")
+    parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                        help="--drafter draft-vocab: draft from the default pair's N most frequent tokens "
+                        "(default 2048)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument("--model-name", default=None, help="the id clients send as 'model' (default: 'specdec-default' "
@@ -141,7 +144,7 @@ def build_app(args):
                                  fix="specdec serve batches drafts with the target's tokenizer only; use such a "
                                  "--draft, or `specdec generate --draft` (one request at a time, translated)")
     kind = args.drafter or ("draft" if draft is not None else None)
-    options = {"head_path": args.head, "draft_layers": args.draft_layers}
+    options = {"head_path": args.head, "draft_layers": args.draft_layers, "draft_vocab": args.draft_vocab}
     drafter = None if kind in (None, "none") else make_drafter(kind, target=target, draft=draft, **options)
     model_name = args.model_name or ("specdec-default" if args.target is None else Path(args.target.rstrip("/")).name)
     if args.compile:

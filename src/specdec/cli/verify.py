@@ -63,6 +63,8 @@ def register(subparsers) -> None:
     parser.add_argument("--draft-layers", type=int, default=None, metavar="K",
                         help="layer-skip: draft with the target's first K decoder layers")
     parser.add_argument("--bigram", default=None, metavar="PATH", help="bigram: a table saved with Bigram.save")
+    parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                        help="draft-vocab: draft from the default pair's N most frequent tokens (default 2048)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default=None,
@@ -131,7 +133,7 @@ def _drafters(args, target, draft, tokenizer):
 
     kinds = args.drafter or (["draft"] if draft is not None else ["plain"])
     options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
-               "bigram_path": args.bigram}
+               "bigram_path": args.bigram, "draft_vocab": args.draft_vocab}
     for kind in dict.fromkeys(kinds):
         applicable = {k: v for k, v in options.items() if k in DRAFTER_OPTIONS.get(kind, {})}
         if draft is not None:

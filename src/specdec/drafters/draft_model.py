@@ -3,9 +3,19 @@
 With the target's tokenizer this is the drafter itself. Given the draft's and the target's tokenizers
 (`DraftModel(draft, tokenizer=..., target_tokenizer=...)`) that differ, construction returns a
 `CrossVocabDraft` (drafters/cross_vocab.py), which translates between the two vocabularies.
+
+`DraftModel(draft, draft_vocab=ids)` drafts from a reduced vocabulary (FR-Spec, Zhao et al. 2025): the draft's LM
+head computes only the rows `ids` (typically the most frequent tokens of its training data), so a draft step reads
+a fraction of the head, which dominates a small draft's step. Exactness does not depend on it: the draft's
+distribution q is its softmax over those tokens (zero elsewhere), the tokens are drawn from q, and verification
+sees that q.
 """
 
 from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -14,7 +24,7 @@ from specdec.core.sampling import SamplingConfig, sample
 from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal
 from specdec.drafters.batched import BatchedDraftModel
 from specdec.hub.vocab import check_tokenizer_fits, padded_widths_match, same_vocabulary
-from specdec.runtime.causal_lm import CachedCausalLM
+from specdec.runtime.causal_lm import CachedCausalLM, vocab_size
 from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
 from specdec.runtime.static_lm import StaticCausalLM, fast_adapter
 
@@ -53,29 +63,42 @@ class DraftModel(Drafter):
 
                 raise ConfigError(f"method must be one of {CROSS_VOCAB_METHODS}, got {method!r}")
             if tokenizer is None or target_tokenizer is None or not same_vocabulary(tokenizer, target_tokenizer):
+                if kwargs.get("draft_vocab") is not None:
+                    from specdec.errors import ConfigError
+
+                    raise ConfigError("draft_vocab needs a draft with the target's tokenizer; a draft with another "
+                                      "tokenizer drafts from its whole vocabulary (drop draft_vocab)")
                 from specdec.drafters.cross_vocab import CrossVocabDraft
 
                 return super().__new__(CrossVocabDraft)
         return super().__new__(cls)
 
     def __init__(self, model: PreTrainedModel, compile: bool | str | None = None, *, tokenizer=None,
-                 target_tokenizer=None, method: str = "auto"):
-        self.model = model
+                 target_tokenizer=None, method: str = "auto", draft_vocab: Sequence[int] | torch.Tensor | None = None):
+        self.vocab_size = vocab_size(model)  # the width of the draft's own LM head
+        self.draft_vocab = (None if draft_vocab is None else  # [N] | None, on the model's device
+                            _draft_vocab(draft_vocab, self.vocab_size).to(next(model.parameters()).device))
+        self.model = model if self.draft_vocab is None else reduced_head(model, self.draft_vocab)
         self.compile = compile
         self._adapters: dict[object, object] = {}
         self.lm = self._adapter(compile or False)
-        self.vocab_size = self.lm.vocab_size
         self._width = self._tokens = None
         if tokenizer is not None:  # one tokenizer for both models (DraftModel.__new__ checked)
-            check_tokenizer_fits(tokenizer, self.lm.vocab_size, "draft")
+            check_tokenizer_fits(tokenizer, self.vocab_size, "draft")
             self._tokens = len(tokenizer)
+            if self.draft_vocab is not None and int(self.draft_vocab[-1]) >= self._tokens:
+                from specdec.errors import ConfigError
+
+                raise ConfigError(f"draft_vocab names token ids past the tokenizer's {self._tokens} tokens")
 
     def match_target_vocab(self, target_vocab_size: int) -> bool:
         """Same width, or within LM-head padding (or one tokenizer given for both): fit rows to the target's."""
-        if target_vocab_size == self.lm.vocab_size and self._tokens is None:
+        if self.draft_vocab is not None and int(self.draft_vocab[-1]) >= target_vocab_size:
+            return False
+        if target_vocab_size == self.vocab_size and self._tokens is None:
             self._width = None
             return True
-        if self._tokens is not None or padded_widths_match(self.lm.vocab_size, target_vocab_size):
+        if self._tokens is not None or padded_widths_match(self.vocab_size, target_vocab_size):
             self._width = target_vocab_size
             return True
         return False
@@ -88,7 +111,11 @@ class DraftModel(Drafter):
 
     def fit_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., V_draft] -> [..., V_target] (the target's LM-head width, once `match_target_vocab`
-        set it): padding rows of either head get -inf."""
+        set it): padding rows of either head get -inf. With a reduced vocabulary: logits [..., N] over
+        `draft_vocab` -> [..., V_target], -inf outside it."""
+        if self.draft_vocab is not None:
+            full = logits.new_full((*logits.shape[:-1], self._width or self.vocab_size), float("-inf"))
+            return full.index_copy(-1, self.draft_vocab, logits)
         if self._width is None:
             return logits
         width, rows = self._width, logits.shape[-1]
@@ -126,7 +153,7 @@ class DraftModel(Drafter):
     def precompile(self, gammas, sampling: SamplingConfig, context: torch.Tensor) -> None:
         """On the fast path: the catch-up passes and the draft graph of every γ in `gammas`, compiled now."""
         if isinstance(self.lm, StaticCausalLM):
-            self.lm.precompile(self.lm.catch_up_sizes, gammas, sampling, context)
+            self.lm.precompile(self.lm.catch_up_sizes, gammas, sampling, context, vocab=self.draft_vocab)
 
     @property
     def forwards(self) -> int:
@@ -148,7 +175,11 @@ class DraftModel(Drafter):
         if isinstance(self.lm, StaticCausalLM) and gamma > 0 and n >= 2 and self._width is None:
             if self.lm.length < n - 2:  # tokens skipped in plain rounds: at most two compiled shapes
                 self.lm.catch_up(context[self.lm.length : n - 2])
-            tokens, draft_probs = self.lm.draft_steps(context, gamma, sampling, generator)  # [γ], [γ, V] | None
+            tokens, draft_probs = self.lm.draft_steps(context, gamma, sampling, generator,
+                                                      vocab=self.draft_vocab)  # [γ], [γ, V | N] | None
+            if draft_probs is not None and self.draft_vocab is not None:  # [γ, N] -> [γ, V], 0 outside the vocab
+                spread = draft_probs.new_zeros((draft_probs.shape[0], self.vocab_size))  # [γ, V]
+                draft_probs = spread.index_copy(1, self.draft_vocab, draft_probs)
             return Proposal(tokens=tokens.to(context.device),
                             draft_probs=draft_probs.to(context.device) if draft_probs is not None else None)
         # Catch up on committed tokens the cache has not seen: the last one, plus the final draft token
@@ -173,3 +204,54 @@ class DraftModel(Drafter):
     def commit(self, context: torch.Tensor, num_accepted: int) -> None:
         # The cache holds the old context plus the first γ-1 drafts; only context[:-1] is still valid.
         self.lm.crop(min(self.lm.length, context.shape[0] - 1))
+
+
+def _draft_vocab(token_ids, width: int) -> torch.Tensor:
+    """The draft vocabulary as token ids [N] int64, unique and ascending (argmax ties go to the lower id, as over
+    the whole vocabulary); ConfigError unless they lie in 0..width−1."""
+    from specdec.errors import ConfigError
+
+    try:
+        ids = torch.as_tensor(token_ids).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ConfigError(f"draft_vocab must be a sequence of token ids, got {type(token_ids).__name__}") from e
+    if ids.numel() < 1 or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ConfigError("draft_vocab must be a non-empty sequence of integer token ids")
+    ids = ids.long().unique().sort().values
+    if int(ids[0]) < 0 or int(ids[-1]) >= width:
+        raise ConfigError(f"draft_vocab ids must lie in 0..{width - 1} (the draft's LM head has {width} rows)")
+    return ids
+
+
+#: model -> {draft vocabulary (its ids' bytes): the model with that reduced head}: one copy per model and
+#: vocabulary, so that every DraftModel built on them shares the copy's compiled graphs.
+_REDUCED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def reduced_head(model: PreTrainedModel, token_ids: torch.Tensor) -> PreTrainedModel:
+    """`model` with an LM head of the rows `token_ids` [N] only: a shallow copy sharing every other module (no
+    weights copied but those rows); the model itself is left as it was. Its logits are [..., N]. Built once per
+    model and vocabulary (the head's rows are read then)."""
+    from specdec.errors import ConfigError
+
+    known = _REDUCED.setdefault(model, {})
+    key = token_ids.cpu().numpy().tobytes()
+    if key in known:
+        return known[key]
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise ConfigError(f"draft_vocab needs a draft whose LM head is a linear layer; "
+                          f"{type(model).__name__} has {type(head).__name__}")
+    ids = token_ids.to(head.weight.device)
+    rows = torch.nn.Linear(head.in_features, ids.numel(), bias=head.bias is not None, device=head.weight.device,
+                           dtype=head.weight.dtype)
+    with torch.no_grad():
+        rows.weight.copy_(head.weight.index_select(0, ids))
+        if head.bias is not None:
+            rows.bias.copy_(head.bias.index_select(0, ids))
+    rows.requires_grad_(False)
+    reduced = copy.copy(model)
+    reduced._modules = dict(model._modules)  # its own module table: replacing the head leaves `model` untouched
+    reduced.set_output_embeddings(rows)
+    known[key] = reduced
+    return reduced

@@ -26,6 +26,26 @@ def assets_present(root: Path | None = None) -> bool:
     return all((base / rel).is_file() for rel in REQUIRED)
 
 
+#: The ranking `frequent_tokens` reads: the default tokenizer's ids, most frequent in the training data first.
+FREQUENCY_FILE = "tokenizer/tokens_by_frequency.json"
+
+
+def frequent_tokens(n: int, root: Path | None = None) -> torch.Tensor:
+    """The `n` most frequent tokens of the default pair's training data, as ascending ids [n]: a draft vocabulary
+    for the default draft (`DraftModel(draft, draft_vocab=frequent_tokens(2048))`)."""
+    import json
+
+    path = (root or ASSETS_DIR) / FREQUENCY_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"the default pair's token ranking is missing ({path}); reinstall specdec")
+    ids = json.loads(path.read_text())["ids"]
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= len(ids):
+        from specdec.errors import ConfigError
+
+        raise ConfigError(f"a draft vocabulary of the default pair holds 1..{len(ids)} tokens, got {n!r}")
+    return torch.tensor(sorted(ids[:n]), dtype=torch.long)
+
+
 def _load_model(path: Path, device: str | torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """One causal LM from ``path``, cast to ``dtype`` on ``device``, in eval mode."""
     from specdec.hub.loading import load_model

@@ -15,10 +15,12 @@ from specdec.core.sampling import SamplingConfig
 from specdec.runtime.slot_cache import run_model
 
 
-def draft_chain(model, tokens, slot0, cache, uniforms, gamma: int, sampling: SamplingConfig):
+def draft_chain(model, tokens, slot0, cache, uniforms, gamma: int, sampling: SamplingConfig, vocab=None):
     """γ draft steps in one graph. tokens [2] = the last two committed tokens at slots slot0, slot0+1
-    (re-writing the first is harmless: same token, same position); uniforms [γ] float64 (sampling only).
-    Returns proposed tokens [γ], draft_probs [γ, V] when sampling, and whether every logit was finite."""
+    (re-writing the first is harmless: same token, same position); uniforms [γ] float64 (sampling only);
+    vocab [N] | None: the token id of each logits column when the model's LM head is reduced to N rows.
+    Returns proposed tokens [γ], draft_probs [γ, V] when sampling (over the N columns with a vocab), and whether
+    every logit was finite."""
     ids = tokens[None]  # [1, 2]
     slots = slot0 + torch.arange(2, device=tokens.device)  # [2]
     logits, _, finite = run_model(model, ids, slots[None], slots, None, cache, False)
@@ -34,6 +36,8 @@ def draft_chain(model, tokens, slot0, cache, uniforms, gamma: int, sampling: Sam
             token = torch.searchsorted(cdf, uniforms[i].view(1, 1) * cdf[:, -1:], right=True)[:, 0]
             token = token.clamp_max(probs.shape[-1] - 1)  # [1]
             out_probs.append(probs)
+        if vocab is not None:
+            token = vocab[token]  # [1] column -> token id
         out_tokens.append(token)
         if i + 1 < gamma:
             slot = slot + 1

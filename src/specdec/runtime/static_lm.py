@@ -68,6 +68,11 @@ def _verify_pass(model, input_ids, position_ids, slots, cache, hidden, draft_tok
 
 
 @functools.cache
+def _draft_key(gamma: int, sampling: SamplingConfig, max_len: int, vocab: torch.Tensor | None) -> tuple:
+    """The shape key of a draft chain graph (a reduced vocabulary's size is part of its shape)."""
+    return ("draft", gamma, sampling, max_len, None if vocab is None else vocab.shape[0])
+
+
 def _zeros(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """float64 zeros of `shape` on `device`, made once: the uniforms and q that a greedy rule takes but never reads
     (an inference tensor, as every compiled call expects; nothing writes it)."""
@@ -356,9 +361,12 @@ class StaticCausalLM:
 
     @torch.inference_mode()
     def draft_steps(self, context: torch.Tensor, gamma: int, sampling: SamplingConfig,
-                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    generator: torch.Generator | None, vocab: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Propose γ tokens continuing context [n] (n >= 2, cache holding at least context[:n-2]) in one
-        pass of the compiled draft graph. Returns tokens [γ], draft_probs [γ, V] | None."""
+        pass of the compiled draft graph. vocab [N] (on the model's device): the token ids of the model's
+        logits columns when its LM head is reduced (`DraftModel(draft_vocab=...)`).
+        Returns tokens [γ], draft_probs [γ, V] | None (V: the model's logits width, N with a vocab)."""
         n = context.shape[0]
         # Draft the smallest γ already compiled that covers this one (the decoder keeps the first γ'):
         # the short last round of a request must not compile a new graph.
@@ -370,12 +378,12 @@ class StaticCausalLM:
             raise PromptError(f"the draft's static cache of {self.max_len} slots is full; lower max_new_tokens")
         uniforms = (torch.rand(gamma, dtype=torch.float64, device=self.device, generator=generator)
                     if not sampling.greedy else _zeros((gamma,), self.device))  # [γ] (greedy: unread)
-        key = ("draft", gamma, sampling, self.max_len)
+        key = _draft_key(gamma, sampling, self.max_len, vocab)
         fn = self._fn(key, draft_chain)
         t = time.perf_counter()
         slot0 = torch.scalar_tensor(start_slot, dtype=torch.long, device=self.device)  # [] (cheaper than tensor())
         tokens, probs, finite = fn(self.model, context[n - 2 : n].to(self.device).clone(), slot0, self.cache, uniforms,
-                                   gamma, sampling)
+                                   gamma, sampling, vocab)
         self.forward_s += time.perf_counter() - t
         if not bool(finite):
             raise numerical_error(self.model, f"at positions {n - 2}..{n + gamma - 2} (drafting)")
@@ -402,13 +410,15 @@ class StaticCausalLM:
         return is_compiled(self.model, key)
 
     def precompile(self, sizes, draft_gammas=(), sampling: SamplingConfig | None = None,
-                   context: torch.Tensor | None = None, verify: SamplingConfig | None = None) -> None:
+                   context: torch.Tensor | None = None, verify: SamplingConfig | None = None,
+                   vocab: torch.Tensor | None = None) -> None:
         """Compile now the chain passes of `sizes` rows and (with `context` [n], n >= 2, the committed tokens
         the cache holds all but the last of) the draft graphs of `draft_gammas`, so that no later round of
         any request compiles. Runs after the prefill, past the cache's length, then restores it: the slots
         it wrote are hidden by the mask and overwritten later. A no-op when eager or already compiled.
         verify: the sampling config whose verifying passes (`score_and_verify`) of `sizes` rows to compile
-        instead of the plain ones."""
+        instead of the plain ones. vocab: as `draft_steps`'.
+        """
         if not self.compile or self.cache is None or not self.cache.ready:
             return
         length, forwards, forward_s = self.length, self.forwards, self.forward_s
@@ -426,10 +436,10 @@ class StaticCausalLM:
                 return
             generator = torch.Generator(device=self.device).manual_seed(0)  # not the request's generator
             for gamma in sorted(draft_gammas):
-                if not self._compiled(("draft", gamma, sampling, self.max_len)):
+                if not self._compiled(_draft_key(gamma, sampling, self.max_len, vocab)):
                     self.draft_gammas.add(gamma)
                     if context.shape[0] - 1 + gamma <= self.max_len:
-                        self.draft_steps(context, gamma, sampling, generator)
+                        self.draft_steps(context, gamma, sampling, generator, vocab=vocab)
                     self.length = length
         finally:
             self.length, self.forwards, self.forward_s = length, forwards, forward_s
