@@ -58,9 +58,12 @@ class Candidate:
     setup_note: str | None = None  # said on screen before its first use when that is slow (e.g. a compile)
     compiled: bool = False  # on the fast path: it compiles first (`specdec demo --no-compile` leaves it out)
     needs_heads: bool = False  # the draft heads shipped for the default target (so: that target only)
+    needs_ranking: bool = False  # the default pair's token ranking (a draft of its vocabulary's width only)
 
     def available(self, models: Models) -> bool:
         if self.needs_heads and _default_heads(models.target) is None:
+            return False
+        if self.needs_ranking and not _ranked(models.draft):
             return False
         return models.draft is not None or not self.needs_draft
 
@@ -78,6 +81,24 @@ def draft_model_candidate(gamma_policy: Callable[[], Any]) -> Callable[[Models],
 
         return DraftModel(models.draft), gamma_policy()
     return build
+
+
+def draft_vocab_candidate(gamma: int) -> Callable[[Models], tuple[Any, Any]]:
+    """The draft model over the default pair's DRAFT_VOCAB most frequent tokens, at γ (one reduced-head copy of
+    the draft, shared by every request)."""
+    def build(models: Models):
+        from specdec.drafters import make_drafter
+
+        return make_drafter("draft-vocab", draft=models.draft), gamma
+    return build
+
+
+def _ranked(draft) -> bool:
+    """Whether `draft` has the width of the default pair's vocabulary, which its shipped token ranking covers."""
+    from specdec.drafters import DEFAULT_VOCAB_WIDTH
+    from specdec.runtime.causal_lm import vocab_size
+
+    return draft is not None and vocab_size(draft) == DEFAULT_VOCAB_WIDTH
 
 
 def _heuristic():
@@ -144,6 +165,9 @@ CANDIDATES: list[Candidate] = [
                 "passes)", draft_model_candidate(lambda gamma=gamma: gamma), needs_draft=True,
                 target=_compiled, options=(("compile", True),), compiled=True, setup_note=_COMPILING)
       for gamma in (3, 6)),
+    Candidate("draft-vocab-g6-compiled", "draft model over its 2048 most frequent tokens (a cheaper draft step), "
+              "γ = 6, on the fast path", draft_vocab_candidate(6), needs_draft=True, needs_ranking=True,
+              target=_compiled, options=(("compile", True),), compiled=True, setup_note=_COMPILING),
     Candidate("draft-auto-compiled", "draft model, γ chosen each round from measured α and cost, on the fast path",
               draft_model_candidate(lambda: "auto"), needs_draft=True, target=_compiled,
               options=(("compile", True),), compiled=True, setup_note=_COMPILING),
