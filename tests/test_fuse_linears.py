@@ -160,3 +160,18 @@ def test_a_compiled_model_pass_makes_fewer_calls_with_the_same_bits(arch, unpack
     layers = model.config.num_hidden_layers
     # per layer q, k, v, o, gate, up, down -> qkv, o, gate_up, down; and the LM head
     assert counting.seen == [(7 * layers + 1, 4 * layers + 1)]
+
+
+@pytest.mark.compile
+def test_a_compiled_pass_reads_its_own_model_s_weights_after_a_model_of_the_same_shape(tmp_path, monkeypatch):
+    """The pass's copies (packed or concatenated weights) are constants of the compiled graph, so inductor's cache
+    key names their values: a model of the same shape with other weights, compiled later against the same cache
+    (here one process, one cache directory), runs its own weights, not the first model's copies."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    import specdec  # noqa: PLC0415
+
+    prompt = list(range(5, 25))
+    for seed in (1, 2):
+        model = tiny("llama", hidden=64, layers=2, vocab=256, seed=seed, dtype=torch.float32)
+        eager = specdec.generate(model, prompt, max_new_tokens=12).tokens
+        assert specdec.generate(model, prompt, max_new_tokens=12, compile=True).tokens == eager, seed

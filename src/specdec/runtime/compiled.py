@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.runtime.causal_lm import context_length
-from specdec.runtime.fuse_linears import FuseRowLinears
+from specdec.runtime.fuse_linears import FuseRowLinears, weights_fingerprint
 
 log = logging.getLogger("specdec.fastpath")
 
@@ -61,15 +61,21 @@ def compiler_problem() -> str | None:
 class Compiled:
     """Compiled callables of one model, keyed by shape; shared by every adapter of that model object."""
 
-    def __init__(self):
+    def __init__(self, model: PreTrainedModel):
         self.fns: dict[tuple, object] = {}
         self.compile_s: dict[tuple, float] = {}
         self.copies: dict[tuple, torch.Tensor] = {}  # the weight copies its graphs share (runtime/fuse_linears.py)
+        self._model = weakref.ref(model)
+        self._weights: str | None = None
 
     def options(self) -> dict:
         """Inductor options for this model's passes: COMPILE_OPTIONS and the graph pass that fuses and packs their
-        linears (runtime/fuse_linears.py), its copies of the weights shared by all of them."""
-        return {**COMPILE_OPTIONS, "post_grad_custom_pre_pass": FuseRowLinears(shared=self.copies)}
+        linears (runtime/fuse_linears.py), its copies of the weights shared by all of them and named in inductor's
+        cache key by their values (hashed once per model object)."""
+        if self._weights is None:
+            self._weights = weights_fingerprint(self._model())
+        return {**COMPILE_OPTIONS, "post_grad_custom_pre_pass": FuseRowLinears(shared=self.copies,
+                                                                                weights=self._weights)}
 
 
 COMPILED: weakref.WeakKeyDictionary[PreTrainedModel, Compiled] = weakref.WeakKeyDictionary()
@@ -95,7 +101,9 @@ def raise_recompile_limit() -> None:
 def compile_once(model: PreTrainedModel, key: tuple, fn):
     """`fn` compiled for the shape `key` (fullgraph, static shapes, COMPILE_OPTIONS): once per model object and
     process, shared by every adapter of that model; its first call is timed and logged."""
-    entry = COMPILED.setdefault(model, Compiled())
+    entry = COMPILED.get(model)
+    if entry is None:
+        entry = COMPILED[model] = Compiled(model)
     compiled = entry.fns.get(key)
     if compiled is None:
         raise_recompile_limit()

@@ -18,7 +18,9 @@ row_linear. A fused call packs the concatenation. Whether a weight is packed dep
 the pass, so every pass of a path gives a row the same bits.
 
 The concatenated and packed weights are copies, made once per model object and shared by all its compiled passes
-(`shared`, the model's entry in runtime/compiled.py). Only weights of at most `MAX_COPY_BYTES` are copied: there a
+(`shared`, the model's entry in runtime/compiled.py). They become constants of the compiled graph, which inductor's
+cache stores with it, so the pass's cache key (`uuid`) names their values (`weights_fingerprint`): a model of the
+same shape with other weights must not get a cached graph holding another model's copies. Only weights of at most `MAX_COPY_BYTES` are copied: there a
 call's dispatch and the weights' layout are what cost, and the copies stay small (the default target's are ~28 MB
 in bfloat16 and ~55 MB in float32: packed copies only, as every weight is packed); a larger model's projections take
 long enough that ~2 µs does not matter, and its copies would not fit beside it.
@@ -26,6 +28,7 @@ long enough that ~2 µs does not matter, and its copies would not fit beside it.
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -46,6 +49,20 @@ def packs(weight: torch.Tensor, nbytes: int | None = None) -> bool:
     decides alike and a row's bits do not depend on which pass computed it."""
     nbytes = weight.numel() * weight.element_size() if nbytes is None else nbytes
     return packed_linear_serves(weight) and nbytes <= MAX_COPY_BYTES
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A hash of the values of every tensor of `model` this pass may copy (CPU parameters and buffers of at most
+    MAX_COPY_BYTES; the parts of a concatenation are each within it), with their names, shapes and dtypes: what the
+    constants of its compiled graphs hold beyond the graph's own inputs."""
+    digest = hashlib.sha256()
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        nbytes = tensor.numel() * tensor.element_size()
+        if tensor.device.type != "cpu" or nbytes > MAX_COPY_BYTES:
+            continue
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().data)
+    return digest.hexdigest()
 
 
 def _constant(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor | None:
@@ -90,10 +107,12 @@ def _args(node: torch.fx.Node) -> tuple:
 
 
 class FuseRowLinears(CustomGraphPass):
-    """The inductor graph pass (see the module's docstring); `uuid` keys inductor's cache on this file."""
+    """The inductor graph pass (see the module's docstring); `uuid` keys inductor's cache on this file and on the
+    values of the weights it copies (`weights`: `weights_fingerprint` of the model whose passes it compiles)."""
 
-    def __init__(self, shared: dict | None = None):
+    def __init__(self, shared: dict | None = None, weights: str = ""):
         self.shared = {} if shared is None else shared  # (kind, source tensors' identities) -> the copy
+        self.weights = weights
 
     def _copy(self, kind: str, sources: list[torch.Tensor], make) -> torch.Tensor:
         """The `kind` copy of `sources` (made by `make()` the first time): one per model, shared by its passes."""
@@ -184,4 +203,4 @@ class FuseRowLinears(CustomGraphPass):
             _erase_call(graph, call)
 
     def uuid(self) -> bytes:
-        return get_hash_for_files((str(Path(__file__).resolve()),))
+        return hashlib.sha256(get_hash_for_files((str(Path(__file__).resolve()),)) + self.weights.encode()).digest()
