@@ -15,7 +15,8 @@ Setup (~3 min on 2 cores; ../shared/research/peer-llamacpp.md has the facts it f
   tokenization that differed would show.
 
 The timed runs: one Python process interleaves, per prompt and repeat (in a rotated order), specdec's compiled
-plain decoding, specdec with the draft model (γ from --gamma) and llama.cpp's plain decoding (`llama-completion
+plain decoding, specdec with the draft model (γ from --gamma; over its whole vocabulary, and over the default pair's
+2048 most frequent tokens) and llama.cpp's plain decoding (`llama-completion
 -n 128 --temp 0 --top-k 1 --ignore-eos -t 1 -tb 1`, a child process). specdec's time is the wall time of the
 `generate` call (prefill included); llama.cpp's is what it reports for the request itself: prompt eval + eval +
 sampling time (its model load and warm-up excluded). tokens/s = new tokens / that time; medians and per-prompt
@@ -141,8 +142,13 @@ def main() -> None:
     scratch = args.dir / "scratch"
     scratch.mkdir(exist_ok=True)
 
-    def specdec_run(prompt, gamma):
-        drafter = specdec.DraftModel(draft) if gamma else None
+    from specdec.drafters import DRAFT_VOCAB  # noqa: PLC0415
+    from specdec.hub.default_pair import frequent_tokens  # noqa: PLC0415
+
+    vocab = frequent_tokens(DRAFT_VOCAB)
+
+    def specdec_run(prompt, gamma, reduced=False):
+        drafter = specdec.DraftModel(draft, draft_vocab=vocab if reduced else None) if gamma else None
         start = time.perf_counter()
         out = specdec.generate(target, prompt.ids, drafter=drafter, gamma=gamma, max_new_tokens=NEW,
                                temperature=0.0, eos_token_id=[], compile=True)
@@ -150,6 +156,8 @@ def main() -> None:
 
     methods = {"specdec plain, fast path": lambda p: specdec_run(p, None),
                **{f"specdec + draft, fast path, γ {g}": (lambda p, g=g: specdec_run(p, g)) for g in gammas},
+               **{f"specdec + draft over {DRAFT_VOCAB} tokens, fast path, γ {g}": (
+                   lambda p, g=g: specdec_run(p, g, reduced=True)) for g in gammas},
                "llama.cpp plain": lambda p: llamacpp_run(args.dir, args.dtype, p.text, scratch)}
     names = list(methods)
     for name in names:  # warm-up: compiles, page cache

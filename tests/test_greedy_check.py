@@ -116,12 +116,12 @@ def test_a_pass_that_is_not_row_invariant_diverges_at_a_near_tie(monkeypatch):
     invariant): a token tree leaves plain decoding on a held-out prompt, and the report calls it a near-tie."""
     monkeypatch.setattr(specdec.runtime.causal_lm, "EAGER_INVARIANT_DTYPES", ())
     target, draft, tokenizer = specdec.load_default(dtype=torch.bfloat16)
-    prompt = code_prompts(tokenizer, 8, seed=1)[2]  # diverged at position 12 before the row-invariant kernels
-    report = specdec.check_greedy(target, {prompt.name: prompt.ids}, specdec.DraftTree(draft), max_new_tokens=24,
+    prompt = code_prompts(tokenizer, 24, seed=1)[8]  # with PyTorch's kernels a tree leaves it at position 47
+    report = specdec.check_greedy(target, {prompt.name: prompt.ids}, specdec.DraftTree(draft), max_new_tokens=64,
                                   eos_token_id=[])
     assert report.identical_fraction == 0.0
     (d,) = report.divergences
-    assert d.prompt == "code-2" and 0 <= d.position < 24 and d.plain_token != d.method_token
+    assert d.prompt == "code-8" and 0 <= d.position < 64 and d.plain_token != d.method_token
     assert d.near_tie and d.gap <= d.margin <= NEAR_TIE_ULPS * d.ulp
 
 
