@@ -100,24 +100,30 @@ PERF = {"sampling": re.compile(r"sampling time =\s+([0-9.]+) ms"),
         "eval": re.compile(r":\s+eval time =\s+([0-9.]+) ms")}
 
 
+#: Attempts at a request whose llama-completion exits without its timing report (seen in long runs: it stops
+#: after "generate:" with exit status 0, and the same prompt then runs normally); each retry is counted.
+ATTEMPTS = 3
+RETRIES: list[str] = []
+
+
 def llamacpp_run(root: Path, dtype: str, prompt_text: str, scratch: Path) -> tuple[float, str]:
     """(seconds for the request as llama.cpp reports it, generated text)."""
     prompt_file = scratch / "prompt.txt"
     prompt_file.write_text(prompt_text)
     binary = source_dir(root) / "build" / "bin" / "llama-completion"
     model = root / f"default-target-{GGUF_TYPES[dtype]}.gguf"
-    proc = subprocess.run([str(binary), "-m", str(model), "-f", str(prompt_file), "-n", str(NEW), "--temp", "0",
-                           "--top-k", "1", "--ignore-eos", "-t", "1", "-tb", "1", "-no-cnv", "--no-display-prompt",
-                           "-c", "1024", "--seed", "0"], capture_output=True, text=True, check=True,
-                          stdin=subprocess.DEVNULL)
-    log = proc.stderr
-    times = {}
-    for name, pattern in PERF.items():
-        match = pattern.search(log)
-        if match is None:
-            raise RuntimeError(f"llama-completion printed no {name} time:\n{log[-2000:]}")
-        times[name] = float(match.group(1)) / 1e3
-    return sum(times.values()), proc.stdout
+    for attempt in range(ATTEMPTS):
+        proc = subprocess.run([str(binary), "-m", str(model), "-f", str(prompt_file), "-n", str(NEW), "--temp", "0",
+                               "--top-k", "1", "--ignore-eos", "-t", "1", "-tb", "1", "-no-cnv", "--no-display-prompt",
+                               "-c", "1024", "--seed", "0"], capture_output=True, text=True, check=True,
+                              stdin=subprocess.DEVNULL)
+        log = proc.stderr
+        matches = {name: pattern.search(log) for name, pattern in PERF.items()}
+        if all(matches.values()):
+            return sum(float(m.group(1)) / 1e3 for m in matches.values()), proc.stdout
+        RETRIES.append(prompt_text[:40])
+    missing = next(name for name, m in matches.items() if m is None)
+    raise RuntimeError(f"llama-completion printed no {missing} time in {ATTEMPTS} attempts:\n{log[-2000:]}")
 
 
 def main() -> None:
@@ -181,6 +187,7 @@ def main() -> None:
              f"--repeats {args.repeats} --gamma {args.gamma}` (started {started}, "
              f"{platform.processor() or platform.machine()}, torch {torch.__version__}, llama.cpp from "
              f"llama-cpp-python {VERSION}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end)",
+             "", f"llama-completion runs retried for a missing timing report: {len(RETRIES)}.",
              "", "| method | tokens/s (median) | output = specdec plain |", "|:---|---:|---:|"]
     for name in names:
         same = sum(r["text"] == plain[r["prompt"]] for r in runs if r["method"] == name)
