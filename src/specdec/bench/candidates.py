@@ -216,13 +216,15 @@ def calibrate(models: Models, candidates: Sequence[Candidate], prompts: Sequence
               max_new_tokens: int = 64, on_setup: Callable[[str], None] | None = None) -> Calibration:
     """Time each candidate and plain decoding on the eager path (the one reference every candidate is ranked
     against: absolute speed, whichever path a candidate runs on), greedy, EOS off, once per prompt after an
-    untimed warm-up of each (any one-off setup, e.g. a compile, happens there); the order is rotated from prompt
-    to prompt."""
+    untimed warm-up of each on every prompt (any one-off setup happens there, e.g. a compile, which a compiled
+    method needs again for a prompt whose length asks for a larger cache); the order is rotated from prompt to
+    prompt."""
     settings = dict(max_new_tokens=max_new_tokens, temperature=0.0, eos_token_id=[], seed=0)
     for candidate in candidates:
         if candidate.setup_note and on_setup:
             on_setup(candidate.setup_note)
-        timed_run(candidate.decoder(models, **settings), prompts[0])
+        for prompt in prompts:
+            timed_run(candidate.decoder(models, **settings), prompt)
     timed_run(EAGER_PLAIN.decoder(models, speculative=False, **settings), prompts[0])
     speedups: dict[str, list[float]] = {c.name: [] for c in candidates}
     for i, prompt in enumerate(prompts):

@@ -315,8 +315,9 @@ def _time(console, args, chosen, models, shown) -> list[dict]:
     runners["spec"] = lambda p: _specdec(chosen.decoder(models, **greedy), p)
     rows = []
     with console.status("timing HF generate, specdec plain and speculative decoding (greedy)...") as status:
-        for name in runners:  # warm-up
-            runners[name](shown[0].ids)
+        for name in runners:  # warm-up: HF once; specdec on every prompt (a longer one may need a larger cache's
+            for prompt in shown if name in ("plain", "spec") else shown[:1]:  # compiled passes)
+                runners[name](prompt.ids)
         for i, prompt in enumerate(shown):
             status.update(f"timing {prompt.name} ({i + 1}/{len(shown)}): HF generate, specdec plain and "
                           f"speculative, {args.repeats} run(s) each, interleaved...")
