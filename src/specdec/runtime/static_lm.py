@@ -67,12 +67,12 @@ def _verify_pass(model, input_ids, position_ids, slots, cache, hidden, draft_tok
     return logits, states, finite, torch.stack([k, next_token])
 
 
-@functools.cache
 def _draft_key(gamma: int, sampling: SamplingConfig, max_len: int, vocab: torch.Tensor | None) -> tuple:
     """The shape key of a draft chain graph (a reduced vocabulary's size is part of its shape)."""
     return ("draft", gamma, sampling, max_len, None if vocab is None else vocab.shape[0])
 
 
+@functools.cache
 def _zeros(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """float64 zeros of `shape` on `device`, made once: the uniforms and q that a greedy rule takes but never reads
     (an inference tensor, as every compiled call expects; nothing writes it)."""
