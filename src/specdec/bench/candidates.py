@@ -95,10 +95,10 @@ def draft_vocab_candidate(gamma: int) -> Callable[[Models], tuple[Any, Any]]:
 
 def _ranked(draft) -> bool:
     """Whether `draft` has the width of the default pair's vocabulary, which its shipped token ranking covers."""
-    from specdec.drafters import DEFAULT_VOCAB_WIDTH
+    from specdec.hub.default_pair import token_ranking
     from specdec.runtime.causal_lm import vocab_size
 
-    return draft is not None and vocab_size(draft) == DEFAULT_VOCAB_WIDTH
+    return draft is not None and vocab_size(draft) == len(token_ranking())
 
 
 def _heuristic():

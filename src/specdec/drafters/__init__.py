@@ -107,20 +107,16 @@ def _draft_vocab_ids(draft, draft_vocab):
     draft of the default tokenizer's width); anything else is taken as the ids themselves."""
     if isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int):
         return draft_vocab
-    from specdec.hub.default_pair import frequent_tokens
+    from specdec.hub.default_pair import frequent_tokens, token_ranking
     from specdec.runtime.causal_lm import vocab_size
 
     ids = frequent_tokens(draft_vocab)
-    width = vocab_size(draft)
-    if width != DEFAULT_VOCAB_WIDTH:
+    width, ranked = vocab_size(draft), len(token_ranking())
+    if width != ranked:
         raise ConfigError(f"--draft-vocab {draft_vocab} picks the default pair's most frequent tokens, but this draft "
-                          f"has {width} token rows, not the default tokenizer's {DEFAULT_VOCAB_WIDTH}: pass the "
+                          f"has {width} token rows, not the default tokenizer's {ranked}: pass the "
                           "token ids (DraftModel(draft, draft_vocab=ids)), e.g. the most frequent ones of your data")
     return ids
-
-
-#: The default pair's vocabulary width, which its token ranking covers.
-DEFAULT_VOCAB_WIDTH = 8192
 
 
 def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:

@@ -114,8 +114,7 @@ class DraftModel(Drafter):
         set it): padding rows of either head get -inf. With a reduced vocabulary: logits [..., N] over
         `draft_vocab` -> [..., V_target], -inf outside it."""
         if self.draft_vocab is not None:
-            full = logits.new_full((*logits.shape[:-1], self._width or self.vocab_size), float("-inf"))
-            return full.index_copy(-1, self.draft_vocab, logits)
+            return _spread(logits, self.draft_vocab, self._width or self.vocab_size, float("-inf"))
         if self._width is None:
             return logits
         width, rows = self._width, logits.shape[-1]
@@ -178,8 +177,7 @@ class DraftModel(Drafter):
             tokens, draft_probs = self.lm.draft_steps(context, gamma, sampling, generator,
                                                       vocab=self.draft_vocab)  # [γ], [γ, V | N] | None
             if draft_probs is not None and self.draft_vocab is not None:  # [γ, N] -> [γ, V], 0 outside the vocab
-                spread = draft_probs.new_zeros((draft_probs.shape[0], self.vocab_size))  # [γ, V]
-                draft_probs = spread.index_copy(1, self.draft_vocab, draft_probs)
+                draft_probs = _spread(draft_probs, self.draft_vocab, self.vocab_size, 0.0)
             return Proposal(tokens=tokens.to(context.device),
                             draft_probs=draft_probs.to(context.device) if draft_probs is not None else None)
         # Catch up on committed tokens the cache has not seen: the last one, plus the final draft token
@@ -204,6 +202,11 @@ class DraftModel(Drafter):
     def commit(self, context: torch.Tensor, num_accepted: int) -> None:
         # The cache holds the old context plus the first γ-1 drafts; only context[:-1] is still valid.
         self.lm.crop(min(self.lm.length, context.shape[0] - 1))
+
+
+def _spread(values: torch.Tensor, ids: torch.Tensor, width: int, fill: float) -> torch.Tensor:
+    """values [..., N] over the token ids `ids` [N] -> [..., width], `fill` at every other id."""
+    return values.new_full((*values.shape[:-1], width), fill).index_copy(-1, ids, values)
 
 
 def _draft_vocab(token_ids, width: int) -> torch.Tensor:

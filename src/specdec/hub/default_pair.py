@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +32,24 @@ def assets_present(root: Path | None = None) -> bool:
 FREQUENCY_FILE = "tokenizer/tokens_by_frequency.json"
 
 
-def frequent_tokens(n: int, root: Path | None = None) -> torch.Tensor:
-    """The `n` most frequent tokens of the default pair's training data, as ascending ids [n]: a draft vocabulary
-    for the default draft (`DraftModel(draft, draft_vocab=frequent_tokens(2048))`)."""
-    import json
+@functools.cache
+def _read_ranking(path: Path) -> tuple[int, ...]:
+    return tuple(json.loads(path.read_text())["ids"])
 
+
+def token_ranking(root: Path | None = None) -> tuple[int, ...]:
+    """Every id of the default tokenizer, most frequent in the training data first (read once per process): its
+    length is the vocabulary width the ranking fits."""
     path = (root or ASSETS_DIR) / FREQUENCY_FILE
     if not path.is_file():
         raise ModelLoadError(f"the default pair's token ranking is missing ({path}); reinstall specdec")
-    ids = json.loads(path.read_text())["ids"]
+    return _read_ranking(path)
+
+
+def frequent_tokens(n: int, root: Path | None = None) -> torch.Tensor:
+    """The `n` most frequent tokens of the default pair's training data, as ascending ids [n]: a draft vocabulary
+    for the default draft (`DraftModel(draft, draft_vocab=frequent_tokens(2048))`)."""
+    ids = token_ranking(root)
     if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= len(ids):
         from specdec.errors import ConfigError
 
