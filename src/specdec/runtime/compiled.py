@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.runtime.causal_lm import context_length
+from specdec.runtime.compute_once import ComputeOnce
 from specdec.runtime.fuse_linears import FuseRowLinears, weights_fingerprint
 
 log = logging.getLogger("specdec.fastpath")
@@ -69,13 +70,15 @@ class Compiled:
         self._weights: str | None = None
 
     def options(self) -> dict:
-        """Inductor options for this model's passes: COMPILE_OPTIONS and the graph pass that fuses and packs their
+        """Inductor options for this model's passes: COMPILE_OPTIONS, the graph pass that fuses and packs their
         linears (runtime/fuse_linears.py), its copies of the weights shared by all of them and named in inductor's
-        cache key by their values (hashed once per model object)."""
+        cache key by their values (hashed once per model object), and the one that computes each rotary table
+        once per pass (runtime/compute_once.py)."""
         if self._weights is None:
             self._weights = weights_fingerprint(self._model())
         return {**COMPILE_OPTIONS, "post_grad_custom_pre_pass": FuseRowLinears(shared=self.copies,
-                                                                                weights=self._weights)}
+                                                                                weights=self._weights),
+                "post_grad_custom_post_pass": ComputeOnce()}
 
 
 COMPILED: weakref.WeakKeyDictionary[PreTrainedModel, Compiled] = weakref.WeakKeyDictionary()
