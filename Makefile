@@ -42,12 +42,13 @@ test-latest:
 
 # The OpenVINO peer of `specdec bench` end to end (tests/test_openvino.py): the openvino extra in this
 # environment, the export environment (optimum-intel, pinned; transformers < 5.6) in $(OV_EXPORT_ENV), and the
-# shipped pair exported afresh into $(OV_CACHE).
+# shipped pair exported afresh into $(OV_CACHE). The export environment installs without pip's wheel cache: its second
+# torch would otherwise sit on disk twice.
 OV_EXPORT_ENV := .venv-openvino-export
 OV_CACHE := .openvino-cache
 test-openvino: install
 	$(PIP) install -q $(CONSTRAINTS) -e ".[openvino]"
-	$(PYTHON) -m specdec bench --openvino-setup --openvino-export-env $(OV_EXPORT_ENV)
+	PIP_NO_CACHE_DIR=1 $(PYTHON) -m specdec bench --openvino-setup --openvino-export-env $(OV_EXPORT_ENV)
 	rm -rf $(OV_CACHE)
 	SPECDEC_OPENVINO_EXPORT_ENV=$(OV_EXPORT_ENV) SPECDEC_OPENVINO_CACHE=$(OV_CACHE) $(PYTHON) -m pytest -q -m "not slow" tests/test_openvino.py
 
