@@ -1,5 +1,6 @@
-"""The compiled path's rotary tables computed once per pass (runtime/compute_once.py): every cos and sin of the
-graph gets a storage point that its consumers read, and the logits are the same bits as without the pass."""
+"""The tables of a compiled pass computed once (runtime/compute_once.py): every cos and sin of the graph, and the
+mask its attention calls read, get a storage point that their consumers read, and the logits are the same bits as
+without the pass."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from models import tiny
 from torch._inductor import inductor_prims
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from specdec.core.masks import additive_mask
 from specdec.runtime.compiled import COMPILE_OPTIONS
 from specdec.runtime.compute_once import ComputeOnce
 from specdec.runtime.fuse_linears import FuseRowLinears
@@ -55,14 +57,16 @@ class Counting(ComputeOnce):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
-def test_a_compiled_model_pass_stores_its_rotary_tables_once_with_the_same_bits(dtype):
+def test_a_compiled_model_pass_stores_its_rotary_tables_and_mask_once_with_the_same_bits(dtype):
     load_kernel()
     model = tiny("llama", hidden=64, layers=3, dtype=dtype)
     ids = torch.randint(0, model.config.vocab_size, (1, 7))
 
     def forward(ids):
+        positions = torch.arange(ids.shape[1])
+        mask = additive_mask(positions[None, :] <= positions[:, None], dtype)[None, None]  # [1, 1, M, M], computed
         with row_invariant(linear=True):
-            return model(ids).logits
+            return model(ids, attention_mask=mask).logits
 
     logits = {}
     counting = Counting()
@@ -74,4 +78,4 @@ def test_a_compiled_model_pass_stores_its_rotary_tables_once_with_the_same_bits(
             logits[name] = torch.compile(forward, fullgraph=True, dynamic=False, options=options)(ids)
     torch._dynamo.reset()
     assert torch.equal(logits["once"], logits["inlined"])
-    assert counting.seen == [2]  # the model's one cos table and one sin table, for all its layers
+    assert counting.seen == [3]  # the model's one cos table, one sin table and one mask, for all its layers
