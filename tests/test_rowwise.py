@@ -6,7 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.runtime.rowwise import load_kernel, packed_linear_serves, row_attention, row_invariant, row_linear
+from specdec.runtime.rowwise import (
+    argmax_finite,
+    load_kernel,
+    packed_linear_serves,
+    row_attention,
+    row_invariant,
+    row_linear,
+)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -237,3 +244,26 @@ def test_packed_linear_computes_x_wt_plus_b_with_rows_that_do_not_depend_on_the_
     shifted = torch.ops.specdec.packed_linear(torch.cat([torch.randn(5, k).to(dtype), x]), packed, b, n)
     assert torch.equal(shifted[5:], full)
 
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [1, 5, 64, 65, 200, 8192, 8193])
+def test_argmax_finite_is_torch_argmax_and_isfinite_in_one_read(dtype, width):
+    """specdec::argmax_finite: the first index of each row's maximum (ties, -0 == +0, included), and whether
+    every value is finite; any inf or NaN, wherever it is, clears the flag."""
+    torch.manual_seed(5)
+    x = torch.randn(8, width).to(dtype)  # [M, V]
+    if width > 3:  # each row's maximum again in its middle and at its end: the first copy wins
+        x[:, width // 2] = x.amax(-1)
+        x[:, -1] = x.amax(-1)
+    best, finite = argmax_finite(x)
+    assert torch.equal(best, x.argmax(-1)) and best.dtype == torch.long and bool(finite)
+    signed_zeros = torch.zeros(2, width, dtype=dtype)
+    signed_zeros[0, width - 1] = -0.0
+    signed_zeros[1, 0] = -0.0
+    assert torch.equal(argmax_finite(signed_zeros)[0], signed_zeros.argmax(-1))
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        for row, col in ((0, 0), (7, width - 1), (3, width // 2)):
+            y = x.clone()
+            y[row, col] = bad
+            assert not bool(argmax_finite(y)[1]), (bad, row, col)

@@ -63,11 +63,13 @@ def greedy_verdict(drafts: list[int], best: list[int]) -> Verdict:
     return Verdict(k, best[k], "bonus" if k == len(drafts) else "recovered")
 
 
-def greedy_rule(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_rule(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
+                best: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`greedy_verdict` on tensors, with no data-dependent branch (it runs inside the fast path's compiled
     verification pass): draft_tokens [γ], target_logits [γ+1, V] -> (k, next_token), both 0-dim: the drafts
-    that equal the target's argmax, then the argmax after them."""
-    best = target_logits.argmax(dim=-1)  # [γ+1]
+    that equal the target's argmax, then the argmax after them. best [γ+1]: that argmax, where the caller has
+    it already."""
+    best = target_logits.argmax(dim=-1) if best is None else best  # [γ+1]
     gamma = draft_tokens.shape[0]
     k = (draft_tokens == best[:gamma]).cumprod(dim=0).sum()  # [] accepted prefix
     return k, best.index_select(0, k.view(1))[0]

@@ -23,13 +23,13 @@ def draft_chain(model, tokens, slot0, cache, uniforms, gamma: int, sampling: Sam
     every logit was finite."""
     ids = tokens[None]  # [1, 2]
     slots = slot0 + torch.arange(2, device=tokens.device)  # [2]
-    logits, _, finite = run_model(model, ids, slots[None], slots, None, cache, False)
-    logits = logits[-1:]  # [1, V]
+    logits, _, finite, best = run_model(model, ids, slots[None], slots, None, cache, False)
+    logits, best = logits[-1:], best[-1:]  # [1, V], [1]
     out_tokens, out_probs = [], []
     slot = slots[-1:]  # [1]
     for i in range(gamma):
         if sampling.greedy:
-            token = logits.argmax(dim=-1)  # [1]
+            token = best  # [1]: the argmax
         else:
             probs = sampling.warp(logits)  # [1, V]
             cdf = probs.double().cumsum(dim=-1)  # [1, V]
@@ -41,7 +41,7 @@ def draft_chain(model, tokens, slot0, cache, uniforms, gamma: int, sampling: Sam
         out_tokens.append(token)
         if i + 1 < gamma:
             slot = slot + 1
-            logits, _, step_finite = run_model(model, token[None], slot[None], slot, None, cache, False)
+            logits, _, step_finite, best = run_model(model, token[None], slot[None], slot, None, cache, False)
             finite = finite & step_finite
     tokens_out = torch.cat(out_tokens)  # [γ]
     return tokens_out, (torch.cat(out_probs) if out_probs else None), finite
@@ -61,7 +61,7 @@ def tree_root(model, ids, slot0, n, cache, top_k: int, sampling: SamplingConfig)
     overwrites; re-writing cached tokens is harmless: same token, same position).
     Returns tokens [k], scores [k] float64, and whether every logit was finite."""
     slots = slot0 + torch.arange(ids.shape[0], device=ids.device)  # [W]
-    logits, _, finite = run_model(model, ids[None], slots[None], slots, None, cache, False)  # [W, V]
+    logits, _, finite, _ = run_model(model, ids[None], slots[None], slots, None, cache, False)  # [W, V]
     root = logits.index_select(0, (n - 1 - slot0).view(1))  # [1, V]
     values, index = tree_log_probs(root, sampling).topk(top_k, dim=-1)  # [1, k]
     return index[0], values[0], finite
@@ -83,7 +83,7 @@ def tree_level(model, frontier_tokens, frontier_scores, seen, n, level, cache, t
     in_region = (columns >= 0) & (columns < region)  # [L]
     visible = (columns < 0)[None, :] | (seen[:, columns.clamp(0, region - 1)] & in_region[None, :])  # [k, L]
     mask = additive_mask(visible, model.dtype)[None, None]  # [1, 1, k, L]
-    logits, _, finite = run_model(model, frontier_tokens[None], positions[None], row_slots, mask, cache,
+    logits, _, finite, _ = run_model(model, frontier_tokens[None], positions[None], row_slots, mask, cache,
                                    False)  # [k, V]
     values, index = tree_log_probs(logits, sampling).topk(k, dim=-1)  # [k, k]
     level_scores = (frontier_scores[:, None] + values).reshape(-1)  # [k²]

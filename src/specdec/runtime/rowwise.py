@@ -10,6 +10,10 @@ same loops in the same order whatever the pass holds, so they cannot:
 - `specdec::row_linear` for `F.linear`: small-row-count GEMMs that read each weight once for a block of rows, with
   the CPU's bf16 dot-product instruction where it has one.
 
+Two more serve the compiled fast path's graphs: `specdec::packed_linear` (pre-packed weights, wired by
+runtime/fuse_linears.py) and `specdec::argmax_finite` (each row's argmax and whether every logit is finite, in one
+read of a pass's logits; `argmax_finite` below).
+
 `row_invariant(linear=...)` is a `TorchFunctionMode` that routes those calls, made by a Hugging Face model inside it,
 to the kernels: no model file is forked and nothing is written on a model's config. The fast path enters it in its
 passes, where `torch.compile` traces through it and keeps each kernel as one opaque call. Calls a kernel cannot
@@ -34,7 +38,7 @@ from torch.overrides import TorchFunctionMode
 log = logging.getLogger("specdec.fastpath")
 
 SOURCES = [Path(__file__).resolve().parent / "kernels" / name
-           for name in ("row_attention.cpp", "row_linear.cpp", "packed_linear.cpp")]
+           for name in ("row_attention.cpp", "row_linear.cpp", "packed_linear.cpp", "row_argmax.cpp")]
 
 #: PyTorch's CPU capability (torch.backends.cpu.get_cpu_capability()) -> compiler flags for ATen's vector types.
 _CAPABILITY_FLAGS = {
@@ -82,6 +86,11 @@ def load_kernel() -> None:
     def _(x, packed, bias, n):  # [..., N]
         return torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
 
+    @torch.library.register_fake("specdec::argmax_finite")
+    def _(logits):  # [...] int64, [] bool
+        return (torch.empty(logits.shape[:-1], dtype=torch.long, device=logits.device),
+                torch.empty((), dtype=torch.bool, device=logits.device))
+
 
 def packed_linear_serves(weight: torch.Tensor) -> bool:
     """Whether `specdec::packed_linear` (kernels/packed_linear.cpp) can run with this weight here: a 2-D CPU weight,
@@ -103,6 +112,16 @@ def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, a
     _ensure_loaded()
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     return torch.ops.specdec.row_attention(query, key, value, attn_mask, float(scale))
+
+
+def argmax_finite(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits.argmax(-1), torch.isfinite(logits).all()) for logits [..., V]: on CPU float32, bfloat16 and float16
+    in one read (`specdec::argmax_finite`, kernels/row_argmax.cpp), elsewhere by PyTorch's two reductions. The
+    indices are unspecified where `finite` is false."""
+    if logits.device.type == "cpu" and logits.dtype in DTYPES:
+        _ensure_loaded()
+        return torch.ops.specdec.argmax_finite(logits)
+    return logits.argmax(dim=-1), torch.isfinite(logits).all()
 
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.core.masks import additive_mask
-from specdec.runtime.rowwise import load_kernel, row_invariant
+from specdec.runtime.rowwise import argmax_finite, load_kernel, row_invariant
 from specdec.runtime.base import as_float_logits, cache_kwarg, select_hidden
 
 
@@ -188,7 +188,8 @@ def kv_layout(model) -> tuple[LayerLayout, ...]:
 def run_model(model, input_ids, position_ids, slots, mask, cache, hidden: bool, keep: int = 0):
     """One pass: input_ids [1, M] at position_ids [1, M], written to cache slots [M]; mask [1, 1, M, L]
     additive, or None for a chain (row i sees slots <= slots[i]). Returns logits [M, V] (the last `keep` rows
-    only when keep > 0: a prefill needs none of the others), hidden | None, and whether every logit is finite."""
+    only when keep > 0: a prefill needs none of the others), hidden | None, whether every logit is finite, and
+    each row's argmax [M] (unspecified where a logit is not finite), both from one read of the logits."""
     cache.slots = slots
     if not torch.compiler.is_compiling():  # eager only: for models that ask the cache its length; the kernel
         cache.length = int(slots[-1]) + 1
@@ -200,6 +201,7 @@ def run_model(model, input_ids, position_ids, slots, mask, cache, hidden: bool, 
         out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                     **cache_kwarg(model, cache), use_cache=True, output_hidden_states=bool(hidden),
                     logits_to_keep=keep)
+    best, finite = argmax_finite(out.logits[0])  # [M], []: in the model's dtype (widening changes neither)
     logits = as_float_logits(out.logits[0])  # [M, V]
     states = select_hidden(out.hidden_states, hidden) if hidden else None  # [M, H] (or [M, len * H])
-    return logits, states, torch.isfinite(logits).all()
+    return logits, states, finite, best

@@ -62,8 +62,8 @@ def _verify_pass(model, input_ids, position_ids, slots, cache, hidden, draft_tok
     rejection rule (`verify.rejection_rule`) with draft_tokens [G], draft_probs [G, V] (a point mass as a
     one-hot row) and uniforms [G+1] drawn beforehand from the request's generator.
     Returns logits [G+1, V], hidden | None, whether every logit is finite, and (k, next_token) as [2]."""
-    logits, states, finite = run_model(model, input_ids, position_ids, slots, None, cache, hidden)
-    k, next_token = _rule(draft_tokens, draft_probs, logits, uniforms, sampling)
+    logits, states, finite, best = run_model(model, input_ids, position_ids, slots, None, cache, hidden)
+    k, next_token = _rule(draft_tokens, draft_probs, logits, uniforms, sampling, best)
     return logits, states, finite, torch.stack([k, next_token])
 
 
@@ -80,11 +80,11 @@ def _zeros(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
         return torch.zeros(shape, dtype=torch.float64, device=device)
 
 
-def _rule(draft_tokens, draft_probs, logits, uniforms, sampling: SamplingConfig):
-    """The default verification rule of a chain: greedy (argmax; draft_probs and uniforms unused), or the
-    rejection rule on the target's warped probabilities [G+1, V]."""
+def _rule(draft_tokens, draft_probs, logits, uniforms, sampling: SamplingConfig, best=None):
+    """The default verification rule of a chain: greedy (argmax, `best` [G+1] when the pass has it; draft_probs
+    and uniforms unused), or the rejection rule on the target's warped probabilities [G+1, V]."""
     if sampling.greedy:
-        return greedy_rule(draft_tokens, logits)
+        return greedy_rule(draft_tokens, logits, best)
     return rejection_rule(draft_tokens, draft_probs, sampling.warp(logits), uniforms)
 
 
@@ -253,7 +253,8 @@ class StaticCausalLM:
         if rule is None:
             key = ("prefill", b, self.max_len, hidden) if keep else ("pass", b, self.max_len, hidden, mask is not None)
             fn = self._fn(key, run_model)
-            logits, states, finite = fn(self.model, ids[None], positions[None], slots, mask, self.cache, hidden, keep)
+            logits, states, finite, _ = fn(self.model, ids[None], positions[None], slots, mask, self.cache, hidden,
+                                           keep)
         else:  # a chain verified in the same graph: padded rows are drafted with q = 0, their result unused
             draft_probs, uniforms, sampling = rule
             if b > m:
