@@ -171,10 +171,69 @@ inline Vec partial_dot(const Vec* q, const void* qb, int64_t NV, int64_t tail, i
   return s;
 }
 
-// Every row of a pass on its own: scores, W slots at a time, their maximum, exp(), then the softmax sum and the
-// weighted values slot by slot. Key and value rows are widened to float32 where they are read (bfloat16 rows read
-// from the cache and widened at each use beat a float32 copy: half the bytes). NVT: NV as a constant (0: NV at run
-// time).
+// The softmax sums and weighted values of G rows r0 .. r0 + G - 1, each over its own slots in slot order, skipping
+// slots whose weight is 0 (masked, or underflowed: they add exactly nothing). The rows go through their slots side by
+// side, so that one value row, read and widened once, serves all G, and their independent sums overlap in the
+// pipeline; each row's own sequence of additions is the one it has alone (G = 1). NVT: NV as a constant (0: NV at
+// run time, accumulating in the output rows).
+template <int G, int NVT, typename KT>
+inline void weigh_values(const Rows<KT>& x, int64_t r0) {
+  const int64_t NV = NVT ? NVT : x.NV;
+  const int64_t tail = x.tail, D = x.D, S = x.S, lo = x.lo;
+  const float* row[G];  // row[g][l]: row r0 + g's weight at slot l, within [first, last)
+  int64_t f[G], e[G];
+  float total[G];
+  Vec acc[G][NVT ? NVT : 1];  // in registers (NVT known)
+  int64_t from = std::numeric_limits<int64_t>::max(), to = 0;
+  for (int g = 0; g < G; ++g) {
+    row[g] = x.sc + (r0 + g) * S - lo;
+    f[g] = x.first[r0 + g];
+    e[g] = x.last[r0 + g];
+    total[g] = 0.f;
+    Vec* a = NVT ? acc[g] : x.out + (r0 + g) * NV;
+    for (int64_t j = 0; j < NV; ++j) a[j] = Vec(0.f);
+    if (f[g] < e[g]) { from = std::min(from, f[g]); to = std::max(to, e[g]); }
+  }
+  for (int64_t l = from; l < to; ++l) {
+    float w[G];
+    bool any = false;
+    for (int g = 0; g < G; ++g) {
+      w[g] = l >= f[g] && l < e[g] ? row[g][l] : 0.f;
+      any = any || w[g] != 0.f;
+    }
+    if (!any) continue;
+    const KT* v = x.vf + l * D;
+    if constexpr (NVT > 0) {
+      Vec vv[NVT];
+      for (int64_t j = 0; j < NVT; ++j) vv[j] = row_vec(v, j, NVT, tail);
+      for (int g = 0; g < G; ++g) {
+        if (w[g] == 0.f) continue;
+        total[g] += w[g];
+        const Vec wv(w[g]);
+        for (int64_t j = 0; j < NVT; ++j) acc[g][j] = at::vec::fmadd(wv, vv[j], acc[g][j]);
+      }
+    } else {
+      for (int g = 0; g < G; ++g) {
+        if (w[g] == 0.f) continue;
+        total[g] += w[g];
+        const Vec wv(w[g]);
+        Vec* a = x.out + (r0 + g) * NV;
+        for (int64_t j = 0; j < NV; ++j) a[j] = at::vec::fmadd(wv, row_vec(v, j, NV, tail), a[j]);
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    const Vec inv(total[g] > 0.f ? 1.f / total[g] : 0.f);
+    Vec* o = x.out + (r0 + g) * NV;
+    const Vec* a = NVT ? acc[g] : o;
+    for (int64_t j = 0; j < NV; ++j) o[j] = a[j] * inv;
+  }
+}
+
+// Every row of a pass on its own: scores, W slots at a time, their maximum, exp(); then the softmax sum and the
+// weighted values slot by slot (`weigh_values`). Key and value rows are widened to float32 where they are read
+// (bfloat16 rows read from the cache and widened at each use beat a float32 copy: half the bytes). NVT: NV as a
+// constant (0: NV at run time).
 template <int NVT, typename KT>
 void attend_rows(const Rows<KT>& x) {
   const int64_t NV = NVT ? NVT : x.NV;
@@ -183,7 +242,6 @@ void attend_rows(const Rows<KT>& x) {
   const int64_t R = x.R, tail = x.tail, D = x.D, S = x.S, lo = x.lo;
   const Vec scale(x.scale), skip(x.skip);
   const KT* kf = x.kf;
-  const KT* vf = x.vf;
   for (int64_t r = 0; r < R; ++r) {
     Vec q[NVT ? NVT : 1];  // the row's query in registers (NVT known)
     const Vec* qr = x.qv + r * NV;
@@ -192,7 +250,6 @@ void attend_rows(const Rows<KT>& x) {
       qr = q;
     }
     const void* qb = x.qb ? static_cast<const void*>(static_cast<const char*>(x.qb) + r * NB * 64) : nullptr;
-    Vec* o = x.out + r * NV;
     const int64_t f = x.first[r], e = x.last[r];
     const float* bias = x.bias[r];
     float* row = x.sc + r * S - lo;  // row[l]: slot l
@@ -217,22 +274,14 @@ void attend_rows(const Rows<KT>& x) {
     // exp(score - best), W at a time (masked: exactly 0)
     const Vec bv(best);
     for (int64_t l0 = f; l0 < e; l0 += W) (Vec::loadu(row + l0) - bv).exp_u20().store(row + l0);
-    // the softmax sum and the weighted values, slot by slot in slot order
-    float total = 0.f;
-    Vec acc[NVT ? NVT : 1];  // in registers (NVT known)
-    Vec* a = NVT ? acc : o;
-    for (int64_t j = 0; j < NV; ++j) a[j] = Vec(0.f);
-    for (int64_t l = f; l < e; ++l) {
-      const float w = row[l];
-      if (w == 0.f) continue;  // a masked slot, or one whose weight underflowed: adds exactly nothing
-      total += w;
-      const Vec wv(w);
-      const KT* v = vf + l * D;
-      for (int64_t j = 0; j < NV; ++j) a[j] = at::vec::fmadd(wv, row_vec(v, j, NV, tail), a[j]);
-    }
-    const Vec inv(total > 0.f ? 1.f / total : 0.f);
-    for (int64_t j = 0; j < NV; ++j) o[j] = a[j] * inv;
   }
+  // then the softmax sums and the weighted values: four rows at a time where the head's vectors fit in registers
+  int64_t r = 0;
+  if constexpr (NVT > 0 && NVT <= 4) {
+    for (; r + 4 <= R; r += 4) weigh_values<4, NVT>(x, r);
+    for (; r + 2 <= R; r += 2) weigh_values<2, NVT>(x, r);
+  }
+  for (; r < R; ++r) weigh_values<1, NVT>(x, r);
 }
 
 template <typename KT>
