@@ -21,7 +21,7 @@ from specdec.exactness import check_exactness
 from specdec.runtime.causal_lm import CachedCausalLM
 from specdec.runtime.compiled import COMPILED, FastPathWarning
 from specdec.runtime.slot_cache import POOL
-from specdec.runtime.static_lm import PREFILL_ROWS, StaticCausalLM
+from specdec.runtime.static_lm import LONG_PREFILL_ROWS, PREFILL_ROWS, StaticCausalLM
 
 LONG = [(i * 37 + 11) % 96 for i in range(120)]
 
@@ -269,9 +269,9 @@ def test_tree_pass_matches_per_branch_chain_passes(arch):
 
 @pytest.mark.compile
 def test_a_compiled_prefill_in_chunks_gives_every_row_the_bits_of_any_other_chunking(llama_pair):
-    """A compiled prefill runs in padded chunks of PREFILL_ROWS rows; near a full cache its last chunk re-feeds
-    earlier rows (or runs unpadded when there are too few). None of it changes a row's states, nor what is
-    decoded after."""
+    """A compiled prefill runs in padded chunks of PREFILL_ROWS rows (LONG_PREFILL_ROWS while many remain); near a
+    full cache its last chunk re-feeds earlier rows (or runs unpadded when there are too few). None of it changes
+    a row's states, nor what is decoded after."""
     target = llama_pair[0]
     prompt = torch.tensor(LONG[:45])
 
@@ -290,6 +290,14 @@ def test_a_compiled_prefill_in_chunks_gives_every_row_the_bits_of_any_other_chun
     short, states = prefilled(20, 10)  # 10 rows, 32 do not fit and none precede: one unpadded pass
     assert torch.equal(states, expected[:10])
     assert ("prefill", 10, 20, True) in COMPILED[target].fns
+
+    prompt = torch.tensor(LONG[:110])  # more than 3 * PREFILL_ROWS rows: one LONG_PREFILL_ROWS pass where it fits
+    roomy, expected = prefilled(256, 110)
+    assert ("prefill", LONG_PREFILL_ROWS, 256, True) in COMPILED[target].fns
+    tight, states = prefilled(120, 110)  # 128 rows do not fit: chunks of 32, the last re-feeding 8 rows
+    assert ("prefill", LONG_PREFILL_ROWS, 120, True) not in COMPILED[target].fns
+    assert torch.equal(states, expected) and tight.length == roomy.length == 110
+    assert torch.equal(tight.forward(token), roomy.forward(token))
 
 
 def test_hidden_states_feed_the_lm_head():

@@ -51,8 +51,13 @@ from specdec.runtime.slot_cache import POOL, SlotCache, run_model
 
 #: Chunk size of `StaticCausalLM.catch_up` (tokens a drafter skipped while the policy decoded plainly).
 CATCH_UP_ROWS = 8
-#: Rows per compiled prefill pass (`StaticCausalLM.prefill`): one shape for every prompt length.
+#: Rows per compiled prefill pass (`StaticCausalLM.prefill`): one shape for every prompt length...
 PREFILL_ROWS = 32
+#: ... and a second one for long prompts: passes of this many rows while more than 3 * PREFILL_ROWS rows remain.
+#: A pass reads every weight once, so fewer, wider passes read less: on the default target in bf16 (one thread,
+#: AMD EPYC Zen 5) a 127-token prefill takes 10.2 ms in 32-row passes, 8.2 ms in one 128-row pass, which costs
+#: about three 32-row passes.
+LONG_PREFILL_ROWS = 128
 
 
 def _verify_pass(model, input_ids, position_ids, slots, cache, hidden, draft_tokens, draft_probs, uniforms,
@@ -333,9 +338,10 @@ class StaticCausalLM:
     def prefill(self, input_ids: torch.Tensor, hidden: bool | tuple[int, ...] = False) -> torch.Tensor | None:
         """Cache input_ids [n] (any n; not a decoding pass). Returns hidden [n, H] when asked.
 
-        Compiled: in passes of PREFILL_ROWS rows, the last one padded, so that one compiled shape serves every
-        prompt length. Every kernel computes each row on its own, so the chunks leave each row's keys and values
-        (and states) the bits one pass over the whole prompt gives it. Eager: one pass."""
+        Compiled: in passes of LONG_PREFILL_ROWS rows while more than 3 * PREFILL_ROWS rows remain (and they fit
+        the cache), then of PREFILL_ROWS rows, the last one padded, so that two compiled shapes serve every prompt
+        length. Every kernel computes each row on its own, so the chunks leave each row's keys and values (and
+        states) the bits one pass over the whole prompt gives it. Eager: one pass."""
         n = input_ids.shape[-1]
         if not n:
             return None
@@ -343,19 +349,23 @@ class StaticCausalLM:
         if not self.compile:
             _, states = self._pass(input_ids, None, hidden, pad=False, keep=1)  # logits unused
         else:
-            parts = []
-            for s in range(0, n, PREFILL_ROWS):
-                rows, back = PREFILL_ROWS, 0
-                over = self.length + PREFILL_ROWS - self.max_len
+            parts, s = [], 0
+            while s < n:
+                size = PREFILL_ROWS
+                if n - s > 3 * PREFILL_ROWS and self.length + LONG_PREFILL_ROWS <= self.max_len:
+                    size = LONG_PREFILL_ROWS
+                rows, back = size, 0
+                over = self.length + size - self.max_len
                 if over > 0:  # the last chunk's padding would run past the cache:
                     if over <= s:  # re-feed rows before it (the same rows at the same slots give the same bits)
                         back = over
                     else:  # or, with too few before it, pass it unpadded (its own compiled shape)
-                        rows = min(PREFILL_ROWS, n - s)
+                        rows = min(size, n - s)
                 self.length -= back
-                chunk = input_ids[s - back : s + PREFILL_ROWS]
+                chunk = input_ids[s - back : s + size]
                 _, states = self._pass(chunk, None, hidden, pad=True, keep=1, rows=rows)
                 parts.append(None if states is None else states[back:])
+                s += size
             states = None if parts[0] is None else torch.cat(parts)
         self.prefill_s += time.perf_counter() - start
         return states
