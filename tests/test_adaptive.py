@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
+
 import pytest
 
 from specdec.core.stats import DecodeStats, expected_tokens_per_pass
@@ -397,3 +399,24 @@ def test_plan_rejects_bad_costs():
         plan(0.5, 0.5, [1.0])
     with pytest.raises(ConfigError):
         plan(0.5, 0.5, [1.0, 0.0])
+
+
+def test_plan_over_an_allowed_set_is_the_arrays_best_pair_to_the_last_bit():
+    """`plan(..., allowed)` evaluates only the allowed pairs on Python floats; it must pick the pair (and rate)
+    that `markov_rates`' array masked to them gives np.argmax, ties included."""
+    rng = random.Random(3)
+    for case in range(3000):
+        top = rng.randint(1, 16)
+        costs = [1.0] * (top + 1) if case % 7 == 0 else [rng.uniform(0.5, 3.0) for _ in range(top + 1)]
+        allowed = rng.sample(range(1, top + 1), rng.randint(1, top))
+        p_accept, p_reject = rng.choice([0.0, 1.0, 0.5, rng.random()]), rng.random()
+        rates = markov_rates(p_accept, p_reject, costs)  # [G, G]
+        keep = np.zeros(top, dtype=bool)
+        keep[[g - 1 for g in allowed]] = True
+        masked = np.where(keep[:, None] & keep[None, :], rates, -np.inf)
+        gamma_a, gamma_r = divmod(int(np.argmax(masked)), top)
+        expected = (gamma_a + 1, gamma_r + 1, float(masked[gamma_a, gamma_r]))
+        if expected[2] <= (1.0 / costs[0]) * (1.0 + 1e-12):
+            expected = (0, 0, 1.0 / costs[0])
+        got = plan(p_accept, p_reject, costs, allowed)
+        assert (got.gamma_after_accept, got.gamma_after_reject, got.rate) == expected, (case, allowed)

@@ -47,7 +47,8 @@ standard deviations if asked: optimism while uncertain explores more, but in rep
 acceptance it cost more than it found); each transition probability has a prior of `tie` tokens at the
 pooled α, so a state seen rarely behaves like the i.i.d. model. A drafting round after skipped rounds
 may only lower d (a model drafter then also catches up on the skipped tokens, a one-off cost). Per round:
-a few float updates and two [max_gamma]-sized numpy passes (50-100 µs on a 2-core CPU).
+a few float updates, the cost table's estimate and the best pair of the allowed γ, on Python floats (choose +
+update ~70 µs a round in the fast path's decode loop, bf16 default pair, one thread; ~190 µs as numpy arrays).
 
 **Across requests.** A new request is detected by a new `DecodeStats` object: the Markov state starts
 unknown (read as A), the costs carry over as measured, and the acceptance counts keep their means but at
@@ -84,8 +85,10 @@ _PAIRS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _EPS = 1e-6
 #: The γ a gamma="auto" policy may draft on a compiled target (the fast path): each γ is one compiled draft
 #: graph and one verification shape (γ+1 rows), all compiled before the first request decodes, so that no
-#: round ever compiles (docs/adaptive_gamma.md, "On the fast path").
-FAST_PATH_GAMMAS = (2, 4, 8)
+#: round ever compiles (docs/adaptive_gamma.md, "On the fast path"). 7, not 8: the fast path's linear kernel
+#: runs a pass of up to 8 rows as one block of rows, and a 9-row pass as two (bf16, default target, one
+#: thread: 8 rows 1.04 ms, 9 rows 1.22 ms).
+FAST_PATH_GAMMAS = (2, 4, 7)
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -140,19 +143,44 @@ def plan(p_accept: float, p_reject: float, costs: Sequence[float], allowed: Sequ
     allowed: the only γ either of the pair may take (None: every γ in 1..len(costs) - 1)."""
     if len(costs) < 2 or not all(c > 0 for c in costs):
         raise ConfigError(f"costs must be positive, one per γ = 0..max_gamma (at least two), got {costs!r}")
-    rates = markov_rates(p_accept, p_reject, costs)  # [G, G]
-    if allowed is not None:
-        keep = np.zeros(rates.shape[0], dtype=bool)  # [G]
-        keep[[g - 1 for g in allowed if 1 <= g <= rates.shape[0]]] = True
-        if not keep.any():
-            raise ConfigError(f"none of the allowed γ {tuple(allowed)!r} is within 1..{rates.shape[0]}")
-        rates = np.where(keep[:, None] & keep[None, :], rates, -np.inf)  # [G, G]
-    best = int(np.argmax(rates))
-    gamma_a, gamma_r = divmod(best, rates.shape[1])
-    rate, plain_rate = float(rates[gamma_a, gamma_r]), 1.0 / float(costs[0])
+    if allowed is None:
+        rates = markov_rates(p_accept, p_reject, costs)  # [G, G]
+        best = int(np.argmax(rates))
+        gamma_a, gamma_r = divmod(best, rates.shape[1])
+        rate = float(rates[gamma_a, gamma_r])
+    else:
+        gammas = sorted({g for g in allowed if 1 <= g < len(costs)})
+        if not gammas:
+            raise ConfigError(f"none of the allowed γ {tuple(allowed)!r} is within 1..{len(costs) - 1}")
+        gamma_a, gamma_r, rate = _best_pair(p_accept, p_reject, costs, gammas)
+    plain_rate = 1.0 / float(costs[0])
     if rate <= plain_rate * (1.0 + 1e-12):
         return Plan(0, 0, plain_rate, plain_rate)
     return Plan(gamma_a + 1, gamma_r + 1, rate, plain_rate)
+
+
+def _best_pair(p_accept: float, p_reject: float, costs: Sequence[float], gammas: list[int]) -> tuple[int, int, float]:
+    """`markov_rates`' best entry among the pairs of `gammas` (ascending): (γ_A − 1, γ_R − 1, rate), ties to the
+    first pair in row-major order as np.argmax. The same arithmetic on Python floats: a few pairs cost far
+    less than the [G, G] array's numpy calls, which the fast path's rounds pay every round."""
+    pa = min(max(float(p_accept), _EPS), 1.0 - _EPS)
+    pr = min(max(float(p_reject), _EPS), 1.0 - _EPS)
+    terms = {}
+    runs = np.power(pa, np.asarray(gammas) - 1).tolist()  # as markov_rates computes them, to the last bit
+    for g, run in zip(gammas, runs):
+        tested_after_first = (1.0 - pa * run) / (1.0 - pa)
+        # tau_a, tau_r, leave_a, enter_a, cost (as in markov_rates)
+        terms[g] = (1.0 + pa * tested_after_first, 1.0 + pr * tested_after_first, 1.0 - pa * run, pr * run,
+                    float(costs[g]))
+    best = (-1, -1, -math.inf)
+    for ga in gammas:
+        tau_a, _, leave_a, _, cost_a = terms[ga]
+        for gr in gammas:
+            _, tau_r, _, enter_a, cost_r = terms[gr]
+            rate = (enter_a * tau_a + leave_a * tau_r) / (enter_a * cost_a + leave_a * cost_r)
+            if rate > best[2]:
+                best = (ga - 1, gr - 1, rate)
+    return best
 
 
 # -- measurements --------------------------------------------------------------------------------------
@@ -209,21 +237,22 @@ class _CostTable:
     """
 
     def __init__(self, max_gamma: int, memory: float, shrink: float, clip: float):
+        # Python floats, not numpy arrays: a handful of values, updated and read every round of the decode loop,
+        # where each numpy call costs more than the arithmetic (~50 µs a round on the fast path).
         self.memory, self.shrink, self.clip = memory, shrink, clip
-        self.weight = np.zeros(max_gamma + 1)  # [G+1] decayed sample counts
-        self.total = np.zeros(max_gamma + 1)  # [G+1] decayed sums of seconds
-        self.samples = np.zeros(max_gamma + 1, dtype=np.int64)  # [G+1] samples ever taken
-        self._gammas = np.arange(max_gamma + 1, dtype=np.float64)  # [G+1]
-        self._cached: np.ndarray | None = None
+        self.weight = [0.0] * (max_gamma + 1)  # [G+1] decayed sample counts
+        self.total = [0.0] * (max_gamma + 1)  # [G+1] decayed sums of seconds
+        self.samples = [0] * (max_gamma + 1)  # [G+1] samples ever taken
+        self._cached: list[float] | None = None
 
     def add(self, gamma: int, seconds: float) -> None:
-        if not (math.isfinite(seconds) and seconds >= 0) or gamma >= self.weight.shape[0]:
+        if not (math.isfinite(seconds) and seconds >= 0) or gamma >= len(self.weight):
             return
         current = self.estimate()
         if current is not None:
-            seconds = min(seconds, self.clip * float(current[gamma]))
-        self.weight *= self.memory
-        self.total *= self.memory
+            seconds = min(seconds, self.clip * current[gamma])
+        self.weight = [x * self.memory for x in self.weight]
+        self.total = [x * self.memory for x in self.total]
         self.weight[gamma] += 1.0
         self.total[gamma] += seconds
         self.samples[gamma] += 1
@@ -232,34 +261,41 @@ class _CostTable:
     def measured(self, gamma: int) -> bool:
         return bool(self.samples[gamma])
 
-    def estimate(self) -> np.ndarray | None:
+    def longest_measured(self) -> int:
+        """The largest γ with a sample (0 when none)."""
+        return max((g for g, n in enumerate(self.samples) if n), default=0)
+
+    def estimate(self) -> list[float] | None:
         """[G+1] seconds per γ (None until a round was measured)."""
         if self._cached is None:
             self._cached = self._estimate()
         return self._cached
 
-    def _estimate(self) -> np.ndarray | None:
-        w, gammas = self.weight, self._gammas
-        seen = np.flatnonzero(w)  # measured γ
-        if seen.shape[0] == 0:
+    def _estimate(self) -> list[float] | None:
+        w = self.weight
+        if not any(w):
             return None
-        means = self.total / np.maximum(w, 1e-300)  # [G+1] (0 where unmeasured)
-        drafting = seen[seen > 0]
-        if drafting.shape[0] == 0:
-            return np.full_like(w, means[0])
-        g, y, wg = gammas[drafting], means[drafting], w[drafting]
-        if g.shape[0] >= 2:  # weighted least squares
-            sw = wg.sum()
-            g_mean, y_mean = float(wg @ g) / sw, float(wg @ y) / sw
-            dg = g - g_mean
-            slope = float(wg @ (dg * (y - y_mean))) / float(wg @ (dg * dg))
+        means = [t / x if x else 0.0 for t, x in zip(self.total, w)]  # [G+1] (0 where unmeasured)
+        drafting = [g for g in range(1, len(w)) if w[g]]  # measured γ >= 1
+        if not drafting:
+            return [means[0]] * len(w)
+        wg, y = [w[g] for g in drafting], [means[g] for g in drafting]
+        if len(drafting) >= 2:  # weighted least squares
+            sw = sum(wg)
+            g_mean = sum(a * g for a, g in zip(wg, drafting)) / sw
+            y_mean = sum(a * v for a, v in zip(wg, y)) / sw
+            dg = [g - g_mean for g in drafting]
+            slope = sum(a * d * (v - y_mean) for a, d, v in zip(wg, dg, y)) / sum(a * d * d for a, d in zip(wg, dg))
         elif w[0] > 0:  # one drafting γ: the line from B(0) to it
-            g_mean, y_mean = float(g[0]), float(y[0])
-            slope = (y_mean - float(means[0])) / g_mean
+            g_mean, y_mean = float(drafting[0]), y[0]
+            slope = (y_mean - means[0]) / g_mean
         else:
-            g_mean, y_mean, slope = float(g[0]), float(y[0]), 0.0
-        line = np.maximum(y_mean + max(0.0, slope) * (gammas - g_mean), 0.5 * float(y.min()))  # [G+1]
-        out = (w * means + self.shrink * line) / (w + self.shrink)  # [G+1]
+            g_mean, y_mean, slope = float(drafting[0]), y[0], 0.0
+        floor, rise = 0.5 * min(y), max(0.0, slope)
+        out = []
+        for g, (x, m) in enumerate(zip(w, means)):
+            line = max(y_mean + rise * (g - g_mean), floor)
+            out.append((x * m + self.shrink * line) / (x + self.shrink) if x + self.shrink > 0 else math.nan)
         if w[0] > 0:
             out[0] = means[0]
         return out
@@ -427,14 +463,15 @@ class AdaptiveGamma:
         """B(γ) for γ = 0..max_gamma: seconds of a round drafting γ tokens, drafting excluded (see
         `_CostTable`; None until a round was measured)."""
         base = self.round_base.estimate()
-        return None if base is None else base.tolist()
+        return None if base is None else list(base)
 
     def round_costs(self) -> list[float] | None:
         """C(γ) = B(γ) + γd for γ = 0..max_gamma, in seconds (None until B(0) and d are measured)."""
         base = self.round_base.estimate()
-        if base is None or not self.round_base.measured(0) or self.draft_token.value is None:
+        d = self.draft_token.value
+        if base is None or not self.round_base.measured(0) or d is None:
             return None
-        return (base + self.draft_token.value * np.arange(base.shape[0])).tolist()
+        return [b + d * g for g, b in enumerate(base)]
 
     @property
     def cost_ratio(self) -> float | None:
@@ -458,7 +495,7 @@ class AdaptiveGamma:
             return None
         costs = [max(c, 1e-12) for c in costs]
         if self.max_step:  # explore longer drafts gradually: at most max_step beyond the longest measured
-            top = int(np.flatnonzero(self.round_base.samples).max())
+            top = self.round_base.longest_measured()
             if self.gammas is None:
                 limit = max(top + self.max_step, 1)
             else:  # max_step steps up the allowed set
