@@ -115,6 +115,11 @@ class Plan:
     plain_rate: float  # 1 / C(0)
 
 
+def _clamped(p: float) -> float:
+    """A probability kept inside [EPS, 1 - EPS] for the rate formula."""
+    return min(max(float(p), _EPS), 1.0 - _EPS)
+
+
 def markov_rates(p_accept: float, p_reject: float, costs: Sequence[float]) -> np.ndarray:
     """Long-run tokens per cost unit of every policy (γ_A, γ_R) in 1..G: an array [G, G].
 
@@ -122,8 +127,7 @@ def markov_rates(p_accept: float, p_reject: float, costs: Sequence[float]) -> np
     costs[γ] (γ = 0..G) is the cost of a round that drafts γ tokens, drafting included.
     """
     cost = np.asarray(costs, dtype=np.float64)[1:]  # [G]
-    pa = min(max(float(p_accept), _EPS), 1.0 - _EPS)
-    pr = min(max(float(p_reject), _EPS), 1.0 - _EPS)
+    pa, pr = _clamped(p_accept), _clamped(p_reject)
     gammas = np.arange(1, cost.shape[0] + 1)  # [G]
     run = pa ** (gammas - 1)  # [G] P(tokens 2..γ accepted | token 1 accepted)
     tested_after_first = (1.0 - pa * run) / (1.0 - pa)  # [G] Σ_{i<γ} p_A^i
@@ -163,8 +167,7 @@ def _best_pair(p_accept: float, p_reject: float, costs: Sequence[float], gammas:
     """`markov_rates`' best entry among the pairs of `gammas` (ascending): (γ_A − 1, γ_R − 1, rate), ties to the
     first pair in row-major order as np.argmax. The same arithmetic on Python floats: a few pairs cost far
     less than the [G, G] array's numpy calls, which the fast path's rounds pay every round."""
-    pa = min(max(float(p_accept), _EPS), 1.0 - _EPS)
-    pr = min(max(float(p_reject), _EPS), 1.0 - _EPS)
+    pa, pr = _clamped(p_accept), _clamped(p_reject)
     terms = {}
     runs = np.power(pa, np.asarray(gammas) - 1).tolist()  # as markov_rates computes them, to the last bit
     for g, run in zip(gammas, runs):
