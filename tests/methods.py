@@ -48,6 +48,10 @@ METHODS = {
     "eagle3": lambda target, draft: specdec.Eagle(target, _reduced_eagle3(target), top_k=2, depth=4, max_nodes=8),
     "medusa": lambda target, draft: specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=4, seed=0),
                                                    tree=specdec.drafters.medusa.DEFAULT_TREE),
+    # The target's own weights quantized (int4: the farthest from the target; int8 on the fast path).
+    "self-draft": lambda target, draft: specdec.SelfDraft(target, weights="int4", group=8),
+    "self-draft-static": lambda target, draft: (specdec.SelfDraft(target, weights="int8", group=8),
+                                                {"compile": "static"}),
 }
 
 

@@ -177,8 +177,9 @@ def test_every_method_is_exact(pair, name, setting):
         assert result.settings["eos"] == [eos]
     if drafter is not None:  # drafts were both accepted and rejected: every verification path ran
         assert 0 < result.accepted < result.drafted, result.summary()
-    if isinstance(drafter, specdec.DraftModel) and setting == "T1.0-g2-L3":
-        # the perturbed draft: partial acceptance, so rejection and recovery paths ran a lot
+    if isinstance(drafter, specdec.DraftModel) and not isinstance(drafter, specdec.SelfDraft) and setting == "T1.0-g2-L3":
+        # the perturbed draft: partial acceptance, so rejection and recovery paths ran a lot (a self-draft is the
+        # target itself quantized: rejections are rarer, and `accepted < drafted` above says they happened)
         assert 0.1 < result.acceptance_rate < 0.95, result.summary()
 
 

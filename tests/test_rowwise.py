@@ -252,7 +252,7 @@ def test_quantized_weights_compute_what_float32_computes_on_their_dequantized_va
     """int8 / int4 packed weights: the same bits as the float32 kernel on q · scale (the contract of
     kernels/packed_core.h), in float32 and bfloat16 passes of any number of rows; and bfloat16 weights in a float32
     pass: the float32 kernel on the bfloat16 values."""
-    from specdec.runtime.quantize import quantize_weight
+    from specdec.runtime.weights import quantize_weight
 
     load_kernel()
     torch.manual_seed(7)
@@ -275,7 +275,7 @@ def test_quantization_levels_and_errors():
     """int8: scale max|w| / 127; int4: the group's extreme weight lands on -8; zeros stay zeros; bad arguments
     raise ConfigError naming the fix, and packed weights of another input size are refused."""
     from specdec.errors import ConfigError
-    from specdec.runtime.quantize import quantize_weight
+    from specdec.runtime.weights import quantize_weight
 
     load_kernel()
     w = torch.tensor([[0.5, -1.0, 0.25, 0.0], [0.0, 0.0, 0.0, 0.0]])

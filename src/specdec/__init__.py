@@ -39,6 +39,7 @@ _EXPORTS = {
     "Drafter": "specdec.drafters",
     "DraftModel": "specdec.drafters",
     "LayerSkip": "specdec.drafters",
+    "SelfDraft": "specdec.drafters",
     "PromptLookup": "specdec.drafters",
     "Proposal": "specdec.drafters",
     "ConfigError": "specdec.errors",

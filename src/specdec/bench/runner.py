@@ -56,7 +56,8 @@ POLICY_SUFFIXES = ("-auto", "-heuristic")
 #: A specdec method on the fast path (slot KV cache, compiled passes): "plain-compiled", "draft-compiled", ...
 COMPILED = "-compiled"
 #: Drafters whose fast path is measured (model-free drafters only compile the target).
-COMPILED_KINDS = ("draft", "draft-vocab", "prompt-lookup", "bigram", "draft-tree", "eagle", "eagle-chain", "eagle3", "eagle3-chain")
+COMPILED_KINDS = ("draft", "draft-vocab", "prompt-lookup", "bigram", "draft-tree", "eagle", "eagle-chain", "eagle3", "eagle3-chain",
+                  "self-draft-int8", "self-draft-int4")
 #: "draft-tree-auto": DraftTree(max_nodes="auto"), its node budget chosen online (not gamma="auto").
 TREE_AUTO = "draft-tree-auto"
 

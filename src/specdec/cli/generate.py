@@ -148,6 +148,10 @@ def register(subparsers) -> None:
     parser.add_argument("--dtype", default="auto",
                         help="model dtype: auto (bfloat16 where this machine computes it natively, measured once; "
                              "else float32), float32, bfloat16, float16, float64, checkpoint (the weights' own)")
+    parser.add_argument("--weights", default=None, choices=("float32", "bfloat16", "int8", "int4"),
+                        help="the target's (and draft model's) linear layers on packed weights of this format, on "
+                        "specdec's CPU kernels: int8 / int4 quantize them (weight-only), bfloat16 halves the bytes "
+                        "of a float32 model (default: the models' own layers; docs/quantization.md)")
     add_threads_arg(parser)
     parser.add_argument("--compile", action="store_true",
                         help="the fast path: slot KV cache and compiled passes for target and draft model (the "
@@ -181,6 +185,16 @@ def load_models(args):
         draft = None
     if args.draft is not None:  # its own tokenizer, if another, is translated (draft_tokenizer_options)
         draft = load_model(args.draft, args.device, args.dtype)
+    weights = getattr(args, "weights", None)
+    if weights:
+        from specdec.runtime.weights import pack_model
+
+        if not str(args.device).startswith("cpu"):
+            from specdec.errors import ConfigError
+
+            raise ConfigError(f"--weights {weights} runs on specdec's CPU kernels only; use --device cpu")
+        target = pack_model(target, weights)
+        draft = pack_model(draft, weights) if draft is not None else None
     return target, draft, tokenizer
 
 

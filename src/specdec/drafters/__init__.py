@@ -20,6 +20,7 @@ _CLASSES = {
     "MultiDraft": "specdec.drafters.multi_draft",
     "Eagle": "specdec.drafters.eagle",
     "Medusa": "specdec.drafters.medusa",
+    "SelfDraft": "specdec.drafters.self_draft",
 }
 
 
@@ -40,7 +41,7 @@ def __getattr__(name: str):
 #: the DRAFT_VOCAB most frequent tokens of the default pair's training data.
 DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft", "eagle", "eagle-chain",
                  "medusa", "medusa-chain", "draft-tli", "draft-slem", "multi-draft-specinfer", "multi-draft-spectr",
-                 "eagle3", "eagle3-chain", "draft-vocab")
+                 "eagle3", "eagle3-chain", "draft-vocab", "self-draft-int8", "self-draft-int4")
 
 #: Tokens the "draft-vocab" kind drafts from by default. On the default pair (8192 tokens) the 2048 most frequent
 #: hold 98% of the target's greedy tokens on held-out code, and the draft's greedy agreement with the target fell
@@ -58,6 +59,8 @@ DRAFTER_OPTIONS = {
     "prompt-lookup": {"ngram_max": "--ngram-max", "ngram_min": "--ngram-min", "lookup_branches": "--lookup-branches"},
     "bigram": {"bigram_path": "--bigram"},
     "layer-skip": {"draft_layers": "--draft-layers"},
+    "self-draft-int8": {},
+    "self-draft-int4": {},
     "draft-tree": {"tree_top_k": "--tree-top-k", "tree_depth": "--tree-depth", "max_nodes": "--max-nodes"},
     "multi-draft": {"num_drafts": "--num-drafts", "replacement": "--replacement", "scheme": "--scheme",
                     "widths": "--widths"},
@@ -134,7 +137,8 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     only), or a sequence of token ids (any draft).
     "bigram": a bigram table loaded from bigram_path (a file saved by Bigram.save), or else built from the
     target's own one-token predictions (Bigram.from_model). "layer-skip": the target's first draft_layers
-    decoder layers (default half of them). Options given as None are ignored; an option that does not apply
+    decoder layers (default half of them). "self-draft-int8" / "self-draft-int4": the target's own weights
+    quantized (SelfDraft). Options given as None are ignored; an option that does not apply
     to `kind` is an error.
     """
     from specdec.drafters.bigram import Bigram
@@ -194,6 +198,10 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
         raise ConfigError(f"--drafter {kind} needs the target model (target=model)")
     if kind in ("eagle", "eagle-chain", "eagle3", "eagle3-chain", "medusa", "medusa-chain"):
         return _head_drafter(kind, target, options.get("head_path"))
+    if kind.startswith("self-draft-"):
+        from specdec.drafters.self_draft import SelfDraft
+
+        return SelfDraft(target, weights=kind.rsplit("-", 1)[1])
     return LayerSkip(target, num_layers=options.get("draft_layers"))
 
 

@@ -149,9 +149,9 @@ def is_speech_checkpoint(path: str | Path, cache: bool = False) -> bool:
 def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None,
                weights: str | None = None):
     """AutoModelForCausalLM.from_pretrained(path) (AutoModelForSeq2SeqLM / AutoModelForSpeechSeq2Seq for an
-    encoder-decoder checkpoint), in eval mode on `device`; `weights` "int8" | "int4": its linear layers quantized
-    (weight-only, runtime/quantize.py), on the CPU."""
-    from specdec.runtime.quantize import check_format, quantize_model  # noqa: PLC0415
+    encoder-decoder checkpoint), in eval mode on `device`; `weights` "float32" | "bfloat16" | "int8" | "int4": its
+    linear layers on packed weights of that format (runtime/weights.py), on the CPU."""
+    from specdec.runtime.weights import check_format, pack_model  # noqa: PLC0415
 
     check_device(device)
     if check_format(weights) is not None and not str(device).startswith("cpu"):
@@ -169,7 +169,7 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype |
             f"and weights, nor a reachable hub id ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
             "check the path, or download the model first when offline"
         ) from exc
-    return quantize_model(model.to(device).eval(), weights) if weights else model.to(device).eval()
+    return pack_model(model.to(device).eval(), weights) if weights else model.to(device).eval()
 
 
 def load_tokenizer(path: str | Path):
@@ -194,5 +194,6 @@ def load(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None 
     """(model, tokenizer) from a local path or hub id: AutoModelForCausalLM + AutoTokenizer. Encoder-decoder
     checkpoints: AutoModelForSeq2SeqLM + AutoTokenizer, or AutoModelForSpeechSeq2Seq + AutoProcessor.
     "default-seq2seq" names the shipped seq2seq target (its draft: specdec.load_default_seq2seq()).
-    weights="int8" | "int4": weight-only quantization of the linear layers, on the CPU (docs/quantization.md)."""
+    weights="float32" | "bfloat16" | "int8" | "int4": the linear layers' weights in that format, packed for specdec's
+    CPU kernels (int8 / int4: weight-only quantization; docs/quantization.md)."""
     return load_model(path, device, dtype, weights), load_tokenizer(path)

@@ -1,7 +1,8 @@
 // specdec::packed_linear: y = x w^T (+ bias) on weights packed once, for every instruction-set tier and weight format.
 //
-//   pack_weight(w [N, K] float32 | bfloat16) -> packed weights (float32: [panels, K, PANEL]; bfloat16:
-//       [panels, K, PANEL], or [panels, ceil(K / 2), PANEL, 2] on AVX512_BF16 for its dot product);
+//   pack_weight(w [N, K] float32 | bfloat16, pairs=True) -> packed weights (float32: [panels, K, PANEL]; bfloat16:
+//       [panels, K, PANEL], or with pairs on AVX512_BF16 [panels, ceil(K / 2), PANEL, 2] for its dot product,
+//       which serves bfloat16 passes only);
 //   pack_quantized(q [N, K] int8, scales [N, ceil(K / G)] float32, bits 8 | 4, G) -> packed weights (int8 for
 //       8 bits, uint8 for 4: [panels, groups, bytes of a group: its scales, then its weights]);
 //   packed_linear(x [..., K] float32 | bfloat16, packed, bias [N] | None, N) -> [..., N] in x's dtype;
@@ -15,7 +16,7 @@
 // bfloat16 weights serve float32 passes (bfloat16 storage with float32 activations).
 //
 // Packing is per weight, never per pass, so every pass of a path gives a row the same bits
-// (runtime/fuse_linears.py packs a compiled pass's constant weights; runtime/quantize.py packs int8 and int4).
+// (runtime/fuse_linears.py packs a compiled pass's constant weights; runtime/weights.py packs int8 and int4).
 // Measured on the default target's linears, one thread (AMD EPYC Zen 5, AVX512_BF16): a one-row pass 1.47 -> 1.17 ms
 // in float32 against row_linear.cpp, 0.68 -> 0.57 ms in bfloat16 (docs/fastpath.md).
 #include <ATen/core/Tensor.h>
@@ -32,7 +33,7 @@ namespace {
 using specdec::packed::Fmt;
 namespace pk = specdec::packed;
 
-at::Tensor pack_weight(const at::Tensor& weight) {
+at::Tensor pack_weight(const at::Tensor& weight, bool pairs) {
   TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kFloat),
               "pack_weight: a bfloat16 or float32 [N, K] weight");
   const at::Tensor w = weight.contiguous();
@@ -43,7 +44,7 @@ at::Tensor pack_weight(const at::Tensor& weight) {
     return out;
   }
   const auto* bits = reinterpret_cast<const uint16_t*>(w.const_data_ptr<at::BFloat16>());
-  if (pk::has_pairs_format()) {
+  if (pairs && pk::has_pairs_format()) {
     at::Tensor out = at::empty({P, (K + 1) / 2, pk::PANEL, 2}, w.options());
     pk::pack_pairs(bits, N, K, reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>()));
     return out;
@@ -159,7 +160,7 @@ int64_t panel_width() { return pk::PANEL; }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specdec, m) {
-  m.def("pack_weight(Tensor weight) -> Tensor");
+  m.def("pack_weight(Tensor weight, bool pairs=True) -> Tensor");
   m.def("pack_quantized(Tensor q, Tensor scales, int bits, int group) -> Tensor");
   m.def("packed_linear(Tensor input, Tensor packed, Tensor? bias, int N) -> Tensor");
   m.def("panel_width() -> int");
