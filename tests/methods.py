@@ -87,6 +87,28 @@ SEQ2SEQ_TREE_METHODS = {
 SEQ2SEQ_TREE_STATISTICAL = ("multi-draft",)
 
 
+#: Drafters that read the target's own multi-token-prediction layer (`specdec.Mtp`). They need a target of an MTP
+#: family, so tests/test_mtp.py builds one of each family it supports (`models.tiny_mtp`: a tiny random config
+#: saved with MTP weights in the release's layout, loaded back) and runs every entry here in its greedy-identity
+#: suite (float64, against transformers' greedy generate) and its batching tests, and those in MTP_STATISTICAL
+#: in the statistical suite. A factory target -> Drafter, or -> (Drafter, {decoder options}), as METHODS.
+MTP_METHODS = {
+    "mtp": lambda target: specdec.Mtp(target),  # a chain: the layer's argmax at T = 0, sampled from warped q at T > 0
+    "mtp-tree": lambda target: specdec.Mtp(target, top_k=2, depth=3, max_nodes=6),  # EAGLE-2 tree, point masses
+    "mtp-static": lambda target: (specdec.Mtp(target), {"compile": "static"}),  # the target on its slot cache
+}
+#: One statistical check each (the chain's sampled q, the tree's point masses), at their own level (test_mtp.py).
+MTP_STATISTICAL = ("mtp", "mtp-tree")
+
+
+def build_mtp(name: str, target):
+    """(drafter, extra decoder options) for MTP_METHODS entry `name`."""
+    built = MTP_METHODS[name](target)
+    if isinstance(built, tuple):
+        return built[0], dict(built[1])
+    return built, {}
+
+
 def build(name: str, target, draft):
     """(drafter or None, extra decoder options) for registry entry `name`."""
     built = METHODS[name](target, draft)
