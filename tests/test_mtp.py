@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 import torch
@@ -88,8 +89,6 @@ def test_transformers_drops_the_mtp_layer_at_load(targets, arch):
     assert not any(k.startswith(prefix) or ".mtp" in k for k in target.state_dict())
     release_key = {"deepseek_v3": "model.layers.61.eh_proj.weight", "glm4_moe": "model.layers.92.eh_proj.weight",
                    "glm4_moe_lite": "model.layers.47.eh_proj.weight", "mellum": "mtp.fc.weight"}[arch]
-    import re
-
     assert any(re.search(p, release_key) for p in type(target)._keys_to_ignore_on_load_unexpected)
 
 
@@ -97,6 +96,7 @@ def test_transformers_drops_the_mtp_layer_at_load(targets, arch):
 def test_the_loaded_layer_is_the_checkpoint_s_and_the_target_is_untouched(targets, arch):
     target = targets[arch]
     before = {k: v.clone() for k, v in target.state_dict().items()}
+    config = target.config.to_dict()
     mtp = load_mtp(target)
     saved = load_file(f"{target.config.name_or_path}/model.safetensors")
     n = target.config.num_hidden_layers
@@ -114,8 +114,23 @@ def test_the_loaded_layer_is_the_checkpoint_s_and_the_target_is_untouched(target
         assert torch.equal(stacked[1], saved[f"model.layers.{n}.mlp.experts.1.down_proj.weight"].double())
     assert mtp.embed_tokens is target.get_input_embeddings() and mtp.shared_head is target.get_output_embeddings()
     assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())
-    assert "num_mtp_layers" not in target.config.to_dict() or target.config.to_dict() == type(target.config)(
-        **target.config.to_dict()).to_dict()  # nothing written on the target's config
+    assert target.config.to_dict() == config  # nothing written on the target's config (GLM-4.7-Flash: a copy's)
+
+
+def test_a_sharded_checkpoint_loads_the_same_layer(targets, tmp_path):
+    """A release in shards (model.safetensors.index.json): the MTP tensors are found through the index, across
+    shards, and give the same layer as the single file."""
+    source = targets["deepseek_v3"].config.name_or_path
+    state = load_file(f"{source}/model.safetensors")
+    keys = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": keys[::2], "model-00002-of-00002.safetensors": keys[1::2]}
+    for name, part in shards.items():
+        save_file({k: state[k] for k in part}, str(tmp_path / name), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: name for name, part in shards.items() for k in part}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    single, sharded = load_mtp(targets["deepseek_v3"]), load_mtp(targets["deepseek_v3"], checkpoint=tmp_path)
+    for (name, a), (_, b) in zip(single.layers.named_parameters(), sharded.layers.named_parameters()):
+        assert torch.equal(a, b), name
 
 
 # ------------------------------------------------------------------------------------- the layer's passes
@@ -369,9 +384,13 @@ def test_make_drafter_and_the_cli_draft_with_mtp(tmp_path, capsys):
     tokenizer = tiny_tokenizer()
     target = tiny_mtp(tmp_path / "t", "deepseek_v3", hidden=16, vocab=len(tokenizer))
     tokenizer.save_pretrained(tmp_path / "t")
-    assert make_drafter("mtp", target=target).top_k == 1
+    from specdec.server.app import served_methods
+
+    chain = make_drafter("mtp", target=target)
     tree = make_drafter("mtp-tree", target=target)
+    assert (chain.top_k, chain.capabilities.default_gamma, chain.capabilities.tree) == (1, 3, False)
     assert (tree.top_k, tree.depth, tree.max_nodes, tree.capabilities.tree) == (4, 3, 24, True)
+    assert served_methods(chain) == ("mtp",) and served_methods(tree) == ("mtp-tree",)  # `serve`'s method names
     with pytest.raises(specdec.ConfigError, match="--head does not apply to --drafter mtp"):
         make_drafter("mtp", target=target, head_path="x")
     code = cli_main(["generate", "--target", str(tmp_path / "t"), "--drafter", "mtp", "--prompt", "def add",
