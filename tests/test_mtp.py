@@ -340,6 +340,10 @@ def test_partial_mtp_weights_are_refused(targets, tmp_path):
     save_file(state, str(tmp_path / "partial" / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(specdec.ModelLoadError, match="partial or of another layout.*hnorm"):
         specdec.Mtp(targets["deepseek_v3"], checkpoint=tmp_path / "partial")
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "model.safetensors").write_bytes(b"\x08not a safetensors header")
+    with pytest.raises(specdec.ModelLoadError, match="not a readable safetensors file.*re-download"):
+        specdec.Mtp(targets["deepseek_v3"], checkpoint=tmp_path / "corrupt")
 
 
 def test_a_target_without_a_checkpoint_is_refused(targets):

@@ -35,7 +35,6 @@ import json
 import re
 from pathlib import Path
 
-import torch
 from transformers import PreTrainedModel
 
 from specdec.errors import ModelLoadError, UnsupportedModelError
@@ -134,7 +133,7 @@ def _resolve(source: str, filename: str) -> Path | None:
 
 def mtp_tensor_files(source: str, prefixes: tuple[str, ...]) -> dict[str, Path]:
     """{checkpoint key: safetensors file} of the first MTP layer's tensors in `source` (empty: it has none)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     index = _resolve(source, "model.safetensors.index.json")
     if index is not None:
@@ -153,7 +152,7 @@ def mtp_tensor_files(source: str, prefixes: tuple[str, ...]) -> dict[str, Path]:
     try:
         with safe_open(str(single), framework="pt") as f:
             return {k: single for k in f.keys() if _is_first_layer(k, prefixes)}
-    except Exception as exc:  # safetensors raises its own error types for a corrupt header
+    except (SafetensorError, OSError, ValueError) as exc:
         raise ModelLoadError(f"{single} is not a readable safetensors file ({type(exc).__name__}: {exc}); "
                              "re-download the checkpoint") from exc
 
