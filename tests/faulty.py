@@ -16,6 +16,7 @@ from specdec.core.tree import TreeMask, children
 from specdec.core.verify import Verdict, acceptance_ratio, kseq_residual, residual_distribution, verify_sampled
 from specdec.drafters.base import Proposal
 from specdec.drafters.draft_model import DraftModel
+from specdec.drafters.mtp import Mtp
 from specdec.drafters.tree import DraftTree
 from specdec.engine.verification import verify_round
 from specdec.runtime.causal_lm import CachedCausalLM
@@ -150,6 +151,22 @@ class UnmappedDraftVocab(DraftModel):
     @property
     def name(self) -> str:
         return "UnmappedDraftVocab(faulty)"
+
+
+class LateMtpQ(Mtp):
+    """BUG (the MTP drafter): draws each draft from the warped distribution of its own MTP step, but reports the
+    previous step's q for it (the q list one step behind the tokens: d_1 keeps its own q, d_i gets q_{i-1})."""
+
+    def propose(self, context, gamma, sampling, generator) -> Proposal:
+        proposal = super().propose(context, gamma, sampling, generator)
+        if proposal.draft_probs is None or len(proposal) < 2:
+            return proposal
+        q = proposal.draft_probs  # [γ, V]
+        return Proposal(proposal.tokens, torch.cat([q[:1], q[:-1]]))
+
+    @property
+    def name(self) -> str:
+        return "LateMtpQ(faulty)"
 
 
 #: name -> broken verify_fn, for loops in tests.

@@ -12,9 +12,10 @@ Thresholds and error rates
   null simulations with 674 cells), so with POSITIVE_CHECKS = 4 settings x 22 methods in tests/methods.py +
   the conditional-mode case + the JSON case + the CLI's 2 methods (at ALPHA) + every method once more in
   bfloat16 (22, at 2e-5) + 5 in test_trees.py / test_multi_draft.py / test_fastpath.py + 9 in
-  test_cross_vocab.py + 6 in test_seq2seq.py (at 1e-4) + the Whisper token tree (at 1e-5) = 135 checks (+5 per
-  method added to the registry), the probability that a correct implementation fails any of them is at most
-  92 x 8e-5 + 22 x 2e-5 + 20 x 1e-4 + 1e-5 = 0.98% (Bonferroni) for a random seed. Every
+  test_cross_vocab.py + 6 in test_seq2seq.py (at 1e-4) + the Whisper token tree and the MTP chain of
+  test_mtp.py (at 1e-5) = 136 checks (+5 per method added to the registry), the probability that a correct
+  implementation fails any of them is at most 92 x 8e-5 + 22 x 2e-5 + 20 x 1e-4 + 2 x 1e-5 = 0.98% (Bonferroni)
+  for a random seed. Every
   test declares the positive checks it runs (@positive, i.e. @pytest.mark.exactness_positive); an autouse
   fixture in conftest.py counts the checks each test actually runs against that, and
   test_family_wise_false_failure_rate_is_bounded sums the declarations of every test module. Seeds are
@@ -37,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from methods import CROSS_VOCAB_METHODS, METHODS, SEQ2SEQ_METHODS, SEQ2SEQ_TREE_STATISTICAL, build
+from methods import CROSS_VOCAB_METHODS, METHODS, MTP_STATISTICAL, SEQ2SEQ_METHODS, SEQ2SEQ_TREE_STATISTICAL, build
 from faulty import FAULTY_VERIFIERS, UnmappedDraftVocab, UnwarpedDraft
 from models import perturbed, tiny
 from scipy import stats
@@ -58,7 +59,7 @@ from specdec.exactness.gof import Group
 
 pytestmark = pytest.mark.statistical  # the whole module: draws and chi-square tests (make test runs it)
 
-ALPHA = 8e-5  # per positive check
+ALPHA = 7e-5  # per positive check
 NEGATIVE_P = 1e-6  # every negative control must reach this
 N = 3000  # draws per check
 VOCAB = 8
@@ -81,6 +82,9 @@ SEQ2SEQ_CHECKS = 2 * len(SEQ2SEQ_METHODS)  # tests/test_seq2seq.py: 2 settings p
 #: tests/test_seq2seq.py: one setting per tree method on Whisper, each at the lower level TREE_ALPHA
 SEQ2SEQ_TREE_CHECKS = len(SEQ2SEQ_TREE_STATISTICAL)
 TREE_ALPHA = 1e-5
+#: tests/test_mtp.py: one check per MTP method in MTP_STATISTICAL (MTP targets are their own), at MTP_ALPHA there
+MTP_CHECKS = len(MTP_STATISTICAL)
+MTP_ALPHA = 1e-5
 BF16_ALPHA = 2e-5  # test_every_method_is_exact_in_bfloat16
 
 
@@ -100,10 +104,12 @@ def positive(checks: int = 1, alpha: float = ALPHA):
 #: the seq2seq token-tree check at TREE_ALPHA.
 OTHER_CHECKS = 2 + 1 + 2 + CROSS_VOCAB_CHECKS + SEQ2SEQ_CHECKS
 BF16_CHECKS = len(METHODS)  # every method once more in bfloat16, at BF16_ALPHA
-POSITIVE_CHECKS = len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + OTHER_CHECKS + SEQ2SEQ_TREE_CHECKS + BF16_CHECKS
+POSITIVE_CHECKS = (len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + OTHER_CHECKS + SEQ2SEQ_TREE_CHECKS + BF16_CHECKS
+                   + MTP_CHECKS)
 #: Bonferroni bound on the chance that a correct implementation fails any of them.
-FWER_BOUND = ((POSITIVE_CHECKS - OTHER_CHECKS - SEQ2SEQ_TREE_CHECKS - BF16_CHECKS) * ALPHA + OTHER_CHECKS * 1e-4
-              + SEQ2SEQ_TREE_CHECKS * TREE_ALPHA + BF16_CHECKS * BF16_ALPHA)
+FWER_BOUND = ((POSITIVE_CHECKS - OTHER_CHECKS - SEQ2SEQ_TREE_CHECKS - BF16_CHECKS - MTP_CHECKS) * ALPHA
+              + OTHER_CHECKS * 1e-4 + SEQ2SEQ_TREE_CHECKS * TREE_ALPHA + BF16_CHECKS * BF16_ALPHA
+              + MTP_CHECKS * MTP_ALPHA)
 
 
 def test_family_wise_false_failure_rate_is_bounded(request):

@@ -67,6 +67,16 @@ def test_self_draft_shares_the_targets_tensors_and_leaves_it_float():
     assert spec.tokens == plain.tokens and spec.stats.accepted > 0
 
 
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_self_draft_on_the_slot_cache_is_plain_decoding(weights):
+    target = tiny("llama", hidden=64, layers=2, seed=5, dtype=torch.float32)
+    for prompt in PROMPTS:
+        plain = specdec.generate(target, prompt, max_new_tokens=20, compile="static")
+        spec = specdec.generate(target, prompt, drafter=specdec.SelfDraft(target, weights=weights, group=16), gamma=4,
+                                max_new_tokens=20, compile="static")
+        assert spec.tokens == plain.tokens and spec.stats.accepted > 0
+
+
 def test_self_draft_with_a_reduced_vocabulary_quantizes_its_reduced_head():
     target = tiny("llama", hidden=64, layers=2, dtype=torch.float32)
     ids = list(range(0, 96, 2))

@@ -30,6 +30,7 @@ _EXPORTS = {
     "MultiDraft": "specdec.drafters",
     "Eagle": "specdec.drafters",
     "Medusa": "specdec.drafters",
+    "Mtp": "specdec.drafters",
     "EagleHead": "specdec.heads",
     "MedusaHeads": "specdec.heads",
     "FastPathWarning": "specdec.runtime.compiled",

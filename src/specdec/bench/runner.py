@@ -98,11 +98,12 @@ def available_methods() -> list[str]:
 def listed_methods() -> list[str]:
     """The methods `--list-methods` shows: available_methods() less the EAGLE-3 ones when no EAGLE-3 head is
     shipped for the default target (as `generate` / `serve` list --drafter; still accepted by name, for a
-    BenchSettings whose drafter_options give a head_path)."""
+    BenchSettings whose drafter_options give a head_path), and less the MTP ones (they need a target with MTP
+    layers, DeepSeek-V3 and kin, not the default pair; accepted by name)."""
     from specdec.hub.default_pair import head_shipped
 
     eagle3 = head_shipped("eagle3")
-    return [m for m in available_methods() if eagle3 or not m.startswith("eagle3")]
+    return [m for m in available_methods() if (eagle3 or not m.startswith("eagle3")) and not m.startswith("mtp")]
 
 
 def is_gamma_free(method: str) -> bool:

@@ -127,8 +127,9 @@ def register(subparsers) -> None:
                         "'-chain' for one branch), --head or the heads shipped for the default target "
                         "('eagle3' / 'eagle3-chain': an EAGLE-3 head, --head DIR where none is shipped); "
                         "'draft-tli' / 'draft-slem' = a draft with another tokenizer; 'draft-vocab' = the draft "
-                        "model drafting from its --draft-vocab most frequent tokens (a cheaper draft step). With "
-                        "--target and no --draft: plain")
+                        "model drafting from its --draft-vocab most frequent tokens (a cheaper draft step); 'mtp' / "
+                        "'mtp-tree' = the target's own multi-token-prediction layer (DeepSeek-V3, GLM-4.5, "
+                        "GLM-4.7-Flash, Mellum), a chain or a tree. With --target and no --draft: plain")
     parser.add_argument("--ngram-max", type=int, default=None,
                         help="prompt-lookup: longest n-gram matched (default 3)")
     parser.add_argument("--ngram-min", type=int, default=None,

@@ -23,7 +23,8 @@ def register(subparsers) -> None:
     parser.add_argument("--drafter", **drafter_choices("none"),
                         default=None, help="how to draft (default: 'draft' when a draft model is available, else "
                         "none); 'prompt-lookup', 'bigram' and 'layer-skip' need no draft model, 'eagle' / "
-                        "'medusa' use the heads shipped for the default target ('eagle3': --head DIR where none is shipped)")
+                        "'medusa' use the heads shipped for the default target ('eagle3': --head DIR where none is shipped), "
+                        "'mtp' / 'mtp-tree' the target's own MTP layer (DeepSeek-V3, GLM-4.5, ...)")
     parser.add_argument("--head", default=None, metavar="PATH",
                         help="--drafter eagle / medusa: a head saved by `specdec train-head` (default: the heads "
                         "shipped for the default target)")

@@ -21,6 +21,7 @@ _CLASSES = {
     "Eagle": "specdec.drafters.eagle",
     "Medusa": "specdec.drafters.medusa",
     "SelfDraft": "specdec.drafters.self_draft",
+    "Mtp": "specdec.drafters.mtp",
 }
 
 
@@ -38,10 +39,12 @@ def __getattr__(name: str):
 #: "multi-draft" is MultiDraft's default scheme (recursive rejection sampling); "multi-draft-specinfer" /
 #: "multi-draft-spectr" pick the other two schemes (so `specdec bench` can run them side by side).
 #: "draft-vocab" is the draft model drafting from a reduced vocabulary (`DraftModel(draft_vocab=...)`): by default
-#: the DRAFT_VOCAB most frequent tokens of the default pair's training data.
+#: the DRAFT_VOCAB most frequent tokens of the default pair's training data. "mtp" / "mtp-tree": the target's own
+#: multi-token-prediction layer (`Mtp`: DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Mellum targets), a chain or an
+#: EAGLE-2 tree of EAGLE_TREE's shape.
 DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft", "eagle", "eagle-chain",
                  "medusa", "medusa-chain", "draft-tli", "draft-slem", "multi-draft-specinfer", "multi-draft-spectr",
-                 "eagle3", "eagle3-chain", "draft-vocab", "self-draft-int8", "self-draft-int4")
+                 "eagle3", "eagle3-chain", "draft-vocab", "self-draft-int8", "self-draft-int4", "mtp", "mtp-tree")
 
 #: Tokens the "draft-vocab" kind drafts from by default. On the default pair (8192 tokens) the 2048 most frequent
 #: hold 98% of the target's greedy tokens on held-out code, and the draft's greedy agreement with the target fell
@@ -72,6 +75,8 @@ DRAFTER_OPTIONS = {
     "eagle3-chain": {"head_path": "--head"},
     "medusa": {"head_path": "--head"},
     "medusa-chain": {"head_path": "--head"},
+    "mtp": {},
+    "mtp-tree": {},
 }
 
 #: EAGLE-2 tree shape used by the "eagle" kind (per level: expand the `top_k` best nodes; keep `max_nodes`).
@@ -138,8 +143,9 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     "bigram": a bigram table loaded from bigram_path (a file saved by Bigram.save), or else built from the
     target's own one-token predictions (Bigram.from_model). "layer-skip": the target's first draft_layers
     decoder layers (default half of them). "self-draft-int8" / "self-draft-int4": the target's own weights
-    quantized (SelfDraft). Options given as None are ignored; an option that does not apply
-    to `kind` is an error.
+    quantized (SelfDraft). "mtp" / "mtp-tree": the target's own MTP layer, read from the checkpoint the target
+    was loaded from (a chain, or an EAGLE_TREE-shaped tree). Options given as None are ignored; an option that
+    does not apply to `kind` is an error.
     """
     from specdec.drafters.bigram import Bigram
     from specdec.drafters.draft_model import DraftModel
@@ -202,10 +208,14 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
         from specdec.drafters.self_draft import SelfDraft
 
         return SelfDraft(target, weights=kind.rsplit("-", 1)[1])
+    if kind in ("mtp", "mtp-tree"):
+        from specdec.drafters.mtp import Mtp
+
+        return Mtp(target) if kind == "mtp" else Mtp(target, **EAGLE_TREE)
     return LayerSkip(target, num_layers=options.get("draft_layers"))
 
 
 __all__ = [
-    "DRAFTER_KINDS", "Bigram", "DraftModel", "DraftTree", "Drafter", "Eagle", "LayerSkip", "Medusa", "MultiDraft",
-    "PromptLookup", "Proposal", "make_drafter",
+    "DRAFTER_KINDS", "Bigram", "DraftModel", "DraftTree", "Drafter", "Eagle", "LayerSkip", "Medusa", "Mtp",
+    "MultiDraft", "PromptLookup", "Proposal", "make_drafter",
 ]
