@@ -210,7 +210,7 @@ def test_cli_export_writes_the_layout(tmp_path, target, monkeypatch, capsys):
     assert set(load_file(str(tmp_path / "o3" / "model.safetensors"))) == set(EXPECTED["eagle3"])
 
 
-@pytest.mark.parametrize("fmt", ["vllm-eagle", "vllm-medusa"])
+@pytest.mark.parametrize("fmt", ["vllm-eagle", "eagle3", "vllm-medusa"])
 def test_cli_exports_the_shipped_default_heads(tmp_path, fmt):
     from specdec.cli import main
 
@@ -220,9 +220,12 @@ def test_cli_exports_the_shipped_default_heads(tmp_path, fmt):
     expected = {k for k in EXPECTED[fmt] if not k.startswith(("blocks.", "lm_heads."))} if fmt == "vllm-eagle" else None
     if fmt == "vllm-eagle":
         assert set(tensors) == expected and tuple(tensors["fc.weight"].shape) == (384, 768)
+    elif fmt == "eagle3":  # the shipped EAGLE-3 head reads out through the target's LM head: no d2t / t2d
+        assert "d2t" not in tensors and "t2d" not in tensors
+        assert tuple(tensors["fc.weight"].shape) == (384, 3 * 384) and tuple(tensors["lm_head.weight"].shape) == (8192, 384)
     else:
         assert tuple(tensors["lm_heads.0.weight"].shape) == (8192, 384)
     again = load_exported(tmp_path / "out", target)
-    shipped = specdec.load_default_heads(target)["eagle" if fmt == "vllm-eagle" else "medusa"]
+    shipped = specdec.load_default_heads(target)[{"vllm-eagle": "eagle", "eagle3": "eagle3"}.get(fmt, "medusa")]
     for a, b in zip(shipped.state_dict().values(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b)
