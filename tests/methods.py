@@ -48,7 +48,25 @@ METHODS = {
     "eagle3": lambda target, draft: specdec.Eagle(target, _reduced_eagle3(target), top_k=2, depth=4, max_nodes=8),
     "medusa": lambda target, draft: specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=4, seed=0),
                                                    tree=specdec.drafters.medusa.DEFAULT_TREE),
+    # Model-free trees from a suffix trie over the request and a cache of earlier requests' outputs.
+    "suffix": lambda target, draft: suffix_drafter(),
 }
+
+
+#: Earlier "requests" in the suffix cache of the registry's SuffixDecoding: continuations of the statistical
+#: suite's prompt [1, 2, 1, 1, 2] that disagree, so its trees branch (and the cache, matching 5 tokens, outbids
+#: the request's own 2-token match).
+SUFFIX_HISTORY = ([1, 2, 0], [1, 2, 0], [1, 2, 0], [1, 2, 0], [1, 1, 3], [0, 4, 4])
+
+
+def suffix_drafter(cls=None):
+    """A SuffixDecoding (or subclass `cls`) whose cache holds SUFFIX_HISTORY after the suite's prompt."""
+    from specdec.drafters.suffix import SuffixCache
+
+    cache = SuffixCache(depth=16)
+    for key, tail in enumerate(SUFFIX_HISTORY):
+        cache.store(("history", key), [1, 2, 1, 1, 2, *tail])
+    return (cls or specdec.SuffixDecoding)(max_nodes=6, max_depth=4, cache=cache)
 
 
 def _two_in_three(draft):

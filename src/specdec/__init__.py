@@ -41,6 +41,8 @@ _EXPORTS = {
     "LayerSkip": "specdec.drafters",
     "PromptLookup": "specdec.drafters",
     "Proposal": "specdec.drafters",
+    "SuffixDecoding": "specdec.drafters",
+    "SuffixCache": "specdec.drafters",
     "ConfigError": "specdec.errors",
     "IncompatibleModelsError": "specdec.errors",
     "ModelLoadError": "specdec.errors",

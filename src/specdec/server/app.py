@@ -129,7 +129,7 @@ def served_methods(drafter) -> tuple[str, ...]:
     if kind == "Medusa":
         return ("medusa", "medusa-chain") if drafter.tree is None else ("medusa",)
     names = {"DraftModel": "draft", "LayerSkip": "layer-skip", "PromptLookup": "prompt-lookup",
-             "Bigram": "bigram", "DraftTree": "draft-tree", "MultiDraft": "multi-draft"}
+             "Bigram": "bigram", "DraftTree": "draft-tree", "MultiDraft": "multi-draft", "SuffixDecoding": "suffix"}
     return (names.get(kind, kind),)
 
 
