@@ -179,7 +179,7 @@ def test_the_request_index_is_updated_incrementally_with_committed_tokens_only()
 
 def test_proposes_the_continuation_of_an_earlier_request_and_reruns_are_drafted_afresh():
     cache = SuffixCache(depth=16)
-    drafter = SuffixDecoding(max_nodes=8, max_depth=8, cache=cache)
+    drafter = SuffixDecoding(max_nodes=8, max_depth=8, max_spec_offset=0, cache=cache)
     first = [10, 11, 12]
     drafter.reset(torch.tensor(first))
     output = [20, 21, 22, 23, 24, 25, 26, 27, 28]
@@ -188,7 +188,7 @@ def test_proposes_the_continuation_of_an_earlier_request_and_reruns_are_drafted_
     assert cache.tokens == len(output) and len(cache) == 1
     proposal = drafter.propose(torch.tensor([30, 31, 20, 21, 22, 23]), 8, specdec.SamplingConfig(0.0), None)
     assert proposal.tokens.tolist() == [24, 25, 26, 27] and proposal.parents is None  # 4 matched: 4 nodes
-    assert drafter.last["source"] == "cache"
+    assert drafter.last["matched"] == {"cache": 4}  # the request itself has no repeat
     drafter.commit(torch.tensor([30, 31, 20, 21, 22, 23, 24]), 0)
     drafter.reset(torch.tensor(first))  # request 1 again: its cached entry leaves, it drafts as the first time did
     assert len(cache) == 1 and cache.tokens == 1  # request 2's output, [24]
@@ -215,7 +215,7 @@ def test_fast_path_budgets_pad_the_tree_to_the_compiled_widths():
     cache = SuffixCache(depth=16)
     cache.store(0, [1, 2, 3, 4, 5, 6, 7, 8, 9] * 2)
     for fast, want in ((False, 2), (True, 3)):  # a 2-token match earns 2 nodes; the fast path pays for 3
-        drafter = SuffixDecoding(max_nodes=12, max_depth=8, cache=cache)
+        drafter = SuffixDecoding(max_nodes=12, max_depth=8, max_spec_offset=0, cache=cache)
         drafter.use_fast_path(fast)
         drafter.reset(torch.tensor([0, 1, 2]))
         assert len(drafter.propose(torch.tensor([0, 1, 2]), 8, specdec.SamplingConfig(0.0), None)) == want

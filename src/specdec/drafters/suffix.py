@@ -274,7 +274,7 @@ class SuffixTrie:
                 kids = heapq.nlargest(room, kids, key=_first)
             for count, t, child in kids:
                 nxt = (child, None, 0) if type(child) is dict else (None, child[0], child[1] + 1)
-                heapq.heappush(heap, (-prob * count / total, order, t, nxt, parent, d + 1))
+                heapq.heappush(heap, (-(prob * (count / total)), order, t, nxt, parent, d + 1))  # <= prob
                 order += 1
 
         push_children(where, 1.0, -1, 0, discount)
@@ -357,7 +357,8 @@ class SuffixDecoding(Drafter):
 
     max_nodes: the most nodes a proposal has (the eager path's widest verification pass is max_nodes + 1 rows).
     max_depth: the deepest a proposal goes (its default γ; an explicit γ caps it further).
-    max_spec_factor, max_spec_offset: a pattern of m tokens earns at most floor(factor · m + offset) nodes.
+    max_spec_factor, max_spec_offset: a pattern of m tokens earns at most floor(factor · m + offset) nodes
+        (vLLM's defaults are 1 and 0; on this project's CPU the offset 4 measured better, docs/suffix.md).
     min_token_prob: nodes whose estimated probability (the product of count ratios along the path) is lower are
         not proposed (on the fast path they may still fill rows the padded pass pays for anyway).
     cache: the cross-request cache (default: a new `SuffixCache()`, shared with this drafter's forks); pass one
@@ -367,7 +368,7 @@ class SuffixDecoding(Drafter):
     vocab_size = None  # no vocabulary of its own: any target works
 
     def __init__(self, max_nodes: int = 15, max_depth: int = 15, max_spec_factor: float = 1.0,
-                 max_spec_offset: float = 0.0, min_token_prob: float = 0.1, cache: SuffixCache | None = None):
+                 max_spec_offset: float = 4.0, min_token_prob: float = 0.1, cache: SuffixCache | None = None):
         self.max_nodes = _check_int("max_nodes", max_nodes, 1)
         self.max_depth = _check_int("max_depth", max_depth, 1)
         self.max_spec_factor = _check_float("max_spec_factor", max_spec_factor, 0.0)
@@ -381,7 +382,7 @@ class SuffixDecoding(Drafter):
             raise ConfigError(f"max_depth ({max_depth}) must be below the cache's suffix depth ({self.cache.depth}): "
                               f"lower max_depth or pass cache=SuffixCache(depth={self.max_depth + 17})")
         self.fast = False
-        self.last: dict | None = None  # the last proposal's source, pattern length and score (for reports)
+        self.last: dict | None = None  # the last proposal: pattern length per trie, score, nodes (for reports)
         self._start_request(None, None)
 
     def _start_request(self, key: object, prompt: torch.Tensor | None) -> None:
@@ -456,31 +457,37 @@ class SuffixDecoding(Drafter):
         return max(0, min(self.max_nodes, int(self.max_spec_factor * matched + self.max_spec_offset + 1e-6)))
 
     def draft(self, gamma: int) -> tuple[list[int], list[int], list[float]]:
-        """(tokens, parents, scores) of the proposal continuing the indexed context, at most `gamma` deep."""
-        context = self._seq
+        """(tokens, parents, scores) of the proposal continuing the indexed context, at most `gamma` deep: the
+        trees grown in the request's trie and in the cache, merged (a path found in both scores the higher of
+        its two scores), best first, as many nodes as the longer match earns (on the fast path: its padded
+        width)."""
         depth = min(gamma, self.max_depth)
         longest = self.cache.depth - self.max_depth  # the pattern leaves room for a max_depth-deep tree
-        best = ([], [], [], [])
-        best_score, source, matched = 0.0, None, 0
-        tail = context[-longest:]
+        trees, walked, limit, matched = [], [], 0, {}
         for name, trie, discount in (("request", self._local, 1), ("cache", self.cache.trie, 0)):
             if trie.tokens == 0:
                 continue
             # In its own trie the context's suffixes are indexed: those seen before end at shared nodes.
-            m, where = trie.repeated(self._seq, longest) if trie is self._local else trie.longest_match(tail, longest)
+            if trie is self._local:
+                m, where = trie.repeated(self._seq, longest)
+            else:
+                m, where = trie.longest_match(self._seq[-longest:], longest)
             if m == 0:
                 continue
             budget = self.budget(m)
             fill = _padded(budget, self.plan(None)) if self.fast else 0
-            grown = trie.grow(where, m, budget, depth, self.min_token_prob, fill=fill,
-                              discount=discount if where[0] is not None else 0)
-            score = sum(grown[2][:budget]) if budget else 0.0
-            if grown[0] and (source is None or score > best_score):
-                best, best_score, source, matched = grown, score, name, m
-        if source == "cache":
-            self.cache.used(best[3])
-        self.last = {"source": source, "matched": matched, "score": best_score, "nodes": len(best[0])}
-        return best[0], best[1], best[2]
+            tokens, parents, scores, seqs = trie.grow(where, m, budget, depth, self.min_token_prob, fill=fill,
+                                                      discount=discount if where[0] is not None else 0)
+            if tokens:
+                trees.append((tokens, parents, scores))
+                walked += seqs
+                limit = max(limit, budget, fill)
+                matched[name] = m
+        tokens, parents, scores = _merge(trees, limit)
+        if walked:
+            self.cache.used(walked)
+        self.last = {"matched": matched, "score": sum(scores), "nodes": len(tokens)}
+        return tokens, parents, scores
 
     def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
@@ -492,6 +499,32 @@ class SuffixDecoding(Drafter):
         # A point mass on every node at any temperature: q(x) = 1 for the proposed token.
         return Proposal(tokens=torch.tensor(tokens, dtype=torch.long, device=device),  # [N]
                         parents=torch.tensor(parents, dtype=torch.long))  # [N]
+
+
+def _merge(trees: list[tuple[list[int], list[int], list[float]]], limit: int):
+    """The trees (tokens, parents, scores) as one: a path in several keeps its highest score; the `limit` best
+    nodes (a node never scores above its parent, so they form a tree), parents first."""
+    if len(trees) == 1:
+        tokens, parents, scores = trees[0]
+        return tokens[:limit], parents[:limit], scores[:limit]
+    best: dict[tuple[int, ...], list] = {}  # path -> [score, first seen]
+    for tokens, parents, scores in trees:
+        paths: list[tuple[int, ...]] = []
+        for token, parent, score in zip(tokens, parents, scores):
+            path = (paths[parent] if parent >= 0 else ()) + (token,)
+            paths.append(path)
+            if path in best:
+                best[path][0] = max(best[path][0], score)
+            else:
+                best[path] = [score, len(best)]
+    index: dict[tuple[int, ...], int] = {}
+    for path in sorted(best, key=lambda path: (-best[path][0], len(path), best[path][1])):
+        if len(index) == limit:
+            break
+        if len(path) == 1 or path[:-1] in index:  # always so: a parent scores at least its child, and sorts first
+            index[path] = len(index)
+    return ([path[-1] for path in index], [index.get(path[:-1], -1) for path in index],
+            [best[path][0] for path in index])
 
 
 def _first(item: tuple) -> object:
