@@ -376,7 +376,9 @@ def test_make_drafter_builds_every_kind(targets, tmp_path):
     assert set(DRAFTER_KINDS) == {"draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft",
                                   "eagle", "eagle-chain", "medusa", "medusa-chain", "draft-tli", "draft-slem",
                                   "multi-draft-specinfer", "multi-draft-spectr", "eagle3", "eagle3-chain",
-                                  "draft-vocab"}
+                                  "draft-vocab", "suffix"}
+    suffix = make_drafter("suffix", max_nodes=7, tree_depth=5, suffix_cache_tokens=100)
+    assert (suffix.max_nodes, suffix.max_depth, suffix.cache.max_tokens) == (7, 5, 100)
     tree = make_drafter("draft-tree", draft=target, tree_top_k=2, tree_depth=3, max_nodes=7)
     assert (tree.top_k, tree.depth, tree.max_nodes) == (2, 3, 7)
     assert make_drafter("multi-draft", draft=target, num_drafts=5, replacement=False).num_drafts == 5
@@ -406,7 +408,7 @@ def test_cli_generate_with_each_drafter(tmp_path, capsys):
     tok.save_pretrained(tmp_path / "t")
     base = ["generate", "--target", str(tmp_path / "t"), "--prompt", "x = x + 1\nx = x + 1\n",
             "--max-new-tokens", "6"]
-    for extra in (["--drafter", "prompt-lookup", "--ngram-max", "2"], ["--drafter", "bigram"],
+    for extra in (["--drafter", "prompt-lookup", "--ngram-max", "2"], ["--drafter", "bigram"], ["--drafter", "suffix"],
                   ["--drafter", "layer-skip", "--draft-layers", "2", "--gamma", "auto"]):
         assert cli_main(base + extra) == 0, extra
         assert "τ=" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from models import tiny
 
 import specdec
 from specdec.drafters.suffix import COUNT, FAST_BUDGETS, SuffixCache, SuffixDecoding, SuffixRows, SuffixTrie
-from specdec.engine.batch import generate_batch
+from specdec.engine.batch import BatchDecoder, generate_batch
 from specdec.errors import ConfigError
 from specdec.exactness import check_exactness
 
@@ -251,6 +251,25 @@ def test_forks_share_the_cache_and_batch_rows_feed_it_when_they_leave():
     out = generate_batch(target, prompts, drafter=drafter, max_new_tokens=12, eos_token_id=[])
     assert [o.tokens for o in out] == lone
     assert len(drafter.cache) == 3 and drafter.cache.tokens == 3 * 12
+
+
+def test_a_server_decoder_keeps_one_cache_across_requests():
+    """The server's decoder (a BatchDecoder over the one drafter it was given): a request that finished is in the
+    cache when the next one starts, and the next one's row drafts from that same cache."""
+    target = tiny("llama", hidden=32, layers=2)
+    drafter = SuffixDecoding(max_nodes=6, max_depth=4, cache=SuffixCache(max_tokens=40))
+    decoder = BatchDecoder(target, drafter)
+    outputs = []
+    for key, prompt in enumerate(([5, 6, 7], [8, 9], [10, 11, 12], [13])):
+        decoder.add(key, prompt, gamma=4, max_new_tokens=16, eos_token_id=[])
+        got = []
+        while len(decoder):
+            for event in decoder.step():
+                got.extend(event.tokens)
+        outputs.append(got)
+        assert drafter.cache.entries and drafter.cache.tokens <= 40  # bounded: the oldest requests left
+        assert list(drafter.cache.entries.values())[-1] == got  # the request just finished, whole
+    assert len(drafter.cache) == 2
 
 
 # ------------------------------------------------------------------------------------------ negative control

@@ -1,14 +1,14 @@
 """`SuffixDecoding`: model-free drafting from a suffix trie over this request's tokens and earlier requests'
 outputs (SuffixDecoding, Oliaro et al., arXiv 2411.04975; vLLM's `suffix` speculative method).
 
-Each round the longest suffix of the committed context (the *pattern*, at most `depth` − 1 tokens) is looked up
-in two tries: the request's own (its prompt and output so far) and a `SuffixCache` shared by every request of a
-drafter and its forks (the outputs of earlier requests). From where the pattern ends, the continuations seen
-after its earlier occurrences are grown best first into a token tree: a node's score is the product, along its
-path, of count(child) / count(parent), so a continuation seen 3 times in 4 scores 0.75. Nodes scoring below
-`min_token_prob` are dropped and at most `max_spec_factor` · len(pattern) + `max_spec_offset` nodes (and
-`max_nodes`) are proposed: a long match earns a big tree, a one-token match a single guess. Of the two tries the
-one whose tree scores higher (the sum of its nodes' scores, the expected number of accepted tokens) drafts.
+Each round the longest suffix of the committed context seen before (the *pattern*, at most `depth` − `max_depth`
+tokens, so that the tree has room below it) is looked up in two tries: the request's own (its prompt and output
+so far) and a `SuffixCache` shared by every request of a drafter and its forks (the outputs of earlier requests).
+From where the pattern ends, the continuations seen after its earlier occurrences are grown best first into a
+token tree: a node's score is the product, along its path, of count(child) / count(parent), so a continuation seen
+3 times in 4 scores 0.75. Nodes scoring below `min_token_prob` are dropped and at most `max_spec_factor` ·
+len(pattern) + `max_spec_offset` nodes (and `max_nodes`) are proposed: a long match earns a big tree, a short one
+a small guess. The two tries' trees are merged (a path in both keeps its higher score) and the best nodes kept.
 Every node is a deterministic function of the context and the cache, a point mass (draft_probs=None), so
 verification stays exact at every temperature.
 
@@ -372,11 +372,11 @@ class SuffixDecoding(Drafter):
         self.max_nodes = _check_int("max_nodes", max_nodes, 1)
         self.max_depth = _check_int("max_depth", max_depth, 1)
         self.max_spec_factor = _check_float("max_spec_factor", max_spec_factor, 0.0)
-        self.max_spec_offset = _check_float("max_spec_offset", max_spec_offset, -1e9)
+        self.max_spec_offset = _check_float("max_spec_offset", max_spec_offset, -float(self.max_nodes))
         self.min_token_prob = _check_float("min_token_prob", min_token_prob, 0.0, 1.0)
         if cache is not None and not isinstance(cache, SuffixCache):
-            raise ConfigError(f"cache must be a specdec.drafters.suffix.SuffixCache (or None for a new one), "
-                              f"got {type(cache).__name__}")
+            raise ConfigError(f"cache must be a specdec.SuffixCache (or None for a new one), got "
+                              f"{type(cache).__name__}; share a cache by passing the same SuffixCache to each drafter")
         self.cache = SuffixCache() if cache is None else cache
         if self.max_depth >= self.cache.depth:
             raise ConfigError(f"max_depth ({max_depth}) must be below the cache's suffix depth ({self.cache.depth}): "
