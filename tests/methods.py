@@ -50,6 +50,8 @@ METHODS = {
                                                    tree=specdec.drafters.medusa.DEFAULT_TREE),
     # Model-free trees from a suffix trie over the request and a cache of earlier requests' outputs.
     "suffix": lambda target, draft: suffix_drafter(),
+    # The same on the slot cache: its node budgets are verification shapes, the padded rows filled with nodes.
+    "suffix-static": lambda target, draft: (suffix_drafter(), {"compile": "static"}),
 }
 
 
