@@ -50,7 +50,7 @@ DEFAULT_DEPTH = 32
 #: Tokens a `SuffixCache` keeps unless told otherwise (whole requests; the least recently used leave first).
 DEFAULT_CACHE_TOKENS = 1 << 16
 #: Node budgets on the fast path (each budget + 1 rows is a compiled verification shape; 0: a plain pass).
-FAST_BUDGETS = (0, 3, 7, 15)
+FAST_BUDGETS = (0, 3, 7, 15)  # max_nodes caps them (7 by default: 1, 4 and 8 rows)
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -358,7 +358,8 @@ class SuffixDecoding(Drafter):
     max_nodes: the most nodes a proposal has (the eager path's widest verification pass is max_nodes + 1 rows).
     max_depth: the deepest a proposal goes (its default γ; an explicit γ caps it further).
     max_spec_factor, max_spec_offset: a pattern of m tokens earns at most floor(factor · m + offset) nodes
-        (vLLM's defaults are 1 and 0; on this project's CPU the offset 4 measured better, docs/suffix.md).
+        (vLLM's defaults are 1 and 0; here offset 1 and max_nodes 7 suit a CPU pass, whose cost grows with its
+        rows: docs/suffix.md).
     min_token_prob: nodes whose estimated probability (the product of count ratios along the path) is lower are
         not proposed (on the fast path they may still fill rows the padded pass pays for anyway).
     cache: the cross-request cache (default: a new `SuffixCache()`, shared with this drafter's forks); pass one
@@ -367,8 +368,8 @@ class SuffixDecoding(Drafter):
 
     vocab_size = None  # no vocabulary of its own: any target works
 
-    def __init__(self, max_nodes: int = 15, max_depth: int = 15, max_spec_factor: float = 1.0,
-                 max_spec_offset: float = 4.0, min_token_prob: float = 0.1, cache: SuffixCache | None = None):
+    def __init__(self, max_nodes: int = 7, max_depth: int = 15, max_spec_factor: float = 1.0,
+                 max_spec_offset: float = 1.0, min_token_prob: float = 0.1, cache: SuffixCache | None = None):
         self.max_nodes = _check_int("max_nodes", max_nodes, 1)
         self.max_depth = _check_int("max_depth", max_depth, 1)
         self.max_spec_factor = _check_float("max_spec_factor", max_spec_factor, 0.0)
