@@ -210,6 +210,7 @@ def test_a_tree_where_continuations_disagree():
 def test_fast_path_budgets_pad_the_tree_to_the_compiled_widths():
     drafter = SuffixDecoding(max_nodes=12, max_depth=8)
     assert drafter.plan(None) == ()
+    assert SuffixDecoding().capabilities.default_gamma == 7  # the default tree (7 nodes) is at most 7 deep
     drafter.use_fast_path(True)
     assert drafter.plan(None) == tuple(b for b in FAST_BUDGETS if b < 12) + (12,)
     cache = SuffixCache(depth=16)

@@ -401,10 +401,10 @@ class SuffixDecoding(Drafter):
 
     @property
     def capabilities(self) -> DrafterCapabilities:
-        """A tree of at most max_nodes nodes, max_depth deep; batched as a fork per row whose request enters the
-        shared cache when its row leaves (`SuffixRows`)."""
-        return DrafterCapabilities(tree=True, batched=SuffixRows, default_gamma=self.max_depth,
-                                   max_nodes=self.max_nodes)
+        """A tree of at most max_nodes nodes, max_depth (and max_nodes) deep; batched as a fork per row whose request
+        enters the shared cache when its row leaves (`SuffixRows`)."""
+        return DrafterCapabilities(tree=True, batched=SuffixRows, default_gamma=min(self.max_depth, self.max_nodes),
+                                   max_nodes=self.max_nodes)  # a tree of max_nodes is at most that deep
 
     def fork(self) -> SuffixDecoding:
         """The same settings and the same cache; its own request."""
