@@ -51,7 +51,27 @@ METHODS = {
     # The target's own weights quantized (int4: the farthest from the target); its fast path and int8:
     # tests/test_quantize.py (the same drafter, other kernels).
     "self-draft": lambda target, draft: specdec.SelfDraft(target, weights="int4", group=8),
+    # Model-free trees from a suffix trie over the request and a cache of earlier requests' outputs.
+    "suffix": lambda target, draft: suffix_drafter(),
+    # The same on the slot cache: its node budgets are verification shapes, the padded rows filled with nodes.
+    "suffix-static": lambda target, draft: (suffix_drafter(), {"compile": "static"}),
 }
+
+
+#: Earlier "requests" in the suffix cache of the registry's SuffixDecoding: continuations of the statistical
+#: suite's prompt [1, 2, 1, 1, 2] that disagree, so its trees branch (and the cache, matching 5 tokens, outbids
+#: the request's own 2-token match).
+SUFFIX_HISTORY = ([1, 2, 0], [1, 2, 0], [1, 2, 0], [1, 2, 0], [1, 1, 3], [0, 4, 4])
+
+
+def suffix_drafter(cls=None):
+    """A SuffixDecoding (or subclass `cls`) whose cache holds SUFFIX_HISTORY after the suite's prompt."""
+    from specdec.drafters.suffix import SuffixCache
+
+    cache = SuffixCache(depth=16)
+    for key, tail in enumerate(SUFFIX_HISTORY):
+        cache.store(("history", key), [1, 2, 1, 1, 2, *tail])
+    return (cls or specdec.SuffixDecoding)(max_nodes=6, max_depth=4, cache=cache)
 
 
 def _two_in_three(draft):

@@ -43,6 +43,8 @@ _EXPORTS = {
     "SelfDraft": "specdec.drafters",
     "PromptLookup": "specdec.drafters",
     "Proposal": "specdec.drafters",
+    "SuffixDecoding": "specdec.drafters",
+    "SuffixCache": "specdec.drafters",
     "ConfigError": "specdec.errors",
     "IncompatibleModelsError": "specdec.errors",
     "ModelLoadError": "specdec.errors",

@@ -40,7 +40,7 @@ HF_METHODS = ("hf-plain", "hf-plain-f32", "hf-assisted", "hf-assisted-heuristic"
               "hf-plain-compiled")
 #: Methods whose γ is not set by --gamma (run once, not once per γ).
 GAMMA_FREE = ("plain", "hf-plain", "hf-plain-f32", "hf-assisted-heuristic", "hf-plain-compiled", "draft-tree", "draft-tree-auto",
-              "ov-plain", "vllm-plain")
+              "ov-plain", "vllm-plain", "suffix")
 #: A run slower than this many times the fastest run of the same config and prompt is reported as stalled.
 SLOW_RUN_FACTOR = 3.0
 #: Methods that need the draft model.
@@ -58,7 +58,7 @@ POLICY_SUFFIXES = ("-auto", "-heuristic")
 COMPILED = "-compiled"
 #: Drafters whose fast path is measured (model-free drafters only compile the target).
 COMPILED_KINDS = ("draft", "draft-vocab", "prompt-lookup", "bigram", "draft-tree", "eagle", "eagle-chain", "eagle3", "eagle3-chain",
-                  "self-draft-int8", "self-draft-int4")
+                  "self-draft-int8", "self-draft-int4", "suffix")
 #: "draft-tree-auto": DraftTree(max_nodes="auto"), its node budget chosen online (not gamma="auto").
 TREE_AUTO = "draft-tree-auto"
 

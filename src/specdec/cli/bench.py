@@ -10,7 +10,8 @@ methods:
   plain                   specdec's loop with no drafter (plain decoding, same code path)
   <drafter>               specdec with that drafter at each --gamma: one per specdec drafter kind
                           (draft = the --draft model; draft-vocab = the same drafting from its 2048 most
-                          frequent tokens, default pair only; prompt-lookup, bigram, layer-skip)
+                          frequent tokens, default pair only; prompt-lookup, bigram, layer-skip; suffix =
+                          SuffixDecoding, its tree depth its own, its cache fed by the earlier prompts)
   <drafter>-auto          the same drafter with gamma='auto' (adaptive γ), e.g. draft-auto
   <drafter>-heuristic     the same drafter with transformers' γ schedule (+2 if all accepted, else -1),
                           in specdec's loop (specdec.HeuristicGamma), e.g. draft-heuristic
@@ -44,6 +45,7 @@ speedup_vs_gamma.png, tau_measured_vs_predicted.png, acceptance_by_position.png;
 examples:
   specdec bench --methods plain,draft,hf-plain,hf-assisted --gamma 1..8 --prompts code
   specdec bench --methods prompt-lookup,hf-prompt-lookup,hf-plain --gamma 2,4,8 --prompts edit
+  specdec bench --methods prompt-lookup-compiled,suffix-compiled --gamma 4,6 --prompts agent --num-prompts 8
   specdec bench --target PATH --draft PATH --prompts my_prompts.jsonl --temperature 0.8 --top-p 0.95
   specdec bench --methods plain-compiled,draft-compiled,ov-plain,ov-speculative --gamma 4,6 --dtype bfloat16
 """
@@ -120,7 +122,8 @@ def register(subparsers) -> None:
     prompts = parser.add_argument_group("prompts")
     prompts.add_argument("--prompts", default="code",
                          help="'code' (continue held-out stdlib files), 'edit' (rewrite a held-out function "
-                         "with an argument renamed: the answer repeats the prompt), or a file: one prompt per "
+                         "with an argument renamed: the answer repeats the prompt), 'agent' (multi-turn tool-call "
+                         "sessions whose requests repeat each other, run in order), or a file: one prompt per "
                          "line, or JSONL with a \"prompt\" field for multi-line prompts (default code)")
     prompts.add_argument("--num-prompts", type=int, default=4, help="prompts to use (default 4)")
     prompts.add_argument("--prompt-tokens", type=int, default=128,

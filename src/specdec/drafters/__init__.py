@@ -22,6 +22,8 @@ _CLASSES = {
     "Medusa": "specdec.drafters.medusa",
     "SelfDraft": "specdec.drafters.self_draft",
     "Mtp": "specdec.drafters.mtp",
+    "SuffixDecoding": "specdec.drafters.suffix",
+    "SuffixCache": "specdec.drafters.suffix",
 }
 
 
@@ -41,10 +43,13 @@ def __getattr__(name: str):
 #: "draft-vocab" is the draft model drafting from a reduced vocabulary (`DraftModel(draft_vocab=...)`): by default
 #: the DRAFT_VOCAB most frequent tokens of the default pair's training data. "mtp" / "mtp-tree": the target's own
 #: multi-token-prediction layer (`Mtp`: DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Mellum targets), a chain or an
-#: EAGLE-2 tree of EAGLE_TREE's shape.
+#: EAGLE-2 tree of EAGLE_TREE's shape. "suffix" is SuffixDecoding: trees from a suffix trie over the request and a
+#: cache of earlier requests' outputs (one cache per drafter and its forks). "self-draft-int8" / "self-draft-int4":
+#: the target's own weights quantized (SelfDraft).
 DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft", "eagle", "eagle-chain",
                  "medusa", "medusa-chain", "draft-tli", "draft-slem", "multi-draft-specinfer", "multi-draft-spectr",
-                 "eagle3", "eagle3-chain", "draft-vocab", "self-draft-int8", "self-draft-int4", "mtp", "mtp-tree")
+                 "eagle3", "eagle3-chain", "draft-vocab", "self-draft-int8", "self-draft-int4", "mtp", "mtp-tree",
+                 "suffix")
 
 #: Tokens the "draft-vocab" kind drafts from by default. On the default pair (8192 tokens) the 2048 most frequent
 #: hold 98% of the target's greedy tokens on held-out code, and the draft's greedy agreement with the target fell
@@ -77,6 +82,8 @@ DRAFTER_OPTIONS = {
     "medusa-chain": {"head_path": "--head"},
     "mtp": {},
     "mtp-tree": {},
+    "suffix": {"max_nodes": "--max-nodes", "tree_depth": "--tree-depth", "min_token_prob": "--min-token-prob",
+               "max_spec_factor": "--max-spec-factor", "suffix_cache_tokens": "--suffix-cache-tokens"},
 }
 
 #: EAGLE-2 tree shape used by the "eagle" kind (per level: expand the `top_k` best nodes; keep `max_nodes`).
@@ -140,6 +147,8 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     "draft-vocab": the draft model drafting from a reduced vocabulary (FR-Spec): draft_vocab = N, the N most
     frequent tokens of the default pair's training data (default DRAFT_VOCAB; a draft of the default pair's width
     only), or a sequence of token ids (any draft).
+    "suffix": SuffixDecoding (max_nodes, tree_depth, min_token_prob, max_spec_factor), its cache of earlier requests
+    holding at most suffix_cache_tokens tokens (its forks, e.g. a server's rows, share that one cache).
     "bigram": a bigram table loaded from bigram_path (a file saved by Bigram.save), or else built from the
     target's own one-token predictions (Bigram.from_model). "layer-skip": the target's first draft_layers
     decoder layers (default half of them). "self-draft-int8" / "self-draft-int4": the target's own weights
@@ -194,6 +203,13 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     if kind == "prompt-lookup":
         return PromptLookup(max_ngram=options.get("ngram_max", 3), min_ngram=options.get("ngram_min", 1),
                             branches=options.get("lookup_branches", 1))
+    if kind == "suffix":
+        from specdec.drafters.suffix import DEFAULT_CACHE_TOKENS, SuffixCache, SuffixDecoding
+
+        names = {"max_nodes": "max_nodes", "tree_depth": "max_depth", "min_token_prob": "min_token_prob",
+                 "max_spec_factor": "max_spec_factor"}
+        cache = SuffixCache(max_tokens=options.get("suffix_cache_tokens", DEFAULT_CACHE_TOKENS))
+        return SuffixDecoding(cache=cache, **{arg: options[key] for key, arg in names.items() if key in options})
     if kind == "bigram":
         if "bigram_path" in options:
             return Bigram.load(options["bigram_path"])
@@ -217,5 +233,5 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
 
 __all__ = [
     "DRAFTER_KINDS", "Bigram", "DraftModel", "DraftTree", "Drafter", "Eagle", "LayerSkip", "Medusa", "Mtp",
-    "MultiDraft", "PromptLookup", "Proposal", "make_drafter",
+    "MultiDraft", "PromptLookup", "Proposal", "SelfDraft", "SuffixCache", "SuffixDecoding", "make_drafter",
 ]

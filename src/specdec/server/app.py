@@ -131,7 +131,7 @@ def served_methods(drafter) -> tuple[str, ...]:
     if kind == "Mtp":
         return ("mtp",) if drafter.top_k == 1 else ("mtp-tree",)
     names = {"DraftModel": "draft", "LayerSkip": "layer-skip", "PromptLookup": "prompt-lookup",
-             "Bigram": "bigram", "DraftTree": "draft-tree", "MultiDraft": "multi-draft"}
+             "Bigram": "bigram", "DraftTree": "draft-tree", "MultiDraft": "multi-draft", "SuffixDecoding": "suffix"}
     return (names.get(kind, kind),)
 
 
