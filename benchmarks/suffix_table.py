@@ -6,9 +6,9 @@ Drafting per round is the drafter's whole time (its reset with the prompt's inde
 the rounds; target per round is the target's passes after the prefill over the same rounds.
 """
 
+import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 
@@ -28,7 +28,9 @@ def rows(results: dict) -> list[dict]:
 
 
 def main() -> None:
-    for path in sys.argv[1:]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="+", metavar="RESULTS_JSON", help="`specdec bench --out` JSON files")
+    for path in parser.parse_args().results:
         results = json.loads(Path(path).read_text())
         table = rows(results)
         lookups = [r for r in table if r["label"].startswith("prompt-lookup")]
