@@ -9,9 +9,11 @@ the scalar reference at passes of 1 to 33 rows, odd sizes and split panel ranges
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,19 @@ def test_packed_kernel_bits_on_each_tier(tier, tmp_path: Path):
         pytest.skip(f"{tier}: built; this CPU cannot run it (it runs {', '.join(cpu_tiers())})")
     ran = subprocess.run([*run_prefix, str(binary)], capture_output=True, text=True, timeout=600)
     assert ran.returncode == 0 and ran.stdout.startswith(f"ok {tier} "), ran.stdout[-3000:] + ran.stderr[-1000:]
+
+
+@pytest.mark.compile  # builds the whole library per tier (a minute or two each)
+@pytest.mark.parametrize("tier", [t for t in TIER_FLAGS if t != cpu_tiers()[0]])
+def test_row_kernels_on_each_lower_tier(tier):
+    """The whole kernel library (attention, linear, argmax with their ATen bindings) built for each tier below this
+    CPU's best, and tests/test_rowwise.py run against it in a child process (SPECDEC_KERNEL_TIER): the bits
+    against references, row invariance, masks and odd sizes, on every tier this machine can execute."""
+    if tier not in cpu_tiers():
+        pytest.skip(f"{tier}: this CPU cannot run it (it runs {', '.join(cpu_tiers())})")
+    env = {**os.environ, "SPECDEC_KERNEL_TIER": tier}
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                          "-m", "not slow and not compile", str(Path(__file__).parent / "test_rowwise.py")],
+                         env=env, capture_output=True, text=True, timeout=1800)
+    assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-2000:]
+    assert " passed" in ran.stdout.splitlines()[-1], ran.stdout[-500:]
