@@ -11,6 +11,7 @@ CONSTRAINTS := -c constraints.txt
 $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q $(CONSTRAINTS) "torch==2.13.0"
 	$(PIP) install -q $(CONSTRAINTS) -e ".[test]"
+	$(PYTHON) -m specdec.runtime.rowwise
 	@touch $(STAMP)
 
 install:
@@ -23,8 +24,9 @@ demo: install
 # The suite CI runs: every test but the `slow` ones (statistical and compile tiers included), two workers, each
 # test file on one worker (module fixtures built once).
 TEST_ALL := -q -m "not slow" -n 2 --dist loadfile
+PYTEST_EXTRA ?=
 test: install
-	$(PYTHON) -m pytest $(TEST_ALL)
+	$(PYTHON) -m pytest $(TEST_ALL) $(PYTEST_EXTRA)
 
 # The default tier (pyproject's addopts): no `slow`, `statistical` or `compile` tests; minutes.
 test-quick: install
