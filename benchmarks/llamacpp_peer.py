@@ -27,6 +27,7 @@ decoding on this pair (the research note), so its plain decoding is the peer's f
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -53,6 +54,9 @@ def source_dir(root: Path) -> Path:
     return root / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
 
 
+SENTENCEPIECE = "0.2.3"  # what the GGUF converter imports
+
+
 def setup(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     sdist = root / f"llama_cpp_python-{VERSION}.tar.gz"
@@ -69,6 +73,9 @@ def setup(root: Path) -> None:
                     "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DGGML_OPENMP=ON"], check=True)
     subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", "llama-completion"],
                    check=True)
+    # the converter imports sentencepiece even for a BPE tokenizer
+    if importlib.util.find_spec("sentencepiece") is None:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"sentencepiece=={SENTENCEPIECE}"], check=True)
     # the converter reads the tokenizer beside the weights: one folder with both (links)
     target = root / "default-target-hf"
     target.mkdir(exist_ok=True)

@@ -7,8 +7,9 @@ Per (model, weights format), in a fresh process each (so peak RSS is that model'
 - the bandwidth that implies, and the floors: bandwidth (bytes / measured read bandwidth) and compute
   (FLOPs / measured matmul throughput), and each width's pass time over the larger floor.
 The machine's read bandwidth (one core, all cores) and a large square matmul's FLOP/s in PyTorch (one core, per
-dtype) are measured in the same run. Acceptance is not: random weights accept nothing meaningful (the oracle
-harness, benchmarks/oracle_speedup.py, projects it).
+dtype) are measured in the same run. Acceptance is not: random weights accept nothing meaningful. What a pass costs
+at each width (v) and what a quantized self-draft's pass costs against the target's (c) go into the paper's
+formula, speed-up = τ / (γc + v), for an α measured elsewhere (docs/quantization.md).
 
     python benchmarks/size_ladder.py --models qwen2.5-0.5b,llama-3.2-1b --weights float32,bfloat16,int8,int4 \
         --json ladder.json
@@ -91,8 +92,9 @@ def linear_params(model) -> int:
     return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear)))
 
 
-def one(name: str, dtype_name: str, weights: str | None, threads: int, repeats: int) -> dict:
-    """Everything measured for one (model, weights) in this process."""
+def one(name: str, dtype_name: str, weights: str | None, threads: int, repeats: int, compiled: bool = True) -> dict:
+    """Everything measured for one (model, weights) in this process; `compiled=False`: the fast path's slot cache
+    and kernels without inductor (`compile="static"`: no compile time, the per-op overhead of eager passes)."""
     import torch
 
     from specdec.runtime.static_lm import StaticCausalLM
@@ -100,7 +102,8 @@ def one(name: str, dtype_name: str, weights: str | None, threads: int, repeats: 
 
     torch.set_num_threads(threads)
     dtype = getattr(torch, dtype_name)
-    out = {"model": name, "dtype": dtype_name, "weights": weights or "hf", "threads": threads}
+    out = {"model": name, "dtype": dtype_name, "weights": weights or "hf", "threads": threads,
+           "path": "compiled" if compiled else "static"}
     start = time.perf_counter()
     model = build(name, dtype)
     out["build_s"] = time.perf_counter() - start
@@ -111,7 +114,7 @@ def one(name: str, dtype_name: str, weights: str | None, threads: int, repeats: 
     out["pack_s"] = time.perf_counter() - start
     out["weight_bytes"] = weight_bytes(model)
     out["rss_after_load_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    lm = StaticCausalLM(model, compile=True)
+    lm = StaticCausalLM(model, compile=compiled)
     lm.buckets = WIDTHS
     lm.ensure_capacity(CONTEXT + 2 * max(WIDTHS) + 8)
     start = time.perf_counter()
@@ -182,19 +185,23 @@ def main() -> None:
                         help="weight formats (runtime/weights.py), 'hf' for the model's own layers")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--path", choices=("compiled", "static"), default="compiled",
+                        help="the fast path compiled (inductor), or its slot cache and kernels uncompiled")
     parser.add_argument("--json", default=None)
     parser.add_argument("--one", nargs=3, metavar=("MODEL", "DTYPE", "WEIGHTS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         model, dtype, weights = args.one
-        print(json.dumps(one(model, dtype, None if weights == "hf" else weights, args.threads, args.repeats)))
+        print(json.dumps(one(model, dtype, None if weights == "hf" else weights, args.threads, args.repeats,
+                             args.path == "compiled")))
         return
     report = {"machine": machine(os.cpu_count() or 1), "runs": []}
     print(json.dumps(report["machine"]), flush=True)
     for model in args.models.split(","):
         for weights in args.weights.split(","):
             proc = subprocess.run([sys.executable, __file__, "--one", model, args.dtype, weights, "--threads",
-                                   str(args.threads), "--repeats", str(args.repeats)], capture_output=True, text=True)
+                                   str(args.threads), "--repeats", str(args.repeats), "--path", args.path],
+                                  capture_output=True, text=True)
             if proc.returncode:
                 print(f"{model} {weights}: failed\n{proc.stderr[-2000:]}", flush=True)
                 continue
