@@ -64,10 +64,14 @@ class OpenVINOSettings:
     draft_dir: str | None = None  # ov-speculative needs it
     cache_dir: str | None = None  # None: openvino_export.default_cache_dir()
     export_env: str | None = None  # None: openvino_export.default_export_env()
+    # The peer's precision ("float32" / "bfloat16"); None: the bench's --dtype. Set it where the peer cannot run
+    # the bench's precision (OpenVINO's AVX2 CPU plugin refuses a bfloat16 KV cache) to time specdec at its own
+    # precision against the peer at its best in one run.
+    dtype: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"target_dir": self.target_dir, "draft_dir": self.draft_dir, "cache_dir": self.cache_dir,
-                "export_env": self.export_env}
+                "export_env": self.export_env, "dtype": self.dtype}
 
 
 def device_properties(dtype: torch.dtype, threads: int) -> dict[str, Any]:

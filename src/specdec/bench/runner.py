@@ -381,7 +381,10 @@ class Bench:
         if self.settings.openvino is None:
             raise ConfigError(f"{', '.join(methods)} export the bench's checkpoints: give their directories "
                               "(BenchSettings(openvino=OpenVINOSettings(target_dir=..., draft_dir=...)))")
-        return OpenVINOPeer(self.settings.openvino, dtype=next(self.target.parameters()).dtype,
+        ov = self.settings.openvino
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[ov.dtype] if ov.dtype else \
+            next(self.target.parameters()).dtype
+        return OpenVINOPeer(ov, dtype=dtype,
                             threads=torch.get_num_threads(), speculative="ov-speculative" in methods)
 
     def _vllm_peer(self):

@@ -95,6 +95,9 @@ def register(subparsers) -> None:
     peer.add_argument("--openvino-export-env", default=None, metavar="DIR",
                       help="the export environment (default $SPECDEC_OPENVINO_EXPORT_ENV, else "
                       "~/.cache/specdec/openvino/export-env); only a checkpoint not exported yet needs it")
+    peer.add_argument("--openvino-dtype", choices=("float32", "bfloat16"), default=None,
+                      help="the OpenVINO methods' precision (default: --dtype's); e.g. float32 beside a bfloat16 "
+                      "specdec run on an AVX2 CPU, where OpenVINO's CPU plugin refuses a bfloat16 KV cache")
     peer.add_argument("--openvino-cache", default=None, metavar="DIR",
                       help="where exports are cached, one directory per checkpoint content hash (default "
                       "$SPECDEC_OPENVINO_CACHE, else ~/.cache/specdec/openvino)")
@@ -231,7 +234,8 @@ def _openvino_settings(args):
     if args.draft is not None:
         draft_dir = checkpoint_dir(args.draft)
     return OpenVINOSettings(target_dir=str(target_dir), draft_dir=str(draft_dir) if draft_dir else None,
-                            cache_dir=args.openvino_cache, export_env=args.openvino_export_env)
+                            cache_dir=args.openvino_cache, export_env=args.openvino_export_env,
+                            dtype=args.openvino_dtype)
 
 
 def _vllm_settings(args):
