@@ -18,8 +18,10 @@ target's config with `num_layers` layers: attention, MLP, norms, rotary embeddin
 HF attention module computes, rotates and caches the context's keys and values itself, and the block's
 queries see them. The attention's outputs for the context rows are not used. Token embeddings and the LM head
 are the target's (shared, frozen, not stored); the head owns `fc`, `hidden_norm`, the layers, the final
-`norm` and `mask_embedding` [H], the embedding of a masked position (the target's vocabulary has no mask
-token, and the head needs none: a mask is never a token id, never drafted and never verified).
+`norm` and `mask_embedding` [block_size − 1, H], the input of the masked position j rows after the root (the
+target's vocabulary has no mask token, and the head needs none: a mask is never a token id, never drafted and
+never verified). DFlash feeds one mask embedding at every offset and lets rotary positions tell them apart
+through attention; a head of one or two layers learns faster when each offset has its own.
 
 Feature layers are HF ``output_hidden_states`` indices (0 = the embeddings, N = the final normed state); the
 default spreads three over the target's depth (`default_block_layers`).
@@ -117,7 +119,7 @@ class DFlashHead(nn.Module):
         self.hidden_norm = copy.deepcopy(self.layers[0].input_layernorm)  # on the fused context feature
         self.norm = norm
         self.rotary_emb = rotary
-        self.mask_embedding = nn.Parameter(torch.zeros(hidden))
+        self.mask_embedding = nn.Parameter(torch.zeros(self.block_size - 1, hidden))  # [bs - 1, H] per offset
         self.meta: dict[str, Any] = {}  # training facts written into config.json
 
     @classmethod
@@ -161,8 +163,9 @@ class DFlashHead(nn.Module):
         return self.feature_layers
 
     def block_embeds(self, root_embeds: torch.Tensor, masks: int) -> torch.Tensor:
-        """root_embeds [B, H] -> the block's input [B, 1 + masks, H]: the root, then `masks` mask rows."""
-        mask = self.mask_embedding.to(root_embeds.dtype).expand(root_embeds.shape[0], masks, -1)
+        """root_embeds [B, H] -> the block's input [B, 1 + masks, H]: the root, then the first `masks` mask rows
+        (masks <= block_size − 1)."""
+        mask = self.mask_embedding[:masks].to(root_embeds.dtype).expand(root_embeds.shape[0], -1, -1)
         return torch.cat([root_embeds[:, None], mask], dim=1)
 
     def forward(
