@@ -376,7 +376,7 @@ def test_make_drafter_builds_every_kind(targets, tmp_path):
     assert set(DRAFTER_KINDS) == {"draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft",
                                   "eagle", "eagle-chain", "medusa", "medusa-chain", "draft-tli", "draft-slem",
                                   "multi-draft-specinfer", "multi-draft-spectr", "eagle3", "eagle3-chain",
-                                  "draft-vocab"}
+                                  "draft-vocab", "dflash", "dflash-tree", "parallel"}
     tree = make_drafter("draft-tree", draft=target, tree_top_k=2, tree_depth=3, max_nodes=7)
     assert (tree.top_k, tree.depth, tree.max_nodes) == (2, 3, 7)
     assert make_drafter("multi-draft", draft=target, num_drafts=5, replacement=False).num_drafts == 5
