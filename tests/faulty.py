@@ -17,7 +17,9 @@ from specdec.core.verify import Verdict, acceptance_ratio, kseq_residual, residu
 from specdec.drafters.base import Proposal
 from specdec.drafters.block import BlockDraft
 from specdec.drafters.draft_model import DraftModel
+from specdec.drafters.mtp import Mtp
 from specdec.drafters.parallel import ParallelDraft
+from specdec.drafters.suffix import SuffixDecoding
 from specdec.drafters.tree import DraftTree
 from specdec.engine.verification import verify_round
 from specdec.runtime.causal_lm import CachedCausalLM
@@ -154,6 +156,22 @@ class UnmappedDraftVocab(DraftModel):
         return "UnmappedDraftVocab(faulty)"
 
 
+class LateMtpQ(Mtp):
+    """BUG (the MTP drafter): draws each draft from the warped distribution of its own MTP step, but reports the
+    previous step's q for it (the q list one step behind the tokens: d_1 keeps its own q, d_i gets q_{i-1})."""
+
+    def propose(self, context, gamma, sampling, generator) -> Proposal:
+        proposal = super().propose(context, gamma, sampling, generator)
+        if proposal.draft_probs is None or len(proposal) < 2:
+            return proposal
+        q = proposal.draft_probs  # [γ, V]
+        return Proposal(proposal.tokens, torch.cat([q[:1], q[:-1]]))
+
+    @property
+    def name(self) -> str:
+        return "LateMtpQ(faulty)"
+
+
 def _shifted_q(proposal: Proposal) -> Proposal:
     """The proposal with each token's q replaced by the NEXT position's marginal (the last keeps its own)."""
     if proposal.draft_probs is None or len(proposal) < 2:
@@ -279,6 +297,34 @@ class SoftmaxQDraftTree(DraftTree):
     @property
     def name(self) -> str:
         return "SoftmaxQDraftTree(faulty)"
+
+
+class FrequencyQSuffix(SuffixDecoding):
+    """BUG (a drafter): proposes SuffixDecoding's tree but reports its frequency estimates as draft_probs: every
+    child's row is its siblings' count ratios, as if the children had been drawn from them (they are point masses)."""
+
+    def propose(self, context, gamma, sampling, generator) -> Proposal:
+        proposal = super().propose(context, gamma, sampling, generator)
+        if sampling.greedy or not len(proposal):
+            return proposal
+        _, _, scores = self.draft(gamma)  # the same tree again (the index did not change), with its scores
+        tokens = proposal.tokens.tolist()
+        parents = proposal.parents.tolist() if proposal.parents is not None else list(range(-1, len(tokens) - 1))
+        rows = torch.zeros(len(tokens), self.width)  # [N, V]
+        for i, parent in enumerate(parents):
+            siblings = [j for j, p in enumerate(parents) if p == parent]
+            total = sum(scores[j] for j in siblings)
+            for j in siblings:
+                rows[i, tokens[j]] = scores[j] / total
+        return Proposal(proposal.tokens, rows, torch.tensor(parents))
+
+    def match_target_vocab(self, target_vocab_size: int) -> bool:
+        self.width = target_vocab_size
+        return True
+
+    @property
+    def name(self) -> str:
+        return "FrequencyQSuffix(faulty)"
 
 
 class SiblingVisibleLM(CachedCausalLM):

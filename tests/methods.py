@@ -48,6 +48,13 @@ METHODS = {
     "eagle3": lambda target, draft: specdec.Eagle(target, _reduced_eagle3(target), top_k=2, depth=4, max_nodes=8),
     "medusa": lambda target, draft: specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=4, seed=0),
                                                    tree=specdec.drafters.medusa.DEFAULT_TREE),
+    # The target's own weights quantized (int4: the farthest from the target); its fast path and int8:
+    # tests/test_quantize.py (the same drafter, other kernels).
+    "self-draft": lambda target, draft: specdec.SelfDraft(target, weights="int4", group=8),
+    # Model-free trees from a suffix trie over the request and a cache of earlier requests' outputs.
+    "suffix": lambda target, draft: suffix_drafter(),
+    # The same on the slot cache: its node budgets are verification shapes, the padded rows filled with nodes.
+    "suffix-static": lambda target, draft: (suffix_drafter(), {"compile": "static"}),
     # A DFlash block head (untrained): γ per-position marginals from one pass, sampled at T > 0 (q = each one's
     # warped marginal); the same head's top-k tree (point masses) on the fast path's fixed-shape round.
     "dflash": lambda target, draft: specdec.BlockDraft(target, specdec.DFlashHead.init(target, seed=0, block_size=6)),
@@ -61,6 +68,22 @@ METHODS = {
 
 #: Methods whose head needs a Llama-style decoder layer (separate q/k/v, rotary positions): GPT-2 is refused.
 LLAMA_STYLE_ONLY = ("eagle3", "dflash")
+
+
+#: Earlier "requests" in the suffix cache of the registry's SuffixDecoding: continuations of the statistical
+#: suite's prompt [1, 2, 1, 1, 2] that disagree, so its trees branch (and the cache, matching 5 tokens, outbids
+#: the request's own 2-token match).
+SUFFIX_HISTORY = ([1, 2, 0], [1, 2, 0], [1, 2, 0], [1, 2, 0], [1, 1, 3], [0, 4, 4])
+
+
+def suffix_drafter(cls=None):
+    """A SuffixDecoding (or subclass `cls`) whose cache holds SUFFIX_HISTORY after the suite's prompt."""
+    from specdec.drafters.suffix import SuffixCache
+
+    cache = SuffixCache(depth=16)
+    for key, tail in enumerate(SUFFIX_HISTORY):
+        cache.store(("history", key), [1, 2, 1, 1, 2, *tail])
+    return (cls or specdec.SuffixDecoding)(max_nodes=6, max_depth=4, cache=cache)
 
 
 def _two_in_three(draft):
@@ -97,6 +120,30 @@ SEQ2SEQ_TREE_METHODS = {
 #: One statistical check (CI time): MultiDraft's sampled tree exercises tree passes and commits on target and
 #: draft and q rows; DraftTree's and Medusa's point-mass trees go through the same passes (greedy suite).
 SEQ2SEQ_TREE_STATISTICAL = ("multi-draft",)
+
+
+#: Drafters that read the target's own multi-token-prediction layer (`specdec.Mtp`). They need a target of an MTP
+#: family, so tests/test_mtp.py builds one of each family it supports (`models.tiny_mtp`: a tiny random config
+#: saved with MTP weights in the release's layout, loaded back) and runs every entry here in its greedy-identity
+#: suite (float64, against transformers' greedy generate) and its batching tests, and those in MTP_STATISTICAL
+#: in the statistical suite. A factory target -> Drafter, or -> (Drafter, {decoder options}), as METHODS.
+MTP_METHODS = {
+    "mtp": lambda target: specdec.Mtp(target),  # a chain: the layer's argmax at T = 0, sampled from warped q at T > 0
+    "mtp-tree": lambda target: specdec.Mtp(target, top_k=2, depth=3, max_nodes=6),  # EAGLE-2 tree, point masses
+    "mtp-static": lambda target: (specdec.Mtp(target), {"compile": "static"}),  # the target on its slot cache
+}
+#: One statistical check each, at its own level (test_mtp.py): the chain, whose drafts carry the MTP layer's
+#: warped q. The tree's nodes are point masses, verified by the tree rule every tree method's checks cover; its
+#: proposals are checked against a greedy reference and in the greedy suite (each check costs minutes on a busy CPU).
+MTP_STATISTICAL = ("mtp",)
+
+
+def build_mtp(name: str, target):
+    """(drafter, extra decoder options) for MTP_METHODS entry `name`."""
+    built = MTP_METHODS[name](target)
+    if isinstance(built, tuple):
+        return built[0], dict(built[1])
+    return built, {}
 
 
 def build(name: str, target, draft):

@@ -57,6 +57,89 @@ def tiny(arch: str = "llama", hidden: int = 32, layers: int = 2, vocab: int = VO
     return model.to(dtype).eval()
 
 
+#: Tiny configs of the families whose MTP layer specdec.Mtp loads (MoE layers of 4 experts, MLA where the family
+#: has it), by model_type; `tiny_mtp` adds the layer count, sizes and vocabulary.
+MTP_ARCHS = {
+    "deepseek_v3": dict(moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                        n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16,
+                        qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, num_key_value_heads=4),
+    "glm4_moe": dict(moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                     n_shared_experts=1, first_k_dense_replace=1, head_dim=8, partial_rotary_factor=0.5),
+    "glm4_moe_lite": dict(moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                          topk_group=1, n_shared_experts=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
+                          qk_nope_head_dim=4, v_head_dim=8, num_key_value_heads=4),
+    "mellum": dict(moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2, head_dim=8, sliding_window=32),
+}
+
+
+def tiny_mtp(path, arch: str = "deepseek_v3", hidden: int = 32, layers: int = 2, vocab: int = VOCAB, seed: int = 0,
+             dtype: torch.dtype = torch.float64, mtp: bool = True, scale: float = 0.2) -> PreTrainedModel:
+    """A random tiny target of MTP family `arch`, saved to directory `path` as a release is (its first MTP layer's
+    tensors in the checkpoint's own layout: `model.layers.{layers}.*` with enorm / hnorm / eh_proj / shared_head,
+    or Mellum's `mtp.*`; mtp=False: none) and loaded back with from_pretrained, which drops them; in eval mode,
+    no EOS. MoE experts run eagerly (transformers' grouped_mm has no float64 kernel)."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    path = Path(path)
+    kwargs = dict(_common(hidden, layers + 1, vocab), **MTP_ARCHS[arch])
+    if arch == "mellum":
+        # the target alternates sliding-window and full layers (so its rotary embedding knows both kinds); the MTP
+        # layer is a sliding-window one, as in the release
+        kwargs.update(num_mtp_layers=None, mlp_layer_types=None,
+                      layer_types=(["sliding_attention", "full_attention"] * (layers + 1))[: layers + 1])
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(arch, **kwargs)
+    full = AutoModelForCausalLM.from_config(config)  # the target's layers plus one more: the MTP block
+    full.save_pretrained(path)
+    state = load_file(str(path / "model.safetensors"))
+    gen = torch.Generator().manual_seed(seed + 1)
+    block = {k[len(f"model.layers.{layers}."):]: state.pop(k) for k in list(state)
+             if k.startswith(f"model.layers.{layers}.")}
+    if mtp:
+        extra = {
+            "enorm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
+            "hnorm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
+            "eh_proj.weight": scale * torch.randn(hidden, 2 * hidden, generator=gen),
+            "shared_head.norm.weight": 1 + 0.1 * torch.randn(hidden, generator=gen),
+        }
+        if arch == "mellum":  # Qwen3-Next's layout: mtp.fc, mtp.pre_fc_norm_*, mtp.layers.0.*, mtp.norm
+            names = {"enorm.weight": "pre_fc_norm_embedding.weight", "hnorm.weight": "pre_fc_norm_hidden.weight",
+                     "eh_proj.weight": "fc.weight", "shared_head.norm.weight": "norm.weight"}
+            state.update({f"mtp.{names[k]}": v for k, v in extra.items()})
+            state.update({f"mtp.layers.0.{k}": v for k, v in block.items()})
+        else:  # DeepSeek-V3's: the layer after the last, with copies of the embedding and the LM head
+            extra["shared_head.head.weight"] = state["lm_head.weight"].clone()
+            extra["embed_tokens.weight"] = state["model.embed_tokens.weight"].clone()
+            state.update({f"model.layers.{layers}.{k}": v for k, v in {**block, **extra}.items()})
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    saved = json.loads((path / "config.json").read_text())
+    saved["num_hidden_layers"] = layers
+    for key in ("layer_types", "mlp_layer_types"):
+        if saved.get(key):
+            saved[key] = saved[key][:layers]
+    if "num_nextn_predict_layers" in saved or arch == "mellum":
+        saved["num_nextn_predict_layers"] = 1 if mtp else 0
+    if arch == "mellum" and mtp:
+        saved["mtp_layer_types"], saved["mtp_mlp_layer_types"] = ["sliding_attention"], ["sparse"]
+    (path / "config.json").write_text(json.dumps(saved))
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the load report lists the MTP tensors a small target does not ignore
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, experts_implementation="eager")
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    model.generation_config.eos_token_id = None
+    model.generation_config.bos_token_id = None
+    model.generation_config.pad_token_id = None
+    return model.eval()
+
+
 def perturbed(model: PreTrainedModel, scale: float, seed: int = 1) -> PreTrainedModel:
     """A copy of `model` with Gaussian noise (std `scale` x each tensor's std) added to every weight."""
     import copy

@@ -32,6 +32,9 @@ DRAFTERS = {
     # A tree drafter by its declared capabilities (it was scored as its first branch when batching was decided
     # by concrete class): every row's tree in the batched pass, as a lone request's.
     "prompt-lookup-branches": lambda draft: specdec.PromptLookup(max_ngram=3, min_ngram=1, branches=3),
+    # Its rows' trees in the batched pass; no cache of earlier requests here (a row that leaves would feed the
+    # others' later proposals, which a lone request does not see; tests/test_suffix.py covers that).
+    "suffix": lambda draft: specdec.SuffixDecoding(max_nodes=6, max_depth=4, cache=specdec.SuffixCache(max_tokens=0)),
 }
 
 
@@ -51,7 +54,7 @@ def test_greedy_rows_match_lone_requests(pairs, arch, method):
         assert len(set(accepted)) > 1  # rows really accepted different amounts
 
 
-@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup", "prompt-lookup-branches"])
+@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup", "prompt-lookup-branches", "suffix"])
 def test_sampled_rows_draw_what_a_lone_request_draws(pairs, method):
     """T > 0 with top-k/top-p: a seeded row makes the same draws as the lone seeded request (exactness per row)."""
     target, draft = pairs["llama"]

@@ -17,7 +17,9 @@ from specdec.bench import run as run_bench
 from specdec.bench.runner import Config, HFCounter, make_configs, summarize
 from specdec.bench.theory import compare, predict, recommended_gamma
 from specdec.bench.workloads import (
+    AGENT_TURNS,
     BenchPrompt,
+    agent_prompts,
     code_prompts,
     edit_prompts,
     read_prompt_file,
@@ -173,6 +175,31 @@ def test_workloads_are_deterministic_and_edit_prompts_hold_the_answer():
     code = code_prompts(tok, 2, prompt_tokens=40, seed=3)
     assert [p.ids for p in code] == [p.ids for p in code_prompts(tok, 2, prompt_tokens=40, seed=3)]
     assert all(len(p.ids) == 40 for p in code)
+
+
+def test_agent_sessions_repeat_one_task_with_a_growing_log():
+    """`agent`: AGENT_TURNS requests per session, in order; each repeats the one before with one more log line (an
+    agent's retries), every request starts with the same preamble and ends in the renamed def line."""
+    tok = ByteTokenizer()
+    prompts = agent_prompts(tok, 2 * AGENT_TURNS, seed=0, max_prompt_tokens=4000)
+    assert [p.ids for p in prompts] == [p.ids for p in agent_prompts(tok, 2 * AGENT_TURNS, seed=0,
+                                                                       max_prompt_tokens=4000)]
+    sessions = [prompts[:AGENT_TURNS], prompts[AGENT_TURNS:]]
+    assert sessions[0][0].source.split(":")[0] != sessions[1][0].source.split(":")[0]  # one file per session
+    for session in sessions:
+        assert [p.meta["turn"] for p in session] == list(range(1, AGENT_TURNS + 1))
+        first = session[0].text
+        for turn, p in enumerate(session):
+            assert p.text.startswith(first.split("# Task:")[0]) and p.text.count("# attempt ") == turn
+            old, new = p.meta["renamed"]
+            assert p.text.splitlines()[-1].startswith("def ") and new in p.text.splitlines()[-1]
+            assert not p.text.endswith("\n")  # the tokenizer joins the def line's newline with the indent
+            assert p.expected.strip() and new in p.expected
+            if turn:  # the request before it, plus one log line
+                lines = p.text.split("\n")
+                assert "\n".join(x for x in lines if not x.startswith(f"# attempt {turn}:")) == session[turn - 1].text
+    with pytest.raises(ConfigError, match="--num-prompts"):
+        agent_prompts(tok, 4, seed=0, max_prompt_tokens=10)
 
 
 def test_rename_identifier_leaves_attributes_and_keywords():

@@ -376,7 +376,10 @@ def test_make_drafter_builds_every_kind(targets, tmp_path):
     assert set(DRAFTER_KINDS) == {"draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft",
                                   "eagle", "eagle-chain", "medusa", "medusa-chain", "draft-tli", "draft-slem",
                                   "multi-draft-specinfer", "multi-draft-spectr", "eagle3", "eagle3-chain",
-                                  "draft-vocab", "dflash", "dflash-tree", "parallel"}
+                                  "draft-vocab", "self-draft-int8", "self-draft-int4", "mtp", "mtp-tree",
+                                  "suffix", "dflash", "dflash-tree", "parallel"}  # mtp: tests/test_mtp.py
+    suffix = make_drafter("suffix", max_nodes=7, tree_depth=5, suffix_cache_tokens=100)
+    assert (suffix.max_nodes, suffix.max_depth, suffix.cache.max_tokens) == (7, 5, 100)
     tree = make_drafter("draft-tree", draft=target, tree_top_k=2, tree_depth=3, max_nodes=7)
     assert (tree.top_k, tree.depth, tree.max_nodes) == (2, 3, 7)
     assert make_drafter("multi-draft", draft=target, num_drafts=5, replacement=False).num_drafts == 5
@@ -385,6 +388,10 @@ def test_make_drafter_builds_every_kind(targets, tmp_path):
     lookup_drafter = make_drafter("prompt-lookup", target=target, ngram_max=4, ngram_min=2)
     assert (lookup_drafter.max_ngram, lookup_drafter.min_ngram) == (4, 2)
     assert make_drafter("layer-skip", target=target, draft_layers=3).num_layers == 3
+    float_target = tiny("llama", hidden=64, layers=2, dtype=torch.float32)
+    for bits in (8, 4):
+        self_draft = make_drafter(f"self-draft-int{bits}", target=float_target)
+        assert isinstance(self_draft, specdec.SelfDraft) and self_draft.weights == f"int{bits}"
     bigram = make_drafter("bigram", target=target)
     bigram.save(tmp_path / "t.safetensors")
     loaded = make_drafter("bigram", bigram_path=str(tmp_path / "t.safetensors"))
@@ -406,8 +413,9 @@ def test_cli_generate_with_each_drafter(tmp_path, capsys):
     tok.save_pretrained(tmp_path / "t")
     base = ["generate", "--target", str(tmp_path / "t"), "--prompt", "x = x + 1\nx = x + 1\n",
             "--max-new-tokens", "6"]
-    for extra in (["--drafter", "prompt-lookup", "--ngram-max", "2"], ["--drafter", "bigram"],
-                  ["--drafter", "layer-skip", "--draft-layers", "2", "--gamma", "auto"]):
+    for extra in (["--drafter", "prompt-lookup", "--ngram-max", "2"], ["--drafter", "bigram"], ["--drafter", "suffix"],
+                  ["--drafter", "layer-skip", "--draft-layers", "2", "--gamma", "auto"],
+                  ["--drafter", "self-draft-int8"], ["--drafter", "prompt-lookup", "--weights", "int4"]):
         assert cli_main(base + extra) == 0, extra
         assert "τ=" in capsys.readouterr().err
     assert cli_main(base + ["--drafter", "bigram", "--draft-layers", "2"]) == 2

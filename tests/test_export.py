@@ -11,8 +11,9 @@ Expected layouts are written down from the engines' loader code (read through th
   medusa_fc_bias).
 - EAGLE-3: vllm/model_executor/models/llama_eagle3.py (Eagle3LlamaForCausalLM.load_weights: "midlayer." ->
   "layers.0.", q/k/v stacked into qkv_proj with input 2H, fc = ReplicatedLinear(3 * target_hidden_size, H,
-  bias=False), norm, lm_head [draft_vocab_size, H], d2t -> draft_id_to_target_id with target = i + d2t[i],
-  t2d skipped; eagle_config.eagle_aux_hidden_state_layer_ids read as-is), python/sglang/srt/models/
+  bias=False), norm, lm_head [draft_vocab_size, H], d2t -> draft_id_to_target_id with target = i + d2t[i]
+  (a parameter vLLM creates only when draft_vocab_size differs from the target's vocabulary: d2t is written
+  for a reduced draft vocabulary only), t2d skipped; eagle_config.eagle_aux_hidden_state_layer_ids read as-is), python/sglang/srt/models/
   llama_eagle3.py (LlamaForCausalLMEagle3: same names, hot_token_id = d2t + arange) and NVIDIA
   Model-Optimizer modelopt/torch/export/plugins/hf_spec_export.py (LLAMA_EAGLE_SINGLE_LAYER required keys).
   An EAGLE-1/2 head cannot be written as eagle3 (nor the reverse): refused.
@@ -58,8 +59,7 @@ MIDLAYER = {
 }
 VD = V // 2  # the reduced draft vocabulary of the "eagle3-reduced" case: every other token id
 EXPECTED = {
-    "eagle3": {"fc.weight": (H, 3 * H), "norm.weight": (H,), "lm_head.weight": (V, H), "d2t": (V,), "t2d": (V,),
-               **MIDLAYER},
+    "eagle3": {"fc.weight": (H, 3 * H), "norm.weight": (H,), "lm_head.weight": (V, H), **MIDLAYER},
     "eagle3-reduced": {"fc.weight": (H, 3 * H), "norm.weight": (H,), "lm_head.weight": (VD, H), "d2t": (VD,),
                        "t2d": (V,), **MIDLAYER},
     "vllm-eagle": {"fc.weight": (H, 2 * H), **LLAMA_LAYER},
@@ -106,10 +106,12 @@ def test_every_key_and_shape_the_loader_reads(tmp_path, target, case):
         assert config["draft_vocab_size"] == EXPECTED[case]["lm_head.weight"][0]
         # (0, 1, 1) on this 2-layer target differs from the engines' default (2, N//2, N-3): written out.
         assert config["eagle_config"] == {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": [0, 1, 1]}
-        draft_ids = torch.arange(config["draft_vocab_size"]) + tensors["d2t"]  # vLLM: target id = i + d2t[i]
-        assert torch.equal(draft_ids, torch.arange(0, V, 2) if case == "eagle3-reduced" else torch.arange(V))
-        assert torch.equal(tensors["t2d"].nonzero()[:, 0], draft_ids)
-        if case == "eagle3":  # the shared LM head is written as the target's rows
+        if case == "eagle3-reduced":
+            draft_ids = torch.arange(config["draft_vocab_size"]) + tensors["d2t"]  # vLLM: target id = i + d2t[i]
+            assert torch.equal(draft_ids, torch.arange(0, V, 2))
+            assert torch.equal(tensors["t2d"].nonzero()[:, 0], draft_ids)
+        else:  # the shared LM head is written as the target's rows; no d2t, which vLLM refuses at full vocabulary
+            assert config["draft_vocab_size"] == V and "d2t" not in tensors and "t2d" not in tensors
             assert torch.equal(tensors["lm_head.weight"], target.lm_head.weight.to(torch.float16))
     elif fmt == "vllm-medusa":
         assert config["model_type"] == "medusa" and config["architectures"] == ["MedusaModel"]
@@ -208,7 +210,7 @@ def test_cli_export_writes_the_layout(tmp_path, target, monkeypatch, capsys):
     assert set(load_file(str(tmp_path / "o3" / "model.safetensors"))) == set(EXPECTED["eagle3"])
 
 
-@pytest.mark.parametrize("fmt", ["vllm-eagle", "vllm-medusa"])
+@pytest.mark.parametrize("fmt", ["vllm-eagle", "eagle3", "vllm-medusa"])
 def test_cli_exports_the_shipped_default_heads(tmp_path, fmt):
     from specdec.cli import main
 
@@ -218,9 +220,12 @@ def test_cli_exports_the_shipped_default_heads(tmp_path, fmt):
     expected = {k for k in EXPECTED[fmt] if not k.startswith(("blocks.", "lm_heads."))} if fmt == "vllm-eagle" else None
     if fmt == "vllm-eagle":
         assert set(tensors) == expected and tuple(tensors["fc.weight"].shape) == (384, 768)
+    elif fmt == "eagle3":  # the shipped EAGLE-3 head reads out through the target's LM head: no d2t / t2d
+        assert "d2t" not in tensors and "t2d" not in tensors
+        assert tuple(tensors["fc.weight"].shape) == (384, 3 * 384) and tuple(tensors["lm_head.weight"].shape) == (8192, 384)
     else:
         assert tuple(tensors["lm_heads.0.weight"].shape) == (8192, 384)
     again = load_exported(tmp_path / "out", target)
-    shipped = specdec.load_default_heads(target)["eagle" if fmt == "vllm-eagle" else "medusa"]
+    shipped = specdec.load_default_heads(target)[{"vllm-eagle": "eagle", "eagle3": "eagle3"}.get(fmt, "medusa")]
     for a, b in zip(shipped.state_dict().values(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b)

@@ -2,8 +2,8 @@
 the plain pass's top-2 gap there (docs/exactness.md, "Greedy divergence check").
 
 Positive: exact methods in bfloat16 report 100%. Negative controls: a broken verifier (tests/faulty.py) is
-reported at the right position with a large margin; the shipped pair's eager bfloat16 passes without the
-row-invariant kernels diverge at a near-tie, which the report tells apart."""
+reported at the right position with a large margin; the shipped pair in bfloat16 with logits that round
+one ulp apart in passes of several positions diverges at a near-tie, which the report tells apart."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from methods import build
 from models import perturbed, tiny
 
 import specdec
-import specdec.runtime.causal_lm
 from specdec.bench.workloads import code_prompts
 from specdec.cli import main as cli_main
 from specdec.exactness import NEAR_TIE_ULPS
@@ -111,17 +110,33 @@ def test_a_broken_verifier_is_reported_at_its_position_with_the_plain_gap():
         assert d.margin >= d.gap > 0 and not d.near_tie  # a wrong token, not a rounding
 
 
-def test_a_pass_that_is_not_row_invariant_diverges_at_a_near_tie(monkeypatch):
-    """Negative control: the shipped pair in bfloat16 with PyTorch's own kernels in eager passes (not row
-    invariant): a token tree leaves plain decoding on a held-out prompt, and the report calls it a near-tie."""
-    monkeypatch.setattr(specdec.runtime.causal_lm, "EAGER_INVARIANT_DTYPES", ())
+def one_ulp_off_in_passes_of_several_positions(module, args, logits):  # [B, T, V] -> [B, T, V]
+    """A forward hook that makes the logits' rounding depend on the pass's shape, as a blocked kernel's does: in
+    passes of more than one position, each logit moves by -1, 0 or +1 ulp of its dtype (by token id)."""
+    if logits.shape[-2] == 1:
+        return logits
+    wide = logits.float()
+    _, exponent = torch.frexp(wide)
+    step = torch.finfo(logits.dtype).eps * torch.exp2((exponent - 1).float())  # one ulp at each logit
+    ids = torch.arange(logits.shape[-1])
+    return (wide + (ids * 2654435761 % 3 - 1).float() * step).to(logits.dtype)
+
+
+def test_a_pass_that_is_not_row_invariant_diverges_at_a_near_tie():
+    """Negative control: the shipped pair in bfloat16 whose multi-position passes round their logits one ulp apart
+    from single-position passes (not row invariant, on every CPU alike): a token tree leaves plain decoding on a
+    held-out prompt, and the report calls it a near-tie."""
     target, draft, tokenizer = specdec.load_default(dtype=torch.bfloat16)
-    prompt = code_prompts(tokenizer, 24, seed=1)[8]  # with PyTorch's kernels a tree leaves it at position 47
-    report = specdec.check_greedy(target, {prompt.name: prompt.ids}, specdec.DraftTree(draft), max_new_tokens=64,
-                                  eos_token_id=[])
+    hook = target.get_output_embeddings().register_forward_hook(one_ulp_off_in_passes_of_several_positions)
+    try:
+        prompt = code_prompts(tokenizer, 24, seed=1)[0]  # the tree leaves it at position 7
+        report = specdec.check_greedy(target, {prompt.name: prompt.ids}, specdec.DraftTree(draft),
+                                      max_new_tokens=64, eos_token_id=[])
+    finally:
+        hook.remove()
     assert report.identical_fraction == 0.0
     (d,) = report.divergences
-    assert d.prompt == "code-8" and 0 <= d.position < 64 and d.plain_token != d.method_token
+    assert d.prompt == "code-0" and 0 <= d.position < 64 and d.plain_token != d.method_token
     assert d.near_tie and d.gap <= d.margin <= NEAR_TIE_ULPS * d.ulp
 
 

@@ -222,10 +222,10 @@ def test_the_mode_routes_linear_only_when_asked():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("k, n", [(384, 1152), (389, 203), (37, 21), (128, 8192)])
 def test_packed_linear_computes_x_wt_plus_b_with_rows_that_do_not_depend_on_the_pass(k, n, dtype):
-    """The kernel on packed weights (K odd, N not a multiple of 16 or of a float32 panel's 64 included): x wᵀ + b,
-    and every row the same bits alone, in passes of 1 to 17 rows and shifted."""
-    if not packed_linear_serves(torch.zeros(1, 1, dtype=dtype)):
-        pytest.skip(f"packed_linear needs AVX-512 ({dtype}: AVX512_BF16 for bfloat16)")
+    """The kernel on packed weights (K odd, N not a multiple of a panel included): x wᵀ + b, and every row the same
+    bits alone, in passes of 1 to 17 rows and shifted. (kernels/test/ checks its bits against a scalar reference on
+    every tier: tests/test_kernel_tiers.py.)"""
+    assert packed_linear_serves(torch.zeros(1, 1, dtype=dtype))
     load_kernel()
     torch.manual_seed(4)
     tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
@@ -238,12 +238,60 @@ def test_packed_linear_computes_x_wt_plus_b_with_rows_that_do_not_depend_on_the_
     torch.testing.assert_close(full.double(), expected, atol=tol * k ** 0.5, rtol=tol)
     no_bias = torch.ops.specdec.packed_linear(x, packed, None, n)
     torch.testing.assert_close(no_bias.double(), expected - b.double(), atol=tol * k ** 0.5, rtol=tol)
-    for rows in (1, 3, 7, 8, 9, 17):
+    for rows in (1, 3, 7, 8, 9, 12, 13, 17):
         parts = torch.cat([torch.ops.specdec.packed_linear(x[s : s + rows], packed, b, n) for s in range(0, 45, rows)])
         assert torch.equal(parts, full), f"in passes of {rows} rows"
     shifted = torch.ops.specdec.packed_linear(torch.cat([torch.randn(5, k).to(dtype), x]), packed, b, n)
     assert torch.equal(shifted[5:], full)
 
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("k, n, group", [(389, 203, 64), (96, 70, 32), (37, 21, 2)])
+def test_quantized_weights_compute_what_float32_computes_on_their_dequantized_values(k, n, group, dtype, bits):
+    """int8 / int4 packed weights: the same bits as the float32 kernel on q · scale (the contract of
+    kernels/packed_core.h), in float32 and bfloat16 passes of any number of rows; and bfloat16 weights in a float32
+    pass: the float32 kernel on the bfloat16 values."""
+    from specdec.runtime.weights import quantize_weight
+
+    load_kernel()
+    torch.manual_seed(7)
+    x, w, b = torch.randn(30, k), torch.randn(n, k), torch.randn(n)
+    qw = quantize_weight(w, bits, group)
+    packed = torch.ops.specdec.pack_quantized(qw.q, qw.scales, bits, group)
+    xd, bd = x.to(dtype), b.to(dtype)
+    got = torch.ops.specdec.packed_linear(xd, packed, bd, n)
+    want = torch.ops.specdec.packed_linear(xd.float(), torch.ops.specdec.pack_weight(qw.dequantize()), bd.float(), n)
+    assert got.dtype == dtype and torch.equal(got, want.to(dtype))
+    for rows in (1, 5, 8, 12, 13):
+        parts = torch.cat([torch.ops.specdec.packed_linear(xd[s : s + rows], packed, bd, n) for s in range(0, 30, rows)])
+        assert torch.equal(parts, got), f"in passes of {rows} rows"
+    wb = w.bfloat16()
+    mixed = torch.ops.specdec.packed_linear(x, torch.ops.specdec.pack_weight(wb), b, n)
+    assert torch.equal(mixed, torch.ops.specdec.packed_linear(x, torch.ops.specdec.pack_weight(wb.float()), b, n))
+
+
+def test_quantization_levels_and_errors():
+    """int8: scale max|w| / 127; int4: the group's extreme weight lands on -8; zeros stay zeros; bad arguments
+    raise ConfigError naming the fix, and packed weights of another input size are refused."""
+    from specdec.errors import ConfigError
+    from specdec.runtime.weights import quantize_weight
+
+    load_kernel()
+    w = torch.tensor([[0.5, -1.0, 0.25, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    q8 = quantize_weight(w, 8, 4)
+    assert q8.q[0].tolist() == [64, -127, 32, 0] and q8.q[1].tolist() == [0, 0, 0, 0]
+    torch.testing.assert_close(q8.scales[0, 0], torch.tensor(1.0 / 127))
+    q4 = quantize_weight(w, 4, 2)
+    assert q4.q[0].tolist() == [4, -8, -8, 0] and torch.equal(q4.dequantize()[1], torch.zeros(4))
+    assert (q4.dequantize()[0] - w[0]).abs().max() <= 0.125 / 2 + 1e-6
+    with pytest.raises(ConfigError, match="even"):
+        quantize_weight(w, 4, 3)
+    with pytest.raises(ConfigError, match="8 or 4"):
+        quantize_weight(w, 3, 4)
+    packed = torch.ops.specdec.pack_quantized(q8.q, q8.scales, 8, 4)
+    with pytest.raises(RuntimeError, match="another input size"):
+        torch.ops.specdec.packed_linear(torch.randn(1, 9), packed, None, 2)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -142,6 +142,24 @@ def test_every_demo_candidate_is_exact_and_calibration_picks_the_fastest(target)
     assert picked.best() == "a" and picked.score("a") == pytest.approx(2.0)
 
 
+@pytest.mark.compile
+def test_a_compiled_candidate_sized_once_serves_prompts_of_every_length(target):
+    """With `Models.capacity` (the demo sets it), a compiled candidate keeps one drafter and one target adapter,
+    their caches sized once, across requests of different lengths; each request is identical to plain decoding on
+    the same path."""
+    from specdec.bench.candidates import CANDIDATES, Models, get_candidate
+
+    models = Models(target, tiny("llama", layers=1), None, capacity=96)
+    candidate = get_candidate("draft-g6-compiled", CANDIDATES)
+    settings = dict(max_new_tokens=10, temperature=0.0, eos_token_id=[], seed=0)
+    for prompt in ([1, 2, 3, 4, 1, 2, 3], [5, 6, 7], list(range(1, 40))):
+        plain = list(candidate.decoder(models, speculative=False, **settings).stream(prompt))
+        assert list(candidate.decoder(models, **settings).stream(prompt)) == plain
+    assert list(models.drafters) == ["draft-g6-compiled"] and list(models.adapters) == ["compiled"]
+    assert {c.name for c in CANDIDATES if c.compiled and c.calibrated} == {"draft-g6-compiled",
+                                                                            "draft-vocab-g6-compiled"}
+
+
 def test_bench_says_why_the_acceptance_plot_is_empty():
     from specdec.bench.report import acceptance_note
 

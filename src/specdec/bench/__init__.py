@@ -5,7 +5,8 @@
 Modules: `workloads` (prompts), `runner` (interleaved timed runs, HF hooks), `theory` (Leviathan's
 predictions from measured α and c), `report` (markdown, results.json, plots), `openvino_peer` and
 `openvino_export` (OpenVINO GenAI as a peer: `ov-plain`, `ov-speculative`; docs/openvino.md),
-`openvino_exactness` (its sampling through the chi-square test).
+`openvino_exactness` (its sampling through the chi-square test), `vllm_env`, `vllm_peer` and `vllm_worker` (vLLM's
+CPU build as a peer: `vllm-plain`, `vllm-speculative`, in an environment of its own; docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.openvino_peer import OV_METHODS, OpenVINOMissing, OpenVINOSettings
+from specdec.bench.vllm_peer import VLLM_METHODS, VLLMSettings
 from specdec.bench.runner import BenchSettings, available_methods, parse_gammas, parse_methods
 from specdec.bench.workloads import BUILTIN_WORKLOADS, BenchPrompt, load_workload
 
@@ -41,6 +43,7 @@ def run(target, draft, prompts: list[BenchPrompt], settings: BenchSettings, *, o
         "theory": compare(raw["configs"], max_gamma=max(16, *settings.gammas)),
         "hf_assisted_heuristic_settings": raw["hf_assisted_heuristic_settings"],
         "openvino": raw["openvino"],
+        "vllm": raw["vllm"],
         "forward_costs": raw["forward_costs"],
         "prompts": [p.as_dict() for p in prompts],
         "runs": raw["runs"],
@@ -88,5 +91,5 @@ def _describe(model) -> dict[str, Any]:
     }
 
 
-__all__ = ["BUILTIN_WORKLOADS", "OV_METHODS", "BenchPrompt", "BenchSettings", "OpenVINOMissing", "OpenVINOSettings",
-           "available_methods", "load_workload", "parse_gammas", "parse_methods", "resummarize", "run"]
+__all__ = ["BUILTIN_WORKLOADS", "OV_METHODS", "VLLM_METHODS", "BenchPrompt", "BenchSettings", "OpenVINOMissing",
+           "OpenVINOSettings", "VLLMSettings", "available_methods", "load_workload", "parse_gammas", "parse_methods", "resummarize", "run"]

@@ -26,12 +26,19 @@ from specdec.errors import ConfigError
 
 @dataclass
 class Models:
-    """What candidates build from: the models, the tokenizer, and adapters shared across runs."""
+    """What candidates build from: the models, the tokenizer, and adapters shared across runs.
+
+    capacity: the cache slots of the largest request these models will serve (None: each request sizes its own).
+    With it, the compiled target and the compiled candidates' drafters size their slot caches once for every
+    request, so each compiled shape compiles once: caches sized per request differ with the prompt's length, and
+    each size is a shape of its own."""
 
     target: Any
     draft: Any | None
     tokenizer: Any
     adapters: dict[str, Any] = field(default_factory=dict)  # one per decode path, built on first use
+    capacity: int | None = None
+    drafters: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # a compiled candidate's, reused
 
     def adapter(self, path: str = "eager") -> Any:
         """The target adapter of a decode path: "eager" (CachedCausalLM) or "compiled" (the fast path's slot
@@ -41,7 +48,10 @@ class Models:
 
             if path not in ("eager", "compiled"):
                 raise ConfigError(f"unknown decode path {path!r}")
-            self.adapters[path] = fast_adapter(self.target, path == "compiled")
+            adapter = fast_adapter(self.target, path == "compiled")
+            if path == "compiled" and self.capacity is not None:
+                adapter.ensure_capacity(self.capacity)
+            self.adapters[path] = adapter
         return self.adapters[path]
 
 
@@ -57,6 +67,7 @@ class Candidate:
     options: tuple[tuple[str, Any], ...] = ()  # extra SpeculativeDecoder options, for plain and speculative alike
     setup_note: str | None = None  # said on screen before its first use when that is slow (e.g. a compile)
     compiled: bool = False  # on the fast path: it compiles first (`specdec demo --no-compile` leaves it out)
+    calibrated: bool = True  # timed when the demo chooses (else only run by name: `specdec demo --method NAME`)
     needs_heads: bool = False  # the draft heads shipped for the default target (so: that target only)
     needs_ranking: bool = False  # the default pair's token ranking (a draft of its vocabulary's width only)
 
@@ -71,8 +82,21 @@ class Candidate:
         """A SpeculativeDecoder for one request: this method's, or plain decoding on the same target path."""
         from specdec.engine.decoding import SpeculativeDecoder
 
-        drafter, gamma = self.drafter(models) if speculative else (None, 1)
+        drafter, gamma = self.build(models) if speculative else (None, 1)
         return SpeculativeDecoder(self.target(models), drafter, gamma=gamma, **dict(self.options), **settings)
+
+    def build(self, models: Models) -> tuple[Any, Any]:
+        """(drafter, gamma) for a request: a fresh drafter, or on the fast path with `models.capacity` set one
+        drafter kept for every request, its caches sized once (drafters are reset between requests)."""
+        if not self.compiled or models.capacity is None:
+            return self.drafter(models)
+        if self.name not in models.drafters:
+            drafter, gamma = self.drafter(models)
+            if drafter is not None:
+                drafter.use_fast_path(True)
+                drafter.ensure_capacity(models.capacity)
+            models.drafters[self.name] = (drafter, gamma)
+        return models.drafters[self.name]
 
 
 def draft_model_candidate(gamma_policy: Callable[[], Any]) -> Callable[[Models], tuple[Any, Any]]:
@@ -151,6 +175,10 @@ _COMPILING = ("compiling the target's and the draft's passes (once per shape; se
 
 #: The registry. A method that lands later (a compiled fast path, `specdec.DraftTree`, EAGLE heads) is one
 #: more entry here, with `target=` for its own decode path and `setup_note=` when its first use is slow.
+#: On the fast path the demo times two by default (`calibrated`): the draft model at γ = 6, over its whole
+#: vocabulary and over its most frequent tokens. They share every target shape, and each other compiled
+#: candidate would add shapes of its own to a cold start (a few minutes on a slow CPU); on every CPU class
+#: measured a γ of 6-7 was the best fixed one (BENCHMARKS.md). The others run by name.
 CANDIDATES: list[Candidate] = [
     Candidate("draft-g3", "draft model, γ = 3", draft_model_candidate(lambda: 3), needs_draft=True),
     Candidate("draft-heuristic", "draft model, γ +2/−1 schedule (transformers' heuristic)",
@@ -163,17 +191,18 @@ CANDIDATES: list[Candidate] = [
               _draft_tree, needs_draft=True),
     *(Candidate(f"draft-g{gamma}-compiled", f"draft model, γ = {gamma}, on the fast path (slot KV cache, compiled "
                 "passes)", draft_model_candidate(lambda gamma=gamma: gamma), needs_draft=True,
-                target=_compiled, options=(("compile", True),), compiled=True, setup_note=_COMPILING)
+                target=_compiled, options=(("compile", True),), compiled=True, setup_note=_COMPILING,
+                calibrated=gamma == 6)
       for gamma in (3, 6)),
     Candidate("draft-vocab-g6-compiled", "draft model over its 2048 most frequent tokens (a cheaper draft step), "
               "γ = 6, on the fast path", draft_vocab_candidate(6), needs_draft=True, needs_ranking=True,
               target=_compiled, options=(("compile", True),), compiled=True, setup_note=_COMPILING),
     Candidate("draft-auto-compiled", "draft model, γ chosen each round from measured α and cost, on the fast path",
               draft_model_candidate(lambda: "auto"), needs_draft=True, target=_compiled,
-              options=(("compile", True),), compiled=True, setup_note=_COMPILING),
+              options=(("compile", True),), compiled=True, setup_note=_COMPILING, calibrated=False),
     Candidate("eagle-compiled", "the shipped EAGLE head's dynamic tree, on the fast path (one compiled graph "
               "per drafting round)", _eagle_tree, needs_heads=True, target=_compiled,
-              options=(("compile", True),), compiled=True,
+              options=(("compile", True),), compiled=True, calibrated=False,
               setup_note="compiling the target's tree pass and the EAGLE head's drafting round (once per shape; "
               "seconds each once inductor's disk cache is warm)..."),
 ]

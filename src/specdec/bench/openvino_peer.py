@@ -230,6 +230,6 @@ def checkpoint_dir(name: str | Path) -> Path:
     try:
         return Path(snapshot_download(str(name), local_files_only=True))
     except Exception as exc:  # huggingface_hub raises several kinds for "not in the local cache"
-        raise ConfigError(f"the OpenVINO methods export a local checkpoint, and {name!r} is neither a directory "
+        raise ConfigError(f"the OpenVINO and vLLM methods run a local checkpoint, and {name!r} is neither a directory "
                           f"nor in the local Hugging Face cache ({type(exc).__name__}): download it first or "
                           "pass its directory") from None

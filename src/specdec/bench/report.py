@@ -152,6 +152,14 @@ def markdown(results: dict[str, Any]) -> str:
                   f"KV_CACHE_PRECISION={props['KV_CACHE_PRECISION']}, "
                   f"INFERENCE_NUM_THREADS={props['INFERENCE_NUM_THREADS']}, prefix caching off; "
                   + "; ".join(models) + "."]
+    vllm = results.get("vllm")
+    if vllm:
+        starts = ", ".join(f"{name} {e['start_s']:.0f} s" for name, e in vllm["engines"].items())
+        drafter = {"draft": "the draft model", "eagle": "the EAGLE head", "eagle3": "the EAGLE-3 head"}.get(
+            vllm["drafter"], "none")
+        parts += ["", f"vllm-* methods: {vllm['vllm']} (its own environment), {vllm['dtype']}, eager, prefix "
+                  f"caching off, one request at a time; speculative drafter: {drafter}. Engine start-up, not in "
+                  f"any timing: {starts}."]
     heur = results.get("hf_assisted_heuristic_settings")
     if heur:
         parts += ["", "hf-assisted-heuristic ran with HF's own assistant settings: "

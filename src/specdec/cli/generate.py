@@ -120,14 +120,17 @@ def register(subparsers) -> None:
                         help="how to draft: 'draft' = the draft model (the default when --draft is given or "
                         "when the shipped pair is used, i.e. no --target); 'plain' = no drafting (plain "
                         "decoding through the same loop); 'prompt-lookup' = n-gram matches in the prompt and "
-                        "output; 'bigram' = a bigram table (--bigram, or built from the target); 'layer-skip' = "
+                        "output; 'suffix' = SuffixDecoding, token trees from a suffix trie of the prompt and output "
+                        "(docs/suffix.md); 'bigram' = a bigram table (--bigram, or built from the target); 'layer-skip' = "
                         "the target's first --draft-layers layers; 'draft-tree' / 'multi-draft' = token trees "
                         "from the draft model ('multi-draft-specinfer' / '-spectr': other sampling schemes); "
                         "'eagle' / 'medusa' = draft heads on the target's features (a tree; "
                         "'-chain' for one branch), --head or the heads shipped for the default target "
                         "('eagle3' / 'eagle3-chain': an EAGLE-3 head, --head DIR where none is shipped); "
                         "'draft-tli' / 'draft-slem' = a draft with another tokenizer; 'draft-vocab' = the draft "
-                        "model drafting from its --draft-vocab most frequent tokens (a cheaper draft step); "
+                        "model drafting from its --draft-vocab most frequent tokens (a cheaper draft step); 'mtp' / "
+                        "'mtp-tree' = the target's own multi-token-prediction layer (DeepSeek-V3, GLM-4.5, "
+                        "GLM-4.7-Flash, Mellum), a chain or a tree; "
                         "'dflash' / 'dflash-tree' = a DFlash block head on the target's features, γ tokens from one "
                         "pass (--head, or the one shipped for the default target); 'parallel' = a PARD draft, γ "
                         "tokens from one pass over γ-1 mask tokens (--draft DIR adapted by `specdec distill "
@@ -151,6 +154,10 @@ def register(subparsers) -> None:
     parser.add_argument("--dtype", default="auto",
                         help="model dtype: auto (bfloat16 where this machine computes it natively, measured once; "
                              "else float32), float32, bfloat16, float16, float64, checkpoint (the weights' own)")
+    parser.add_argument("--weights", default=None, choices=("float32", "bfloat16", "int8", "int4"),
+                        help="the target's (and draft model's) linear layers on packed weights of this format, on "
+                        "specdec's CPU kernels: int8 / int4 quantize them (weight-only), bfloat16 halves the bytes "
+                        "of a float32 model (default: the models' own layers; docs/quantization.md)")
     add_threads_arg(parser)
     parser.add_argument("--compile", action="store_true",
                         help="the fast path: slot KV cache and compiled passes for target and draft model (the "
@@ -184,6 +191,16 @@ def load_models(args):
         draft = None
     if args.draft is not None:  # its own tokenizer, if another, is translated (draft_tokenizer_options)
         draft = load_model(args.draft, args.device, args.dtype)
+    weights = getattr(args, "weights", None)
+    if weights:
+        from specdec.runtime.weights import pack_model
+
+        if not str(args.device).startswith("cpu"):
+            from specdec.errors import ConfigError
+
+            raise ConfigError(f"--weights {weights} runs on specdec's CPU kernels only; use --device cpu")
+        target = pack_model(target, weights)
+        draft = pack_model(draft, weights) if draft is not None else None
     return target, draft, tokenizer
 
 

@@ -22,9 +22,10 @@ def register(subparsers) -> None:
     parser.add_argument("--draft", help="draft model path or hub id (same tokenizer as the target)")
     parser.add_argument("--drafter", **drafter_choices("none"),
                         default=None, help="how to draft (default: 'draft' when a draft model is available, else "
-                        "none); 'prompt-lookup', 'bigram' and 'layer-skip' need no draft model, 'eagle' / "
-                        "'medusa' / 'dflash' use the heads shipped for the default target ('eagle3': --head DIR where none is "
-                        "shipped); 'parallel' a PARD draft (--draft DIR adapted by `specdec distill --parallel`)")
+                        "none); 'prompt-lookup', 'suffix', 'bigram' and 'layer-skip' need no draft model, 'eagle' / "
+                        "'medusa' / 'dflash' use the heads shipped for the default target ('eagle3': --head DIR where "
+                        "none is shipped), 'mtp' / 'mtp-tree' the target's own MTP layer (DeepSeek-V3, GLM-4.5, ...); "
+                        "'parallel' a PARD draft (--draft DIR adapted by `specdec distill --parallel`)")
     parser.add_argument("--head", default=None, metavar="PATH",
                         help="--drafter eagle / medusa / dflash: a head saved by `specdec train-head` (default: the heads "
                         "shipped for the default target)")
@@ -33,6 +34,10 @@ def register(subparsers) -> None:
     parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                         help="--drafter draft-vocab: draft from the default pair's N most frequent tokens "
                         "(default 2048)")
+    parser.add_argument("--suffix-cache-tokens", type=int, default=None, metavar="N",
+                        help="--drafter suffix: the most tokens of earlier requests' outputs the server keeps to "
+                        "draft from (one cache for all requests; least recently used requests leave first; "
+                        "default 65536)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument("--model-name", default=None, help="the id clients send as 'model' (default: 'specdec-default' "
@@ -145,7 +150,8 @@ def build_app(args):
                                  fix="specdec serve batches drafts with the target's tokenizer only; use such a "
                                  "--draft, or `specdec generate --draft` (one request at a time, translated)")
     kind = args.drafter or ("draft" if draft is not None else None)
-    options = {"head_path": args.head, "draft_layers": args.draft_layers, "draft_vocab": args.draft_vocab}
+    options = {"head_path": args.head, "draft_layers": args.draft_layers, "draft_vocab": args.draft_vocab,
+               "suffix_cache_tokens": args.suffix_cache_tokens}
     drafter = None if kind in (None, "none") else make_drafter(kind, target=target, draft=draft, **options)
     model_name = args.model_name or ("specdec-default" if args.target is None else Path(args.target.rstrip("/")).name)
     if args.compile:

@@ -20,6 +20,10 @@ _CLASSES = {
     "MultiDraft": "specdec.drafters.multi_draft",
     "Eagle": "specdec.drafters.eagle",
     "Medusa": "specdec.drafters.medusa",
+    "SelfDraft": "specdec.drafters.self_draft",
+    "Mtp": "specdec.drafters.mtp",
+    "SuffixDecoding": "specdec.drafters.suffix",
+    "SuffixCache": "specdec.drafters.suffix",
     "BlockDraft": "specdec.drafters.block",
     "ParallelDraft": "specdec.drafters.parallel",
 }
@@ -39,10 +43,15 @@ def __getattr__(name: str):
 #: "multi-draft" is MultiDraft's default scheme (recursive rejection sampling); "multi-draft-specinfer" /
 #: "multi-draft-spectr" pick the other two schemes (so `specdec bench` can run them side by side).
 #: "draft-vocab" is the draft model drafting from a reduced vocabulary (`DraftModel(draft_vocab=...)`): by default
-#: the DRAFT_VOCAB most frequent tokens of the default pair's training data.
+#: the DRAFT_VOCAB most frequent tokens of the default pair's training data. "mtp" / "mtp-tree": the target's own
+#: multi-token-prediction layer (`Mtp`: DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Mellum targets), a chain or an
+#: EAGLE-2 tree of EAGLE_TREE's shape. "suffix" is SuffixDecoding: trees from a suffix trie over the request and a
+#: cache of earlier requests' outputs (one cache per drafter and its forks). "self-draft-int8" / "self-draft-int4":
+#: the target's own weights quantized (SelfDraft).
 DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft", "eagle", "eagle-chain",
                  "medusa", "medusa-chain", "draft-tli", "draft-slem", "multi-draft-specinfer", "multi-draft-spectr",
-                 "eagle3", "eagle3-chain", "draft-vocab", "dflash", "dflash-tree", "parallel")
+                 "eagle3", "eagle3-chain", "draft-vocab", "self-draft-int8", "self-draft-int4", "mtp", "mtp-tree",
+                 "suffix", "dflash", "dflash-tree", "parallel")
 
 #: Tokens the "draft-vocab" kind drafts from by default. On the default pair (8192 tokens) the 2048 most frequent
 #: hold 98% of the target's greedy tokens on held-out code, and the draft's greedy agreement with the target fell
@@ -60,6 +69,8 @@ DRAFTER_OPTIONS = {
     "prompt-lookup": {"ngram_max": "--ngram-max", "ngram_min": "--ngram-min", "lookup_branches": "--lookup-branches"},
     "bigram": {"bigram_path": "--bigram"},
     "layer-skip": {"draft_layers": "--draft-layers"},
+    "self-draft-int8": {},
+    "self-draft-int4": {},
     "draft-tree": {"tree_top_k": "--tree-top-k", "tree_depth": "--tree-depth", "max_nodes": "--max-nodes"},
     "multi-draft": {"num_drafts": "--num-drafts", "replacement": "--replacement", "scheme": "--scheme",
                     "widths": "--widths"},
@@ -71,6 +82,10 @@ DRAFTER_OPTIONS = {
     "eagle3-chain": {"head_path": "--head"},
     "medusa": {"head_path": "--head"},
     "medusa-chain": {"head_path": "--head"},
+    "mtp": {},
+    "mtp-tree": {},
+    "suffix": {"max_nodes": "--max-nodes", "tree_depth": "--tree-depth", "min_token_prob": "--min-token-prob",
+               "max_spec_factor": "--max-spec-factor", "suffix_cache_tokens": "--suffix-cache-tokens"},
     "dflash": {"head_path": "--head"},
     "dflash-tree": {"head_path": "--head"},
     "parallel": {"parallel_draft": "parallel_draft= (a model or a directory)"},
@@ -168,13 +183,17 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     "draft-vocab": the draft model drafting from a reduced vocabulary (FR-Spec): draft_vocab = N, the N most
     frequent tokens of the default pair's training data (default DRAFT_VOCAB; a draft of the default pair's width
     only), or a sequence of token ids (any draft).
+    "suffix": SuffixDecoding (max_nodes, tree_depth, min_token_prob, max_spec_factor), its cache of earlier requests
+    holding at most suffix_cache_tokens tokens (its forks, e.g. a server's rows, share that one cache).
     "dflash" / "dflash-tree": a DFlash block head (head_path, or the one shipped for the default target) drafting
     a chain / a tree from one pass. "parallel": a PARD draft (`draft` when it carries the mask row, else the
     adapted draft shipped for the default pair).
     "bigram": a bigram table loaded from bigram_path (a file saved by Bigram.save), or else built from the
     target's own one-token predictions (Bigram.from_model). "layer-skip": the target's first draft_layers
-    decoder layers (default half of them). Options given as None are ignored; an option that does not apply
-    to `kind` is an error.
+    decoder layers (default half of them). "self-draft-int8" / "self-draft-int4": the target's own weights
+    quantized (SelfDraft). "mtp" / "mtp-tree": the target's own MTP layer, read from the checkpoint the target
+    was loaded from (a chain, or an EAGLE_TREE-shaped tree). Options given as None are ignored; an option that
+    does not apply to `kind` is an error.
     """
     from specdec.drafters.bigram import Bigram
     from specdec.drafters.draft_model import DraftModel
@@ -223,6 +242,13 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     if kind == "prompt-lookup":
         return PromptLookup(max_ngram=options.get("ngram_max", 3), min_ngram=options.get("ngram_min", 1),
                             branches=options.get("lookup_branches", 1))
+    if kind == "suffix":
+        from specdec.drafters.suffix import DEFAULT_CACHE_TOKENS, SuffixCache, SuffixDecoding
+
+        names = {"max_nodes": "max_nodes", "tree_depth": "max_depth", "min_token_prob": "min_token_prob",
+                 "max_spec_factor": "max_spec_factor"}
+        cache = SuffixCache(max_tokens=options.get("suffix_cache_tokens", DEFAULT_CACHE_TOKENS))
+        return SuffixDecoding(cache=cache, **{arg: options[key] for key, arg in names.items() if key in options})
     if kind == "bigram":
         if "bigram_path" in options:
             return Bigram.load(options["bigram_path"])
@@ -233,12 +259,21 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
         raise ConfigError(f"--drafter {kind} needs the target model (target=model)")
     if kind in ("eagle", "eagle-chain", "eagle3", "eagle3-chain", "medusa", "medusa-chain", "dflash", "dflash-tree"):
         return _head_drafter(kind, target, options.get("head_path"))
+    if kind.startswith("self-draft-"):
+        from specdec.drafters.self_draft import SelfDraft
+
+        return SelfDraft(target, weights=kind.rsplit("-", 1)[1])
+    if kind in ("mtp", "mtp-tree"):
+        from specdec.drafters.mtp import Mtp
+
+        return Mtp(target) if kind == "mtp" else Mtp(target, **EAGLE_TREE)
     if kind == "parallel":
         return _parallel_drafter(target, draft, options.get("parallel_draft"))
     return LayerSkip(target, num_layers=options.get("draft_layers"))
 
 
 __all__ = [
-    "DRAFTER_KINDS", "Bigram", "BlockDraft", "DraftModel", "DraftTree", "Drafter", "Eagle", "LayerSkip", "Medusa", "MultiDraft",
-    "ParallelDraft", "PromptLookup", "Proposal", "make_drafter",
+    "DRAFTER_KINDS", "Bigram", "BlockDraft", "DraftModel", "DraftTree", "Drafter", "Eagle", "LayerSkip", "Medusa",
+    "Mtp", "MultiDraft", "ParallelDraft", "PromptLookup", "Proposal", "SelfDraft", "SuffixCache", "SuffixDecoding",
+    "make_drafter",
 ]

@@ -22,8 +22,10 @@ Formats (key names and configs follow the engines' loaders; see docs/heads.md fo
   keys ``midlayer.self_attn.{q,k,v}_proj.weight`` [·, 2H], ``midlayer.self_attn.o_proj.weight``,
   ``midlayer.mlp.{gate,up,down}_proj.weight``, ``midlayer.{input_layernorm,hidden_norm,
   post_attention_layernorm}.weight``, ``fc.weight`` [H, 3H] (no bias), ``norm.weight``, ``lm_head.weight``
-  [draft vocab, H] (the target's rows when the head shares its LM head), ``d2t`` [draft vocab] int64
-  (target id = i + d2t[i]) and ``t2d`` [V] bool (ignored by both loaders, kept for EAGLE's own code).
+  [draft vocab, H] (the target's rows when the head shares its LM head); with a reduced draft vocabulary
+  only, ``d2t`` [draft vocab] int64 (target id = i + d2t[i]) and ``t2d`` [V] bool (ignored by both
+  loaders, kept for EAGLE's own code). vLLM 0.32 creates the d2t parameter only when ``draft_vocab_size``
+  differs from the target's vocabulary and refuses a file that has one otherwise.
   Only EAGLE-3 heads (`variant="eagle3"`) with three feature layers below the target's layer count can be
   written this way, and an EAGLE-3 head cannot be written as ``vllm-eagle`` / ``sglang-eagle``.
 
@@ -131,12 +133,13 @@ def _eagle3_files(head: EagleHead, target: PreTrainedModel | None,
     tensors = {"fc.weight": head.fc.weight, "norm.weight": head.norm.weight}
     for name, value in head.body.layers[0].state_dict().items():
         tensors[f"midlayer.{name}"] = value
-    if head.lm_head is None:  # shared: the target's rows, an identity map
+    if head.lm_head is None:  # shared: the target's rows, the whole vocabulary in order (no d2t / t2d)
         tensors["lm_head.weight"] = target.get_output_embeddings().weight
-        draft_to_target = torch.arange(vocab)
-    else:
-        tensors["lm_head.weight"] = head.lm_head.weight
-        draft_to_target = head.draft_to_target.cpu()
+        return config, tensors
+    # A reduced draft vocabulary: vLLM creates draft_id_to_target_id (filled from d2t) only when
+    # draft_vocab_size differs from the target's vocabulary, and refuses a d2t it has no parameter for.
+    tensors["lm_head.weight"] = head.lm_head.weight
+    draft_to_target = head.draft_to_target.cpu()
     tensors["d2t"] = draft_to_target - torch.arange(draft_to_target.shape[0])  # [Vd] target = i + d2t[i]
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[draft_to_target] = True

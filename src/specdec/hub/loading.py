@@ -146,10 +146,17 @@ def is_speech_checkpoint(path: str | Path, cache: bool = False) -> bool:
     return _model_class(path, cache) is AutoModelForSpeechSeq2Seq
 
 
-def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None):
+def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None,
+               weights: str | None = None):
     """AutoModelForCausalLM.from_pretrained(path) (AutoModelForSeq2SeqLM / AutoModelForSpeechSeq2Seq for an
-    encoder-decoder checkpoint), in eval mode on `device`."""
+    encoder-decoder checkpoint), in eval mode on `device`; `weights` "float32" | "bfloat16" | "int8" | "int4": its
+    linear layers on packed weights of that format (runtime/weights.py), on the CPU."""
+    from specdec.runtime.weights import check_format, pack_model  # noqa: PLC0415
+
     check_device(device)
+    if check_format(weights) is not None and not str(device).startswith("cpu"):
+        raise ConfigError(f"weights={weights!r} runs on specdec's CPU kernels only; use device='cpu' (--device cpu), "
+                          "or leave weights out")
     path = resolve_name(path)
     cache = cache_only(path)
     try:
@@ -162,7 +169,7 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype |
             f"and weights, nor a reachable hub id ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
             "check the path, or download the model first when offline"
         ) from exc
-    return model.to(device).eval()
+    return pack_model(model.to(device).eval(), weights) if weights else model.to(device).eval()
 
 
 def load_tokenizer(path: str | Path):
@@ -183,8 +190,10 @@ def load_tokenizer(path: str | Path):
         ) from exc
 
 
-def load(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None):
+def load(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None, weights: str | None = None):
     """(model, tokenizer) from a local path or hub id: AutoModelForCausalLM + AutoTokenizer. Encoder-decoder
     checkpoints: AutoModelForSeq2SeqLM + AutoTokenizer, or AutoModelForSpeechSeq2Seq + AutoProcessor.
-    "default-seq2seq" names the shipped seq2seq target (its draft: specdec.load_default_seq2seq())."""
-    return load_model(path, device, dtype), load_tokenizer(path)
+    "default-seq2seq" names the shipped seq2seq target (its draft: specdec.load_default_seq2seq()).
+    weights="float32" | "bfloat16" | "int8" | "int4": the linear layers' weights in that format, packed for specdec's
+    CPU kernels (int8 / int4: weight-only quantization; docs/quantization.md)."""
+    return load_model(path, device, dtype, weights), load_tokenizer(path)

@@ -313,8 +313,7 @@ class BatchedCausalLM:
         index = order[:, self.slots - width :]  # [B, width]
         new_valid = torch.arange(width, device=self.device)[None] >= (width - lengths)[:, None]  # [B, width]
         for layer in range(len(self.keys)):
-            k, v = self.keys[layer], self.values[layer]  # [B, H, S, D]
-            gather = index[:, None, :, None].expand(k.shape[0], k.shape[1], width, k.shape[3])
-            self.keys[layer] = k.gather(2, gather)
-            self.values[layer] = v.gather(2, gather)
+            k, v = self.keys[layer], self.values[layer]  # [B, H, S, Dk], [B, H, S, Dv] (MLA: Dv != Dk)
+            self.keys[layer] = k.gather(2, index[:, None, :, None].expand(*k.shape[:2], width, k.shape[3]))
+            self.values[layer] = v.gather(2, index[:, None, :, None].expand(*v.shape[:2], width, v.shape[3]))
         self.valid = new_valid

@@ -39,9 +39,11 @@ _TREE_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def vocab_size(model: PreTrainedModel) -> int:
     """Width of the model's logits."""
+    from specdec.runtime.weights import PackedLinear  # noqa: PLC0415 (imports the kernels' module lazily)
+
     head = model.get_output_embeddings()
-    if head is not None and getattr(head, "weight", None) is not None:
-        return int(head.weight.shape[0])
+    if isinstance(head, (torch.nn.Linear, PackedLinear)):
+        return int(head.out_features)
     return int(model.config.get_text_config().vocab_size)
 
 

@@ -1,10 +1,10 @@
 """`dtype="auto"`: bfloat16 where the hardware computes it natively, float32 elsewhere.
 
 On a GPU that supports bfloat16 the answer is bfloat16. On a CPU it is measured with the kernel specdec's
-low-precision passes run (runtime/rowwise.py's row_linear): a bfloat16 matrix product is timed against the same
-float32 one, at one row (a decoding pass: memory-bound) and at eight (a verification pass). bfloat16 is chosen when
-it is at least 1.25x faster at both; a CPU that has to convert every bfloat16 operand is not. The verdict is cached per CPU model, core count and
-torch version in `~/.cache/specdec/precision.json` (`$XDG_CACHE_HOME`), so a machine measures it once.
+passes run (runtime/rowwise.py's packed linear, on packed weights): a bfloat16 matrix product is timed against the
+same float32 one, at one row (a decoding pass: memory-bound) and at eight (a verification pass). bfloat16 is chosen when
+it is at least 1.25x faster at both; a CPU that has to convert every bfloat16 operand is not. The verdict is cached per CPU model, core count,
+torch version and kernel build in `~/.cache/specdec/precision.json` (`$XDG_CACHE_HOME`), so a machine measures it once.
 """
 
 from __future__ import annotations
@@ -61,19 +61,20 @@ def cpu_computes_bf16() -> bool:
 
 
 def _measure(repeats: int = 15) -> tuple[list[float], list[float]]:
-    """Fastest ms of a [rows, 2048] x [2048, 4096]^T product through the kernel specdec's low-precision passes use
-    (rowwise.row_linear), rows 1 and 8, in float32 and in bfloat16, interleaved."""
-    from specdec.runtime.rowwise import row_linear  # noqa: PLC0415 (builds the kernels on first use)
+    """Fastest ms of a [rows, 2048] x [2048, 4096]^T product through the kernel specdec's passes use (packed
+    weights, `specdec::packed_linear`), rows 1 and 8, in float32 and in bfloat16, interleaved."""
+    from specdec.runtime.rowwise import load_kernel  # noqa: PLC0415 (builds the kernels on first use)
 
+    load_kernel()
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(4096, 2048, generator=gen)  # 16 / 32 MB: streamed from memory, as real weights are
-    cases = [(dtype, rows, weight.to(dtype), torch.randn(rows, 2048, generator=gen).to(dtype))
+    cases = [(dtype, rows, torch.ops.specdec.pack_weight(weight.to(dtype)), torch.randn(rows, 2048, generator=gen).to(dtype))
              for dtype in (torch.float32, torch.bfloat16) for rows in (1, 8)]
     best = {(dtype, rows): float("inf") for dtype, rows, _, _ in cases}
     for _ in range(repeats):
         for dtype, rows, w, x in cases:
             start = time.perf_counter()
-            row_linear(x, w)
+            torch.ops.specdec.packed_linear(x, w, None, 4096)
             best[dtype, rows] = min(best[dtype, rows], 1e3 * (time.perf_counter() - start))
     return ([best[torch.float32, 1], best[torch.float32, 8]], [best[torch.bfloat16, 1], best[torch.bfloat16, 8]])
 
@@ -90,8 +91,10 @@ def cpu_model() -> str:
 
 
 def _machine_key() -> str:
-    return (f"{cpu_model()} | {os.cpu_count()} cores | torch {torch.__version__} | "
-            f"{torch.backends.cpu.get_cpu_capability()}")
+    """The CPU, its cores, torch, and the kernels' build (their tier and sources: a new kernel is measured anew)."""
+    from specdec.runtime.rowwise import build_name, kernel_tier  # noqa: PLC0415
+
+    return f"{cpu_model()} | {os.cpu_count()} cores | torch {torch.__version__} | {build_name(kernel_tier())}"
 
 
 def _cache_path() -> Path:

@@ -19,15 +19,22 @@ to the kernels: no model file is forked and nothing is written on a model's conf
 passes, where `torch.compile` traces through it and keeps each kernel as one opaque call. Calls a kernel cannot
 serve (dropout, `is_causal` without a mask, float64, another device) go to PyTorch unchanged.
 
-The kernels are compiled on first use with `torch.utils.cpp_extension` for this CPU (its vector width, and the bf16
-dot product where present), ~20 s once per machine: the build is cached under `~/.cache/torch_extensions`
-(`TORCH_EXTENSIONS_DIR`). It needs the C++ compiler inductor needs anyway, and `ninja` (a dependency of specdec).
+The kernels are compiled once per machine for its instruction-set tier (`kernel_tier`: avx512_bf16, avx512, avx2,
+neon or generic, from the CPU's features; `SPECDEC_KERNEL_TIER` picks a lower one) with `torch.utils.cpp_extension`,
+and cached under `~/.cache/torch_extensions` (`TORCH_EXTENSIONS_DIR`) in a directory named after everything that
+changes the build (`build_name`: the tier, the sources, the flags, torch's version and headers), so two environments
+or checkouts on one machine never rebuild each other's copy. `make install` builds them (`python -m
+specdec.runtime.rowwise`); otherwise the first use does. It needs the C++ compiler inductor needs anyway, and
+`ninja` (a dependency of specdec).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
+import os
+import platform
 import time
 from pathlib import Path
 
@@ -35,26 +42,91 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from specdec.errors import ConfigError
+
 log = logging.getLogger("specdec.fastpath")
 
-SOURCES = [Path(__file__).resolve().parent / "kernels" / name
-           for name in ("row_attention.cpp", "row_linear.cpp", "packed_linear.cpp", "row_argmax.cpp")]
+KERNELS = Path(__file__).resolve().parent / "kernels"
+SOURCES = [KERNELS / name for name in ("row_attention.cpp", "row_linear.cpp", "packed_linear.cpp", "row_argmax.cpp")]
+#: Headers the sources include: their bytes are part of the build's name too.
+HEADERS = [KERNELS / "simd.h", KERNELS / "packed_core.h"]
 
-#: PyTorch's CPU capability (torch.backends.cpu.get_cpu_capability()) -> compiler flags for ATen's vector types.
-_CAPABILITY_FLAGS = {
-    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY=AVX512",
-               "-DCPU_CAPABILITY_AVX512"],
-    "AVX2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
+_AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX512",
+           "-DCPU_CAPABILITY_AVX512"]
+#: Instruction-set tier -> compiler flags (ATen's vector types follow CPU_CAPABILITY), most capable first per
+#: architecture. kernels/simd.h says what each tier computes with.
+TIER_FLAGS = {
+    "avx512_bf16": [*_AVX512, "-mavx512bf16"],
+    "avx512": _AVX512,
+    "avx2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
+    "neon": [],  # aarch64: Advanced SIMD is the baseline
+    "generic": [],
+}
+#: The CPU flags (/proc/cpuinfo) each x86 tier needs.
+_X86_NEEDS = {
+    "avx512_bf16": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c", "avx512_bf16"},
+    "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"},
+    "avx2": {"avx2", "fma", "f16c"},
 }
 
 #: What the kernels compute in (float32 arithmetic); float64 stays with PyTorch's kernels.
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _bf16_dot_product() -> bool:
-    """Whether this CPU has AVX512_BF16's dot-product instruction."""
-    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    return bool(probe and probe())
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@functools.cache
+def cpu_tiers() -> tuple[str, ...]:
+    """The kernel tiers this CPU runs, most capable first (always ending with "generic")."""
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return ("neon", "generic")
+    if machine not in ("x86_64", "amd64", "i686", "x86"):
+        return ("generic",)
+    flags = _cpu_flags()
+    if flags:
+        tiers = [tier for tier, needs in _X86_NEEDS.items() if needs <= flags]
+    else:  # no /proc/cpuinfo (macOS, Windows): what PyTorch's own dispatch found
+        capability = torch.backends.cpu.get_cpu_capability()
+        tiers = ["avx512", "avx2"] if capability == "AVX512" else ["avx2"] if capability == "AVX2" else []
+    return (*tiers, "generic")
+
+
+@functools.cache
+def kernel_tier() -> str:
+    """The tier the kernels are built for here: the CPU's best, or `SPECDEC_KERNEL_TIER` (one this CPU runs)."""
+    tiers = cpu_tiers()
+    wanted = os.environ.get("SPECDEC_KERNEL_TIER", "").strip().lower()
+    if not wanted:
+        return tiers[0]
+    if wanted not in tiers:
+        raise ConfigError(f"SPECDEC_KERNEL_TIER={wanted!r} is not a tier this CPU runs; choose one of "
+                          f"{', '.join(tiers)} (or unset it for {tiers[0]})")
+    return wanted
+
+
+def build_flags(tier: str) -> list[str]:
+    return ["-O3", "-ffp-contract=off", *TIER_FLAGS[tier]]
+
+
+def build_name(tier: str) -> str:
+    """The kernels' library name for `tier`: a hash of what changes the build (sources and headers, flags, torch's
+    version and include directories), so a build is reused exactly when it would be rebuilt the same."""
+    from torch.utils.cpp_extension import include_paths  # noqa: PLC0415 (heavy)
+
+    digest = hashlib.sha256()
+    for path in (*SOURCES, *HEADERS):
+        digest.update(path.name.encode() + path.read_bytes())
+    digest.update(" ".join([*build_flags(tier), torch.__version__, *include_paths()]).encode())
+    return f"specdec_kernels_{tier}_{digest.hexdigest()[:16]}"
 
 
 @functools.cache
@@ -62,14 +134,10 @@ def load_kernel() -> None:
     """Build (first use on this machine) or load the kernels and register their shape functions."""
     from torch.utils.cpp_extension import load  # noqa: PLC0415 (heavy; only the fast path needs it)
 
-    capability = torch.backends.cpu.get_cpu_capability()
-    flags = ["-O3", "-ffp-contract=off", *_CAPABILITY_FLAGS.get(capability, [])]
-    name = f"specdec_rowwise_{capability.lower()}"
-    if capability == "AVX512" and _bf16_dot_product():
-        flags.append("-mavx512bf16")
-        name += "_bf16"
+    tier = kernel_tier()
+    name = build_name(tier)
     start = time.perf_counter()
-    load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=flags, is_python_module=False)
+    load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=build_flags(tier), is_python_module=False)
     elapsed = time.perf_counter() - start
     if elapsed > 1.0:
         log.info("built the row-invariant kernels (%s) in %.1f s", name, elapsed)
@@ -93,11 +161,9 @@ def load_kernel() -> None:
 
 
 def packed_linear_serves(weight: torch.Tensor) -> bool:
-    """Whether `specdec::packed_linear` (kernels/packed_linear.cpp) can run with this weight here: a 2-D CPU weight,
-    float32 on a CPU with AVX-512 or bfloat16 on one with AVX512_BF16."""
-    if weight.device.type != "cpu" or weight.dim() != 2 or torch.backends.cpu.get_cpu_capability() != "AVX512":
-        return False
-    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _bf16_dot_product())
+    """Whether `specdec::packed_linear` (kernels/packed_linear.cpp) runs with this weight: a 2-D CPU weight in
+    float32 or bfloat16 (every tier packs both)."""
+    return weight.device.type == "cpu" and weight.dim() == 2 and weight.dtype in (torch.float32, torch.bfloat16)
 
 
 def _ensure_loaded() -> None:
@@ -163,3 +229,16 @@ def _attention_args(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
 def _linear_served(input, weight, bias=None) -> bool:
     return (input.device.type == "cpu" and input.dtype in DTYPES and weight.dtype == input.dtype
             and weight.dim() == 2 and (bias is None or bias.dtype == input.dtype))
+
+
+def main() -> None:
+    """`python -m specdec.runtime.rowwise`: build (or find) this machine's kernels and say which tier they are."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    start = time.perf_counter()
+    load_kernel()
+    print(f"specdec kernels: tier {kernel_tier()} (this CPU runs {', '.join(cpu_tiers())}), "
+          f"{build_name(kernel_tier())}, ready in {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -128,8 +128,10 @@ def served_methods(drafter) -> tuple[str, ...]:
         return ("eagle", "eagle-chain") if drafter.top_k == 1 else ("eagle",)
     if kind == "Medusa":
         return ("medusa", "medusa-chain") if drafter.tree is None else ("medusa",)
+    if kind == "Mtp":
+        return ("mtp",) if drafter.top_k == 1 else ("mtp-tree",)
     names = {"DraftModel": "draft", "LayerSkip": "layer-skip", "PromptLookup": "prompt-lookup",
-             "Bigram": "bigram", "DraftTree": "draft-tree", "MultiDraft": "multi-draft"}
+             "Bigram": "bigram", "DraftTree": "draft-tree", "MultiDraft": "multi-draft", "SuffixDecoding": "suffix"}
     return (names.get(kind, kind),)
 
 

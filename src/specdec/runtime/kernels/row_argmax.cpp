@@ -11,16 +11,18 @@
 //
 // Each lane keeps the first index of its own maximum over the columns it sees (a strictly greater value replaces
 // it); the row's answer is the smallest index among the lanes holding the row's maximum.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <tuple>
 
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #include <immintrin.h>
 #endif
 
@@ -43,6 +45,20 @@ inline __m512 load16(const T* p) {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     if constexpr (std::is_same_v<T, at::Half>) return _mm512_cvtph_ps(x);
     else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));  // bfloat16, exactly
+  }
+}
+#elif defined(CPU_CAPABILITY_AVX2)
+constexpr int64_t LANES = 8;
+constexpr int ACC = 4;  // independent (maximum, index) accumulators: a block is ACC * LANES columns
+
+template <typename T>
+inline __m256 load8(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_loadu_ps(p);
+  } else {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (std::is_same_v<T, at::Half>) return _mm256_cvtph_ps(x);
+    else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));  // bfloat16, exactly
   }
 }
 #endif
@@ -85,8 +101,52 @@ int64_t row_argmax(const T* x, int64_t V, bool& bad) {
     index = _mm512_reduce_min_epi32(first);
     if (index == std::numeric_limits<int32_t>::max()) index = 0;  // no lane above -inf: every value -inf (or NaN)
   }
+#elif defined(CPU_CAPABILITY_AVX2)
+  const int64_t whole = V / (ACC * LANES) * (ACC * LANES);
+  if (whole) {
+    __m256 top[ACC];
+    __m256i at[ACC];
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i exponent = _mm256_set1_epi32(0x7F800000);
+    for (int a = 0; a < ACC; ++a) {
+      top[a] = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+      at[a] = _mm256_setzero_si256();
+    }
+    __m256i nonfinite = _mm256_setzero_si256();
+    for (; c < whole; c += ACC * LANES) {
+      for (int a = 0; a < ACC; ++a) {
+        const __m256 v = load8(x + c + a * LANES);
+        // all exponent bits set: an infinity or a NaN
+        nonfinite = _mm256_or_si256(nonfinite, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), exponent),
+                                                                  exponent));
+        const __m256 up = _mm256_cmp_ps(v, top[a], _CMP_GT_OQ);
+        top[a] = _mm256_blendv_ps(top[a], v, up);
+        at[a] = _mm256_castps_si256(_mm256_blendv_ps(
+            _mm256_castsi256_ps(at[a]),
+            _mm256_castsi256_ps(_mm256_add_epi32(lane, _mm256_set1_epi32(int32_t(c + a * LANES)))), up));
+      }
+    }
+    bad = bad || !_mm256_testz_si256(nonfinite, nonfinite);
+    __m256 m = top[0];
+    for (int a = 1; a < ACC; ++a) m = _mm256_max_ps(m, top[a]);
+    alignas(32) float lanes_max[LANES];
+    _mm256_store_ps(lanes_max, m);
+    best = lanes_max[0];
+    for (int i = 1; i < LANES; ++i) best = std::max(best, lanes_max[i]);
+    const __m256 bv = _mm256_set1_ps(best);
+    __m256i first = _mm256_set1_epi32(std::numeric_limits<int32_t>::max());
+    for (int a = 0; a < ACC; ++a)  // the smallest index among the lanes that hold the maximum
+      first = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(first),
+                                                   _mm256_castsi256_ps(_mm256_min_epi32(first, at[a])),
+                                                   _mm256_cmp_ps(top[a], bv, _CMP_EQ_OQ)));
+    alignas(32) int32_t lanes_first[LANES];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes_first), first);
+    index = lanes_first[0];
+    for (int i = 1; i < LANES; ++i) index = std::min<int64_t>(index, lanes_first[i]);
+    if (index == std::numeric_limits<int32_t>::max()) index = 0;  // no lane above -inf: every value -inf (or NaN)
+  }
 #endif
-  for (; c < V; ++c) {  // the columns past the last whole block (every column without AVX-512)
+  for (; c < V; ++c) {  // the columns past the last whole block (every column on the generic tier)
     const float v = as_float(x[c]);
     bad = bad || !std::isfinite(v);
     if (v > best) {

@@ -23,15 +23,17 @@
 // come from its dot-product instruction (each lane adds exact products of bfloat16 pairs in float32, one fixed order)
 // and the scale multiplies the summed dot product; elsewhere the query is scaled first. Either way one machine gives
 // one row one result. Built on first use by specdec.runtime.rowwise.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #include <immintrin.h>
 #endif
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -54,6 +56,18 @@ inline Vec load_vec(const T* p, int64_t n) {
                              : _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), p);
     if constexpr (std::is_same_v<T, at::Half>) return _mm512_cvtph_ps(x);
     else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+#elif defined(CPU_CAPABILITY_AVX2)
+  } else if constexpr (std::is_same_v<T, at::BFloat16> || std::is_same_v<T, at::Half>) {  // exact widening
+    __m128i x;
+    if (n == W) {
+      x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    } else {
+      alignas(16) uint16_t tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      std::memcpy(tmp, p, 2 * n);
+      x = _mm_load_si128(reinterpret_cast<const __m128i*>(tmp));
+    }
+    if constexpr (std::is_same_v<T, at::Half>) return _mm256_cvtph_ps(x);
+    else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
 #endif
   } else {
     return at::vec::convert<float>(n == W ? at::vec::Vectorized<T>::loadu(p, W) : at::vec::Vectorized<T>::loadu(p, n));
@@ -102,6 +116,18 @@ inline Vec slot_sums(const Vec* p) {
   // (b0 + b1) + (b2 + b3) of slots 0 .. 15, in slot order
   return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
                        _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  static_assert(W == 8);
+  __m256 t[4], u[2];
+  for (int i = 0; i < 4; ++i) {  // per 128-bit block of slots 2i, 2i + 1: (l0 + l2), (l1 + l3)
+    const __m256 a = p[2 * i], b = p[2 * i + 1];
+    t[i] = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+  }
+  for (int i = 0; i < 2; ++i)  // per block: slots 4i .. 4i + 3, each (l0 + l2) + (l1 + l3)
+    u[i] = _mm256_add_ps(_mm256_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // (b0 + b1) of slots 0 .. 7, in slot order
+  return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
 #else
   alignas(64) float lanes[W], sums[W], blocks[W / 4];
   for (int64_t i = 0; i < W; ++i) {

@@ -21,7 +21,8 @@
 // bfloat16 uses the CPU's bf16 dot-product instruction (AVX512_BF16: pairs of products accumulated in float32)
 // where the build has it; float32 and float16 (and bfloat16 elsewhere) accumulate float32 fused multiply-adds.
 // Built on first use with row_attention.cpp (specdec.runtime.rowwise).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>

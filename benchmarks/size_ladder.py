@@ -1,0 +1,218 @@
+"""The size ladder: models of the shapes users run (0.5B-8B), built in-process from their published configs with
+random weights (no download), on specdec's fast path, per weight format, against this machine's own limits.
+
+Per (model, weights format), in a fresh process each (so peak RSS is that model's):
+- build time (config -> random weights), packing / quantization time, the fast path's compile time, peak RSS;
+- the compiled target pass at 1 to 8 rows over a 96-token context (median ms), and the weight bytes it reads;
+- the bandwidth that implies, and the floors: bandwidth (bytes / measured read bandwidth) and compute
+  (FLOPs / measured matmul throughput), and each width's pass time over the larger floor.
+The machine's read bandwidth (one core, all cores) and a large square matmul's FLOP/s in PyTorch (one core, per
+dtype) are measured in the same run. Acceptance is not: random weights accept nothing meaningful (the oracle
+harness, benchmarks/oracle_speedup.py, projects it).
+
+    python benchmarks/size_ladder.py --models qwen2.5-0.5b,llama-3.2-1b --weights float32,bfloat16,int8,int4 \
+        --json ladder.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+#: Published shapes: (family, hidden, intermediate, layers, heads, kv heads, vocab, tied embeddings).
+SHAPES = {
+    "qwen2.5-0.5b": ("qwen2", 896, 4864, 24, 14, 2, 151936, True),
+    "llama-3.2-1b": ("llama", 2048, 8192, 16, 32, 8, 128256, True),
+    "qwen2.5-1.5b": ("qwen2", 1536, 8960, 28, 12, 2, 151936, True),
+    "llama-3.2-3b": ("llama", 3072, 8192, 28, 24, 8, 128256, True),
+    "llama-3.1-8b": ("llama", 4096, 14336, 32, 32, 8, 128256, False),
+}
+CONTEXT = 96
+WIDTHS = (1, 2, 4, 6, 8)
+
+
+def build(name: str, dtype):
+    """A randomly initialised model of shape `name` in `dtype` (weights N(0, 0.02), no initializer run)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers.initialization import no_init_weights
+
+    family, hidden, inter, layers, heads, kv, vocab, tied = SHAPES[name]
+    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if family == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+    config = config_cls(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                        num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                        tie_word_embeddings=tied, max_position_embeddings=4096)
+    with no_init_weights():
+        model = model_cls(config).to(dtype)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def weight_bytes(model) -> int:
+    """Bytes a pass reads of the linear layers' weights (packed or not)."""
+    from torch import nn
+
+    from specdec.runtime.weights import PackedLinear
+
+    total = 0
+    for m in model.modules():
+        if isinstance(m, PackedLinear):
+            total += m.packed.numel() * m.packed.element_size()
+        elif isinstance(m, nn.Linear):
+            total += m.weight.numel() * m.weight.element_size()
+    return total
+
+
+def linear_params(model) -> int:
+    from torch import nn
+
+    from specdec.runtime.weights import PackedLinear
+
+    return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear)))
+
+
+def one(name: str, dtype_name: str, weights: str | None, threads: int, repeats: int) -> dict:
+    """Everything measured for one (model, weights) in this process."""
+    import torch
+
+    from specdec.runtime.static_lm import StaticCausalLM
+    from specdec.runtime.weights import pack_model
+
+    torch.set_num_threads(threads)
+    dtype = getattr(torch, dtype_name)
+    out = {"model": name, "dtype": dtype_name, "weights": weights or "hf", "threads": threads}
+    start = time.perf_counter()
+    model = build(name, dtype)
+    out["build_s"] = time.perf_counter() - start
+    out["params"] = sum(p.numel() for p in model.parameters())
+    flops_per_row = 2 * linear_params(model)
+    start = time.perf_counter()
+    pack_model(model, weights)
+    out["pack_s"] = time.perf_counter() - start
+    out["weight_bytes"] = weight_bytes(model)
+    out["rss_after_load_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    lm = StaticCausalLM(model, compile=True)
+    lm.buckets = WIDTHS
+    lm.ensure_capacity(CONTEXT + 2 * max(WIDTHS) + 8)
+    start = time.perf_counter()
+    prompt = torch.arange(10, 10 + CONTEXT)
+    lm.prefill(prompt)
+    passes = {}
+    compile_s = time.perf_counter() - start  # the prefill's own shapes
+    for width in WIDTHS:
+        ids = torch.arange(20, 20 + width)
+
+        def run():
+            lm.crop(CONTEXT)
+            lm.forward(ids)
+
+        start = time.perf_counter()
+        run()  # compiles this width
+        compile_s += time.perf_counter() - start
+        passes[width] = median_ms(run, repeats)
+    out["compile_s"] = compile_s
+    out["pass_ms"] = passes
+    out["flops_per_row"] = flops_per_row
+    out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return out
+
+
+def machine(threads: int) -> dict:
+    """Read bandwidth (one core, `threads` cores) and one core's matmul FLOP/s per dtype, measured now."""
+    import numpy as np
+    import torch
+
+    data = np.ones(128 << 20, dtype=np.float32)  # 512 MB
+
+    def read_gb_s() -> float:
+        best = min(_time(lambda: np.add.reduce(data)) for _ in range(5))
+        return data.nbytes / best / 1e9
+
+    one_core = read_gb_s()
+    with mp.Pool(threads) as pool:  # every core reading its own array at once
+        per_core = pool.map(_read_worker, [data.size // threads] * threads)
+    torch.set_num_threads(1)
+    roof = {}
+    for dtype, n in ((torch.float32, 2048), (torch.bfloat16, 512)):  # bfloat16 is slow where it is emulated
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        best = min(_time(lambda: a @ b) for _ in range(3))
+        roof[str(dtype).split(".")[1]] = 2 * n**3 / best / 1e9
+    return {"read_gb_s_one_core": one_core, "read_gb_s_all_cores": sum(per_core), "matmul_gflop_s_one_core": roof}
+
+
+def _time(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _read_worker(n: int) -> float:
+    import numpy as np
+
+    data = np.ones(n, dtype=np.float32)
+    best = min(_time(lambda: np.add.reduce(data)) for _ in range(5))
+    return data.nbytes / best / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="qwen2.5-0.5b,llama-3.2-1b,qwen2.5-1.5b,llama-3.2-3b")
+    parser.add_argument("--dtype", default="float32", help="activations' dtype (float32 or bfloat16)")
+    parser.add_argument("--weights", default="float32,bfloat16,int8,int4",
+                        help="weight formats (runtime/weights.py), 'hf' for the model's own layers")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--one", nargs=3, metavar=("MODEL", "DTYPE", "WEIGHTS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        model, dtype, weights = args.one
+        print(json.dumps(one(model, dtype, None if weights == "hf" else weights, args.threads, args.repeats)))
+        return
+    report = {"machine": machine(os.cpu_count() or 1), "runs": []}
+    print(json.dumps(report["machine"]), flush=True)
+    for model in args.models.split(","):
+        for weights in args.weights.split(","):
+            proc = subprocess.run([sys.executable, __file__, "--one", model, args.dtype, weights, "--threads",
+                                   str(args.threads), "--repeats", str(args.repeats)], capture_output=True, text=True)
+            if proc.returncode:
+                print(f"{model} {weights}: failed\n{proc.stderr[-2000:]}", flush=True)
+                continue
+            run = json.loads(proc.stdout.strip().splitlines()[-1])
+            report["runs"].append(run)
+            bw = report["machine"]["read_gb_s_one_core"]
+            roof = report["machine"]["matmul_gflop_s_one_core"]["float32"]
+            row = [f"{model} {weights}: build {run['build_s']:.0f} s, compile {run['compile_s']:.0f} s, "
+                   f"RSS {run['peak_rss_gb']:.2f} GB, weights {run['weight_bytes'] / 1e9:.2f} GB"]
+            for width, ms in run["pass_ms"].items():
+                floor = max(run["weight_bytes"] / bw / 1e6, run["flops_per_row"] * int(width) / roof / 1e6)
+                row.append(f"{width} rows {ms:.1f} ms ({run['weight_bytes'] / ms / 1e6:.1f} GB/s, "
+                           f"{ms / floor:.2f}x floor)")
+            print("\n  ".join(row), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""What `vllm serve` needs to serve a specdec pair or head: `specdec export --format vllm`.
+
+    bundle = write_vllm_bundle("exports/vllm", drafter="eagle", head="default", gamma=4)
+    bundle.speculative_config  # {"method": "eagle", "model": ".../eagle", "num_speculative_tokens": 4}
+
+The bundle directory holds `target/` (the target checkpoint with its tokenizer beside config.json: vLLM loads
+both from one directory), the drafter's directory (`draft/` for a draft model, with the tokenizer too, or the
+head exported in vLLM's layout: `eagle/` (`--format vllm-eagle`), `eagle3/`, `medusa/` (`vllm-medusa`)), and
+`speculative_config.json`, the JSON `vllm serve --speculative-config` takes, with absolute paths. The whole
+bundle is written to a temporary directory and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdec.errors import ConfigError, ModelLoadError
+
+#: Drafters a bundle can carry -> vLLM's speculative method and the head export format ("draft": a model).
+DRAFTERS = {"draft": ("draft_model", None), "eagle": ("eagle", "vllm-eagle"), "eagle3": ("eagle3", "eagle3"),
+            "medusa": ("medusa", "vllm-medusa")}
+#: Tokenizer files copied beside a checkpoint's config.json when its directory has none.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "tokenizer.model")
+#: Files of a checkpoint directory copied into the bundle.
+CHECKPOINT_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model")
+SPEC_FILE = "speculative_config.json"
+
+
+@dataclass(frozen=True)
+class VLLMBundle:
+    """A written bundle: its directory, the target's and drafter's directories, vLLM's speculative config."""
+
+    path: Path
+    target: Path
+    drafter: Path | None
+    speculative_config: dict | None
+
+    def as_dict(self) -> dict:
+        return {"path": str(self.path), "target": str(self.target),
+                "drafter": str(self.drafter) if self.drafter is not None else None,
+                "speculative_config": self.speculative_config}
+
+
+def copy_checkpoint(source: Path, out: Path, tokenizer_dir: Path | None) -> Path:
+    """Copy the checkpoint in `source` to `out`, with the tokenizer files of `tokenizer_dir` when `source` has
+    no tokenizer of its own."""
+    if not (source / "config.json").is_file():
+        raise ModelLoadError(f"{source} is not a checkpoint directory (no config.json); pass a local Hugging Face "
+                             "checkpoint directory")
+    out.mkdir(parents=True)
+    for path in sorted(source.iterdir()):
+        if path.is_file() and path.suffix in CHECKPOINT_SUFFIXES:
+            shutil.copy2(path, out / path.name)
+    if not (out / "tokenizer.json").is_file() and not (out / "tokenizer.model").is_file():
+        if tokenizer_dir is None:
+            raise ModelLoadError(f"{source} has no tokenizer files and vLLM loads the tokenizer from the model's "
+                                 "directory: pass a checkpoint saved with its tokenizer")
+        for name in TOKENIZER_FILES:
+            if (tokenizer_dir / name).is_file():
+                shutil.copy2(tokenizer_dir / name, out / name)
+    return out
+
+
+def write_vllm_bundle(out: str | Path, *, drafter: str | None = "draft", target: str | Path = "default",
+                      draft: str | Path = "default", head: str | Path = "default", gamma: int = 4) -> VLLMBundle:
+    """Write the bundle for `target` (a checkpoint directory or "default") drafted by `drafter` (a key of
+    DRAFTERS, or None for plain serving): the `draft` checkpoint for "draft", else `head` (a `specdec
+    train-head` directory or "default") exported in vLLM's layout; γ = `gamma` drafts per round."""
+    from specdec.hub.default_pair import ASSETS_DIR, HEAD_DIRS, default_assets_dir
+
+    if drafter is not None and drafter not in DRAFTERS:
+        raise ConfigError(f"unknown drafter {drafter!r} for vLLM; choose one of {', '.join(DRAFTERS)} or none")
+    if gamma < 1:
+        raise ConfigError(f"--gamma must be >= 1 (vLLM's num_speculative_tokens), got {gamma}")
+    tokenizer_dir = default_assets_dir() / "tokenizer"
+    target_dir = default_assets_dir() / "target" if str(target) == "default" else Path(target)
+    out = Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        copy_checkpoint(target_dir, tmp / "target", tokenizer_dir)
+        spec, drafter_dir = None, None
+        if drafter == "draft":
+            draft_dir = default_assets_dir() / "draft" if str(draft) == "default" else Path(draft)
+            copy_checkpoint(draft_dir, tmp / "draft", tokenizer_dir)
+            drafter_dir = out / "draft"
+        elif drafter is not None:
+            kind, fmt = drafter, DRAFTERS[drafter][1]
+            head_dir = ASSETS_DIR / HEAD_DIRS[kind] if str(head) == "default" else Path(head)
+            _export_head(kind, fmt, head_dir, target_dir, str(target) == "default", tmp / kind)
+            drafter_dir = out / kind
+        if drafter is not None:
+            spec = {"method": DRAFTERS[drafter][0], "model": str(drafter_dir), "num_speculative_tokens": gamma}
+        (tmp / SPEC_FILE).write_text(json.dumps(spec, indent=1) + "\n")
+        from specdec.heads.common import replace_dir
+
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return VLLMBundle(out, out / "target", drafter_dir, spec)
+
+
+def _export_head(kind: str, fmt: str, head_dir: Path, target_dir: Path, default_target: bool, out: Path) -> None:
+    from specdec.heads import EagleHead, MedusaHeads
+    from specdec.heads.export import export_head
+
+    if not (head_dir / "config.json").is_file():
+        hint = (f"no {kind} head is shipped for the default target; train one with `specdec train-head --kind "
+                f"{kind} --target default` and pass --head DIR" if default_target else
+                "pass a directory saved by `specdec train-head`")
+        raise ModelLoadError(f"{head_dir} holds no head ({hint})")
+    if default_target:
+        import specdec
+
+        target, _, _ = specdec.load_default()
+    else:
+        from specdec.hub.loading import load_model
+
+        target = load_model(str(target_dir), "cpu", "float32")
+    head = (MedusaHeads if kind == "medusa" else EagleHead).load(head_dir, target)
+    export_head(head, fmt, out, target=target)

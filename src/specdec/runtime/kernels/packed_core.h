@@ -1,0 +1,390 @@
+// The packed linear kernel, y = x w^T (+ bias), on weights packed once: one set of loops for every instruction-set
+// tier (simd.h) and every weight format. packed_linear.cpp binds it to PyTorch; kernels/test/ tests it on its own.
+//
+// Weights are packed in panels of PANEL outputs (PV vectors of the tier's lanes: 64 outputs on AVX-512, one
+// vector elsewhere), each panel one sequential stream of bytes, in one of five formats:
+//
+//   F32         float    [K][PANEL]                      output n's weight for k at element n % PANEL of row k
+//   BF16        bfloat16 [K][PANEL]                      (widened to float32 where read)
+//   BF16_PAIRS  bfloat16 [ceil(K / 2)][PANEL][2]         k in pairs, for AVX512_BF16's dot product
+//   INT8        per group of G values of k: float scale[PANEL], then int8 q[G][PANEL]        w = q * scale
+//   INT4        per group of G (even): float scale[PANEL], then uint8 [G / 2][PANEL], each byte two weights of
+//               one output, k even in the low nibble and k odd in the high one, each stored as q + 8 (q in
+//               [-8, 7])                                                                      w = q * scale
+//
+// (zeros pad N to whole panels, and the last group of k.) The arithmetic of an output, whatever the format: its
+// weights are made float32 exactly as written above (one rounding for a product with the scale), then
+//
+//   acc = 0;  for k = 0 .. K-1:  acc = fma(x[k], w[k], acc);   y = acc + bias   (rounded once to y's dtype)
+//
+// in k order, in one lane of one accumulator (BF16_PAIRS: the dot product instruction's pairs instead). That is
+// the same sequence of roundings whatever the tier, the number of rows in the pass, their blocking, the panels
+// beside it or the thread that computes it: the kernel is row-invariant, and its bits are the same on every tier
+// (an int8 or int4 weight gives what float32 gives on its dequantized value). BF16_PAIRS, the AVX512_BF16 tier's
+// bfloat16, is the exception: the instruction's own order and flushing, still row-invariant.
+//
+// Loops: a pass of up to RMAX rows (decoding, verification) is one block of rows, which reads every panel once,
+// P panels side by side (each with its own accumulators, so that one row still has P * PV independent sums in
+// flight); a longer pass (a prefill) goes through each group of P_PF panels in blocks of R_PF rows while the group
+// stays in cache. Each stream is prefetched PREFETCH_BYTES ahead.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "simd.h"
+
+namespace specdec::packed {
+
+using simd::LANES;
+using simd::V;
+
+enum class Fmt : int { F32 = 0, BF16 = 1, BF16_PAIRS = 2, INT8 = 3, INT4 = 4 };
+
+// The tier's blocking: vectors per panel (PV), the accumulator vectors a block may hold (ACC), the most panels a
+// block reads side by side (MAXP), the widest pass that is one block of rows (RMAX), and a prefill's blocks.
+#if defined(__AVX512F__)
+constexpr int PV = 4, ACC = 32, MAXP = 1, RMAX = 8, R_PF = 6, P_PF = 1;
+#elif defined(__AVX2__)
+constexpr int PV = 1, ACC = 12, MAXP = 8, RMAX = 12, R_PF = 6, P_PF = 2;
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+constexpr int PV = 1, ACC = 24, MAXP = 8, RMAX = 12, R_PF = 6, P_PF = 4;
+#else
+constexpr int PV = 1, ACC = 8, MAXP = 8, RMAX = 8, R_PF = 4, P_PF = 2;
+#endif
+constexpr int PANEL = PV * LANES;
+constexpr int64_t PREFETCH_BYTES = 1024;
+
+// Panels a block of R rows reads side by side: as many as the accumulators allow, 1, 2, 4 or 8. (An output's sums are
+// one dependent chain over k, so a row needs several panels in flight to keep the multiply-adds busy.)
+constexpr int panels_for(int R) {
+  const int p = ACC / (R * PV);
+  return std::min(MAXP, p >= 8 ? 8 : p >= 4 ? 4 : p >= 2 ? 2 : 1);
+}
+
+inline bool has_pairs_format() {
+#if defined(__AVX512BF16__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// The bytes of one panel of a weight of K inputs (G: the group of the integer formats).
+inline int64_t panel_bytes(Fmt f, int64_t K, int64_t G) {
+  const int64_t groups = G > 0 ? (K + G - 1) / G : 0;
+  switch (f) {
+    case Fmt::F32: return K * PANEL * 4;
+    case Fmt::BF16: return K * PANEL * 2;
+    case Fmt::BF16_PAIRS: return (K + 1) / 2 * PANEL * 4;
+    case Fmt::INT8: return groups * (PANEL * 4 + G * PANEL);
+    case Fmt::INT4: return groups * (PANEL * 4 + G / 2 * PANEL);
+  }
+  return 0;
+}
+
+// What one call computes: out [M, N] = x [M, K] w^T + bias, x as float32 (bfloat16 inputs are widened exactly by the
+// caller; BF16_PAIRS reads xb instead), out float32 or bfloat16.
+struct Args {
+  Fmt fmt;
+  const float* x;          // [M, K]
+  const uint16_t* xb;      // [M, K] bfloat16, for BF16_PAIRS
+  int64_t M, K, N;
+  const uint8_t* packed;   // [panels][panel_bytes]
+  int64_t panel_stride;    // bytes
+  int64_t G;               // the integer formats' group
+  const float* bias;       // [N] or null
+  void* out;               // [M, N]
+  bool out_bf16;
+};
+
+namespace detail {
+
+#define SPECDEC_UNROLL _Pragma("GCC unroll 16")
+
+// One step of k (two for INT4) of P panels: their weights as float32 vectors, each row's input times them into the
+// row's accumulators. The rows' inputs come interleaved, xt[k * R + r], so one pointer serves every row.
+template <Fmt F, int R, int P>
+struct Block {
+  static constexpr int NV = P * PV;  // accumulators per row
+
+  // rows [m0, m0 + R) (inputs xt [K][R]) x panels [p0, p0 + P)
+  static void run(const Args& a, const float* xt, int64_t m0, int64_t p0) {
+    V acc[R][NV];
+    SPECDEC_UNROLL for (int r = 0; r < R; ++r)
+      SPECDEC_UNROLL for (int j = 0; j < NV; ++j) acc[r][j] = simd::zero();
+    const uint8_t* base[P];
+    SPECDEC_UNROLL for (int p = 0; p < P; ++p) base[p] = a.packed + (p0 + p) * a.panel_stride;
+    const int64_t K = a.K;
+    if constexpr (F == Fmt::F32 || F == Fmt::BF16) {
+      constexpr int64_t STEP = PANEL * (F == Fmt::F32 ? 4 : 2);  // bytes of one k
+      for (int64_t k = 0; k < K; ++k) {
+        SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
+          const uint8_t* s = base[p] + k * STEP;
+          simd::prefetch(s + PREFETCH_BYTES);
+          SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {  // each vector used as soon as it is loaded (registers)
+            if constexpr (F == Fmt::F32) {
+              fma_one(acc, xt + k * R, p * PV + v, simd::load(reinterpret_cast<const float*>(s) + v * LANES));
+            } else {
+              fma_one(acc, xt + k * R, p * PV + v, simd::load_bf16(reinterpret_cast<const uint16_t*>(s) + v * LANES));
+            }
+          }
+        }
+      }
+    } else {  // INT8, INT4: group by group, each a header of scales then its weights
+      const int64_t G = a.G;
+      const int64_t group_bytes = PANEL * 4 + (F == Fmt::INT8 ? G * PANEL : G / 2 * PANEL);
+      for (int64_t k0 = 0, g = 0; k0 < K; k0 += G, ++g) {
+        const int64_t kn = std::min(G, K - k0);
+        const float* scale[P];  // each panel's scales for this group (read from memory where used)
+        const uint8_t* q[P];
+        SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
+          scale[p] = reinterpret_cast<const float*>(base[p] + g * group_bytes);
+          q[p] = base[p] + g * group_bytes + PANEL * 4;
+        }
+        const float* x = xt + k0 * R;
+        if constexpr (F == Fmt::INT8) {
+          for (int64_t i = 0; i < kn; ++i) {
+            SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
+              const int8_t* s = reinterpret_cast<const int8_t*>(q[p] + i * PANEL);
+              simd::prefetch(s + PREFETCH_BYTES);
+              SPECDEC_UNROLL for (int v = 0; v < PV; ++v)
+                fma_one(acc, x + i * R, p * PV + v,
+                        simd::mul(simd::load_i8(s + v * LANES), simd::load(scale[p] + v * LANES)));
+            }
+          }
+        } else {
+          const int64_t pairs = kn / 2;
+          for (int64_t i = 0; i < pairs; ++i) {
+            SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
+              const uint8_t* s = q[p] + i * PANEL;
+              simd::prefetch(s + PREFETCH_BYTES);
+              SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
+                V even, odd;
+                simd::load_q4(s + v * LANES, even, odd);
+                const V sc = simd::load(scale[p] + v * LANES);
+                fma_one(acc, x + 2 * i * R, p * PV + v, simd::mul(even, sc));
+                fma_one(acc, x + (2 * i + 1) * R, p * PV + v, simd::mul(odd, sc));
+              }
+            }
+          }
+          if (kn % 2) {  // the last k of an odd K: the low nibbles only
+            SPECDEC_UNROLL for (int p = 0; p < P; ++p)
+              SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
+                V even, odd;
+                simd::load_q4(q[p] + pairs * PANEL + v * LANES, even, odd);
+                fma_one(acc, x + (kn - 1) * R, p * PV + v, simd::mul(even, simd::load(scale[p] + v * LANES)));
+              }
+          }
+        }
+      }
+    }
+    store(a, acc, m0, p0);
+  }
+
+  // every row's accumulator j += x[r] * w
+  __attribute__((always_inline)) static inline void fma_one(V (&acc)[R][NV], const float* x, int j, V w) {
+    SPECDEC_UNROLL for (int r = 0; r < R; ++r) acc[r][j] = simd::fma(simd::set1(x[r]), w, acc[r][j]);
+  }
+
+  static void store(const Args& a, V (&acc)[R][NV], int64_t m0, int64_t p0) {
+    SPECDEC_UNROLL for (int j = 0; j < NV; ++j) {
+      const int64_t n = p0 * PANEL + j * LANES;
+      if (n >= a.N) break;
+      const int cnt = static_cast<int>(std::min<int64_t>(LANES, a.N - n));
+      const V b = a.bias ? simd::load_n(a.bias + n, cnt) : simd::zero();
+      SPECDEC_UNROLL for (int r = 0; r < R; ++r) {
+        const V y = a.bias ? simd::add(acc[r][j], b) : acc[r][j];
+        if (a.out_bf16) simd::store_bf16_n(static_cast<uint16_t*>(a.out) + (m0 + r) * a.N + n, y, cnt);
+        else simd::store_n(static_cast<float*>(a.out) + (m0 + r) * a.N + n, y, cnt);
+      }
+    }
+  }
+};
+
+#if defined(__AVX512BF16__)
+// BF16_PAIRS: AVX512_BF16's dot product, 64 outputs x one pair of k per step (the tier's own arithmetic).
+template <int R>
+struct PairsBlock {
+  static void run(const Args& a, const float*, int64_t m0, int64_t p0) {
+    static_assert(PV == 4);
+    __m512 acc[R][PV];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < PV; ++v) acc[r][v] = _mm512_setzero_ps();
+    const uint8_t* w = a.packed + p0 * a.panel_stride;
+    const int64_t K = a.K, whole = K / 2;
+    auto step = [&](int64_t s, bool last) __attribute__((always_inline)) {
+      const uint8_t* ws = w + s * PANEL * 4;
+      __m512bh wv[PV];
+      for (int v = 0; v < PV; ++v) {
+        wv[v] = (__m512bh)_mm512_loadu_si512(ws + v * 64);
+        simd::prefetch(ws + 8192 + v * 64);
+      }
+      for (int r = 0; r < R; ++r) {
+        int32_t pair = 0;  // (k, k + 1); the last of an odd K: (k, 0)
+        std::memcpy(&pair, a.xb + (m0 + r) * K + 2 * s, last ? 2 : 4);
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+        for (int v = 0; v < PV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xv, wv[v]);
+      }
+    };
+    for (int64_t s = 0; s < whole; ++s) step(s, false);
+    if (K % 2) step(whole, true);
+    for (int v = 0; v < PV; ++v) {
+      const int64_t n = p0 * PANEL + v * LANES;
+      if (n >= a.N) break;
+      const int cnt = static_cast<int>(std::min<int64_t>(LANES, a.N - n));
+      const V b = a.bias ? simd::load_n(a.bias + n, cnt) : simd::zero();
+      for (int r = 0; r < R; ++r) {
+        const V y = a.bias ? simd::add(acc[r][v], b) : acc[r][v];
+        if (a.out_bf16) simd::store_bf16_n(static_cast<uint16_t*>(a.out) + (m0 + r) * a.N + n, y, cnt);
+        else simd::store_n(static_cast<float*>(a.out) + (m0 + r) * a.N + n, y, cnt);
+      }
+    }
+  }
+};
+#endif
+
+template <Fmt F, int R, int P>
+void block(const Args& a, const float* xt, int64_t m0, int64_t p0) {
+#if defined(__AVX512BF16__)
+  if constexpr (F == Fmt::BF16_PAIRS) {
+    PairsBlock<R>::run(a, xt, m0, p0);
+    return;
+  }
+#endif
+  if constexpr (F != Fmt::BF16_PAIRS) Block<F, R, P>::run(a, xt, m0, p0);
+}
+
+// block<F, r, P> for a run-time r in [1, R]
+template <Fmt F, int R, int P>
+void rows(int r, const Args& a, const float* xt, int64_t m0, int64_t p0) {
+  if constexpr (R > 0) {
+    if (r == R) {
+      block<F, R, P>(a, xt, m0, p0);
+      return;
+    }
+    rows<F, R - 1, P>(r, a, xt, m0, p0);
+  }
+}
+
+// A pass of r <= RMAX rows: block<F, r, panels_for(r)> over the panels, the last few one at a time
+template <Fmt F, int R>
+void small(int r, const Args& a, const float* xt, int64_t p0, int64_t p1) {
+  if constexpr (R > 0) {
+    if (r == R) {
+      constexpr int P = panels_for(R);
+      int64_t p = p0;
+      for (; p + P <= p1; p += P) block<F, R, P>(a, xt, 0, p);
+      for (; p < p1; ++p) block<F, R, 1>(a, xt, 0, p);
+      return;
+    }
+    small<F, R - 1>(r, a, xt, p0, p1);
+  }
+}
+
+template <Fmt F>
+void run_format(const Args& a, const float* xt, int64_t p0, int64_t p1) {
+  if (a.M <= RMAX) {
+    small<F, RMAX>(static_cast<int>(a.M), a, xt, p0, p1);
+    return;
+  }
+  // a prefill: each group of P_PF panels against every block of R_PF rows while the group stays in cache
+  for (int64_t p = p0; p < p1; p += P_PF) {
+    const bool whole = p + P_PF <= p1;
+    for (int64_t m = 0; m < a.M; m += R_PF) {
+      const int r = static_cast<int>(std::min<int64_t>(R_PF, a.M - m));
+      const float* x = xt + m * a.K;  // this block's rows, interleaved
+      if (whole) {
+        rows<F, R_PF, P_PF>(r, a, x, m, p);
+      } else {
+        for (int64_t q = p; q < p1; ++q) rows<F, R_PF, 1>(r, a, x, m, q);
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+// The inputs x [M, K] interleaved for the blocks of rows `run` uses: each block of r rows (all M rows in one block
+// when M <= RMAX, else blocks of R_PF) as [K][r], the blocks in row order (M * K floats in all).
+inline void interleave(const float* x, int64_t M, int64_t K, float* xt) {
+  const int64_t rb = M <= RMAX ? M : R_PF;
+  for (int64_t m0 = 0; m0 < M; m0 += rb) {
+    const int64_t r = std::min(rb, M - m0);
+    float* out = xt + m0 * K;
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t k = 0; k < K; ++k) out[k * r + i] = x[(m0 + i) * K + k];
+  }
+}
+
+// Panels [p0, p1) of the weights (outputs [p0 * PANEL, p1 * PANEL) ∩ [0, N)), with the inputs interleaved by
+// `interleave` (xt; unused by BF16_PAIRS): any split of the panels among threads gives the same bits.
+inline void run(const Args& a, const float* xt, int64_t p0, int64_t p1) {
+  switch (a.fmt) {
+    case Fmt::F32: detail::run_format<Fmt::F32>(a, xt, p0, p1); break;
+    case Fmt::BF16: detail::run_format<Fmt::BF16>(a, xt, p0, p1); break;
+    case Fmt::BF16_PAIRS: detail::run_format<Fmt::BF16_PAIRS>(a, xt, p0, p1); break;
+    case Fmt::INT8: detail::run_format<Fmt::INT8>(a, xt, p0, p1); break;
+    case Fmt::INT4: detail::run_format<Fmt::INT4>(a, xt, p0, p1); break;
+  }
+}
+
+// Panels a thread should take at a time for a pass of M rows (its blocks' width).
+inline int64_t panel_grain(int64_t M) { return M <= RMAX ? panels_for(static_cast<int>(M)) : P_PF; }
+
+// Packing: w [N, K] row-major (nn.Linear's layout) into panels (`out`: panels(N) * panel_bytes, zero padded).
+inline int64_t panels(int64_t N) { return (N + PANEL - 1) / PANEL; }
+
+template <typename T>  // float (F32) or uint16_t bfloat16 bits (BF16): [K][PANEL] per panel
+void pack_plain(const T* w, int64_t N, int64_t K, T* out) {
+  for (int64_t p = 0; p < panels(N); ++p)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t j = 0; j < PANEL; ++j) {
+        const int64_t n = p * PANEL + j;
+        out[(p * K + k) * PANEL + j] = n < N ? w[n * K + k] : T(0);
+      }
+}
+
+// bfloat16 bits [N, K] -> BF16_PAIRS: [ceil(K / 2)][PANEL][2] per panel
+inline void pack_pairs(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) {
+  const int64_t S = (K + 1) / 2;
+  for (int64_t p = 0; p < panels(N); ++p)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t j = 0; j < PANEL; ++j)
+        for (int64_t h = 0; h < 2; ++h) {
+          const int64_t n = p * PANEL + j, k = 2 * s + h;
+          out[((p * S + s) * PANEL + j) * 2 + h] = n < N && k < K ? w[n * K + k] : uint16_t(0);
+        }
+}
+
+// Quantized weights q [N, K] (int8: [-127, 127]; int4: [-8, 7]) with scales [N, ceil(K / G)] -> INT8 or INT4.
+inline void pack_quantized(const int8_t* q, const float* scales, int64_t N, int64_t K, int64_t G, int bits,
+                           uint8_t* out) {
+  const int64_t groups = (K + G - 1) / G;
+  const Fmt f = bits == 8 ? Fmt::INT8 : Fmt::INT4;
+  const int64_t stride = panel_bytes(f, K, G), group_bytes = stride / groups;
+  for (int64_t p = 0; p < panels(N); ++p)
+    for (int64_t g = 0; g < groups; ++g) {
+      uint8_t* h = out + p * stride + g * group_bytes;
+      for (int64_t j = 0; j < PANEL; ++j) {
+        const int64_t n = p * PANEL + j;
+        const float s = n < N ? scales[n * groups + g] : 0.f;
+        std::memcpy(h + 4 * j, &s, 4);
+      }
+      uint8_t* body = h + PANEL * 4;
+      for (int64_t i = 0; i < (bits == 8 ? G : G / 2); ++i)
+        for (int64_t j = 0; j < PANEL; ++j) {
+          const int64_t n = p * PANEL + j;
+          auto value = [&](int64_t k) -> int { return n < N && k < K ? q[n * K + k] : 0; };
+          if (bits == 8) {
+            body[i * PANEL + j] = static_cast<uint8_t>(static_cast<int8_t>(value(g * G + i)));
+          } else {
+            const int lo = value(g * G + 2 * i) + 8, hi = value(g * G + 2 * i + 1) + 8;
+            body[i * PANEL + j] = static_cast<uint8_t>(lo | (hi << 4));
+          }
+        }
+    }
+}
+
+}  // namespace specdec::packed

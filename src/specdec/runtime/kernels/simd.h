@@ -1,0 +1,261 @@
+// specdec's instruction-set tiers: the few float32 vector operations the packed kernels need, once per tier.
+//
+// A kernel written against this header (packed_core.h) is the same loops on every CPU; the tier only sets how many
+// float32 lanes a vector has and which instructions move them. The tier is the compiler's target
+// (runtime/rowwise.py builds one library per tier with its flags):
+//
+//   avx512_bf16  AVX-512 F/BW/VL/DQ + AVX512_BF16 (16 lanes; bfloat16 pairs by the bf16 dot product)
+//   avx512       AVX-512 F/BW/VL/DQ (16 lanes)
+//   avx2         AVX2 + FMA + F16C (8 lanes)
+//   neon         aarch64 Advanced SIMD (4 lanes)
+//   generic      any C++17 compiler: 8 lanes in plain arrays, std::fma (slow; correct everywhere)
+//
+// Every operation here is exact or rounds once as IEEE float32 does, the same on every tier: a widening (bfloat16,
+// int8, int4 to float32) is exact, a multiply, an add or a fused multiply-add rounds once, and a float32 to bfloat16
+// narrowing rounds to nearest even (NaN to 0x7FC0, PyTorch's rule). So a kernel that performs the same sequence of
+// operations on each output gives the same bits on every tier, whatever its lane count (tests: kernels/test/).
+//
+// No ATen here: the header compiles on its own, so each tier's kernels can be built and tested from any machine
+// (the aarch64 ones with a cross compiler, run under user-mode emulation).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+
+namespace specdec::simd {
+
+// float32 -> bfloat16 bits, round to nearest even; NaN -> 0x7FC0 (c10::detail::round_to_nearest_even).
+inline uint16_t bf16_bits(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+inline float bf16_float(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#if defined(__AVX512BF16__)
+constexpr const char* kTier = "avx512_bf16";
+#else
+constexpr const char* kTier = "avx512";
+#endif
+constexpr int LANES = 16;
+using V = __m512;
+
+inline V zero() { return _mm512_setzero_ps(); }
+inline V set1(float x) { return _mm512_set1_ps(x); }
+inline V load(const float* p) { return _mm512_loadu_ps(p); }
+inline __mmask16 first(int n) { return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u); }
+inline V load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(first(n), p); }
+inline V widen_bf16(__m256i b) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)); }
+inline V load_bf16(const uint16_t* p) { return widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline V load_bf16_n(const uint16_t* p, int n) { return widen_bf16(_mm256_maskz_loadu_epi16(first(n), p)); }
+inline V load_i8(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+// LANES bytes at p, each (low nibble, high nibble) = two int4 weights q stored as q + 8: both q as floats, exactly
+inline void load_q4(const uint8_t* p, V& low, V& high) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i eight = _mm512_set1_epi32(8);
+  low = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b, _mm512_set1_epi32(15)), eight));
+  high = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b, 4), eight));
+}
+inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+inline V add(V a, V b) { return _mm512_add_ps(a, b); }
+inline V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline void store_n(float* p, V v, int n) { _mm512_mask_storeu_ps(p, first(n), v); }
+inline __m256i narrow_bf16(V v) {  // round to nearest even, NaN -> 0x7FC0
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(u, 16),
+                                                                                     _mm512_set1_epi32(1)))), 16);
+  const __m512i q = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_set1_epi32(0x7FC0));
+  return _mm512_cvtepi32_epi16(q);
+}
+inline void store_bf16_n(uint16_t* p, V v, int n) { _mm256_mask_storeu_epi16(p, first(n), narrow_bf16(v)); }
+inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr const char* kTier = "avx2";
+constexpr int LANES = 8;
+using V = __m256;
+
+inline V zero() { return _mm256_setzero_ps(); }
+inline V set1(float x) { return _mm256_set1_ps(x); }
+inline V load(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256i first(int n) {  // lanes [0, n) all ones
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline V load_n(const float* p, int n) { return n >= 8 ? load(p) : _mm256_maskload_ps(p, first(n)); }
+inline V widen_bf16(__m128i b) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16)); }
+inline V load_bf16(const uint16_t* p) { return widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline V load_bf16_n(const uint16_t* p, int n) {
+  if (n >= 8) return load_bf16(p);
+  alignas(16) uint16_t tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::memcpy(tmp, p, 2 * n);
+  return load_bf16(tmp);
+}
+inline V load_i8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline void load_q4(const uint8_t* p, V& low, V& high) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i eight = _mm256_set1_epi32(8);
+  low = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b, _mm256_set1_epi32(15)), eight));
+  high = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b, 4), eight));
+}
+inline V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+inline V add(V a, V b) { return _mm256_add_ps(a, b); }
+inline V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+inline void store_n(float* p, V v, int n) {
+  if (n >= 8) _mm256_storeu_ps(p, v); else _mm256_maskstore_ps(p, first(n), v);
+}
+inline __m128i narrow_bf16(V v) {  // round to nearest even, NaN -> 0x7FC0
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7FFF),
+                                        _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  // 8 x 32-bit (< 0x10000) -> 8 x 16-bit in order
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+inline void store_bf16_n(uint16_t* p, V v, int n) {
+  const __m128i b = narrow_bf16(v);
+  if (n >= 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), b);
+  } else {
+    alignas(16) uint16_t tmp[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(tmp), b);
+    std::memcpy(p, tmp, 2 * n);
+  }
+}
+inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+constexpr const char* kTier = "neon";
+constexpr int LANES = 4;
+using V = float32x4_t;
+
+inline V zero() { return vdupq_n_f32(0.f); }
+inline V set1(float x) { return vdupq_n_f32(x); }
+inline V load(const float* p) { return vld1q_f32(p); }
+inline V load_n(const float* p, int n) {
+  if (n >= 4) return load(p);
+  float tmp[4] = {0.f, 0.f, 0.f, 0.f};
+  std::memcpy(tmp, p, 4 * n);
+  return vld1q_f32(tmp);
+}
+inline V load_bf16(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+inline V load_bf16_n(const uint16_t* p, int n) {
+  if (n >= 4) return load_bf16(p);
+  uint16_t tmp[4] = {0, 0, 0, 0};
+  std::memcpy(tmp, p, 2 * n);
+  return load_bf16(tmp);
+}
+inline V load_i8(const int8_t* p) {
+  int32_t word;
+  std::memcpy(&word, p, 4);
+  const int16x8_t h = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(word)));
+  return vcvtq_f32_s32(vmovl_s16(vget_low_s16(h)));
+}
+inline void load_q4(const uint8_t* p, V& low, V& high) {
+  uint32_t word;
+  std::memcpy(&word, p, 4);
+  const int32x4_t b = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(word))))));
+  const int32x4_t eight = vdupq_n_s32(8);
+  low = vcvtq_f32_s32(vsubq_s32(vandq_s32(b, vdupq_n_s32(15)), eight));
+  high = vcvtq_f32_s32(vsubq_s32(vshrq_n_s32(b, 4), eight));
+}
+inline V fma(V a, V b, V c) { return vfmaq_f32(c, a, b); }
+inline V add(V a, V b) { return vaddq_f32(a, b); }
+inline V mul(V a, V b) { return vmulq_f32(a, b); }
+inline void store_n(float* p, V v, int n) {
+  if (n >= 4) {
+    vst1q_f32(p, v);
+  } else {
+    float tmp[4];
+    vst1q_f32(tmp, v);
+    std::memcpy(p, tmp, 4 * n);
+  }
+}
+inline void store_bf16_n(uint16_t* p, V v, int n) {
+  float tmp[4];
+  vst1q_f32(tmp, v);
+  for (int i = 0; i < n && i < 4; ++i) p[i] = bf16_bits(tmp[i]);
+}
+inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+
+#else
+constexpr const char* kTier = "generic";
+constexpr int LANES = 8;
+struct V {
+  float x[LANES];
+};
+
+inline V zero() { return V{}; }
+inline V set1(float a) {
+  V v;
+  for (float& x : v.x) x = a;
+  return v;
+}
+inline V load(const float* p) {
+  V v;
+  std::memcpy(v.x, p, sizeof v.x);
+  return v;
+}
+inline V load_n(const float* p, int n) {
+  V v{};
+  std::memcpy(v.x, p, 4 * (n < LANES ? n : LANES));
+  return v;
+}
+inline V load_bf16_n(const uint16_t* p, int n) {
+  V v{};
+  for (int i = 0; i < n && i < LANES; ++i) v.x[i] = bf16_float(p[i]);
+  return v;
+}
+inline V load_bf16(const uint16_t* p) { return load_bf16_n(p, LANES); }
+inline V load_i8(const int8_t* p) {
+  V v;
+  for (int i = 0; i < LANES; ++i) v.x[i] = static_cast<float>(p[i]);
+  return v;
+}
+inline void load_q4(const uint8_t* p, V& low, V& high) {
+  for (int i = 0; i < LANES; ++i) {
+    low.x[i] = static_cast<float>((p[i] & 15) - 8);
+    high.x[i] = static_cast<float>((p[i] >> 4) - 8);
+  }
+}
+inline V fma(V a, V b, V c) {
+  for (int i = 0; i < LANES; ++i) c.x[i] = std::fma(a.x[i], b.x[i], c.x[i]);
+  return c;
+}
+inline V add(V a, V b) {
+  for (int i = 0; i < LANES; ++i) a.x[i] += b.x[i];
+  return a;
+}
+inline V mul(V a, V b) {
+  for (int i = 0; i < LANES; ++i) a.x[i] *= b.x[i];
+  return a;
+}
+inline void store_n(float* p, V v, int n) { std::memcpy(p, v.x, 4 * (n < LANES ? n : LANES)); }
+inline void store_bf16_n(uint16_t* p, V v, int n) {
+  for (int i = 0; i < n && i < LANES; ++i) p[i] = bf16_bits(v.x[i]);
+}
+inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+#endif
+
+}  // namespace specdec::simd

@@ -1,0 +1,166 @@
+"""Linear layers on packed weights: `specdec.load(weights=...)`, float32, bfloat16, int8 or int4.
+
+`pack_model(model, weights)` replaces every `nn.Linear` of a model by a `PackedLinear` holding its weights packed
+once for specdec's kernel (kernels/packed_core.h: one kernel for every instruction-set tier and format), one layer
+at a time, dropping each original weight as it goes: no second full copy of the model is ever held. Activations
+stay in the model's dtype; the weights are in `weights`:
+
+- "float32", "bfloat16": the weights as they are (rounded to bfloat16 for "bfloat16"). A float32 model with
+  bfloat16 weights reads half the bytes per token and computes in float32: on a CPU without bfloat16 arithmetic
+  this is how it gains from bfloat16;
+- "int8", "int4": weight-only quantization. Each output row's weights are quantized in groups of `group`
+  consecutive inputs with one float32 scale per group, symmetric (no zero point):
+  int8: scale = max|w| / 127, q = round(w / scale) in [-127, 127];
+  int4: scale = -(the group's weight of largest magnitude) / 8, q = round(w / scale) clamped to [-8, 7] (the
+  extreme weight lands on -8 exactly, so all 16 levels are used; llama.cpp's Q4_0 rule).
+  The model computes with w = q · scale, made float32 in the kernel's inner loop. Under int4 the LM head is int8
+  (`LM_HEAD_BITS`): the logits' rounding matters most there, and llama.cpp keeps its output layer at higher
+  precision for the same reason.
+
+Each output is the same fused multiply-adds over its inputs in order whatever the pass, so a packed model is
+row-invariant on every path (eager, slot cache, compiled, batched) and speculative decoding of it is token-identical
+to its plain decoding. Embeddings stay in the model's dtype: a token reads one row of them.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from specdec.errors import ConfigError
+
+#: `weights=` values: the quantized formats' bits, the float formats' dtype.
+QUANTIZED = {"int8": 8, "int4": 4}
+FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+FORMATS = (*FLOATS, *QUANTIZED)
+#: Inputs per scale. 64 costs 0.5 bit a weight of float32 scales; docs/quantization.md has the measurements.
+DEFAULT_GROUP = 64
+#: The LM head's bits when the rest is int4.
+LM_HEAD_BITS = 8
+
+
+def check_format(weights: str | None) -> str | None:
+    """`weights` if it is a known format (None: the model's own modules), else a ConfigError naming the choices."""
+    if weights is None or weights in FORMATS:
+        return weights
+    raise ConfigError(f"unknown weights={weights!r}; choose {', '.join(FORMATS)} (the linear layers' weights, packed "
+                      "for specdec's CPU kernels), or leave it out for the model's own layers")
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """q [N, K] int8 (int4 values in [-8, 7]) and scales [N, ceil(K / group)] float32."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+    bits: int
+    group: int
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weights [N, K] the kernel computes with: q · scale, rounded once."""
+        k = self.q.shape[1]
+        return self.q.float() * self.scales.repeat_interleave(self.group, dim=1)[:, :k]
+
+
+def quantize_weight(weight: torch.Tensor, bits: int, group: int = DEFAULT_GROUP) -> QuantizedWeight:
+    """weight [N, K] (any float dtype) quantized as this module's docstring says."""
+    if bits not in (8, 4):
+        raise ConfigError(f"bits must be 8 or 4, got {bits}")
+    if group < 1 or (bits == 4 and group % 2):
+        raise ConfigError(f"the group must be a positive number of inputs (even for int4), got {group}")
+    n, k = weight.shape
+    groups = -(-k // group)
+    w = torch.zeros(n, groups * group, dtype=torch.float32)
+    w[:, :k] = weight.detach().float()
+    w = w.view(n, groups, group)  # [N, groups, group]
+    if bits == 8:
+        scales = w.abs().amax(dim=-1) / 127  # [N, groups]
+        lo, hi = -127, 127
+    else:
+        extreme = w.gather(-1, w.abs().argmax(dim=-1, keepdim=True)).squeeze(-1)  # [N, groups]
+        scales = extreme / -8
+        lo, hi = -8, 7
+    safe = torch.where(scales == 0, torch.ones_like(scales), scales)
+    q = torch.round(w / safe.unsqueeze(-1)).clamp(lo, hi).to(torch.int8).view(n, -1)[:, :k]
+    return QuantizedWeight(q.contiguous(), scales.contiguous(), bits, group)
+
+
+class PackedLinear(nn.Module):
+    """A linear layer on packed weights (`specdec::packed_linear`): y = x wᵀ + b in the input's dtype (float32 or
+    bfloat16; other dtypes compute in float32), CPU only. `weights`: the format the packed weights hold."""
+
+    def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None, in_features: int, out_features: int,
+                 weights: str, group: int | None = None):
+        super().__init__()
+        self.register_buffer("packed", packed)
+        self.register_buffer("bias", bias)
+        self.in_features, self.out_features = in_features, out_features
+        self.weights, self.group = weights, group
+
+    @classmethod
+    def pack(cls, linear: nn.Linear, weights: str, group: int = DEFAULT_GROUP) -> PackedLinear:
+        """`linear`'s weights packed in format `weights` (its original is left as it is)."""
+        from specdec.runtime.rowwise import load_kernel  # noqa: PLC0415 (builds the kernels on first use)
+
+        load_kernel()
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        if weights in FLOATS:
+            # the layout a pass in any dtype reads (bfloat16 pairs only serve bfloat16 passes: not these)
+            packed = torch.ops.specdec.pack_weight(linear.weight.detach().to(FLOATS[weights]), False)
+            return cls(packed, bias, linear.in_features, linear.out_features, weights)
+        qw = quantize_weight(linear.weight, QUANTIZED[weights], group)
+        packed = torch.ops.specdec.pack_quantized(qw.q, qw.scales, qw.bits, group)
+        return cls(packed, bias, linear.in_features, linear.out_features, weights, group)
+
+    @property
+    def bits(self) -> int | None:
+        return QUANTIZED.get(self.weights)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in (torch.float32, torch.bfloat16):  # float64 (tests) or float16: computed in float32
+            return self.forward(x.float()).to(x.dtype)
+        bias = self.bias if self.bias is None or self.bias.dtype == x.dtype else self.bias.to(x.dtype)
+        return torch.ops.specdec.packed_linear(x, self.packed, bias, self.out_features)
+
+    def extra_repr(self) -> str:
+        group = f", group={self.group}" if self.group else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, weights={self.weights}{group}"
+
+
+def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP, *, head: bool = True,
+               free: bool = True) -> nn.Module:
+    """Replace every nn.Linear of `model` (a CPU model) by its PackedLinear in format `weights`, in place, one layer
+    at a time; the LM head at LM_HEAD_BITS under int4 (head=False: left as it is). free=True drops each original
+    weight once packed (a tied head's weight is the embedding's and stays). weights=None: nothing. Returns the
+    model."""
+    if check_format(weights) is None:
+        return model
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        raise ConfigError(f"weights={weights!r} runs on the CPU kernels only; load the model with device='cpu'")
+    lm_head = model.get_output_embeddings()
+    tied = lm_head is not None and any(lm_head.weight is p for p in model.get_input_embeddings().parameters())
+    for name, module in [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]:
+        if module is lm_head and not head:
+            continue
+        layer = f"int{LM_HEAD_BITS}" if module is lm_head and weights == "int4" else weights
+        replacement = PackedLinear.pack(module, layer, group)
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, replacement)
+        if free and not (module is lm_head and tied):  # a tied head's weight is the embedding's: it stays
+            module.weight = None
+    return model
+
+
+def quantized_copy(model: nn.Module, weights: str, group: int = DEFAULT_GROUP, *, head: bool = True) -> nn.Module:
+    """A second model object whose linear layers are `model`'s packed in format `weights`, sharing every other
+    tensor with `model` (embeddings, norms, buffers: no copies); `model` is left as it is. head=False: the copy keeps
+    `model`'s LM head as it is (shared)."""
+    if any(isinstance(m, PackedLinear) for m in model.modules()):
+        raise ConfigError("the model's weights are packed already; make the copy from a model loaded without "
+                          "weights=")
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    twin = copy.deepcopy(model, memo=shared)  # its own modules, the same tensors
+    return pack_model(twin, weights, group, head=head, free=False)

@@ -1,0 +1,78 @@
+"""The packed kernel on every instruction-set tier, from any machine (kernels/test/packed_test.cpp).
+
+Each tier's test program is built with that tier's flags and run where this machine can run it: the x86 tiers on a
+CPU with their features, the aarch64 tier with a cross compiler under qemu-aarch64 (Debian: g++-aarch64-linux-gnu,
+qemu-user; `.ci/run` installs them), the generic tier anywhere. A tier that cannot be built or run here is skipped
+with the reason, so CI's summary names every tier it did not check. The program checks every format's bits against
+the scalar reference at passes of 1 to 33 rows, odd sizes and split panel ranges; see its header.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specdec.runtime.rowwise import KERNELS, TIER_FLAGS, cpu_tiers
+
+SOURCE = KERNELS / "test" / "packed_test.cpp"
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+ARM = platform.machine().lower() in ("aarch64", "arm64")
+#: Flags the tier programs are built with: the tier's own, minus ATen's defines (the program has no ATen).
+BASE = ["-std=c++17", "-O2", "-ffp-contract=off"]
+
+
+def _isa_flags(tier: str) -> list[str]:
+    return [f for f in TIER_FLAGS[tier] if not f.startswith("-D")]
+
+
+def _toolchain(tier: str) -> tuple[list[str], list[str]]:
+    """(compile command prefix, run prefix) for `tier` here, or pytest.skip naming what is missing."""
+    if tier == "neon":
+        if ARM:
+            return [shutil.which("c++") or "c++"], []
+        cross, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
+        if not cross or not qemu:
+            pytest.skip("neon: needs aarch64-linux-gnu-g++ and qemu-aarch64 (apt install g++-aarch64-linux-gnu "
+                        "qemu-user) on a non-Arm machine")
+        return [cross, "-static"], [qemu]
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if not compiler:
+        pytest.skip("no C++ compiler")
+    if tier != "generic" and not X86:
+        pytest.skip(f"{tier}: an x86 tier, this machine is {platform.machine()}")
+    return [compiler], []
+
+
+@pytest.mark.parametrize("tier", list(TIER_FLAGS))
+def test_packed_kernel_bits_on_each_tier(tier, tmp_path: Path):
+    compile_cmd, run_prefix = _toolchain(tier)
+    binary = tmp_path / f"packed_test_{tier}"
+    built = subprocess.run([*compile_cmd, *BASE, *_isa_flags(tier), str(SOURCE), "-o", str(binary)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, f"{tier} does not build:\n{built.stderr[-3000:]}"
+    if tier not in cpu_tiers() and not (tier == "neon" and run_prefix):
+        pytest.skip(f"{tier}: built; this CPU cannot run it (it runs {', '.join(cpu_tiers())})")
+    ran = subprocess.run([*run_prefix, str(binary)], capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0 and ran.stdout.startswith(f"ok {tier} "), ran.stdout[-3000:] + ran.stderr[-1000:]
+
+
+@pytest.mark.compile  # builds the whole library per tier (a minute or two each)
+@pytest.mark.parametrize("tier", [t for t in TIER_FLAGS if t != cpu_tiers()[0]])
+def test_row_kernels_on_each_lower_tier(tier):
+    """The whole kernel library (attention, linear, argmax with their ATen bindings) built for each tier below this
+    CPU's best, and tests/test_rowwise.py run against it in a child process (SPECDEC_KERNEL_TIER): the bits
+    against references, row invariance, masks and odd sizes, on every tier this machine can execute."""
+    if tier not in cpu_tiers():
+        pytest.skip(f"{tier}: this CPU cannot run it (it runs {', '.join(cpu_tiers())})")
+    env = {**os.environ, "SPECDEC_KERNEL_TIER": tier}
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                          "-m", "not slow and not compile", str(Path(__file__).parent / "test_rowwise.py")],
+                         env=env, capture_output=True, text=True, timeout=1800)
+    assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-2000:]
+    assert " passed" in ran.stdout.splitlines()[-1], ran.stdout[-500:]

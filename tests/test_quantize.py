@@ -1,0 +1,108 @@
+"""Models on packed weights (runtime/weights.py, specdec.load(weights=...)): float32, bfloat16, int8, int4; and
+SelfDraft.
+
+The identity promise holds per precision: a quantized target's speculative output is token-identical to its own
+plain decoding on the same path (eager, static slot cache, batched), for drafts of any kind. SelfDraft is exact at
+T > 0 through tests/methods.py (the statistical suite); here its construction, sharing and refusals.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import perturbed, tiny
+from torch import nn
+
+import specdec
+from specdec.errors import ConfigError
+from specdec.runtime.weights import PackedLinear, pack_model, quantized_copy
+
+PROMPTS = [[5, 17, 3, 40, 8], [1, 2, 3], [60, 61, 62, 63, 64, 65, 66]]
+
+
+def _quantized(weights: str, seed: int = 0):
+    return pack_model(tiny("llama", hidden=64, layers=2, seed=seed, dtype=torch.float32), weights, group=16)
+
+
+@pytest.mark.parametrize("mode", [False, "static"], ids=["eager", "static"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4"])
+def test_speculative_decoding_of_a_quantized_target_is_its_plain_decoding(weights, mode):
+    target = _quantized(weights)
+    draft = pack_model(perturbed(tiny("llama", hidden=64, layers=2, dtype=torch.float32), 0.2), weights, group=16)
+    assert all(not isinstance(m, nn.Linear) for m in target.modules())
+    for prompt in PROMPTS:
+        plain = specdec.generate(target, prompt, drafter=None, max_new_tokens=24, compile=mode)
+        for drafter, gamma in ((specdec.DraftModel(draft), 4), (specdec.PromptLookup(), 3)):
+            spec = specdec.generate(target, prompt, drafter=drafter, gamma=gamma, max_new_tokens=24, compile=mode)
+            assert spec.tokens == plain.tokens, (weights, mode, prompt, type(drafter).__name__)
+            assert spec.stats.target_forwards <= plain.stats.target_forwards
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_batched_rows_of_a_quantized_target_are_its_lone_requests(weights):
+    target = _quantized(weights, seed=2)
+    lone = [specdec.generate(target, p, max_new_tokens=16).tokens for p in PROMPTS]
+    draft = pack_model(perturbed(tiny("llama", hidden=64, layers=2, dtype=torch.float32), 0.2), weights, group=16)
+    batched = specdec.generate_batch(target, PROMPTS, drafter=specdec.DraftModel(draft), gamma=3, max_new_tokens=16)
+    assert [out.tokens for out in batched] == lone
+
+
+def test_self_draft_shares_the_targets_tensors_and_leaves_it_float():
+    target = tiny("llama", hidden=64, layers=2, dtype=torch.float32)
+    before = {name: p.clone() for name, p in target.named_parameters()}
+    drafter = specdec.SelfDraft(target, weights="int4", group=16)
+    twin = drafter.model
+    assert twin is not target
+    assert twin.get_input_embeddings().weight is target.get_input_embeddings().weight  # shared, not copied
+    assert twin.model.norm.weight is target.model.norm.weight
+    packed = [m for m in twin.modules() if isinstance(m, PackedLinear)]
+    assert packed and all(m.bits == 4 for m in packed if m is not twin.get_output_embeddings())
+    assert twin.get_output_embeddings().bits == 8  # the LM head stays at int8 under int4
+    assert all(isinstance(m, nn.Linear) for m in target.modules() if isinstance(m, (nn.Linear, PackedLinear)))
+    for name, p in target.named_parameters():
+        assert torch.equal(p, before[name]), name
+    prompt = PROMPTS[0]
+    plain = specdec.generate(target, prompt, max_new_tokens=20)
+    spec = specdec.generate(target, prompt, drafter=drafter, gamma=4, max_new_tokens=20)
+    assert spec.tokens == plain.tokens and spec.stats.accepted > 0
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_self_draft_on_the_slot_cache_is_plain_decoding(weights):
+    target = tiny("llama", hidden=64, layers=2, seed=5, dtype=torch.float32)
+    for prompt in PROMPTS:
+        plain = specdec.generate(target, prompt, max_new_tokens=20, compile="static")
+        spec = specdec.generate(target, prompt, drafter=specdec.SelfDraft(target, weights=weights, group=16), gamma=4,
+                                max_new_tokens=20, compile="static")
+        assert spec.tokens == plain.tokens and spec.stats.accepted > 0
+
+
+def test_self_draft_with_a_reduced_vocabulary_quantizes_its_reduced_head():
+    target = tiny("llama", hidden=64, layers=2, dtype=torch.float32)
+    ids = list(range(0, 96, 2))
+    drafter = specdec.SelfDraft(target, weights="int8", group=16, draft_vocab=ids)
+    head = drafter.model.get_output_embeddings()
+    assert isinstance(head, PackedLinear) and head.out_features == len(ids) and head.bits == 8
+    plain = specdec.generate(target, PROMPTS[2], max_new_tokens=16)
+    assert specdec.generate(target, PROMPTS[2], drafter=drafter, gamma=3, max_new_tokens=16).tokens == plain.tokens
+
+
+def test_refusals_name_the_fix():
+    target = tiny("llama", hidden=64, layers=2, dtype=torch.float32)
+    with pytest.raises(ConfigError, match="int4' or 'int8'"):
+        specdec.SelfDraft(target, weights="int3")
+    with pytest.raises(ConfigError, match="choose float32, bfloat16, int8, int4"):
+        pack_model(target, "int2")
+    quantized = pack_model(tiny("llama", hidden=64, layers=2, dtype=torch.float32), "int8", group=16)
+    with pytest.raises(ConfigError, match="packed already"):
+        quantized_copy(quantized, "int4")
+    with pytest.raises(ConfigError, match="CPU kernels only"):
+        specdec.load("unused", device="meta", weights="int8")
+
+
+def test_pack_model_drops_the_float_weights_it_packed():
+    model = tiny("llama", hidden=64, layers=2, dtype=torch.float32)  # an untied LM head
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    pack_model(model, "int4", group=16)
+    assert all(m.weight is None for m in linears)  # nothing left holds a float copy
+    assert sum(isinstance(m, PackedLinear) for m in model.modules()) == len(linears)
