@@ -6,7 +6,8 @@ draft model's chain, on the fast path, in one `specdec bench` run (interleaved, 
 
 --head: a DFlash head (default: the shipped one); --parallel: a draft adapted by `specdec distill --parallel`
 (default: the shipped one, if any; else the parallel methods are left out). Prints, per method and γ: tokens/s,
-τ, the drafting time per round (ms) and tokens/s against the best draft-model chain (draft / draft-vocab).
+τ, the drafting time per round (ms) and tokens/s against the best draft-model chain (draft / draft-vocab, eager or
+compiled, whichever of them --methods names).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                              repeats=args.repeats, warmup=1, forward_costs=False, drafter_options=options)
     results = run_bench(target, draft, prompts, settings, out=args.out, workload="code", progress=False)
     summaries = results["configs"]
-    chains = [s for s in summaries if s["method"] in ("draft-compiled", "draft-vocab-compiled")]
+    chains = [s for s in summaries if s["method"].removesuffix("-compiled") in ("draft", "draft-vocab")]
     best = max(chains, key=lambda s: s["tokens_per_s"]) if chains else None
     print(f"{'method':24s} {'γ':>3s} {'tok/s':>8s} {'τ':>6s} {'draft ms/round':>15s} {'vs best chain':>14s} same")
     for s in summaries:
