@@ -21,7 +21,8 @@ are the target's (shared, frozen, not stored); the head owns `fc`, `hidden_norm`
 `norm` and `mask_embedding` [block_size − 1, H], the input of the masked position j rows after the root (the
 target's vocabulary has no mask token, and the head needs none: a mask is never a token id, never drafted and
 never verified). DFlash feeds one mask embedding at every offset and lets rotary positions tell them apart
-through attention; a head of one or two layers learns faster when each offset has its own.
+through attention; here each offset has its own, so a head of one or two layers need not tell the masks apart
+through rotary positions alone (not measured against the shared embedding).
 
 Feature layers are HF ``output_hidden_states`` indices (0 = the embeddings, N = the final normed state); the
 default spreads three over the target's depth (`default_block_layers`).
