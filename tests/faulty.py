@@ -15,8 +15,10 @@ from specdec.core.sampling import SamplingConfig, sample
 from specdec.core.tree import TreeMask, children
 from specdec.core.verify import Verdict, acceptance_ratio, kseq_residual, residual_distribution, verify_sampled
 from specdec.drafters.base import Proposal
+from specdec.drafters.block import BlockDraft
 from specdec.drafters.draft_model import DraftModel
 from specdec.drafters.mtp import Mtp
+from specdec.drafters.parallel import ParallelDraft
 from specdec.drafters.suffix import SuffixDecoding
 from specdec.drafters.tree import DraftTree
 from specdec.engine.verification import verify_round
@@ -168,6 +170,38 @@ class LateMtpQ(Mtp):
     @property
     def name(self) -> str:
         return "LateMtpQ(faulty)"
+
+
+def _shifted_q(proposal: Proposal) -> Proposal:
+    """The proposal with each token's q replaced by the NEXT position's marginal (the last keeps its own)."""
+    if proposal.draft_probs is None or len(proposal) < 2:
+        return proposal
+    probs = torch.cat([proposal.draft_probs[1:], proposal.draft_probs[-1:]])  # [γ, V], row i = position i+1's
+    return Proposal(proposal.tokens, probs)
+
+
+class ShiftedMarginalBlockDraft(BlockDraft):
+    """BUG (a one-pass block drafter): draws each position's token from that position's marginal but reports the
+    next position's marginal as its q: the block's rows read off by one."""
+
+    def propose(self, context, gamma, sampling, generator) -> Proposal:
+        return _shifted_q(super().propose(context, gamma, sampling, generator))
+
+    @property
+    def name(self) -> str:
+        return "ShiftedMarginalBlockDraft(faulty)"
+
+
+class ShiftedMarginalParallelDraft(ParallelDraft):
+    """BUG (PARD): draws each position's token from its own row (the root's, then each mask's) but reports the
+    next row's distribution as its q."""
+
+    def propose(self, context, gamma, sampling, generator) -> Proposal:
+        return _shifted_q(super().propose(context, gamma, sampling, generator))
+
+    @property
+    def name(self) -> str:
+        return "ShiftedMarginalParallelDraft(faulty)"
 
 
 #: name -> broken verify_fn, for loops in tests.

@@ -377,7 +377,7 @@ def test_make_drafter_builds_every_kind(targets, tmp_path):
                                   "eagle", "eagle-chain", "medusa", "medusa-chain", "draft-tli", "draft-slem",
                                   "multi-draft-specinfer", "multi-draft-spectr", "eagle3", "eagle3-chain",
                                   "draft-vocab", "self-draft-int8", "self-draft-int4", "mtp", "mtp-tree",
-                                  "suffix"}  # mtp: tests/test_mtp.py
+                                  "suffix", "dflash", "dflash-tree", "parallel"}  # mtp: tests/test_mtp.py
     suffix = make_drafter("suffix", max_nodes=7, tree_depth=5, suffix_cache_tokens=100)
     assert (suffix.max_nodes, suffix.max_depth, suffix.cache.max_tokens) == (7, 5, 100)
     tree = make_drafter("draft-tree", draft=target, tree_top_k=2, tree_depth=3, max_nodes=7)

@@ -9,21 +9,23 @@ warp bug shows here too (docs/testing.md).
 Thresholds and error rates
 - Positive checks (a correct method must PASS): N = 3000 draws each, FAIL when p < ALPHA = 6e-5. The
   Pearson chi-square p-value is calibrated near that level (1.15e-4 measured at a nominal 1e-4 in 200 000
-  null simulations with 674 cells), so with POSITIVE_CHECKS = 4 settings x 25 methods in tests/methods.py +
+  null simulations with 674 cells), so with POSITIVE_CHECKS = 4 settings x 28 methods in tests/methods.py +
   the conditional-mode case + the JSON case + the CLI's 2 methods (at ALPHA) + every method once more in
-  bfloat16 (25, at 2e-5) + 5 in test_trees.py / test_multi_draft.py / test_fastpath.py + 9 in
+  bfloat16 (28, at 2e-5) + 5 in test_trees.py / test_multi_draft.py / test_fastpath.py + 9 in
   test_cross_vocab.py + 6 in test_seq2seq.py (at 1e-4) + the Whisper token tree and the MTP chain of
-  test_mtp.py (at 1e-5) = 151 checks (+5 per method added to the registry), the probability that a correct
-  implementation fails any of them is at most 104 x 6e-5 + 25 x 2e-5 + 20 x 1e-4 + 2 x 1e-5 = 0.88% (Bonferroni)
-  for a random seed. Every
+  test_mtp.py (at 1e-5) = 166 checks (+5 per method added to the registry), the probability that a correct
+  implementation fails any of them is at most 116 x 6e-5 + 28 x 2e-5 + 20 x 1e-4 + 2 x 1e-5 = 0.954% (Bonferroni)
+  for a random seed (the next method added to the registry takes it to 0.98%, the one after past 1%: lower ALPHA
+  then). Every
   test declares the positive checks it runs (@positive, i.e. @pytest.mark.exactness_positive); an autouse
   fixture in conftest.py counts the checks each test actually runs against that, and
   test_family_wise_false_failure_rate_is_bounded sums the declarations of every test module. Seeds are
   fixed, so a given commit passes or fails deterministically (gamma="auto" excepted: its γ choices follow
   measured timings). Each positive check also asserts its power: every deviation of TV >= 0.12 on the
   test's cells is detected with probability >= 0.8 (typically 0.065-0.095 here).
-- Negative controls (8 deliberately broken verifiers/drafters from tests/faulty.py, plus one in
-  conditional mode) must FAIL with p < 1e-6 at the same N; measured p-values are 5e-21 or smaller.
+- Negative controls (10 deliberately broken verifiers/drafters from tests/faulty.py, plus one in
+  conditional mode) must FAIL with p < 1e-6 at the same N; measured p-values are 5e-21 or smaller, but for the one-pass block
+  drafters' rows read off by one (3e-14 for DFlash's, 1e-94 for PARD's).
 - Statistics unit tests (p-value uniformity, power) use their own stated tolerances on fixed seeds.
 Runtime: about a minute on an idle 2-core CPU (the draws run through the memo engine, ~1000-2000 draws/s).
 """
@@ -39,7 +41,13 @@ import numpy as np
 import pytest
 import torch
 from methods import CROSS_VOCAB_METHODS, METHODS, MTP_STATISTICAL, SEQ2SEQ_METHODS, SEQ2SEQ_TREE_STATISTICAL, build
-from faulty import FAULTY_VERIFIERS, UnmappedDraftVocab, UnwarpedDraft
+from faulty import (
+    FAULTY_VERIFIERS,
+    ShiftedMarginalBlockDraft,
+    ShiftedMarginalParallelDraft,
+    UnmappedDraftVocab,
+    UnwarpedDraft,
+)
 from models import perturbed, tiny
 from scipy import stats
 
@@ -295,6 +303,23 @@ def test_negative_control_unmapped_draft_vocabulary_is_caught(pair, far_draft):
     target, _, _ = pair
     vocab = range(1, far_draft.get_output_embeddings().weight.shape[0], 2)  # odd ids: column j is token 2j + 1
     result = _check(target, UnmappedDraftVocab(far_draft, draft_vocab=vocab), "T0.5-top4-g3-L4-eos")
+    assert result.p_value < NEGATIVE_P, result.summary()
+
+
+def test_negative_control_block_marginals_read_off_by_one_are_caught(pair):
+    """A one-pass block drafter (DFlash, PARD) that reports the next position's marginal as a token's q."""
+    target, draft, _ = pair
+    head = specdec.DFlashHead.init(target, seed=0, block_size=6)
+    with torch.no_grad():  # untrained offsets' marginals are close (p ~ 0.05 for the bug): make them differ, as
+        head.mask_embedding.mul_(4)  # a trained head's do
+    result = _check(target, ShiftedMarginalBlockDraft(target, head), "T1.5-top6-p0.8-g5-L3-eos")
+    assert result.p_value < NEGATIVE_P, result.summary()
+    model = specdec.ParallelDraft.adapt(draft)
+    with torch.no_grad():  # an untrained mask row is the mean embedding: its rows' marginals barely differ
+        rows = model.get_input_embeddings().weight
+        rows[-1] = torch.randn(rows.shape[1], generator=torch.Generator().manual_seed(0), dtype=rows.dtype) * (
+            3 * rows[:-1].std())
+    result = _check(target, ShiftedMarginalParallelDraft(model), "T1.5-top6-p0.8-g5-L3-eos")
     assert result.p_value < NEGATIVE_P, result.summary()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from methods import METHODS, build
+from methods import LLAMA_STYLE_ONLY, METHODS, build
 from models import hf_greedy, perturbed, tiny
 
 import specdec
@@ -110,8 +110,9 @@ def test_sliding_window_attention_matches_generate():
 @pytest.mark.parametrize("method", sorted(METHODS))
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_every_registered_method(targets, method, arch):
-    if method.startswith("eagle3") and arch == "gpt2":
-        pytest.skip("EAGLE-3's 2H-input midlayer needs a Llama-style layer (separate q/k/v); GPT-2 is refused")
+    if method.startswith(LLAMA_STYLE_ONLY) and arch == "gpt2":
+        pytest.skip("EAGLE-3's midlayer and DFlash's layers need a Llama-style layer (separate q/k/v, rotary "
+                    "positions); GPT-2 is refused")
     target = targets[arch]
     draft = partial_draft(target)
     prompt = (LONG[:12] * 3)[:30]  # repeats, so n-gram drafters find matches

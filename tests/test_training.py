@@ -212,6 +212,35 @@ def test_distillation_lowers_kl(tmp_path, tiny_tokenizer, patched_corpus):
     assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
+def test_distill_parallel_adapts_the_draft_and_teaches_its_masks(tmp_path, tiny_tokenizer, patched_corpus):
+    """`specdec distill --parallel`: the draft gets its mask row, the held-out acceptance of the root's row and
+    of every mask rises, and the export drafts as a `ParallelDraft` (greedy output = plain decoding)."""
+    from transformers import AutoTokenizer
+
+    import specdec
+    from specdec.training.distill import DistillConfig, distill
+    from specdec.training.loop import LoopConfig
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer))
+    target, draft = _tiny_llama(len(tok), 32, 2, seed=0, init=0.3), _tiny_llama(len(tok), 32, 1, seed=1)
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(str(tmp_path / name))
+        tok.save_pretrained(str(tmp_path / name))
+    cfg = DistillConfig(target=tmp_path / "target", draft=tmp_path / "draft", out=tmp_path / "out",
+                        loop=LoopConfig(steps=25, lr=3e-2, warmup_steps=2, eval_every=1000, checkpoint_every=25),
+                        batch_size=4, seq_len=32, eval_tokens=512, save_dtype="float32", parallel=True, max_gamma=4,
+                        anchors=4)
+    report = distill(cfg, log=lambda _msg: None)
+    before, after = report["before"], report["after"]
+    for j in range(4):  # the root's row and masks 1..3
+        assert after[f"alpha_T1_{j}"] > before[f"alpha_T1_{j}"], j
+    adapted = specdec.load(str(tmp_path / "out"))[0]
+    assert adapted.get_input_embeddings().weight.shape[0] == len(tok) + 1
+    prompt = tok.encode("def main():\n", add_special_tokens=False)
+    out = specdec.generate(target, prompt, drafter=specdec.ParallelDraft(adapted), gamma=3, max_new_tokens=8)
+    assert out.tokens == specdec.generate(target, prompt, max_new_tokens=8).tokens
+
+
 # --------------------------------------------------------------------------- shipped default pair
 
 

@@ -58,7 +58,7 @@ POLICY_SUFFIXES = ("-auto", "-heuristic")
 COMPILED = "-compiled"
 #: Drafters whose fast path is measured (model-free drafters only compile the target).
 COMPILED_KINDS = ("draft", "draft-vocab", "prompt-lookup", "bigram", "draft-tree", "eagle", "eagle-chain", "eagle3", "eagle3-chain",
-                  "self-draft-int8", "self-draft-int4", "suffix")
+                  "self-draft-int8", "self-draft-int4", "suffix", "dflash", "dflash-tree", "parallel")
 #: "draft-tree-auto": DraftTree(max_nodes="auto"), its node budget chosen online (not gamma="auto").
 TREE_AUTO = "draft-tree-auto"
 
@@ -107,14 +107,15 @@ def available_methods() -> list[str]:
 
 
 def listed_methods() -> list[str]:
-    """The methods `--list-methods` shows: available_methods() less the EAGLE-3 ones when no EAGLE-3 head is
-    shipped for the default target (as `generate` / `serve` list --drafter; still accepted by name, for a
-    BenchSettings whose drafter_options give a head_path), and less the MTP ones (they need a target with MTP
-    layers, DeepSeek-V3 and kin, not the default pair; accepted by name)."""
-    from specdec.hub.default_pair import head_shipped
+    """The methods `--list-methods` shows: available_methods() less the EAGLE-3 / DFlash / parallel ones when no such
+    head or adapted draft is shipped for the default target (as `generate` / `serve` list --drafter; still accepted
+    by name, for a BenchSettings whose drafter_options give a head_path / parallel_draft), and less the MTP ones (they
+    need a target with MTP layers, DeepSeek-V3 and kin, not the default pair; accepted by name)."""
+    from specdec.hub.default_pair import head_shipped, parallel_shipped
 
-    eagle3 = head_shipped("eagle3")
-    return [m for m in available_methods() if (eagle3 or not m.startswith("eagle3")) and not m.startswith("mtp")]
+    hidden = [name for name, shipped in (("eagle3", head_shipped("eagle3")), ("dflash", head_shipped("dflash")),
+                                         ("parallel", parallel_shipped())) if not shipped]
+    return [m for m in available_methods() if not m.startswith((*hidden, "mtp"))]
 
 
 def is_gamma_free(method: str) -> bool:

@@ -130,7 +130,11 @@ def register(subparsers) -> None:
                         "'draft-tli' / 'draft-slem' = a draft with another tokenizer; 'draft-vocab' = the draft "
                         "model drafting from its --draft-vocab most frequent tokens (a cheaper draft step); 'mtp' / "
                         "'mtp-tree' = the target's own multi-token-prediction layer (DeepSeek-V3, GLM-4.5, "
-                        "GLM-4.7-Flash, Mellum), a chain or a tree. With --target and no --draft: plain")
+                        "GLM-4.7-Flash, Mellum), a chain or a tree; "
+                        "'dflash' / 'dflash-tree' = a DFlash block head on the target's features, γ tokens from one "
+                        "pass (--head, or the one shipped for the default target); 'parallel' = a PARD draft, γ "
+                        "tokens from one pass over γ-1 mask tokens (--draft DIR adapted by `specdec distill "
+                        "--parallel`, else the one shipped for the default pair). With --target and no --draft: plain")
     parser.add_argument("--ngram-max", type=int, default=None,
                         help="prompt-lookup: longest n-gram matched (default 3)")
     parser.add_argument("--ngram-min", type=int, default=None,
@@ -142,7 +146,7 @@ def register(subparsers) -> None:
     parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                         help="draft-vocab: draft from the default pair's N most frequent tokens (default 2048)")
     parser.add_argument("--head", default=None, metavar="DIR",
-                        help="eagle / medusa: a head saved by `specdec train-head` (default: the shipped one)")
+                        help="eagle / medusa / dflash: a head saved by `specdec train-head` (default: the shipped one)")
     parser.add_argument("--prompt", required=True, help="the text to continue (an encoder-decoder target such as "
                         "T5: the source text its encoder reads)")
     add_decoding_args(parser)

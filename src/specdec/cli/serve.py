@@ -23,10 +23,11 @@ def register(subparsers) -> None:
     parser.add_argument("--drafter", **drafter_choices("none"),
                         default=None, help="how to draft (default: 'draft' when a draft model is available, else "
                         "none); 'prompt-lookup', 'suffix', 'bigram' and 'layer-skip' need no draft model, 'eagle' / "
-                        "'medusa' use the heads shipped for the default target ('eagle3': --head DIR where none is shipped), "
-                        "'mtp' / 'mtp-tree' the target's own MTP layer (DeepSeek-V3, GLM-4.5, ...)")
+                        "'medusa' / 'dflash' use the heads shipped for the default target ('eagle3': --head DIR where "
+                        "none is shipped), 'mtp' / 'mtp-tree' the target's own MTP layer (DeepSeek-V3, GLM-4.5, ...); "
+                        "'parallel' a PARD draft (--draft DIR adapted by `specdec distill --parallel`)")
     parser.add_argument("--head", default=None, metavar="PATH",
-                        help="--drafter eagle / medusa: a head saved by `specdec train-head` (default: the heads "
+                        help="--drafter eagle / medusa / dflash: a head saved by `specdec train-head` (default: the heads "
                         "shipped for the default target)")
     parser.add_argument("--draft-layers", type=int, default=None,
                         help="--drafter layer-skip: the target's first N layers draft (default: half of them)")

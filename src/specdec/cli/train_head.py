@@ -21,11 +21,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=DefaultsHelpFormatter,
     )
-    p.add_argument("--kind", choices=["eagle", "eagle3", "medusa"], required=True,
-                   help="which head to train (eagle3: EAGLE-3, fused low/mid/high target features, token loss)")
+    p.add_argument("--kind", choices=["eagle", "eagle3", "medusa", "dflash"], required=True,
+                   help="which head to train (eagle3: EAGLE-3, fused low/mid/high target features, token loss; "
+                        "dflash: a DFlash block drafter, γ masked positions filled in one pass)")
     p.add_argument("--feature-layers", default=None,
-                   help="eagle3: comma-separated hidden-state indices of the fused features (input of that layer); "
-                        "default: EAGLE-3's (2, N//2, N-3), the high one moved to N-1 on shallow targets")
+                   help="eagle3 / dflash: comma-separated hidden-state indices of the fused features (input of that "
+                        "layer); default eagle3: EAGLE-3's (2, N//2, N-3), the high one moved to N-1 on shallow "
+                        "targets; dflash: three spread over the depth, the deepest the final state")
     p.add_argument("--target", default="default",
                    help="target model directory or hub id, or 'default' for the shipped default target")
     p.add_argument("--out", required=True, help="run directory (checkpoints, token cache, report, OUT/head)")
@@ -42,6 +44,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="start from a saved head directory ('default': the head shipped for the default target) "
                         "instead of a fresh one")
     p.add_argument("--noise", type=float, default=0.2, help="EAGLE: uniform noise on input features (x their RMS)")
+    p.add_argument("--block-size", type=int, default=16,
+                   help="dflash: the longest block it is trained for (root + masked positions; γ <= block size - 1)")
+    p.add_argument("--draft-layers", type=int, default=1, help="dflash: decoder layers of the head")
+    p.add_argument("--anchors", type=int, default=16, help="dflash: blocks per training window")
+    p.add_argument("--decay", type=float, default=None,
+                   help="dflash: position decay of the loss, weight exp(-(j-1)/decay) (default 7 for 16-row blocks)")
+    p.add_argument("--self-distill", type=int, default=0,
+                   help="dflash: windows of the target's own greedy continuations of train-split prompts to generate "
+                        "(cached in OUT/cache) and train on beside the text; 0: text only")
+    p.add_argument("--self-distill-share", type=float, default=0.5,
+                   help="dflash: share of each batch drawn from the self-distillation windows")
+    p.add_argument("--prompt-len", type=int, default=128,
+                   help="dflash: prompt tokens of each self-distillation window (the rest is the continuation)")
     add_loop_args(p, warmup_steps=30, weight_decay=0.0, eval_every=100,
                   eval_tokens_help="held-out tokens for the loss and acceptance proxy", seed_help="seed (init, data order)")
     p.set_defaults(func=run, eval_tokens=16384)
@@ -58,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
     loop = loop_config(args)
     layers = None
     if args.feature_layers is not None:
-        if args.kind != "eagle3":
-            raise ConfigError("--feature-layers applies to --kind eagle3 only; drop it")
+        if args.kind not in ("eagle3", "dflash"):
+            raise ConfigError("--feature-layers applies to --kind eagle3 and dflash only; drop it")
         try:
             layers = tuple(int(x) for x in args.feature_layers.split(","))
         except ValueError as exc:
@@ -77,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         kind=args.kind, out=Path(args.out), loop=loop, data=args.data, batch_size=args.batch_size,
         seq_len=args.seq_len, ttt_steps=args.ttt_steps, num_heads=args.num_heads, noise=args.noise,
         feature_layers=layers, device=args.device, eval_tokens=args.eval_tokens, save_dtype=args.save_dtype, resume=args.resume, init=args.init,
+        block_size=args.block_size, draft_layers=args.draft_layers, anchors=args.anchors, decay=args.decay,
+        self_distill=args.self_distill, self_distill_share=args.self_distill_share, prompt_len=args.prompt_len,
     )
     report = train_head(cfg, target, tokenizer)
     final = report["final"]

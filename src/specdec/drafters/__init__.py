@@ -24,6 +24,8 @@ _CLASSES = {
     "Mtp": "specdec.drafters.mtp",
     "SuffixDecoding": "specdec.drafters.suffix",
     "SuffixCache": "specdec.drafters.suffix",
+    "BlockDraft": "specdec.drafters.block",
+    "ParallelDraft": "specdec.drafters.parallel",
 }
 
 
@@ -49,7 +51,7 @@ def __getattr__(name: str):
 DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft", "eagle", "eagle-chain",
                  "medusa", "medusa-chain", "draft-tli", "draft-slem", "multi-draft-specinfer", "multi-draft-spectr",
                  "eagle3", "eagle3-chain", "draft-vocab", "self-draft-int8", "self-draft-int4", "mtp", "mtp-tree",
-                 "suffix")
+                 "suffix", "dflash", "dflash-tree", "parallel")
 
 #: Tokens the "draft-vocab" kind drafts from by default. On the default pair (8192 tokens) the 2048 most frequent
 #: hold 98% of the target's greedy tokens on held-out code, and the draft's greedy agreement with the target fell
@@ -84,6 +86,9 @@ DRAFTER_OPTIONS = {
     "mtp-tree": {},
     "suffix": {"max_nodes": "--max-nodes", "tree_depth": "--tree-depth", "min_token_prob": "--min-token-prob",
                "max_spec_factor": "--max-spec-factor", "suffix_cache_tokens": "--suffix-cache-tokens"},
+    "dflash": {"head_path": "--head"},
+    "dflash-tree": {"head_path": "--head"},
+    "parallel": {"parallel_draft": "parallel_draft= (a model or a directory)"},
 }
 
 #: EAGLE-2 tree shape used by the "eagle" kind (per level: expand the `top_k` best nodes; keep `max_nodes`).
@@ -91,18 +96,22 @@ DRAFTER_OPTIONS = {
 #: (1.22x vs 0.91x plain HF generate compiled), and the chain at γ = 8 (Eagle's default depth) beat both.
 EAGLE_TREE = {"top_k": 4, "depth": 3, "max_nodes": 24}
 
+#: The tree the "dflash-tree" kind drafts from the block's per-position marginals.
+DFLASH_TREE = {"top_k": 4, "max_nodes": 24}
+
 
 def _head_drafter(kind: str, target, head_path) -> Drafter:
-    """An Eagle / Medusa drafter from a saved head, or the head shipped for the default target ("eagle3": the
-    shipped EAGLE-3 head, drafting the same chain / tree as "eagle")."""
+    """An Eagle / Medusa / BlockDraft drafter from a saved head, or the head shipped for the default target
+    ("eagle3": the shipped EAGLE-3 head, drafting the same chain / tree as "eagle")."""
     from specdec.hub.default_pair import load_default_heads
+    from specdec.drafters.block import BlockDraft
     from specdec.drafters.eagle import Eagle
     from specdec.drafters.medusa import DEFAULT_TREE, Medusa
-    from specdec.heads import EagleHead, MedusaHeads
+    from specdec.heads import DFlashHead, EagleHead, MedusaHeads
 
     family = kind.split("-")[0]
     if head_path is not None:
-        head = (MedusaHeads if family == "medusa" else EagleHead).load(head_path, target)
+        head = {"medusa": MedusaHeads, "dflash": DFlashHead}.get(family, EagleHead).load(head_path, target)
     else:
         heads = load_default_heads(target)  # IncompatibleModelsError unless target is the default one
         if family not in heads:
@@ -112,9 +121,36 @@ def _head_drafter(kind: str, target, head_path) -> Drafter:
                                  f"`specdec train-head --kind {family} --target default` and pass --head DIR")
         head = heads[family]
     chain = kind.endswith("-chain")
+    if family == "dflash":
+        return BlockDraft(target, head, **DFLASH_TREE) if kind.endswith("-tree") else BlockDraft(target, head)
     if family in ("eagle", "eagle3"):
         return Eagle(target, head) if chain else Eagle(target, head, **EAGLE_TREE)
     return Medusa(target, head) if chain else Medusa(target, head, tree=DEFAULT_TREE)
+
+
+def _parallel_drafter(target, draft, parallel_draft=None) -> Drafter:
+    """"parallel": `parallel_draft` (a model, or a directory saved by `specdec distill --parallel`), else the given
+    draft when it carries a mask row (one row past the target's vocabulary), else the adapted draft shipped for the
+    default pair."""
+    from transformers import PreTrainedModel
+
+    from specdec.drafters.parallel import ParallelDraft
+    from specdec.runtime.causal_lm import vocab_size
+
+    if target is None:
+        raise ConfigError("--drafter parallel needs the target model (target=model)")
+    if parallel_draft is not None:
+        if isinstance(parallel_draft, PreTrainedModel):
+            return ParallelDraft(parallel_draft)
+        from specdec.hub.loading import load_model
+
+        param = next(target.parameters())
+        return ParallelDraft(load_model(parallel_draft, str(param.device), param.dtype))
+    if draft is not None and vocab_size(draft) == vocab_size(target) + 1:
+        return ParallelDraft(draft)
+    from specdec.hub.default_pair import load_default_parallel
+
+    return ParallelDraft(load_default_parallel(target))
 
 
 def _draft_vocab_ids(draft, draft_vocab):
@@ -149,6 +185,9 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     only), or a sequence of token ids (any draft).
     "suffix": SuffixDecoding (max_nodes, tree_depth, min_token_prob, max_spec_factor), its cache of earlier requests
     holding at most suffix_cache_tokens tokens (its forks, e.g. a server's rows, share that one cache).
+    "dflash" / "dflash-tree": a DFlash block head (head_path, or the one shipped for the default target) drafting
+    a chain / a tree from one pass. "parallel": a PARD draft (`draft` when it carries the mask row, else the
+    adapted draft shipped for the default pair).
     "bigram": a bigram table loaded from bigram_path (a file saved by Bigram.save), or else built from the
     target's own one-token predictions (Bigram.from_model). "layer-skip": the target's first draft_layers
     decoder layers (default half of them). "self-draft-int8" / "self-draft-int4": the target's own weights
@@ -218,7 +257,7 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
         return Bigram.from_model(target)
     if target is None:
         raise ConfigError(f"--drafter {kind} needs the target model (target=model)")
-    if kind in ("eagle", "eagle-chain", "eagle3", "eagle3-chain", "medusa", "medusa-chain"):
+    if kind in ("eagle", "eagle-chain", "eagle3", "eagle3-chain", "medusa", "medusa-chain", "dflash", "dflash-tree"):
         return _head_drafter(kind, target, options.get("head_path"))
     if kind.startswith("self-draft-"):
         from specdec.drafters.self_draft import SelfDraft
@@ -228,10 +267,13 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
         from specdec.drafters.mtp import Mtp
 
         return Mtp(target) if kind == "mtp" else Mtp(target, **EAGLE_TREE)
+    if kind == "parallel":
+        return _parallel_drafter(target, draft, options.get("parallel_draft"))
     return LayerSkip(target, num_layers=options.get("draft_layers"))
 
 
 __all__ = [
-    "DRAFTER_KINDS", "Bigram", "DraftModel", "DraftTree", "Drafter", "Eagle", "LayerSkip", "Medusa", "Mtp",
-    "MultiDraft", "PromptLookup", "Proposal", "SelfDraft", "SuffixCache", "SuffixDecoding", "make_drafter",
+    "DRAFTER_KINDS", "Bigram", "BlockDraft", "DraftModel", "DraftTree", "Drafter", "Eagle", "LayerSkip", "Medusa",
+    "Mtp", "MultiDraft", "ParallelDraft", "PromptLookup", "Proposal", "SelfDraft", "SuffixCache", "SuffixDecoding",
+    "make_drafter",
 ]

@@ -93,7 +93,7 @@ def load_default(
     return target, draft, tokenizer
 
 
-HEAD_DIRS = {"eagle": "eagle", "medusa": "medusa", "eagle3": "eagle3"}
+HEAD_DIRS = {"eagle": "eagle", "medusa": "medusa", "eagle3": "eagle3", "dflash": "dflash"}
 #: Heads every install ships; the others are returned when their directory is present.
 REQUIRED_HEADS = ("eagle", "medusa")
 
@@ -104,9 +104,9 @@ def head_shipped(name: str, root: Path | None = None) -> bool:
 
 
 def load_default_heads(target: Any = None, root: Path | None = None) -> dict[str, Any]:
-    """{"eagle": EagleHead, "medusa": MedusaHeads, "eagle3": EagleHead (EAGLE-3)} trained for the default target
-    (loaded if not given)."""
-    from specdec.heads import EagleHead, MedusaHeads
+    """{"eagle": EagleHead, "medusa": MedusaHeads, "eagle3": EagleHead (EAGLE-3), "dflash": DFlashHead} trained for
+    the default target (loaded if not given); "eagle3" and "dflash" where shipped."""
+    from specdec.heads import DFlashHead, EagleHead, MedusaHeads
 
     base = Path(root) if root is not None else ASSETS_DIR
     if target is None:
@@ -121,7 +121,32 @@ def load_default_heads(target: Any = None, root: Path | None = None) -> dict[str
              "medusa": MedusaHeads.load(base / HEAD_DIRS["medusa"], target)}
     if head_shipped("eagle3", base):
         heads["eagle3"] = EagleHead.load(base / HEAD_DIRS["eagle3"], target)
+    if head_shipped("dflash", base):
+        heads["dflash"] = DFlashHead.load(base / HEAD_DIRS["dflash"], target)
     return heads
+
+
+#: The default draft adapted to PARD drafting (`specdec distill --parallel`; assets/default/parallel/CARD.md).
+PARALLEL_DIR = "parallel"
+
+
+def parallel_shipped(root: Path | None = None) -> bool:
+    """Whether an adapted (mask-token) draft is shipped for the default pair."""
+    return ((root or ASSETS_DIR) / PARALLEL_DIR / "model.safetensors").is_file()
+
+
+def load_default_parallel(target: Any = None, root: Path | None = None) -> Any:
+    """The default draft adapted to parallel drafting (one mask row past the vocabulary), in the dtype and on the
+    device of `target` (float32 on the CPU when not given); ModelLoadError where none is shipped."""
+    base = Path(root) if root is not None else ASSETS_DIR
+    if not parallel_shipped(base):
+        raise ModelLoadError(
+            f"no parallel (PARD) draft is shipped under {base}: adapt one with `specdec distill --parallel "
+            "--target TARGET --draft DRAFT --out DIR` and pass it as --draft DIR (ParallelDraft(model))")
+    param = next(target.parameters()) if target is not None else None
+    device = param.device if param is not None else "cpu"
+    dtype = param.dtype if param is not None else torch.float32
+    return _load_model(base / PARALLEL_DIR, device, dtype)
 
 
 #: The shipped encoder-decoder pair (a BART target and draft trained on denoising stdlib code, see

@@ -12,6 +12,9 @@ position minimises a divergence between the target's distribution p and its own 
 
 Teacher-forced on real text (not on draft samples): generating on-policy data with the target
 would cost more CPU than the whole distillation budget.
+
+``parallel`` (`specdec distill --parallel`): the draft gets a mask token and learns PARD's parallel drafting,
+γ tokens from γ − 1 masks in one pass (training/parallel.py); its export loads as `specdec.ParallelDraft`.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ class DistillConfig:
     save_dtype: str = "float16"
     resume: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    parallel: bool = False  # PARD: add a mask token and train γ − 1 masks per block (training/parallel.py)
+    max_gamma: int = 8  # PARD: tokens per block (the root's row and max_gamma − 1 masks)
+    anchors: int = 16  # PARD: blocks per window and step
 
 
 def load_model(path: Path, device: torch.device) -> torch.nn.Module:
@@ -97,6 +103,25 @@ def pair_metrics(target: torch.nn.Module, draft: torch.nn.Module, batches: list[
     return metrics
 
 
+def _parallel_draft(target, draft, cfg: DistillConfig, log) -> tuple[torch.nn.Module, int]:
+    """The draft with its mask row (added here when the draft has the target's width; kept when it has one more
+    row, e.g. to continue an adapted draft) and the mask's id (the target's vocabulary size)."""
+    from specdec.drafters.parallel import ParallelDraft
+    from specdec.runtime.causal_lm import vocab_size
+
+    if isinstance(cfg.max_gamma, bool) or cfg.max_gamma < 2 or cfg.anchors < 1:
+        raise ConfigError("--parallel needs --max-gamma >= 2 (the root's row and at least one mask) and --anchors >= 1")
+    target_vocab, rows = vocab_size(target), vocab_size(draft)
+    if rows == target_vocab:
+        draft = ParallelDraft.adapt(draft)
+        log(f"added the mask token: id {target_vocab}, the draft's row {target_vocab} (its logit is never read)")
+    elif rows != target_vocab + 1:
+        raise IncompatibleModelsError(
+            f"--parallel needs a draft of the target's vocabulary ({target_vocab} rows) or one already adapted "
+            f"({target_vocab + 1}: the mask row), got {rows}; train both with the same --tokenizer")
+    return draft, target_vocab
+
+
 def distill(cfg: DistillConfig, log=print) -> dict[str, Any]:
     """Distil ``cfg.draft`` towards ``cfg.target``; export to ``cfg.out`` and return the report."""
     if cfg.temperature <= 0:
@@ -108,7 +133,9 @@ def distill(cfg: DistillConfig, log=print) -> dict[str, Any]:
     torch.manual_seed(cfg.loop.seed)
     target = load_model(cfg.target, device).eval()
     draft = load_model(cfg.draft, device)
-    if target.config.vocab_size != draft.config.vocab_size:
+    if cfg.parallel:
+        draft, mask_token_id = _parallel_draft(target, draft, cfg, log)
+    elif target.config.vocab_size != draft.config.vocab_size:
         raise IncompatibleModelsError(
             f"target vocab {target.config.vocab_size} != draft vocab {draft.config.vocab_size}; "
             "train both with the same --tokenizer"
@@ -118,19 +145,35 @@ def distill(cfg: DistillConfig, log=print) -> dict[str, Any]:
     out = Path(cfg.out)
     data = load_token_data(out, cfg.draft)
     heldout = sequential_batches(data.heldout, 8, cfg.seq_len, cfg.eval_tokens)
-    before = pair_metrics(target, draft, heldout, device)
+
+    def metrics() -> dict[str, float]:
+        if not cfg.parallel:
+            return pair_metrics(target, draft, heldout, device)
+        from specdec.training.parallel import parallel_metrics
+
+        return parallel_metrics(target, draft, heldout, cfg.max_gamma - 1, mask_token_id, cfg.anchors)
+
+    before = metrics()
     log("before: " + ", ".join(f"{k}={v:.4f}" for k, v in before.items()))
 
     def loss_at(step: int) -> torch.Tensor:
         batch = sample_batch(data.train, step, cfg.loop.seed, cfg.batch_size, cfg.seq_len).to(device)
+        if cfg.parallel:
+            from specdec.training.parallel import mask_decay, parallel_loss, roots_at
+
+            roots = roots_at(step, cfg.loop.seed, cfg.batch_size, cfg.seq_len, cfg.anchors).to(device)
+            return parallel_loss(target, draft, batch, roots, cfg.max_gamma - 1, mask_token_id, cfg.temperature,
+                                 cfg.loss, mask_decay(cfg.max_gamma))
         with torch.no_grad():
             t_logits = target(input_ids=batch).logits
         return divergence(t_logits, draft(input_ids=batch).logits, cfg.temperature, cfg.loss)
 
     meta = {"batch_size": cfg.batch_size, "seq_len": cfg.seq_len, "temperature": cfg.temperature, "loss": cfg.loss,
             "target": str(cfg.target), "draft": str(cfg.draft)}
-    summary = run_loop(draft, cfg.loop, out, loss_at, lambda: pair_metrics(target, draft, heldout, device), meta,
-                       cfg.resume, log, desc="distill")
+    if cfg.parallel:
+        meta.update(parallel=True, max_gamma=cfg.max_gamma, anchors=cfg.anchors)
+    summary = run_loop(draft, cfg.loop, out, loss_at, metrics, meta, cfg.resume, log,
+                       desc="distill --parallel" if cfg.parallel else "distill")
     export_model(draft, data.tokenizer, out, dtype)
     report = {"before": before, "after": summary["final"], "config": {**meta, "loop": asdict(cfg.loop)},
               "eval_tokens": sum(b.numel() for b in heldout), "device": str(device),

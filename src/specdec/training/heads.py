@@ -15,6 +15,9 @@ last hidden states (the input of its LM head) as features f and its logits as so
   distribution, 0.8^j per unroll, no feature regression (its output need not match any target layer).
 * **Medusa**: head k reads f_t and is fit (soft cross-entropy) to the target's distribution at t+k,
   i.e. of token t+k+1; weights 0.8^(k-1).
+* **DFlash** (`--kind dflash`): random blocks [x_a, mask, ...] per window, all in one head pass, each row fit
+  to the target's distribution at its position, weighted by DFlash's position decay; optionally on the
+  target's own greedy continuations too (training/dflash.py).
 
 The held-out report gives the loss and the teacher-forced acceptance proxy per draft depth: the share of
 positions where the head's argmax equals the target's argmax at that depth (EAGLE: depth j = unroll j).
@@ -36,12 +39,12 @@ from transformers import DynamicCache
 
 from specdec.core.masks import additive_mask
 from specdec.errors import ConfigError
-from specdec.heads import EagleHead, MedusaHeads
+from specdec.heads import DFlashHead, EagleHead, MedusaHeads
 from specdec.training.data import cached_tokens, sample_batch, sequential_batches
 from specdec.training.loop import LoopConfig, run_loop
 from specdec.training.train import hardware_summary, resolve_device
 
-KINDS = ("eagle", "eagle3", "medusa")
+KINDS = ("eagle", "eagle3", "medusa", "dflash")
 
 
 @dataclass
@@ -63,6 +66,13 @@ class HeadTrainConfig:
     save_dtype: str = "float16"
     resume: bool = False
     init: str | None = None  # a saved head directory to start from ('default': the shipped head); None: fresh init
+    block_size: int = 16  # DFlash: the longest block (γ + 1 rows) it is trained for
+    draft_layers: int = 1  # DFlash: decoder layers of the head
+    anchors: int = 16  # DFlash: blocks per window and step
+    decay: float | None = None  # DFlash: position decay of the loss (None: 7 for 16 rows, scaled)
+    self_distill: int = 0  # DFlash: windows of the target's own greedy continuations to generate (0: none)
+    self_distill_share: float = 0.5  # DFlash: share of each batch drawn from them
+    prompt_len: int = 128  # DFlash: prompt tokens of each self-distillation window
 
 
 # -- data ----------------------------------------------------------------------------------------------------
@@ -222,8 +232,11 @@ def chain_tau(metrics: dict[str, float]) -> float:
 
 def _initial_head(cfg: HeadTrainConfig, target):
     """A fresh head (seeded) or, with `--init DIR`, the saved head in DIR ('default': the shipped one)."""
-    cls = MedusaHeads if cfg.kind == "medusa" else EagleHead
+    cls = {"medusa": MedusaHeads, "dflash": DFlashHead}.get(cfg.kind, EagleHead)
     if cfg.init is None:
+        if cfg.kind == "dflash":
+            return DFlashHead.init(target, seed=cfg.loop.seed, feature_layers=cfg.feature_layers,
+                                   num_layers=cfg.draft_layers, block_size=cfg.block_size).float().train()
         if cfg.kind == "eagle":
             return EagleHead.init(target, seed=cfg.loop.seed)
         if cfg.kind == "eagle3":
@@ -235,6 +248,12 @@ def _initial_head(cfg: HeadTrainConfig, target):
 
         path = default_assets_dir() / cfg.kind
     head = cls.load(path, target)
+    if cfg.kind == "dflash":
+        if head.block_size != cfg.block_size or head.num_layers != cfg.draft_layers:
+            raise ConfigError(f"--init {cfg.init} holds a DFlash head of block size {head.block_size} with "
+                              f"{head.num_layers} layers; pass --block-size {head.block_size} --draft-layers "
+                              f"{head.num_layers}")
+        return head.float().train()
     if cfg.kind != "medusa" and head.variant != cfg.kind:
         raise ConfigError(f"--init {cfg.init} holds a {head.variant!r} head but --kind is {cfg.kind!r}; pass "
                           f"--kind {head.variant}")
@@ -265,26 +284,52 @@ def train_head(cfg: HeadTrainConfig, target, tokenizer, log=print) -> dict[str, 
     if not heldout:
         raise ConfigError(f"held-out data has fewer than --seq-len {cfg.seq_len} tokens; lower --seq-len")
 
+    cpu0 = time.process_time()
+    generated = None
+    if cfg.kind == "dflash" and cfg.self_distill:
+        from specdec.training.dflash import self_distill_windows
+
+        if not 0 < cfg.prompt_len < cfg.seq_len:
+            raise ConfigError(f"--prompt-len must lie in 1..{cfg.seq_len - 1} (below --seq-len)")
+        with torch.inference_mode():
+            generated = self_distill_windows(target, train_tokens, cfg.self_distill, cfg.seq_len, cfg.prompt_len,
+                                             cfg.loop.seed, out / "cache", log=log)
+
     def loss_at(step: int) -> torch.Tensor:
+        if cfg.kind == "dflash":
+            from specdec.training.dflash import anchors_at, decay_default, dflash_loss, mixed_batch
+
+            batch = mixed_batch(train_tokens, generated, step, cfg.loop.seed, cfg.batch_size, cfg.seq_len,
+                                cfg.self_distill_share).to(device)
+            starts, sizes = anchors_at(step, cfg.loop.seed, cfg.batch_size, cfg.seq_len, cfg.anchors, cfg.block_size)
+            return dflash_loss(head, target, batch, starts.to(device), sizes.to(device),
+                               cfg.decay or decay_default(cfg.block_size))
         batch = sample_batch(train_tokens, step, cfg.loop.seed, cfg.batch_size, cfg.seq_len).to(device)
         if cfg.kind != "medusa":
             return eagle_loss(head, target, batch, cfg.ttt_steps, cfg.noise)
         return medusa_loss(head, target, batch)
 
     def evaluate() -> dict[str, float]:
+        if cfg.kind == "dflash":
+            from specdec.training.dflash import evaluate_dflash
+
+            return evaluate_dflash(head, target, heldout, cfg.anchors)
         return evaluate_head(cfg.kind, head, target, heldout, cfg.ttt_steps)
 
     meta = {"kind": cfg.kind, "data": cfg.data or "stdlib", "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
             "ttt_steps": cfg.ttt_steps, "num_heads": cfg.num_heads, "noise": cfg.noise, "init": cfg.init,
             "feature_layers": getattr(head, "feature_layers", None)}
-    cpu0 = time.process_time()
+    if cfg.kind == "dflash":
+        meta.update(block_size=cfg.block_size, draft_layers=cfg.draft_layers, anchors=cfg.anchors,
+                    decay=cfg.decay, self_distill=cfg.self_distill, self_distill_share=cfg.self_distill_share,
+                    prompt_len=cfg.prompt_len)
     summary = run_loop(head, cfg.loop, out, loss_at, evaluate, meta, cfg.resume, log, desc=f"train-head {cfg.kind}")
     cpu_minutes = (time.process_time() - cpu0) / 60
     final = summary["final"]
     head.meta = {
         "data": cfg.data or "python stdlib (train split)", "steps": cfg.loop.steps,
         "train_tokens": cfg.loop.steps * cfg.batch_size * cfg.seq_len, "cpu_minutes_this_run": round(cpu_minutes, 1),
-        "heldout": final, "teacher_forced_chain_tau": chain_tau(final),
+        "heldout": final, "teacher_forced_chain_tau": final.get("block_tau", chain_tau(final)),
         "settings": {**meta, "loop": asdict(cfg.loop)},
     }
     head.save(out / "head", dtype=save_dtype)
