@@ -56,11 +56,9 @@ METHODS = {
     # The same on the slot cache: its node budgets are verification shapes, the padded rows filled with nodes.
     "suffix-static": lambda target, draft: (suffix_drafter(), {"compile": "static"}),
     # A DFlash block head (untrained): γ per-position marginals from one pass, sampled at T > 0 (q = each one's
-    # warped marginal); the same head's top-k tree (point masses) on the fast path's fixed-shape round.
+    # warped marginal). Its top-k tree on the fast path's fixed-shape round: tests/test_block_drafters.py (against
+    # the eager round; a tree of point masses verifies through the same rule as the draft tree's).
     "dflash": lambda target, draft: specdec.BlockDraft(target, specdec.DFlashHead.init(target, seed=0, block_size=6)),
-    "dflash-tree-static": lambda target, draft: (
-        specdec.BlockDraft(target, specdec.DFlashHead.init(target, seed=0, block_size=6), top_k=2, max_nodes=8),
-        {"compile": "static"}),
     # PARD: the draft with a mask row appended (untrained), γ marginals from one pass over γ - 1 masks (its fast
     # path is the draft model's adapter, as draft-model-static; test_block_drafters.py checks it proposes the same).
     "parallel": lambda target, draft: specdec.ParallelDraft(specdec.ParallelDraft.adapt(draft)),
