@@ -47,7 +47,7 @@ enum class Fmt : int { F32 = 0, BF16 = 1, BF16_PAIRS = 2, INT8 = 3, INT4 = 4 };
 #if defined(__AVX512F__)
 constexpr int PV = 4, ACC = 32, MAXP = 1, RMAX = 8, R_PF = 6, P_PF = 1;
 #elif defined(__AVX2__)
-constexpr int PV = 1, ACC = 12, MAXP = 8, RMAX = 12, R_PF = 6, P_PF = 2;
+constexpr int PV = 1, ACC = 12, MAXP = 8, RMAX = 12, R_PF = 12, P_PF = 1;  // a prefill as 12 x 1 blocks: 2.4x 6 x 2's
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 constexpr int PV = 1, ACC = 24, MAXP = 8, RMAX = 12, R_PF = 6, P_PF = 4;
 #else
