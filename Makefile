@@ -11,7 +11,7 @@ CONSTRAINTS := -c constraints.txt
 $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q $(CONSTRAINTS) "torch==2.13.0"
 	$(PIP) install -q $(CONSTRAINTS) -e ".[test]"
-	$(PYTHON) -m specdec.runtime.rowwise
+	$(PYTHON) -m specdec.runtime.rowwise || echo "specdec: the C++ kernels did not build; the fast path (compile=True) and bfloat16 passes need a C++ compiler"
 	@touch $(STAMP)
 
 install:
