@@ -85,6 +85,21 @@ def device_properties(dtype: torch.dtype, threads: int) -> dict[str, Any]:
             "INFERENCE_NUM_THREADS": int(threads)}
 
 
+def require_precision(precision: str) -> None:
+    """Raise ConfigError (before anything is exported) when the CPU plugin cannot run `precision` here: its
+    bf16 needs native bf16 (`BF16` in the plugin's OPTIMIZATION_CAPABILITIES; AVX512_BF16 or AMX), and on
+    other CPUs it refuses a bf16 KV cache."""
+    if precision != "bf16":
+        return
+    import openvino as ov
+
+    capabilities = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    if "BF16" not in capabilities:
+        raise ConfigError("OpenVINO's CPU plugin has no bfloat16 on this CPU (its capabilities: "
+                          f"{', '.join(capabilities)}; it needs AVX512_BF16 or AMX): pass --openvino-dtype "
+                          "float32 to run the OpenVINO methods in float32 beside specdec's bfloat16")
+
+
 @dataclass(frozen=True)
 class PeerRun:
     """One generation: tokens, wall time, counts and timings (a `DecodeStats`), the target's prefill time."""
@@ -103,6 +118,7 @@ class OpenVINOPeer:
         from specdec.bench.openvino_export import exported
 
         self.properties = device_properties(dtype, threads)
+        require_precision(self.properties["INFERENCE_PRECISION_HINT"])
         if speculative and settings.draft_dir is None:
             raise ConfigError("ov-speculative needs the draft's checkpoint directory: pass --draft PATH")
         self.target_export = exported(settings.target_dir, settings.cache_dir, settings.export_env)
