@@ -3,6 +3,8 @@ become one call on the concatenated weights, with the same bits, and nothing els
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from models import tiny
@@ -175,3 +177,24 @@ def test_a_compiled_pass_reads_its_own_model_s_weights_after_a_model_of_the_same
         model = tiny("llama", hidden=64, layers=2, vocab=256, seed=seed, dtype=torch.float32)
         eager = specdec.generate(model, prompt, max_new_tokens=12).tokens
         assert specdec.generate(model, prompt, max_new_tokens=12, compile=True).tokens == eager, seed
+
+
+def test_the_cache_key_names_the_kernels_build_and_the_rules_of_packing(monkeypatch):
+    """A graph compiled for one kernel build (its tier: the packed layout; its rules: which weights are packed) is
+    never served to another: the pass's uuid, part of inductor's cache key, changes with the build and with
+    rowwise.py, and stays put otherwise."""
+    from specdec.runtime import rowwise  # noqa: PLC0415
+
+    fuse = FuseRowLinears(weights="w")
+    here = fuse.uuid()
+    assert FuseRowLinears(weights="w").uuid() == here
+    assert FuseRowLinears(weights="v").uuid() != here
+    other = next(t for t in rowwise.TIER_FLAGS if t != rowwise.kernel_tier())
+    monkeypatch.setattr(rowwise, "kernel_tier", lambda: other)
+    assert fuse.uuid() != here
+    monkeypatch.undo()
+    hashed = []
+    monkeypatch.setattr(fuse_linears, "get_hash_for_files",
+                        lambda paths: hashed.extend(paths) or b"")
+    fuse.uuid()
+    assert {Path(p).name for p in hashed} == {"fuse_linears.py", "rowwise.py"}

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
+from specdec.runtime import rowwise
 from specdec.runtime.rowwise import packed_linear_serves
 
 #: The largest weight (or concatenation of weights) this pass copies, in bytes (the default target's float32 LM
@@ -107,8 +108,9 @@ def _args(node: torch.fx.Node) -> tuple:
 
 
 class FuseRowLinears(CustomGraphPass):
-    """The inductor graph pass (see the module's docstring); `uuid` keys inductor's cache on this file and on the
-    values of the weights it copies (`weights`: `weights_fingerprint` of the model whose passes it compiles)."""
+    """The inductor graph pass (see the module's docstring); `uuid` keys inductor's cache on this file, the kernels'
+    build and the values of the weights it copies (`weights`: `weights_fingerprint` of the model whose passes it
+    compiles)."""
 
     def __init__(self, shared: dict | None = None, weights: str = ""):
         self.shared = {} if shared is None else shared  # (kind, source tensors' identities) -> the copy
@@ -203,4 +205,9 @@ class FuseRowLinears(CustomGraphPass):
             _erase_call(graph, call)
 
     def uuid(self) -> bytes:
-        return hashlib.sha256(get_hash_for_files((str(Path(__file__).resolve()),)) + self.weights.encode()).digest()
+        """What the graphs it leaves depend on beyond the graph itself: this file, rowwise.py (which weights the
+        kernel serves), the kernels' build (their tier and sources: the packed layout), the weights' values. A
+        graph compiled when a weight was not packed, or packed for another tier, is never served."""
+        files = get_hash_for_files((str(Path(__file__).resolve()), str(Path(rowwise.__file__).resolve())))
+        build = rowwise.build_name(rowwise.kernel_tier())
+        return hashlib.sha256(files + build.encode() + self.weights.encode()).digest()

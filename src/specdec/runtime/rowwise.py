@@ -117,6 +117,7 @@ def build_flags(tier: str) -> list[str]:
     return ["-O3", "-ffp-contract=off", *TIER_FLAGS[tier]]
 
 
+@functools.cache
 def build_name(tier: str) -> str:
     """The kernels' library name for `tier`: a hash of what changes the build (sources and headers, flags, torch's
     version and include directories), so a build is reused exactly when it would be rebuilt the same."""
