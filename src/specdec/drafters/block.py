@@ -25,26 +25,19 @@ runs the same function uncompiled rather than compiling a new shape. It proposes
 
 from __future__ import annotations
 
-import copy
 import weakref
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
 
 from specdec.core.masks import additive_mask
 from specdec.core.sampling import SamplingConfig, sample
-from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal
+from specdec.drafters.base import DrafterCapabilities, Proposal
 from specdec.drafters.batched_heads import BatchedHeads
+from specdec.drafters.feature_head import FeatureHeadDrafter, positive
 from specdec.errors import ConfigError, NumericalError, PromptError
 from specdec.heads.dflash import DFlashHead
 from specdec.heads.static_draft import grow_level
-from specdec.runtime.compiled import (
-    CACHE_ROUND,
-    COMPILE_OPTIONS,
-    fast_path_problem,
-    raise_recompile_limit,
-    static_cache_problem,
-)
+from specdec.runtime.compiled import COMPILE_OPTIONS, raise_recompile_limit
 from specdec.runtime.slot_cache import SlotCache
 
 #: The chain length a request drafts when it names no γ (measured on the default pair: BENCHMARKS.md).
@@ -52,12 +45,6 @@ DEFAULT_BLOCK_GAMMA = 7
 
 #: Compiled rounds per head object, keyed by (pad, γ, top_k, max_nodes, cache slots).
 BLOCK_GRAPHS: weakref.WeakKeyDictionary[DFlashHead, dict[tuple, object]] = weakref.WeakKeyDictionary()
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"BlockDraft {name} must be an integer >= 1, got {value!r}")
-    return value
 
 
 def marginal_tree(logp: torch.Tensor, top_k: int, max_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,31 +106,16 @@ def block_round(head: DFlashHead, embed, lm_head, cache: SlotCache, features: to
     return logits, tokens, parents, finite
 
 
-class BlockDraft(Drafter):
+class BlockDraft(FeatureHeadDrafter):
     """DFlash-style block drafter over a `DFlashHead`: a chain of per-position marginals (sampled at T > 0), or with
     `top_k > 1` a tree from their top-k (at most `max_nodes` nodes; needs a decoder with tree verification)."""
 
     def __init__(self, target, head: DFlashHead, top_k: int = 1, max_nodes: int = 32,
                  gamma: int = DEFAULT_BLOCK_GAMMA):
-        model: PreTrainedModel = target if isinstance(target, PreTrainedModel) else target.model  # or an adapter
-        if not isinstance(head, DFlashHead):
-            raise ConfigError(f"BlockDraft needs a specdec.DFlashHead, got {type(head).__name__}; build one with "
-                              "specdec.DFlashHead.init(target) or load one with specdec.DFlashHead.load(path, target)")
-        from specdec.heads.common import check_target
-
-        check_target(head.signature, model, "the given DFlashHead")
-        self.head = head.eval()
-        self.embed = model.get_input_embeddings()
-        self.lm_head = model.get_output_embeddings()
-        self.vocab_size = int(self.lm_head.weight.shape[0])
-        self.top_k = _positive("top_k", top_k)
-        self.max_nodes = _positive("max_nodes", max_nodes)
-        self.gamma = min(_positive("gamma", gamma), head.block_size - 1)
-        self._forwards = 0
-        self._model = model
-        self.mode: bool | str = False  # the decoder's compile setting (use_fast_path)
-        self.slot_cache: SlotCache | None = None  # the head's cache on the fast path
-        self._capacity: int | None = None
+        self._bind(target, head, DFlashHead, "BlockDraft")
+        self.top_k = positive("BlockDraft", "top_k", top_k)
+        self.max_nodes = positive("BlockDraft", "max_nodes", max_nodes)
+        self.gamma = min(positive("BlockDraft", "gamma", gamma), head.block_size - 1)
         self.reset(torch.zeros(1, dtype=torch.long))
 
     @property
@@ -154,45 +126,12 @@ class BlockDraft(Drafter):
                                    batched=BatchedBlockDraft, default_gamma=self.gamma,
                                    max_nodes=self.max_nodes if self.top_k > 1 else None)
 
-    @property
-    def forwards(self) -> int:
-        return self._forwards
-
-    def use_fast_path(self, mode: bool | str) -> None:
-        """The decoder's `compile` setting: True drafts with the compiled fixed-shape round, "static" runs that
-        round eagerly, False keeps a dynamic cache; degrades as the target does where the fast path cannot run."""
-        if mode is not False:
-            problem = fast_path_problem(self._model, mode is True)
-            if problem is not None:
-                mode = "static" if mode is True and static_cache_problem(self._model) is None else False
-        self.mode = mode
-
-    def ensure_capacity(self, tokens: int) -> None:
-        """Size the head's slot cache for a request whose target needs `tokens` slots (decoder hook)."""
-        extra = 2 * self.head.block_size + 2  # one round's padded context rows and its block
-        self._capacity = -(-(tokens + extra) // CACHE_ROUND) * CACHE_ROUND
-
-    def fork(self) -> BlockDraft:
-        """Another request's drafter over the same head: its own head cache and pending features."""
-        twin = copy.copy(self)
-        twin.slot_cache = None
-        twin.reset(torch.zeros(1, dtype=torch.long))
-        return twin
+    def extra_slots(self) -> int:
+        return 2 * self.head.block_size + 2  # one round's padded context rows and its block
 
     def reset(self, prompt_ids: torch.Tensor, *, hidden: torch.Tensor | None = None) -> None:
-        """hidden [n-1, F]: the target's features of prompt_ids[:-1] (F = head.feature_size)."""
-        self.cache = DynamicCache()
+        super().reset(prompt_ids, hidden=hidden)
         self._gamma: int | None = None  # the request's first round's γ: the compiled shape
-        if self.mode is not False:
-            size = self._capacity or -(-(prompt_ids.shape[0] + 512) // CACHE_ROUND) * CACHE_ROUND
-            if self.slot_cache is None or self.slot_cache.max_len < size:
-                self.slot_cache = SlotCache(size)
-        self.rows = 0  # head cache rows computed from target features (positions 0..rows-1)
-        param = self.lm_head.weight
-        width = self.head.feature_size
-        self.pending = (torch.empty(0, width, dtype=param.dtype, device=param.device) if hidden is None
-                        else hidden.to(param.dtype))  # [m, F]
-        self._forwards = 0
 
     def commit(self, context: torch.Tensor, num_accepted: int, *, hidden: torch.Tensor | None = None) -> None:
         """hidden [k+1, F]: the target's features of the root and the accepted drafts (the block's rows left

@@ -23,84 +23,39 @@ the request's first (the short last rounds) runs the same code uncompiled rather
 
 from __future__ import annotations
 
-import copy
 import weakref
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
 
 from specdec.core.masks import additive_mask
 from specdec.core.sampling import SamplingConfig
-from specdec.drafters.base import Drafter, DrafterCapabilities, Proposal
+from specdec.drafters.base import DrafterCapabilities, Proposal
 from specdec.drafters.batched_heads import BatchedEagle
+from specdec.drafters.feature_head import FeatureHeadDrafter, positive
 from specdec.errors import ConfigError, NumericalError, PromptError
 from specdec.heads import EagleHead
 from specdec.heads.static_draft import draft_round, grow_level, round_slots
-from specdec.runtime.compiled import (
-    CACHE_ROUND,
-    COMPILE_OPTIONS,
-    fast_path_problem,
-    raise_recompile_limit,
-    static_cache_problem,
-)
-from specdec.runtime.slot_cache import SlotCache
+from specdec.runtime.compiled import COMPILE_OPTIONS, raise_recompile_limit
 
 #: Compiled draft rounds per head object, keyed by (pad, levels, top_k, max_nodes, cache slots).
 HEAD_GRAPHS: weakref.WeakKeyDictionary[EagleHead, dict[tuple, object]] = weakref.WeakKeyDictionary()
 
 
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"Eagle {name} must be an integer >= 1, got {value!r}")
-    return value
-
-
-class Eagle(Drafter):
+class Eagle(FeatureHeadDrafter):
     """EAGLE drafter. `top_k=1` drafts a chain of γ tokens; `top_k > 1` an EAGLE-2 dynamic tree of at most
     `max_nodes` nodes and `depth` levels (needs a decoder with tree verification). The head may be EAGLE-1/2
     or EAGLE-3 (`head.variant`): the same rounds, only the features asked of the target (`needs_hidden`: its
     final features, or EAGLE-3's layer tuple) and the head's readout (`head.logits`) differ."""
 
     def __init__(self, target, head: EagleHead, top_k: int = 1, depth: int = 8, max_nodes: int = 32):
-        model: PreTrainedModel = target if isinstance(target, PreTrainedModel) else target.model  # or an adapter
-        if not isinstance(head, EagleHead):
-            raise ConfigError(f"Eagle needs a specdec.EagleHead, got {type(head).__name__}; build one with "
-                              "specdec.EagleHead.init(target) or load one with specdec.EagleHead.load(path, target)")
-        from specdec.heads.common import check_target
-
-        check_target(head.signature, model, "the given EagleHead")
-        self.head = head.eval()
-        self.embed = model.get_input_embeddings()
-        self.lm_head = model.get_output_embeddings()
-        self.vocab_size = int(self.lm_head.weight.shape[0])
-        self.top_k = _positive("top_k", top_k)
-        self.depth = _positive("depth", depth)
-        self.max_nodes = _positive("max_nodes", max_nodes)
-        self._forwards = 0
-        self._model = model
-        self.mode: bool | str = False  # the decoder's compile setting (use_fast_path)
-        self.slot_cache: SlotCache | None = None  # the head's cache on the fast path
-        self._capacity: int | None = None
+        self._bind(target, head, EagleHead, "Eagle")
+        self.top_k = positive("Eagle", "top_k", top_k)
+        self.depth = positive("Eagle", "depth", depth)
+        self.max_nodes = positive("Eagle", "max_nodes", max_nodes)
         self.reset(torch.zeros(1, dtype=torch.long))
 
-    def use_fast_path(self, mode: bool | str) -> None:
-        """Called by the decoder with its `compile` setting: True drafts with the compiled fixed-shape round,
-        "static" runs that same round eagerly, False keeps the dynamic cache. A target the slot cache cannot
-        model (sliding windows), or a machine without a compiler, degrades the same way the target does."""
-        if mode is not False:
-            problem = fast_path_problem(self._model, mode is True)
-            if problem is not None:
-                mode = "static" if mode is True and static_cache_problem(self._model) is None else False
-        self.mode = mode
-
-    def ensure_capacity(self, tokens: int) -> None:
-        """Size the head's slot cache for a request whose target needs `tokens` slots (decoder hook)."""
-        extra = 2 * (self.depth + 1) * self.top_k + 2 * self.depth + 2  # one round's padded catch-up + drafted rows
-        self._capacity = -(-(tokens + extra) // CACHE_ROUND) * CACHE_ROUND
-
-    @property
-    def forwards(self) -> int:
-        return self._forwards
+    def extra_slots(self) -> int:
+        return 2 * (self.depth + 1) * self.top_k + 2 * self.depth + 2  # one round's padded catch-up + drafted rows
 
     @property
     def capabilities(self) -> DrafterCapabilities:
@@ -110,26 +65,9 @@ class Eagle(Drafter):
         return DrafterCapabilities(tree=self.top_k > 1, needs_hidden=self.head.hidden_request, batched=BatchedEagle,
                                    default_gamma=self.depth, max_nodes=self.max_nodes)
 
-    def fork(self) -> Eagle:
-        """Another request's drafter over the same head: its own head cache and pending features."""
-        twin = copy.copy(self)
-        twin.slot_cache = None  # reset builds its own (a shared slot cache would mix two requests' rows)
-        twin.reset(torch.zeros(1, dtype=torch.long))
-        return twin
-
     def reset(self, prompt_ids: torch.Tensor, *, hidden: torch.Tensor | None = None) -> None:
-        """hidden [n-1, F]: the target's features of prompt_ids[:-1] (F = head.feature_size)."""
-        self.cache = DynamicCache()
+        super().reset(prompt_ids, hidden=hidden)
         self._levels: int | None = None  # the request's first round's levels: the compiled shape
-        if self.mode is not False:
-            size = self._capacity or -(-(prompt_ids.shape[0] + 512) // CACHE_ROUND) * CACHE_ROUND
-            if self.slot_cache is None or self.slot_cache.max_len < size:
-                self.slot_cache = SlotCache(size)
-        self.rows = 0  # head cache rows computed from target features (positions 0..rows-1)
-        width = self.head.feature_size
-        param = self.lm_head.weight
-        self.pending = torch.empty(0, width, dtype=param.dtype, device=param.device) if hidden is None else hidden  # [m, F]
-        self._forwards = 0
 
     def commit(self, context: torch.Tensor, num_accepted: int, *, hidden: torch.Tensor | None = None) -> None:
         """hidden [k+1, F]: the target's features of the root and the accepted path."""
