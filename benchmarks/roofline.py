@@ -9,25 +9,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
-import time
 
 import torch
 
 import specdec
+from specdec.bench import timing
 from specdec.core.sampling import SamplingConfig
 from specdec.runtime.causal_lm import CachedCausalLM
 from specdec.runtime.static_lm import StaticCausalLM
 
 
 def median_ms(fn, repeats: int = 30) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return timing.median_ms(fn, repeats, warmup=1)
 
 
 def bandwidth_gb_s() -> float:

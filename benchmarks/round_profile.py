@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import time
 from collections import defaultdict
 
 import torch
 
 import specdec
+from specdec.bench import timing
 from specdec.bench.workloads import load_workload
 from specdec.core.sampling import SamplingConfig
 from specdec.engine.decoding import SpeculativeDecoder
@@ -75,14 +75,7 @@ def instrument(dec: SpeculativeDecoder, clock: Clock) -> None:
 
 
 def median_ms(fn, repeats: int = 40) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return timing.median_ms(fn, repeats, warmup=3)
 
 
 def guard_ms(fn, repeats: int = 20) -> float:

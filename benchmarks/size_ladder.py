@@ -22,7 +22,6 @@ import json
 import multiprocessing as mp
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -59,16 +58,6 @@ def build(name: str, dtype):
     return model.eval()
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
 def weight_bytes(model) -> int:
     """Bytes a pass reads of the linear layers' weights (packed or not)."""
     from torch import nn
@@ -97,6 +86,7 @@ def one(name: str, dtype_name: str, weights: str | None, threads: int, repeats: 
     and kernels without inductor (`compile="static"`: no compile time, the per-op overhead of eager passes)."""
     import torch
 
+    from specdec.bench.timing import median_ms
     from specdec.runtime.static_lm import StaticCausalLM
     from specdec.runtime.weights import pack_model
 

@@ -6,21 +6,14 @@ the skinny M-row product is than the one-row one. Medians of 200 calls.
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from specdec.bench import timing
+
 
 def median_ms(fn, repeats: int = 200) -> float:
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return timing.median_ms(fn, repeats, warmup=10)
 
 
 def main() -> None:
