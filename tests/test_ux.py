@@ -160,6 +160,29 @@ def test_a_compiled_candidate_sized_once_serves_prompts_of_every_length(target):
                                                                             "draft-vocab-g6-compiled"}
 
 
+def test_a_compiled_candidate_uncompiled_runs_the_same_method_without_compiling(target, monkeypatch):
+    """The demo's sampled stream: a compiled candidate with `uncompiled=True` decodes on the fast path's caches with
+    eager passes (compile="static"), its own drafter, exact (greedy: plain decoding on that path), compiling
+    nothing."""
+    import torch
+
+    from specdec.bench.candidates import CANDIDATES, Models, get_candidate
+
+    compiles = []
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: compiles.append(a) or (lambda *x, **y: None))
+    models = Models(target, tiny("llama", layers=1), None, capacity=96)
+    candidate = get_candidate("draft-g6-compiled", CANDIDATES)
+    settings = dict(max_new_tokens=10, temperature=0.0, eos_token_id=[], seed=0)
+    prompt = [1, 2, 3, 4, 1, 2, 3]
+    spec = candidate.decoder(models, uncompiled=True, **settings)
+    assert spec.compile == "static"
+    plain = list(candidate.decoder(models, speculative=False, uncompiled=True, **settings).stream(prompt))
+    assert list(spec.stream(prompt)) == plain and len(plain) == 10
+    sampled = candidate.decoder(models, uncompiled=True, **{**settings, "temperature": 0.7})
+    assert len(list(sampled.stream(prompt))) == 10 and sampled.stats.target_forwards < 10
+    assert compiles == [] and list(models.adapters) == ["static"] and models.drafters == {}
+
+
 def test_bench_says_why_the_acceptance_plot_is_empty():
     from specdec.bench.report import acceptance_note
 

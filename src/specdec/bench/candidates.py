@@ -41,15 +41,16 @@ class Models:
     drafters: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # a compiled candidate's, reused
 
     def adapter(self, path: str = "eager") -> Any:
-        """The target adapter of a decode path: "eager" (CachedCausalLM) or "compiled" (the fast path's slot
-        cache with compiled passes; eager, with a warning, where the model or machine cannot take it)."""
+        """The target adapter of a decode path: "eager" (CachedCausalLM), "compiled" (the fast path's slot
+        cache with compiled passes; eager, with a warning, where the model or machine cannot take it) or "static"
+        (the same slot cache and kernels, its passes run eagerly: nothing compiles)."""
         if path not in self.adapters:
             from specdec.runtime.static_lm import fast_adapter
 
-            if path not in ("eager", "compiled"):
+            if path not in ("eager", "compiled", "static"):
                 raise ConfigError(f"unknown decode path {path!r}")
-            adapter = fast_adapter(self.target, path == "compiled")
-            if path == "compiled" and self.capacity is not None:
+            adapter = fast_adapter(self.target, {"eager": False, "compiled": True, "static": "static"}[path])
+            if path != "eager" and self.capacity is not None:
                 adapter.ensure_capacity(self.capacity)
             self.adapters[path] = adapter
         return self.adapters[path]
@@ -78,10 +79,17 @@ class Candidate:
             return False
         return models.draft is not None or not self.needs_draft
 
-    def decoder(self, models: Models, *, speculative: bool = True, **settings):
-        """A SpeculativeDecoder for one request: this method's, or plain decoding on the same target path."""
+    def decoder(self, models: Models, *, speculative: bool = True, uncompiled: bool = False, **settings):
+        """A SpeculativeDecoder for one request: this method's, or plain decoding on the same target path.
+        `uncompiled`: a compiled method runs on the fast path's caches and kernels with its passes eager
+        (compile="static"): the same method, exact as ever, for a run that is not timed and would otherwise
+        compile shapes of its own (sampling at T > 0)."""
         from specdec.engine.decoding import SpeculativeDecoder
 
+        if uncompiled and self.compiled:
+            drafter, gamma = self.drafter(models) if speculative else (None, 1)
+            options = {**dict(self.options), "compile": "static"}
+            return SpeculativeDecoder(models.adapter("static"), drafter, gamma=gamma, **options, **settings)
         drafter, gamma = self.build(models) if speculative else (None, 1)
         return SpeculativeDecoder(self.target(models), drafter, gamma=gamma, **dict(self.options), **settings)
 

@@ -292,7 +292,9 @@ def _sample(console, args, chosen, models, streamed):
     console.print("[dim]── continuation ──[/]  colours: [green]accepted draft token[/], [yellow]recovered "
                   "(the target's correction of a rejected draft)[/], [cyan]bonus (after a fully accepted draft)"
                   "[/]\n")
-    sampler = chosen.decoder(models, **sample_settings)
+    # A compiled method samples on its fast path's caches and kernels with eager passes: sampling's passes are
+    # shapes of their own, and this run is shown, not timed (a cold machine would spend a minute compiling them).
+    sampler = chosen.decoder(models, uncompiled=True, **sample_settings)
     sampled_tokens = None
     if args.json:
         sampled_tokens = list(sampler.stream(streamed.ids))
@@ -300,7 +302,8 @@ def _sample(console, args, chosen, models, streamed):
         _stream(console, sampler, tokenizer, streamed.ids)
     s = sampler.stats
     top = "" if args.top_p is None else f", top-p {args.top_p:g}"
-    console.print(f"[dim](sampled at T={args.temperature:g}{top}, seed {args.seed}: exactly the target's own "
+    path = " (its passes uncompiled: not timed)" if chosen.compiled else ""
+    console.print(f"[dim](sampled at T={args.temperature:g}{top}, seed {args.seed}{path}: exactly the target's own "
                   f"distribution; α {s.acceptance_rate:.2f}, τ {s.mean_accepted_tokens:.2f})[/]")
     return s, sampled_tokens
 
