@@ -333,3 +333,20 @@ def test_report_tells_a_low_precision_difference_from_a_bug(tmp_path):
     assert "differs from hf-plain for: draft@2** (in low precision" in text and "a bug" not in text
     by_label["draft@2"]["identical_to_plain"] = False
     assert "differs from plain decoding on the same path for: draft@2** (greedy; a bug" in markdown(results)
+
+
+def test_results_name_the_cpu_generation_and_the_kernel_tier_that_ran():
+    """A figure holds for its CPU class: results.json and the report's first line say which (the family where the
+    model name does not, e.g. "AMD EPYC") and which kernel tier ran; older results without them still render."""
+    from specdec.bench.report import _cpu_detail, machine_info
+    from specdec.runtime.precision import cpu_family_model
+    from specdec.runtime.rowwise import cpu_tiers, kernel_tier
+
+    machine = machine_info()
+    assert machine["kernel_tier"] == kernel_tier() and machine["kernel_tier"] in cpu_tiers()
+    assert machine["cpu_family_model"] == cpu_family_model()
+    detail = _cpu_detail(machine)
+    assert f"kernels: {kernel_tier()} tier, " in detail
+    if machine["cpu_family_model"] is not None:
+        assert detail.startswith("family ")
+    assert _cpu_detail({"cpu": "old results"}) == ""

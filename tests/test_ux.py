@@ -206,6 +206,9 @@ def test_demo_json_contract(capsys):
     for key in ("median_speedup_vs_hf_generate", "median_speedup_vs_plain"):
         assert isinstance(data[key], float) and data[key] > 0
     assert len(data["prompts"]) == 4 and {"code-0", "edit-0"} <= {p["prompt"] for p in data["prompts"]}
+    from specdec.runtime.rowwise import kernel_tier
+
+    assert data["kernel_tier"] == kernel_tier() and data["cpu"]  # the CPU class the figures hold for
 
 
 # -- issue 21: the first hour of a user ------------------------------------------------------------------------

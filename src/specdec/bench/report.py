@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.runner import SLOW_RUN_FACTOR
-from specdec.runtime.precision import cpu_model
+from specdec.runtime.precision import cpu_family_model, cpu_model
+from specdec.runtime.rowwise import kernel_tier
 
 PLOTS = {
     "speedup": "speedup_vs_gamma.png",
@@ -28,6 +29,8 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
 
     info: dict[str, Any] = {
         "cpu": cpu_model(),
+        "cpu_family_model": cpu_family_model(),
+        "kernel_tier": kernel_tier(),  # the row-invariant kernels' ISA tier built and run here (docs/kernels.md)
         "cpu_count": os.cpu_count(),
         "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "torch_threads": torch.get_num_threads(),
@@ -119,6 +122,13 @@ def theory_table(theory: dict[str, Any]) -> str:
     return text
 
 
+def _cpu_detail(machine: dict[str, Any]) -> str:
+    """"family F model M, kernels: TIER tier, " as far as the results know them (older results: nothing)."""
+    parts = [machine[k] if k == "cpu_family_model" else f"kernels: {machine[k]} tier"
+             for k in ("cpu_family_model", "kernel_tier") if machine.get(k)]
+    return "".join(f"{p}, " for p in parts)
+
+
 def markdown(results: dict[str, Any]) -> str:
     st = results["settings"]
     machine = results.get("machine", {})
@@ -128,7 +138,8 @@ def markdown(results: dict[str, Any]) -> str:
     head = (f"**{results.get('workload', 'prompts')}** workload, {len(results['prompts'])} prompts × "
             f"{st['repeats']} repeats (+{st['warmup']} warm-up), {st['max_new_tokens']} new tokens, {sampling}, "
             f"{results.get('models', {}).get('target', {}).get('dtype', '?').replace('torch.', '')}, "
-            f"on {machine.get('cpu', '?')} ({machine.get('device', '?')}, torch {machine.get('torch', '?')}, "
+            f"on {machine.get('cpu', '?')} ({_cpu_detail(machine)}{machine.get('device', '?')}, "
+            f"torch {machine.get('torch', '?')}, "
             f"transformers {machine.get('transformers', '?')})")
     parts = [head, "", results_table(results), "", "Theory (Leviathan et al.): α/token and c measured, "
              "τ = (1−α^(γ+1))/(1−α), speedup = τ/(γc+1); c = drafting time per token ÷ one target pass of the same "

@@ -199,11 +199,16 @@ def run(args) -> int:
     n_target = sum(p.numel() for p in target.parameters())
     n_draft = sum(p.numel() for p in draft.parameters())
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    from specdec.runtime.precision import cpu_family_model, cpu_model
+    from specdec.runtime.rowwise import kernel_tier
+
+    family = cpu_family_model()
     console.rule("[bold]specdec demo")
     console.print(
         f"Target: {n_target / 1e6:.1f}M-parameter Llama; draft: {n_draft / 1e6:.1f}M ({n_target / n_draft:.0f}x "
         f"smaller), both trained by specdec on the Python standard library. {dtype} ({_dtype_why(args.dtype, dtype)}); "
-        f"CPU, {args.threads} thread(s) ({how}), load average {load:.2f} on {os.cpu_count()} cores."
+        f"CPU: {cpu_model()}{f' ({family})' if family else ''}, kernels built for its {kernel_tier()} tier; "
+        f"{args.threads} thread(s) ({how}), load average {load:.2f} on {os.cpu_count()} cores."
     )
 
     # 1. Choose the method by measurement (or take the user's).
@@ -238,6 +243,7 @@ def run(args) -> int:
                     "top_k": args.top_k, "seed": args.seed, "acceptance_rate": s.acceptance_rate,
                     "tau": s.mean_accepted_tokens,
                     **({"text": tokenizer.decode(sampled_tokens)} if args.json else {})},
+        "cpu": cpu_model(), "cpu_family_model": family, "kernel_tier": kernel_tier(),
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": args.threads,
         "load_average_at_start": round(load, 2),
     }

@@ -103,6 +103,25 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_family_model() -> str | None:
+    """"family F model M" of an x86 CPU (Linux: /proc/cpuinfo), which names its generation where the model name
+    does not ("AMD EPYC"); None elsewhere."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("cpu family", "model") and key not in fields:
+                fields[key] = value.strip()
+            if not line.strip():
+                break
+    except OSError:
+        return None
+    if "cpu family" not in fields or "model" not in fields:
+        return None
+    return f"family {fields['cpu family']} model {fields['model']}"
+
+
 def _machine_key() -> str:
     """The CPU, its cores, torch, and the kernels' build (their tier and sources: a new kernel is measured anew)."""
     from specdec.runtime.rowwise import build_name, kernel_tier  # noqa: PLC0415
