@@ -10,24 +10,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import time
 
 import torch
 
 import specdec
+from specdec.bench.timing import median_ms
 from specdec.runtime.batch_lm import BatchedCausalLM
 from specdec.runtime.batch_static import StaticBatchedCausalLM
-
-
-def timed(fn, calls: int) -> float:
-    fn()
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
 
 
 def main() -> int:
@@ -62,7 +52,7 @@ def main() -> int:
             t = time.perf_counter()
             run(fast)
             compile_s = time.perf_counter() - t
-            te, tf = timed(lambda: run(eager), args.calls), timed(lambda: run(fast), args.calls)
+            te, tf = median_ms(lambda: run(eager), args.calls), median_ms(lambda: run(fast), args.calls)
             print(f"| {b} | {q} | {te:.2f} | {tf:.2f} | {te / tf:.2f}x | {compile_s:.1f} |", flush=True)
     return 0
 
