@@ -124,9 +124,9 @@ def theory_table(theory: dict[str, Any]) -> str:
 
 def _cpu_detail(machine: dict[str, Any]) -> str:
     """"family F model M, kernels: TIER tier, " as far as the results know them (older results: nothing)."""
-    parts = [machine[k] if k == "cpu_family_model" else f"kernels: {machine[k]} tier"
-             for k in ("cpu_family_model", "kernel_tier") if machine.get(k)]
-    return "".join(f"{p}, " for p in parts)
+    family = f"{machine['cpu_family_model']}, " if machine.get("cpu_family_model") else ""
+    tier = f"kernels: {machine['kernel_tier']} tier, " if machine.get("kernel_tier") else ""
+    return family + tier
 
 
 def markdown(results: dict[str, Any]) -> str:
