@@ -76,3 +76,32 @@ def test_row_kernels_on_each_lower_tier(tier):
                          env=env, capture_output=True, text=True, timeout=1800)
     assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-2000:]
     assert " passed" in ran.stdout.splitlines()[-1], ran.stdout[-500:]
+
+
+X86_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse2 avx2 fma f16c
+
+processor\t: 1
+model name\t: another CPU
+flags\t\t: fpu
+"""
+ARM_CPUINFO = """processor\t: 0
+BogoMIPS\t: 243.75
+Features\t: fp asimd bf16 i8mm
+CPU implementer\t: 0x41
+"""
+
+
+def test_cpuinfo_reads_the_first_processor_s_name_generation_and_flags():
+    from specdec.runtime.cpuinfo import parse  # noqa: PLC0415
+
+    x86 = parse(X86_CPUINFO)
+    assert (x86["model name"], x86["cpu family"], x86["model"]) == ("AMD EPYC 7B13", "25", "1")
+    assert set(x86["flags"].split()) == {"fpu", "sse2", "avx2", "fma", "f16c"}
+    arm = parse(ARM_CPUINFO)
+    assert "model name" not in arm and set(arm["Features"].split()) == {"fp", "asimd", "bf16", "i8mm"}
+    assert parse("") == {}

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from specdec.runtime.cpuinfo import first_processor
+
 log = logging.getLogger("specdec.precision")
 
 #: bfloat16's speed-up over float32 (geometric mean of one row's and eight rows') needed for it to be chosen.
@@ -94,32 +96,16 @@ def _measure(repeats: int = 15) -> tuple[list[float], list[float]]:
 
 def cpu_model() -> str:
     """The CPU's model name (Linux: /proc/cpuinfo), for cache keys and reports."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+    return first_processor().get("model name") or platform.processor() or platform.machine() or "unknown"
 
 
 def cpu_family_model() -> str | None:
     """"family F model M" of an x86 CPU (Linux: /proc/cpuinfo), which names its generation where the model name
     does not ("AMD EPYC"); None elsewhere."""
-    fields = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key in ("cpu family", "model") and key not in fields:
-                fields[key] = value.strip()
-            if not line.strip():
-                break
-    except OSError:
+    info = first_processor()
+    if "cpu family" not in info or "model" not in info:
         return None
-    if "cpu family" not in fields or "model" not in fields:
-        return None
-    return f"family {fields['cpu family']} model {fields['model']}"
+    return f"family {info['cpu family']} model {info['model']}"
 
 
 def _machine_key() -> str:

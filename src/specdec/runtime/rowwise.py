@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from specdec.errors import ConfigError
+from specdec.runtime import cpuinfo
 
 log = logging.getLogger("specdec.fastpath")
 
@@ -73,16 +74,6 @@ _X86_NEEDS = {
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 @functools.cache
 def cpu_tiers() -> tuple[str, ...]:
     """The kernel tiers this CPU runs, most capable first (always ending with "generic")."""
@@ -91,9 +82,9 @@ def cpu_tiers() -> tuple[str, ...]:
         return ("neon", "generic")
     if machine not in ("x86_64", "amd64", "i686", "x86"):
         return ("generic",)
-    flags = _cpu_flags()
-    if flags:
-        tiers = [tier for tier, needs in _X86_NEEDS.items() if needs <= flags]
+    features = cpuinfo.flags()
+    if features:
+        tiers = [tier for tier, needs in _X86_NEEDS.items() if needs <= features]
     else:  # no /proc/cpuinfo (macOS, Windows): what PyTorch's own dispatch found
         capability = torch.backends.cpu.get_cpu_capability()
         tiers = ["avx512", "avx2"] if capability == "AVX512" else ["avx2"] if capability == "AVX2" else []
