@@ -8,9 +8,10 @@ int8 or int4 copy) for the same γ steps and throws its tokens away. Everything 
 fast path's slot cache and kernels (`compile="static"`: no inductor, whose compile at these sizes takes tens of
 minutes on a 2-core CPU), greedy, and every output is checked to be the target's greedy continuation.
 
-Per (draft format, α, γ): tokens/s against plain decoding of the same target in the same process, and beside it the
-paper's projection τ / (γc + v) with τ, c (draft step ÷ one-row target pass) and v (verification pass ÷ one-row
-pass) measured in that run. The α values to try: the self-draft's measured acceptance on the default target
+Per (draft format, α, γ): tokens/s against plain decoding of the same target in the same process (the decoding
+rounds, as `DecodeStats.tokens_per_s`; and end to end, with the prefills: the self-draft prefills the prompt too),
+and beside it the paper's projection τ / (γc + v) with τ, c (draft step ÷ one-row target pass) and v (verification
+pass ÷ one-row pass) measured in that run. The α values to try: the self-draft's measured acceptance on the default target
 (docs/quantization.md: int8 1.00, int4 0.99) and llama.cpp's published top-1 agreement with fp16 on Llama-3-8B
 (q8_0 0.977, q4_K_M 0.919; ../shared/research/self-draft.md), which is closer to what a user's model keeps.
 
@@ -47,6 +48,7 @@ class Oracle(specdec.Drafter):
         self.inner, self.prompt, self.reference, self.alpha = inner, prompt, reference, alpha
         self.vocab_size = vocab_size
         self.rng = torch.Generator().manual_seed(seed)
+        self.steps, self.propose_s = 0, 0.0  # the rounds' drafting (DecodeStats.draft_s also holds its prefill)
 
     @property
     def capabilities(self):
@@ -65,7 +67,10 @@ class Oracle(specdec.Drafter):
         self.inner.reset(prompt_ids, **kwargs)
 
     def propose(self, context, gamma, sampling, generator):
+        start = time.perf_counter()
         paid = self.inner.propose(context, gamma, sampling, generator)  # the real draft's cost, tokens unused
+        self.propose_s += time.perf_counter() - start
+        self.steps += len(paid)
         start = context.shape[0] - len(self.prompt)
         truth = torch.tensor(self.reference[start : start + len(paid)], dtype=torch.long)
         wrong = torch.rand(len(truth), generator=self.rng) >= self.alpha
@@ -120,31 +125,39 @@ def main() -> None:
         plain.append(out.stats)
     one_row_ms = statistics.median(s.target_s / s.target_forwards * 1e3 for s in plain)
     plain_tps = statistics.median(s.tokens_per_s for s in plain)
-    report["plain"] = {"tokens_per_s": [s.tokens_per_s for s in plain], "one_row_ms": one_row_ms}
+    # end to end (prefill included) over the same number of new tokens as the speculative runs
+    plain_e2e = statistics.median(args.new_tokens / (s.prefill_s + (s.wall_s - s.prefill_s) * args.new_tokens
+                                                     / s.new_tokens) for s in plain)
+    report["plain"] = {"tokens_per_s": [s.tokens_per_s for s in plain], "one_row_ms": one_row_ms,
+                       "prefill_s": [s.prefill_s for s in plain]}
     print(f"{args.model} target {args.target_weights} ({report['target_weight_bytes'] / 1e9:.2f} GB of linear "
           f"weights): plain {plain_tps:.2f} tok/s, one-row pass {one_row_ms:.0f} ms", flush=True)
 
     for fmt, draft in drafts.items():
         for gamma in gammas:
             for alpha in (float(a) for a in args.alphas.split(",")):
-                stats = []
+                stats, step_ms = [], []
                 for i, (prompt, reference) in enumerate(zip(prompts, references)):
                     oracle = Oracle(draft, prompt, reference, alpha, vocab, seed=i)
                     out = decode(prompt, oracle, gamma)
                     assert out.tokens == reference[: args.new_tokens], "speculative != plain decoding"
                     stats.append(out.stats)
+                    step_ms.append(oracle.propose_s / oracle.steps * 1e3)
                 tau = statistics.median(s.new_tokens / s.rounds for s in stats)
-                c = statistics.median(s.draft_s / s.draft_forwards * 1e3 for s in stats) / one_row_ms
+                c = statistics.median(step_ms) / one_row_ms
                 v = statistics.median(s.target_s / s.target_forwards * 1e3 for s in stats) / one_row_ms
                 speedups = [s.tokens_per_s / plain_tps for s in stats]
+                with_prefill = [s.new_tokens / s.wall_s / plain_e2e for s in stats]
                 run = {"draft": fmt, "gamma": gamma, "alpha": alpha,
                        "alpha_realized": statistics.median(s.estimated_alpha for s in stats), "tau": tau, "c": c,
                        "v": v, "projected": tau / (gamma * c + v), "speedup": speedups,
-                       "tokens_per_s": [s.tokens_per_s for s in stats]}
+                       "end_to_end": with_prefill, "tokens_per_s": [s.tokens_per_s for s in stats],
+                       "prefill_s": [s.prefill_s for s in stats]}
                 report["runs"].append(run)
                 print(f"  SelfDraft {fmt} γ {gamma} α {alpha:.3f} (realized {run['alpha_realized']:.3f}): τ {tau:.2f}"
                       f", c {c:.3f}, v {v:.2f} -> projected {run['projected']:.2f}x, measured "
-                      f"{statistics.median(speedups):.2f}x ({min(speedups):.2f}-{max(speedups):.2f})", flush=True)
+                      f"{statistics.median(speedups):.2f}x ({min(speedups):.2f}-{max(speedups):.2f}); with the prefills "
+                      f"{statistics.median(with_prefill):.2f}x", flush=True)
     report["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
