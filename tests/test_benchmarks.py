@@ -93,6 +93,12 @@ def test_every_script_has_a_smoke_test():
     assert len(SCRIPTS) >= 20 and set(TINY_RUNS) <= set(SCRIPTS)
 
 
+def test_every_script_is_in_the_readme_table():
+    """benchmarks/README.md says what each script measures and where its figures are."""
+    text = (BENCHMARKS / "README.md").read_text()
+    assert [name for name in SCRIPTS if f"[{name}.py]({name}.py)" not in text] == []
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_benchmark_script_starts(name, monkeypatch, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
