@@ -11,9 +11,10 @@ minutes on a 2-core CPU), greedy, and every output is checked to be the target's
 Per (draft format, α, γ): tokens/s against plain decoding of the same target in the same process (the decoding
 rounds, as `DecodeStats.tokens_per_s`; and end to end, with the prefills: the self-draft prefills the prompt too),
 and beside it the paper's projection τ / (γc + v) with τ, c (draft step ÷ one-row target pass) and v (verification
-pass ÷ one-row pass) measured in that run. The α values to try: the self-draft's measured acceptance on the default target
-(docs/quantization.md: int8 1.00, int4 0.99) and llama.cpp's published top-1 agreement with fp16 on Llama-3-8B
-(q8_0 0.977, q4_K_M 0.919; ../shared/research/self-draft.md), which is closer to what a user's model keeps.
+pass ÷ one-row pass) measured in that run. The α values to try: the self-draft's measured acceptance on the default
+target (docs/quantization.md: int8 1.00, int4 0.99) and llama.cpp's published top-1 agreement with fp16 on
+Llama-3-8B (q8_0 0.977, q4_K_M 0.919; ../shared/research/self-draft.md), which is closer to what a user's model
+keeps.
 
     python benchmarks/oracle_speedup.py --model qwen2.5-1.5b --target-weights bfloat16 --drafts int8,int4 \
         --alphas 0.919,0.977,0.99 --gammas 3,5 --json oracle.json
@@ -43,7 +44,7 @@ class Oracle(specdec.Drafter):
     1 - alpha, after running `inner`'s proposal for its cost; `inner` keeps its own state as if its tokens had been
     proposed (its cache holds as many positions either way)."""
 
-    def __init__(self, inner: Drafter, prompt: list[int], reference: list[int], alpha: float, vocab_size: int,
+    def __init__(self, inner: specdec.Drafter, prompt: list[int], reference: list[int], alpha: float, vocab_size: int,
                  seed: int = 0):
         self.inner, self.prompt, self.reference, self.alpha = inner, prompt, reference, alpha
         self.vocab_size = vocab_size
@@ -71,8 +72,8 @@ class Oracle(specdec.Drafter):
         paid = self.inner.propose(context, gamma, sampling, generator)  # the real draft's cost, tokens unused
         self.propose_s += time.perf_counter() - start
         self.steps += len(paid)
-        start = context.shape[0] - len(self.prompt)
-        truth = torch.tensor(self.reference[start : start + len(paid)], dtype=torch.long)
+        done = context.shape[0] - len(self.prompt)  # tokens of the continuation committed so far
+        truth = torch.tensor(self.reference[done : done + len(paid)], dtype=torch.long)
         wrong = torch.rand(len(truth), generator=self.rng) >= self.alpha
         shift = torch.randint(1, self.vocab_size, (len(truth),), generator=self.rng)
         return specdec.Proposal(tokens=torch.where(wrong, (truth + shift) % self.vocab_size, truth))
@@ -154,10 +155,10 @@ def main() -> None:
                        "end_to_end": with_prefill, "tokens_per_s": [s.tokens_per_s for s in stats],
                        "prefill_s": [s.prefill_s for s in stats]}
                 report["runs"].append(run)
-                print(f"  SelfDraft {fmt} γ {gamma} α {alpha:.3f} (realized {run['alpha_realized']:.3f}): τ {tau:.2f}"
-                      f", c {c:.3f}, v {v:.2f} -> projected {run['projected']:.2f}x, measured "
-                      f"{statistics.median(speedups):.2f}x ({min(speedups):.2f}-{max(speedups):.2f}); with the prefills "
-                      f"{statistics.median(with_prefill):.2f}x", flush=True)
+                print(f"  SelfDraft {fmt} γ {gamma} α {alpha:.3f} (realized {run['alpha_realized']:.3f}): "
+                      f"τ {tau:.2f}, c {c:.3f}, v {v:.2f} -> projected {run['projected']:.2f}x, measured "
+                      f"{statistics.median(speedups):.2f}x ({min(speedups):.2f}-{max(speedups):.2f}); "
+                      f"with the prefills {statistics.median(with_prefill):.2f}x", flush=True)
     report["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
 """Every script in benchmarks/ still starts: one smoke test per script, run in this process (runpy), so that a
 change of the library cannot silently break the scripts behind the published numbers (benchmarks/README.md).
 Each answers `--help` (its argument parser is built and every module it imports is importable); the two table
-scripts also run on tiny inputs, oracle_speedup.py on a tiny model, identity_table.py on one short prompt of the shipped pair, and server_identity.py
-serves the shipped pair to two short prompts."""
+scripts also run on tiny inputs, oracle_speedup.py on a tiny model, identity_table.py on one short prompt of the
+shipped pair, and server_identity.py serves the shipped pair to two short prompts."""
 
 from __future__ import annotations
 
