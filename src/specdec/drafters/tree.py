@@ -225,7 +225,7 @@ class DraftTree(TreeDrafter):
             """Add the top_k children of each parent; return the new nodes."""
             values, index = log_probs.topk(min(self.top_k, log_probs.shape[-1]), dim=-1)  # [F, k]
             base = torch.tensor([scores[p] if p >= 0 else 0.0 for p in parent_nodes], dtype=torch.float64)
-            cumulative = (base[:, None] + values).tolist()
+            cumulative = (base[:, None] + values.to("cpu", torch.float64)).tolist()
             new = []
             for f, parent in enumerate(parent_nodes):
                 for j, token in enumerate(index[f].tolist()):
