@@ -47,6 +47,7 @@ from specdec.heads.common import (
     target_signature,
     write_head,
 )
+from specdec.runtime.base import cache_kwarg
 
 
 def default_block_layers(num_layers: int) -> tuple[int, ...]:
@@ -88,7 +89,8 @@ class BlockLayer(nn.Module):
         rows; mask additive [B, 1, m + b, past + m + b] -> the block's new rows [B, b, H]."""
         m = ctx.shape[1]
         h = torch.cat([ctx, self.input_layernorm(x)], dim=1)  # [B, m + b, H]
-        attn = self.self_attn(h, position_embeddings=position_embeddings, attention_mask=mask, cache=cache)[0]
+        attn = self.self_attn(h, position_embeddings=position_embeddings, attention_mask=mask,
+                              **cache_kwarg(self.self_attn, cache))[0]
         x = x + attn[:, m:]  # [B, b, H]
         return x + self.mlp(self.post_attention_layernorm(x))
 
