@@ -135,6 +135,10 @@ MTP_METHODS = {
 #: proposals are checked against a greedy reference and in the greedy suite (each check costs minutes on a busy CPU).
 MTP_STATISTICAL = ("mtp",)
 
+#: The METHODS entries tests/test_cuda.py checks at T > 0 with their models on a GPU (one check each): a chain, a
+#: token tree, a multi-draft tree and the slot cache; the greedy suite there runs every entry.
+DEVICE_STATISTICAL = ("draft-model", "draft-tree", "multi-draft", "draft-model-static")
+
 
 def build_mtp(name: str, target):
     """(drafter, extra decoder options) for MTP_METHODS entry `name`."""

@@ -156,8 +156,9 @@ def perturbed(model: PreTrainedModel, scale: float, seed: int = 1) -> PreTrained
 def hf_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int, eos=None) -> list[int]:
     """Reference: transformers' own greedy generate, new tokens only."""
     out = model.generate(
-        torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
-        pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        torch.tensor([prompt], device=model.device), do_sample=False, max_new_tokens=max_new_tokens,
+        eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long,
+                                                                   device=model.device),
     )
     return out[0, len(prompt):].tolist()
 

@@ -40,7 +40,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from methods import CROSS_VOCAB_METHODS, METHODS, MTP_STATISTICAL, SEQ2SEQ_METHODS, SEQ2SEQ_TREE_STATISTICAL, build
+from methods import (
+    CROSS_VOCAB_METHODS,
+    DEVICE_STATISTICAL,
+    METHODS,
+    MTP_STATISTICAL,
+    SEQ2SEQ_METHODS,
+    SEQ2SEQ_TREE_STATISTICAL,
+    build,
+)
 from faulty import (
     FAULTY_VERIFIERS,
     ShiftedMarginalBlockDraft,
@@ -93,6 +101,9 @@ TREE_ALPHA = 1e-5
 #: tests/test_mtp.py: one check per MTP method in MTP_STATISTICAL (MTP targets are their own), at MTP_ALPHA there
 MTP_CHECKS = len(MTP_STATISTICAL)
 MTP_ALPHA = 1e-5
+#: tests/test_cuda.py: one check per method in DEVICE_STATISTICAL with the models on a GPU, at DEVICE_ALPHA there
+DEVICE_CHECKS = len(DEVICE_STATISTICAL)
+DEVICE_ALPHA = 1e-5
 BF16_ALPHA = 2e-5  # test_every_method_is_exact_in_bfloat16
 
 
@@ -113,11 +124,11 @@ def positive(checks: int = 1, alpha: float = ALPHA):
 OTHER_CHECKS = 2 + 1 + 2 + CROSS_VOCAB_CHECKS + SEQ2SEQ_CHECKS
 BF16_CHECKS = len(METHODS)  # every method once more in bfloat16, at BF16_ALPHA
 POSITIVE_CHECKS = (len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + OTHER_CHECKS + SEQ2SEQ_TREE_CHECKS + BF16_CHECKS
-                   + MTP_CHECKS)
+                   + MTP_CHECKS + DEVICE_CHECKS)
 #: Bonferroni bound on the chance that a correct implementation fails any of them.
-FWER_BOUND = ((POSITIVE_CHECKS - OTHER_CHECKS - SEQ2SEQ_TREE_CHECKS - BF16_CHECKS - MTP_CHECKS) * ALPHA
-              + OTHER_CHECKS * 1e-4 + SEQ2SEQ_TREE_CHECKS * TREE_ALPHA + BF16_CHECKS * BF16_ALPHA
-              + MTP_CHECKS * MTP_ALPHA)
+FWER_BOUND = ((POSITIVE_CHECKS - OTHER_CHECKS - SEQ2SEQ_TREE_CHECKS - BF16_CHECKS - MTP_CHECKS - DEVICE_CHECKS)
+              * ALPHA + OTHER_CHECKS * 1e-4 + SEQ2SEQ_TREE_CHECKS * TREE_ALPHA + BF16_CHECKS * BF16_ALPHA
+              + MTP_CHECKS * MTP_ALPHA + DEVICE_CHECKS * DEVICE_ALPHA)
 
 
 def test_family_wise_false_failure_rate_is_bounded(request):
