@@ -333,6 +333,10 @@ def test_report_tells_a_low_precision_difference_from_a_bug(tmp_path):
     assert "differs from hf-plain for: draft@2** (in low precision" in text and "a bug" not in text
     by_label["draft@2"]["identical_to_plain"] = False
     assert "differs from plain decoding on the same path for: draft@2** (greedy; a bug" in markdown(results)
+    results["machine"].update(device="cuda", gpu="NVIDIA H200")  # a GPU's kernels are not row-invariant: explained
+    text = markdown(results)
+    assert "on NVIDIA H200 (cuda, host " in text
+    assert "draft@2** (greedy; a GPU's kernels pick their reduction order" in text and "a bug" not in text
 
 
 def test_results_name_the_cpu_generation_and_the_kernel_tier_that_ran():
