@@ -139,6 +139,20 @@ def test_parse_gammas_and_methods():
     assert labels == ["plain", "draft@1", "draft@3", "hf-assisted@1", "hf-assisted@3"]
 
 
+def test_cpu_kernel_methods_are_refused_on_a_gpu_before_anything_runs(tmp_path):
+    """SelfDraft's int8 / int4 copy runs on the CPU kernels: on a GPU target the bench refuses it up front with
+    one error naming the fix, instead of failing at its first prompt after the other methods' runs (a meta-device
+    target stands in for a GPU's: the check reads only the target's device)."""
+    target = tiny(64, 2, seed=0).to("meta")
+    prompts = [BenchPrompt(name="p0", ids=[5, 9, 11], text="")]
+    settings = BenchSettings(methods=["plain", "self-draft-int4", "self-draft-int8-compiled"], gammas=[2],
+                             max_new_tokens=4, repeats=1, warmup=0, seed=0, forward_costs=False)
+    with pytest.raises(ConfigError, match=r"self-draft-int4, self-draft-int8-compiled run on specdec's CPU kernels "
+                                          r"only .* drop them from --methods on meta, or run the bench with --device cpu"):
+        run_bench(target, None, prompts, settings, out=tmp_path / "out", progress=False, command="test")
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
 # --------------------------------------------------------------------------------------------- HF hooks
 
 

@@ -61,6 +61,8 @@ COMPILED_KINDS = ("draft", "draft-vocab", "prompt-lookup", "bigram", "draft-tree
                   "self-draft-int8", "self-draft-int4", "suffix", "dflash", "dflash-tree", "parallel")
 #: "draft-tree-auto": DraftTree(max_nodes="auto"), its node budget chosen online (not gamma="auto").
 TREE_AUTO = "draft-tree-auto"
+#: Methods that run on specdec's CPU kernels only (SelfDraft's int8 / int4 copy): refused up front on a GPU.
+CPU_ONLY_PREFIX = "self-draft-"
 
 
 def is_compiled(method: str) -> bool:
@@ -350,6 +352,10 @@ class Bench:
         self.tokenizers = tokenizers
         self.target, self.draft, self.settings = target, draft, settings
         self.device = str(next(target.parameters()).device)
+        cpu_only = [m for m in settings.methods if m.startswith(CPU_ONLY_PREFIX)]
+        if cpu_only and not self.device.startswith("cpu"):
+            raise ConfigError(f"{', '.join(cpu_only)} run on specdec's CPU kernels only (int8 / int4 weights); "
+                              f"drop them from --methods on {self.device}, or run the bench with --device cpu")
         # An encoder-decoder target: each prompt is the source its encoder reads; the decoder starts from its
         # start token in specdec and in HF alike.
         self.seq2seq = is_encoder_decoder(target)
