@@ -174,6 +174,32 @@ def transformers_cache():
     return DynamicCache()
 
 
+class OldKeywordAttention(torch.nn.Module):
+    """A target's attention as transformers before 5.24 wrote it: its cache keyword is `past_key_values`, and an
+    unknown keyword (`cache=`) falls into **kwargs unread."""
+
+    def __init__(self, attention):
+        super().__init__()
+        self.inner = attention
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
+        return self.inner(hidden_states, position_embeddings=position_embeddings, attention_mask=attention_mask,
+                          cache=past_key_values)
+
+
+def test_block_layers_pass_their_cache_under_the_keyword_the_attention_takes(target):
+    """With attention modules of the older keyword the head drafts what it drafts with today's (it once passed
+    `cache=` only: there the block attended to no context rows and the mask's shape did not match)."""
+    prompt = PROMPTS[0]
+    want = specdec.generate(target, prompt, drafter=_block(target), gamma=5, max_new_tokens=16)
+    drafter = _block(target)
+    for layer in drafter.head.layers:
+        layer.self_attn = OldKeywordAttention(layer.self_attn)
+    got = specdec.generate(target, prompt, drafter=drafter, gamma=5, max_new_tokens=16)
+    assert got.tokens == want.tokens
+    assert (got.stats.accepted, got.stats.rounds) == (want.stats.accepted, want.stats.rounds)
+
+
 def test_block_gamma_is_capped_by_the_block_size_and_options_are_checked(target):
     drafter = _block(target)
     assert drafter.capabilities.default_gamma == 5  # the default 7, capped by the block of 6 rows
