@@ -6,7 +6,8 @@
 
 Setup (~3 min on 2 cores; ../shared/research/peer-llamacpp.md has the facts it follows):
 - llama.cpp is the source bundled in the llama-cpp-python sdist (`pip download llama-cpp-python==VERSION
-  --no-binary :all: --no-deps`), built with cmake (GGML_NATIVE, release, static) for its `llama-completion` tool;
+  --no-binary :all: --no-deps`), built with cmake (GGML_NATIVE, release, static) for its `llama-completion` and
+  `llama-quantize` tools;
 - the default target goes to GGUF (float32 and bfloat16 files) with the bundled `convert_hf_to_gguf.py` (it needs
   `pip install sentencepiece` beside transformers, even for a BPE tokenizer). Our
   byte-level BPE tokenizer's pre-tokenizer is not in its table of known hashes; its split is GPT-2's (ByteLevel,
@@ -57,6 +58,17 @@ def source_dir(root: Path) -> Path:
 SENTENCEPIECE = "0.2.3"  # what the GGUF converter imports
 
 
+#: Runs the converter with an unknown pre-tokenizer hash converted as GPT-2's split (see the module's docstring).
+CONVERT_SHIM = ("import sys, conversion.base as b\n"
+                "original = b.TextModel.get_vocab_base_pre\n"
+                "def pre(self, tokenizer):\n"
+                "    try:\n        return original(self, tokenizer)\n"
+                "    except NotImplementedError:\n        return 'gpt-2'\n"
+                "b.TextModel.get_vocab_base_pre = pre\n"
+                "sys.argv = sys.argv[1:]\n"
+                "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
 def setup(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     sdist = root / f"llama_cpp_python-{VERSION}.tar.gz"
@@ -71,7 +83,8 @@ def setup(root: Path) -> None:
     subprocess.run(["cmake", "-B", str(build), "-S", str(src), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
                     "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                     "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DGGML_OPENMP=ON"], check=True)
-    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", "llama-completion"],
+    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", "llama-completion",
+                    "llama-quantize"],
                    check=True)
     # the converter imports sentencepiece even for a BPE tokenizer
     if importlib.util.find_spec("sentencepiece") is None:
@@ -83,22 +96,19 @@ def setup(root: Path) -> None:
         for file in (default_assets_dir() / folder).iterdir():
             if not (target / file.name).exists():
                 (target / file.name).symlink_to(file)
-    # An unknown pre-tokenizer hash converts as GPT-2's split (see the module's docstring).
-    shim = ("import sys, conversion.base as b\n"
-            "original = b.TextModel.get_vocab_base_pre\n"
-            "def pre(self, tokenizer):\n"
-            "    try:\n        return original(self, tokenizer)\n"
-            "    except NotImplementedError:\n        return 'gpt-2'\n"
-            "b.TextModel.get_vocab_base_pre = pre\n"
-            "sys.argv = sys.argv[1:]\n"
-            "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    env = {**os.environ, "PYTHONPATH": f"{src}:{src / 'gguf-py'}"}
-    for dtype, kind in GGUF_TYPES.items():
+    for kind in GGUF_TYPES.values():
         out = root / f"default-target-{kind}.gguf"
         if not out.exists():
-            subprocess.run([sys.executable, "-c", shim, str(src / "convert_hf_to_gguf.py"), str(target),
-                            "--outtype", kind, "--outfile", str(out)], check=True, env=env, cwd=src)
+            convert(root, target, kind, out)
     print(f"llama.cpp built in {build}; GGUF files in {root}")
+
+
+def convert(root: Path, checkpoint: Path, outtype: str, out: Path) -> None:
+    """`checkpoint` (weights and tokenizer in one folder) to GGUF `outtype` at `out`, with the bundled converter."""
+    src = source_dir(root)
+    env = {**os.environ, "PYTHONPATH": f"{src}:{src / 'gguf-py'}"}
+    subprocess.run([sys.executable, "-c", CONVERT_SHIM, str(src / "convert_hf_to_gguf.py"), str(checkpoint),
+                    "--outtype", outtype, "--outfile", str(out)], check=True, env=env, cwd=src)
 
 
 #: The request's times in llama.cpp's own report ("common_perf_print:        eval time = ... ms / ... runs").
@@ -113,14 +123,13 @@ ATTEMPTS = 3
 RETRIES: list[str] = []
 
 
-def llamacpp_run(root: Path, dtype: str, prompt_text: str, scratch: Path) -> tuple[float, str]:
-    """(seconds for the request as llama.cpp reports it, generated text)."""
+def llamacpp_run(root: Path, model: Path, prompt_text: str, scratch: Path, new: int = NEW) -> tuple[float, str]:
+    """(seconds for the request as llama.cpp reports it, generated text): `new` tokens from GGUF `model`."""
     prompt_file = scratch / "prompt.txt"
     prompt_file.write_text(prompt_text)
     binary = source_dir(root) / "build" / "bin" / "llama-completion"
-    model = root / f"default-target-{GGUF_TYPES[dtype]}.gguf"
     for attempt in range(ATTEMPTS):
-        proc = subprocess.run([str(binary), "-m", str(model), "-f", str(prompt_file), "-n", str(NEW), "--temp", "0",
+        proc = subprocess.run([str(binary), "-m", str(model), "-f", str(prompt_file), "-n", str(new), "--temp", "0",
                                "--top-k", "1", "--ignore-eos", "-t", "1", "-tb", "1", "-no-cnv", "--no-display-prompt",
                                "-c", "1024", "--seed", "0"], capture_output=True, text=True, check=True,
                               stdin=subprocess.DEVNULL)
@@ -154,6 +163,7 @@ def main() -> None:
     gammas = [int(g) for g in args.gamma.split(",")]
     scratch = args.dir / "scratch"
     scratch.mkdir(exist_ok=True)
+    gguf = args.dir / f"default-target-{GGUF_TYPES[args.dtype]}.gguf"
 
     from specdec.drafters import DRAFT_VOCAB  # noqa: PLC0415
     from specdec.hub.default_pair import frequent_tokens  # noqa: PLC0415
@@ -171,7 +181,7 @@ def main() -> None:
                **{f"specdec + draft, fast path, γ {g}": (lambda p, g=g: specdec_run(p, g)) for g in gammas},
                **{f"specdec + draft over {DRAFT_VOCAB} tokens, fast path, γ {g}": (
                    lambda p, g=g: specdec_run(p, g, reduced=True)) for g in gammas},
-               "llama.cpp plain": lambda p: llamacpp_run(args.dir, args.dtype, p.text, scratch)}
+               "llama.cpp plain": lambda p: llamacpp_run(args.dir, gguf, p.text, scratch)}
     names = list(methods)
     for name in names:  # warm-up: compiles, page cache
         methods[name](prompts[0])
