@@ -15,9 +15,9 @@ GGUF bf16 by llama.cpp's converter, then to Q8_0 and Q4_0 by `llama-quantize`. T
 | `int8` (groups of 64, a float32 scale each: 8.5 bits) | `Q8_0` (blocks of 32, an fp16 scale each: 8.5 bits) |
 | `int4` (the same groups: 4.5 bits; the LM head int8) | `Q4_0` (4.5 bits; llama-quantize makes its head Q8_0) |
 
-Timed: per prompt and repeat, in rotated order, specdec's plain decoding (`specdec.generate`, `compile=True`, one
-thread; a warm-up request compiles first) and `llama-completion` (-t 1; a child process on the same core), NEW new
-tokens, greedy, EOS ignored. specdec's time is `generate`'s wall time (prefill included); llama.cpp's is its own
+Timed: per prompt and repeat, in rotated order, specdec's plain decoding (`specdec.generate`, `compile=True`,
+--threads threads; a warm-up request compiles first) and `llama-completion` (-t and -tb the same; a child process on
+the same cores), NEW new tokens, greedy, EOS ignored. specdec's time is `generate`'s wall time (prefill included); llama.cpp's is its own
 report for the request (prompt eval + eval + sampling; load and warm-up excluded). tokens/s = new tokens / time;
 per format, the median tokens/s of each side and the per-prompt ratio's median and range. The weights are random,
 so nothing here measures quality, and the two sides' outputs part at near-ties (not compared).
@@ -82,10 +82,11 @@ def main() -> None:
     parser.add_argument("--formats", default=",".join(PAIRS), help="comma list of bfloat16, int8, int4")
     parser.add_argument("--num-prompts", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="threads on each side (default 1)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M")
-    specdec.set_threads(1)
+    specdec.set_threads(args.threads)
     scratch = args.dir / "scratch"
     scratch.mkdir(exist_ok=True)
     tokenizer = specdec.load_default()[2]
@@ -105,7 +106,7 @@ def main() -> None:
 
             sides = {"specdec": specdec_run,
                      "llama.cpp": lambda prompt, gguf=gguf: llamacpp_run(args.dir, gguf, prompt.text, scratch,
-                                                                         NEW)[0]}
+                                                                         NEW, args.threads)[0]}
             for side in sides.values():  # warm-up: compiles, page cache
                 side(prompts[0])
             names = list(sides)
@@ -127,14 +128,17 @@ def main() -> None:
             del model
             gc.collect()
     machine = {"cpu": cpu_model(), "cpu_family_model": cpu_family_model(), "kernel_tier": kernel_tier(),
+               "threads": args.threads,
                "torch": torch.__version__, "llama_cpp": f"llama-cpp-python {VERSION}",
                "load_average_at_end": os.getloadavg()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"machine": machine, "new_tokens": NEW, "rows": rows,
                                                        "runs": runs}, indent=1))
-    lines = [f"# specdec plain vs llama.cpp plain at the same bits: {args.models}, {NEW} new tokens, 1 thread",
+    lines = [f"# specdec plain vs llama.cpp plain at the same bits: {args.models}, {NEW} new tokens, "
+             f"{args.threads} thread(s) each",
              "", f"`python benchmarks/ladder_peers.py --models {args.models} --formats {args.formats} --num-prompts "
-             f"{args.num_prompts} --repeats {args.repeats}` (started {started}; {machine['cpu']}, "
+             f"{args.num_prompts} --repeats {args.repeats} --threads {args.threads}` (started {started}; "
+             f"{machine['cpu']}, "
              f"{machine['cpu_family_model']}, kernels {machine['kernel_tier']}, {platform.machine()}; load average "
              f"{' '.join(f'{x:.2f}' for x in machine['load_average_at_end'])} at the end)", "",
              "| shape | specdec | llama.cpp | specdec tok/s | llama.cpp tok/s | specdec ÷ llama.cpp (median, range) |",

@@ -123,14 +123,16 @@ ATTEMPTS = 3
 RETRIES: list[str] = []
 
 
-def llamacpp_run(root: Path, model: Path, prompt_text: str, scratch: Path, new: int = NEW) -> tuple[float, str]:
+def llamacpp_run(root: Path, model: Path, prompt_text: str, scratch: Path, new: int = NEW,
+                 threads: int = 1) -> tuple[float, str]:
     """(seconds for the request as llama.cpp reports it, generated text): `new` tokens from GGUF `model`."""
     prompt_file = scratch / "prompt.txt"
     prompt_file.write_text(prompt_text)
     binary = source_dir(root) / "build" / "bin" / "llama-completion"
     for attempt in range(ATTEMPTS):
         proc = subprocess.run([str(binary), "-m", str(model), "-f", str(prompt_file), "-n", str(new), "--temp", "0",
-                               "--top-k", "1", "--ignore-eos", "-t", "1", "-tb", "1", "-no-cnv", "--no-display-prompt",
+                               "--top-k", "1", "--ignore-eos", "-t", str(threads), "-tb", str(threads), "-no-cnv",
+                               "--no-display-prompt",
                                "-c", "1024", "--seed", "0"], capture_output=True, text=True, check=True,
                               stdin=subprocess.DEVNULL)
         log = proc.stderr
