@@ -17,10 +17,11 @@ GGUF bf16 by llama.cpp's converter, then to Q8_0 and Q4_0 by `llama-quantize`. T
 
 Timed: per prompt and repeat, in rotated order, specdec's plain decoding (`specdec.generate`, `compile=True`,
 --threads threads; a warm-up request compiles first) and `llama-completion` (-t and -tb the same; a child process on
-the same cores), NEW new tokens, greedy, EOS ignored. specdec's time is `generate`'s wall time (prefill included); llama.cpp's is its own
-report for the request (prompt eval + eval + sampling; load and warm-up excluded). tokens/s = new tokens / time;
-per format, the median tokens/s of each side and the per-prompt ratio's median and range. The weights are random,
-so nothing here measures quality, and the two sides' outputs part at near-ties (not compared).
+the same cores), NEW new tokens, greedy, EOS ignored. specdec's time is `generate`'s wall time (prefill included);
+llama.cpp's is its own report for the request (prompt eval + eval + sampling; load and warm-up excluded).
+tokens/s = new tokens / time; per format, the median tokens/s of each side and the per-prompt ratio's median and
+range. The weights are random, so nothing here measures quality, and the two sides' outputs part at near-ties (not
+compared).
 """
 
 from __future__ import annotations
@@ -42,12 +43,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts below
 
 import specdec  # noqa: E402
-from llamacpp_peer import VERSION, convert, llamacpp_run, source_dir  # noqa: E402
+from llamacpp_peer import VERSION, convert, llamacpp_run, per_prompt_medians, rotated, source_dir  # noqa: E402
 from size_ladder import SHAPES, build  # noqa: E402
+from specdec.bench.report import machine_info  # noqa: E402
 from specdec.bench.workloads import code_prompts  # noqa: E402
 from specdec.hub.default_pair import default_assets_dir  # noqa: E402
-from specdec.runtime.precision import cpu_family_model, cpu_model  # noqa: E402
-from specdec.runtime.rowwise import kernel_tier  # noqa: E402
 
 NEW = 64
 #: specdec's weight format -> llama.cpp's type at the same bits.
@@ -109,15 +109,13 @@ def main() -> None:
                                                                          NEW, args.threads)[0]}
             for side in sides.values():  # warm-up: compiles, page cache
                 side(prompts[0])
-            names = list(sides)
-            for repeat in range(args.repeats):
-                for i, prompt in enumerate(prompts):
-                    for side in names[(i + repeat) % 2:] + names[:(i + repeat) % 2]:
-                        seconds = sides[side](prompt)
-                        runs.append({"model": name, "format": fmt, "side": side, "prompt": prompt.name,
-                                     "repeat": repeat, "seconds": seconds, "tokens_per_s": NEW / seconds})
-            per = {side: {p.name: statistics.median(r["tokens_per_s"] for r in runs if (r["model"], r["format"],
-                          r["side"], r["prompt"]) == (name, fmt, side, p.name)) for p in prompts} for side in names}
+            these = []
+            for repeat, prompt, side in rotated(list(sides), prompts, args.repeats):
+                seconds = sides[side](prompt)
+                these.append({"model": name, "format": fmt, "side": side, "prompt": prompt.name, "repeat": repeat,
+                              "seconds": seconds, "tokens_per_s": NEW / seconds})
+            runs += these
+            per = per_prompt_medians(these, list(sides), prompts, key="side")
             ratios = [per["specdec"][p.name] / per["llama.cpp"][p.name] for p in prompts]
             rows.append({"model": name, "format": fmt, "llamacpp_type": PAIRS[fmt],
                          "specdec_tokens_per_s": statistics.median(per["specdec"].values()),
@@ -127,10 +125,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
             del model
             gc.collect()
-    machine = {"cpu": cpu_model(), "cpu_family_model": cpu_family_model(), "kernel_tier": kernel_tier(),
-               "threads": args.threads,
-               "torch": torch.__version__, "llama_cpp": f"llama-cpp-python {VERSION}",
-               "load_average_at_end": os.getloadavg()}
+    machine = {**machine_info(), "llama_cpp": f"llama-cpp-python {VERSION}", "load_average_at_end": os.getloadavg()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"machine": machine, "new_tokens": NEW, "rows": rows,
                                                        "runs": runs}, indent=1))

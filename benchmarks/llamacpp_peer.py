@@ -111,6 +111,26 @@ def convert(root: Path, checkpoint: Path, outtype: str, out: Path) -> None:
                     "--outtype", outtype, "--outfile", str(out)], check=True, env=env, cwd=src)
 
 
+def rotated(names: list[str], prompts: list, repeats: int):
+    """(repeat, prompt, name) in the timed order: each prompt and repeat runs every method, the first one rotating
+    from one to the next, so that a slow phase of the machine does not always fall on the same method."""
+    for repeat in range(repeats):
+        for i, prompt in enumerate(prompts):
+            shift = (i + repeat) % len(names)
+            for name in names[shift:] + names[:shift]:
+                yield repeat, prompt, name
+
+
+def per_prompt_medians(runs: list[dict], names: list[str], prompts: list, key: str = "method") -> dict:
+    """{name: {prompt name: median tokens/s of that method's runs on that prompt}} over `runs` (one method per
+    run under `key`)."""
+    per: dict = {name: {p.name: [] for p in prompts} for name in names}
+    for r in runs:
+        if r[key] in per:
+            per[r[key]][r["prompt"]].append(r["tokens_per_s"])
+    return {name: {p: statistics.median(v) for p, v in by_prompt.items()} for name, by_prompt in per.items()}
+
+
 #: The request's times in llama.cpp's own report ("common_perf_print:        eval time = ... ms / ... runs").
 PERF = {"sampling": re.compile(r"sampling time =\s+([0-9.]+) ms"),
         "prompt eval": re.compile(r"prompt eval time =\s+([0-9.]+) ms"),
@@ -188,19 +208,14 @@ def main() -> None:
     for name in names:  # warm-up: compiles, page cache
         methods[name](prompts[0])
     runs = []
-    for repeat in range(args.repeats):
-        for i, prompt in enumerate(prompts):
-            order = names[(i + repeat) % len(names):] + names[:(i + repeat) % len(names)]
-            for name in order:
-                seconds, output = methods[name](prompt)
-                # llama-completion ends its output with newlines of its own: texts compare without trailing ones
-                text = (output if isinstance(output, str) else tokenizer.decode(output)).rstrip("\n")
-                runs.append({"method": name, "prompt": prompt.name, "repeat": repeat, "seconds": seconds,
-                             "tokens_per_s": NEW / seconds, "text": text})
+    for repeat, prompt, name in rotated(names, prompts, args.repeats):
+        seconds, output = methods[name](prompt)
+        # llama-completion ends its output with newlines of its own: texts compare without trailing ones
+        text = (output if isinstance(output, str) else tokenizer.decode(output)).rstrip("\n")
+        runs.append({"method": name, "prompt": prompt.name, "repeat": repeat, "seconds": seconds,
+                     "tokens_per_s": NEW / seconds, "text": text})
     plain = {r["prompt"]: r["text"] for r in runs if r["method"] == names[0]}
-    per = {name: {p.name: statistics.median(r["tokens_per_s"] for r in runs
-                                            if r["method"] == name and r["prompt"] == p.name) for p in prompts}
-           for name in names}
+    per = per_prompt_medians(runs, names, prompts)
     lines = [f"# llama.cpp side by side: default pair, {args.dtype}, greedy, {NEW} new tokens, 1 thread",
              "", f"`python benchmarks/llamacpp_peer.py --dtype {args.dtype} --num-prompts {args.num_prompts} "
              f"--repeats {args.repeats} --gamma {args.gamma}` (started {started}, "
