@@ -8,7 +8,9 @@ import torch.nn.functional as F
 
 from specdec.runtime.rowwise import (
     argmax_finite,
+    kernel_threads,
     load_kernel,
+    openmp_flags,
     packed_linear_serves,
     row_attention,
     row_invariant,
@@ -315,3 +317,51 @@ def test_argmax_finite_is_torch_argmax_and_isfinite_in_one_read(dtype, width):
             y = x.clone()
             y[row, col] = bad
             assert not bool(argmax_finite(y)[1]), (bad, row, col)
+
+
+@pytest.fixture
+def threads():
+    """Sets torch's thread count for a test (the suite runs on 1: conftest.py) and restores it."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not openmp_flags(), reason="the kernels are built without OpenMP here (runtime/rowwise.py)")
+def test_the_kernels_split_a_call_among_torchs_threads(threads):
+    """Built with OpenMP, the kernels' parallel_for runs on torch's threads: without `-fopenmp` it compiled to one
+    serial loop and specdec decoded on one core at any --threads."""
+    for n in (1, 2, 3):
+        threads(n)
+        assert kernel_threads() == n
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_every_kernel_gives_the_same_bits_on_any_number_of_threads(dtype, threads):
+    """Each thread computes whole panels, heads or rows, so a split among threads cannot change a bit: packed_linear
+    in every format, row_linear, row_attention and argmax_finite on 1, 2 and 3 threads, in passes of 1 and 9 rows."""
+    from specdec.runtime.weights import quantize_weight
+
+    load_kernel()
+    torch.manual_seed(11)
+    k, n = 200, 1000  # several units of work per thread at every pass width
+    w, b = torch.randn(n, k), torch.randn(n).to(dtype)
+    packs = {"float": torch.ops.specdec.pack_weight(w.to(dtype), False)}
+    for bits in (8, 4):
+        qw = quantize_weight(w, bits, 64)
+        packs[f"int{bits}"] = torch.ops.specdec.pack_quantized(qw.q, qw.scales, bits, 64)
+    q, kv = torch.randn(1, 8, 9, 32).to(dtype), torch.randn(2, 1, 4, 40, 32).to(dtype)  # [B, H, M, D], [2][B, Hkv, L, D]
+    mask = torch.randn(1, 1, 9, 40).to(dtype)
+
+    def run(rows: int) -> list[torch.Tensor]:
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(dtype)  # [M, K]
+        out = [torch.ops.specdec.packed_linear(x, p, b, n) for p in packs.values()]
+        out += [row_linear(x, w.to(dtype), b), argmax_finite(out[0])[0]]
+        return [*out, row_attention(q[:, :, :rows], kv[0], kv[1], mask[:, :, :rows])]
+
+    for rows in (1, 9):
+        threads(1)
+        alone = run(rows)
+        for count in (2, 3):
+            threads(count)
+            assert all(torch.equal(a, b) for a, b in zip(alone, run(rows), strict=True)), (rows, count)

@@ -12,7 +12,7 @@ from typing import Any
 
 from specdec.bench.runner import SLOW_RUN_FACTOR
 from specdec.runtime.precision import cpu_family_model, cpu_model
-from specdec.runtime.rowwise import kernel_tier
+from specdec.runtime.rowwise import kernel_threads, kernel_tier
 
 PLOTS = {
     "speedup": "speedup_vs_gamma.png",
@@ -41,6 +41,8 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
         "specdec": specdec.__version__,
         "device": device,
     }
+    if str(device) == "cpu":
+        info["kernel_threads"] = kernel_threads()  # the threads specdec's kernels split a call among at that count
     if str(device).startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     try:

@@ -35,6 +35,7 @@ import hashlib
 import logging
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -104,8 +105,17 @@ def kernel_tier() -> str:
     return wanted
 
 
+def openmp_flags() -> list[str]:
+    """The flags that make the kernels' `at::parallel_for` run on torch's threads: `-fopenmp` where torch's own
+    parallel backend is OpenMP and the compiler is GCC or clang on Linux. Without it the inlined `parallel_for`
+    compiles to one serial loop, and every kernel runs on one core whatever `torch.set_num_threads` says. The
+    extension then uses the OpenMP runtime torch has already loaded (the same `libgomp.so.1`), so one thread pool
+    serves both. Elsewhere (macOS's compiler has no `-fopenmp`) the kernels run on one thread."""
+    return ["-fopenmp"] if sys.platform == "linux" and torch.backends.openmp.is_available() else []
+
+
 def build_flags(tier: str) -> list[str]:
-    return ["-O3", "-ffp-contract=off", *TIER_FLAGS[tier]]
+    return ["-O3", "-ffp-contract=off", *openmp_flags(), *TIER_FLAGS[tier]]
 
 
 @functools.cache
@@ -129,7 +139,8 @@ def load_kernel() -> None:
     tier = kernel_tier()
     name = build_name(tier)
     start = time.perf_counter()
-    load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=build_flags(tier), is_python_module=False)
+    load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=build_flags(tier), extra_ldflags=openmp_flags(),
+         is_python_module=False)
     elapsed = time.perf_counter() - start
     if elapsed > 1.0:
         log.info("built the row-invariant kernels (%s) in %.1f s", name, elapsed)
@@ -170,6 +181,13 @@ def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, a
     _ensure_loaded()
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     return torch.ops.specdec.row_attention(query, key, value, attn_mask, float(scale))
+
+
+def kernel_threads() -> int:
+    """How many threads the kernels split a call among at torch's current thread count (1 where they were built
+    without OpenMP: `openmp_flags`)."""
+    load_kernel()
+    return int(torch.ops.specdec.parallel_threads())
 
 
 def argmax_finite(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,6 +24,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <vector>
 
 #include "packed_core.h"
@@ -157,6 +158,14 @@ at::Tensor packed_linear(const at::Tensor& input, const at::Tensor& packed, cons
 
 int64_t panel_width() { return pk::PANEL; }
 
+// How many threads the kernels' at::parallel_for splits work among now: torch's count where the kernels were built
+// with OpenMP (runtime/rowwise.py's openmp_flags), 1 where they were not.
+int64_t parallel_threads() {
+  std::atomic<int64_t> parts{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) { parts.fetch_add(1); });
+  return parts.load();
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specdec, m) {
@@ -164,10 +173,14 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("pack_quantized(Tensor q, Tensor scales, int bits, int group) -> Tensor");
   m.def("packed_linear(Tensor input, Tensor packed, Tensor? bias, int N) -> Tensor");
   m.def("panel_width() -> int");
+  m.def("parallel_threads() -> int");
 }
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("pack_weight", &pack_weight);
   m.impl("pack_quantized", &pack_quantized);
   m.impl("packed_linear", &packed_linear);
 }
-TORCH_LIBRARY_IMPL(specdec, CompositeExplicitAutograd, m) { m.impl("panel_width", &panel_width); }
+TORCH_LIBRARY_IMPL(specdec, CompositeExplicitAutograd, m) {
+  m.impl("panel_width", &panel_width);
+  m.impl("parallel_threads", &parallel_threads);
+}
