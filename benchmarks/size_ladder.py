@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import resource
 import subprocess
@@ -132,40 +131,36 @@ def one(name: str, dtype_name: str, weights: str | None, threads: int, repeats: 
 
 
 def machine(threads: int) -> dict:
-    """Read bandwidth (one core, `threads` cores) and one core's matmul FLOP/s per dtype, measured now."""
-    import numpy as np
+    """Read bandwidth (one core, `threads` cores) and one core's matmul FLOP/s per dtype, measured now.
+
+    The read is the largest of an int32 view of 1 GB taken by torch on 1 and on `threads` threads: an integer
+    maximum costs one instruction a vector, so the memory bounds it. (A float32 sum, numpy's pairwise one
+    included, is bound by its adds on one AVX2 core: it read 8.5-10.9 GB/s where this read 11-12.)"""
     import torch
 
-    data = np.ones(128 << 20, dtype=np.float32)  # 512 MB
+    words = torch.ones(256 << 20, dtype=torch.int32)  # 1 GB, beyond any L3
+    before = torch.get_num_threads()
 
-    def read_gb_s() -> float:
-        best = min(_time(lambda: np.add.reduce(data)) for _ in range(5))
-        return data.nbytes / best / 1e9
+    def read_gb_s(n: int) -> float:
+        torch.set_num_threads(n)
+        best = min(_time(words.amax) for _ in range(5))
+        return words.numel() * 4 / best / 1e9
 
-    one_core = read_gb_s()
-    with mp.Pool(threads) as pool:  # every core reading its own array at once
-        per_core = pool.map(_read_worker, [data.size // threads] * threads)
+    one_core, all_cores = read_gb_s(1), read_gb_s(threads)
     torch.set_num_threads(1)
     roof = {}
     for dtype, n in ((torch.float32, 2048), (torch.bfloat16, 512)):  # bfloat16 is slow where it is emulated
         a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
         best = min(_time(lambda: a @ b) for _ in range(3))
         roof[str(dtype).split(".")[1]] = 2 * n**3 / best / 1e9
-    return {"read_gb_s_one_core": one_core, "read_gb_s_all_cores": sum(per_core), "matmul_gflop_s_one_core": roof}
+    torch.set_num_threads(before)
+    return {"read_gb_s_one_core": one_core, "read_gb_s_all_cores": all_cores, "matmul_gflop_s_one_core": roof}
 
 
 def _time(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
-
-
-def _read_worker(n: int) -> float:
-    import numpy as np
-
-    data = np.ones(n, dtype=np.float32)
-    best = min(_time(lambda: np.add.reduce(data)) for _ in range(5))
-    return data.nbytes / best / 1e9
 
 
 def main() -> None:
