@@ -181,7 +181,8 @@ def main() -> None:
         print(json.dumps(one(model, dtype, None if weights == "hf" else weights, args.threads, args.repeats,
                              args.path == "compiled")))
         return
-    report = {"machine": machine(os.cpu_count() or 1), "runs": []}
+    report = {"machine": machine(args.threads if args.threads > 1 else os.cpu_count() or 1), "threads": args.threads,
+              "runs": []}
     print(json.dumps(report["machine"]), flush=True)
     for model in args.models.split(","):
         for weights in args.weights.split(","):
@@ -193,8 +194,9 @@ def main() -> None:
                 continue
             run = json.loads(proc.stdout.strip().splitlines()[-1])
             report["runs"].append(run)
-            bw = report["machine"]["read_gb_s_one_core"]
-            roof = report["machine"]["matmul_gflop_s_one_core"]["float32"]
+            # the floors at the run's thread count: all cores' read, one core's matmul roof times the threads
+            bw = report["machine"]["read_gb_s_all_cores" if args.threads > 1 else "read_gb_s_one_core"]
+            roof = report["machine"]["matmul_gflop_s_one_core"]["float32"] * args.threads
             row = [f"{model} {weights}: build {run['build_s']:.0f} s, compile {run['compile_s']:.0f} s, "
                    f"RSS {run['peak_rss_gb']:.2f} GB, weights {run['weight_bytes'] / 1e9:.2f} GB"]
             for width, ms in run["pass_ms"].items():

@@ -365,3 +365,19 @@ def test_every_kernel_gives_the_same_bits_on_any_number_of_threads(dtype, thread
         for count in (2, 3):
             threads(count)
             assert all(torch.equal(a, b) for a, b in zip(alone, run(rows), strict=True)), (rows, count)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_a_weight_that_streams_from_memory_gives_the_bits_of_a_small_one(dtype):
+    """A packed weight of 8 MiB or more reads fewer panels side by side (kernels/packed_core.h, STREAM_BYTES): the
+    same bits as the same outputs packed as a small weight, at every pass width."""
+    load_kernel()
+    torch.manual_seed(12)
+    k, n = 1024, 4200  # 8.6 MB in bfloat16, 17 MB in float32
+    w, b = torch.randn(n, k).to(dtype), torch.randn(n).to(dtype)
+    big, small = torch.ops.specdec.pack_weight(w, False), torch.ops.specdec.pack_weight(w[:96], False)
+    assert big.numel() * big.element_size() >= 8 << 20 > small.numel() * small.element_size()
+    for rows in (1, 2, 5, 12, 13):
+        x = torch.randn(rows, k).to(dtype)
+        want = torch.ops.specdec.packed_linear(x, small, b[:96], 96)
+        assert torch.equal(torch.ops.specdec.packed_linear(x, big, b, n)[:, :96], want), rows

@@ -43,25 +43,35 @@ using simd::V;
 enum class Fmt : int { F32 = 0, BF16 = 1, BF16_PAIRS = 2, INT8 = 3, INT4 = 4 };
 
 // The tier's blocking: vectors per panel (PV), the accumulator vectors a block may hold (ACC), the most panels a
-// block reads side by side (MAXP), the widest pass that is one block of rows (RMAX), and a prefill's blocks.
+// block reads side by side (MAXP; MAXP_STREAM for a float weight streamed from memory: `Args::stream`), the widest
+// pass that is one block of rows (RMAX), and a prefill's blocks.
 #if defined(__AVX512F__)
-constexpr int PV = 4, ACC = 32, MAXP = 1, RMAX = 8, R_PF = 6, P_PF = 1;
+constexpr int PV = 4, ACC = 32, MAXP = 1, MAXP_STREAM = 1, RMAX = 8, R_PF = 6, P_PF = 1;
 #elif defined(__AVX2__)
-constexpr int PV = 1, ACC = 12, MAXP = 8, RMAX = 12, R_PF = 12, P_PF = 1;  // a prefill as 12 x 1 blocks: 2.4x 6 x 2's
+// MAXP_STREAM 4: a one-row bfloat16 pass over weights streamed from memory ran 7-18% slower on 8 panels side by
+// side than on 4; in cache 8 are 7-10% faster, and int8 / int4 (bound by their arithmetic) 5-20% faster on 8
+// wherever their weights are. A prefill as 12 x 1 blocks: 2.4x 6 x 2's.
+constexpr int PV = 1, ACC = 12, MAXP = 8, MAXP_STREAM = 4, RMAX = 12, R_PF = 12, P_PF = 1;
 #elif defined(__aarch64__) && defined(__ARM_NEON)
-constexpr int PV = 1, ACC = 24, MAXP = 8, RMAX = 12, R_PF = 6, P_PF = 4;
+constexpr int PV = 1, ACC = 24, MAXP = 8, MAXP_STREAM = 8, RMAX = 12, R_PF = 6, P_PF = 4;
 #else
-constexpr int PV = 1, ACC = 8, MAXP = 8, RMAX = 8, R_PF = 4, P_PF = 2;
+constexpr int PV = 1, ACC = 8, MAXP = 8, MAXP_STREAM = 8, RMAX = 8, R_PF = 4, P_PF = 2;
 #endif
 constexpr int PANEL = PV * LANES;
 constexpr int64_t PREFETCH_BYTES = 1024;
 
 // Panels a block of R rows reads side by side: as many as the accumulators allow, 1, 2, 4 or 8. (An output's sums are
 // one dependent chain over k, so a row needs several panels in flight to keep the multiply-adds busy.)
-constexpr int panels_for(int R) {
+// `stream`: fewer (MAXP_STREAM) for a float weight that streams from memory.
+constexpr int panels_for(int R, Fmt f, bool stream) {
   const int p = ACC / (R * PV);
-  return std::min(MAXP, p >= 8 ? 8 : p >= 4 ? 4 : p >= 2 ? 2 : 1);
+  const int most = stream && (f == Fmt::F32 || f == Fmt::BF16) ? MAXP_STREAM : MAXP;
+  return std::min(most, p >= 8 ? 8 : p >= 4 ? 4 : p >= 2 ? 2 : 1);
 }
+
+// A weight of at least this many packed bytes is taken to stream from memory (the caller's call: Args::stream):
+// a model's larger matrices. The shipped default pair's (6 MB at most) stay in cache.
+constexpr int64_t STREAM_BYTES = int64_t(8) << 20;
 
 inline bool has_pairs_format() {
 #if defined(__AVX512BF16__)
@@ -97,6 +107,7 @@ struct Args {
   const float* bias;       // [N] or null
   void* out;               // [M, N]
   bool out_bf16;
+  bool stream = false;     // the weights stream from memory (STREAM_BYTES): blocks of fewer panels (the same bits)
 };
 
 namespace detail {
@@ -268,25 +279,31 @@ void rows(int r, const Args& a, const float* xt, int64_t m0, int64_t p0) {
   }
 }
 
-// A pass of r <= RMAX rows: block<F, r, panels_for(r)> over the panels, the last few one at a time
-template <Fmt F, int R>
+// A pass of r <= RMAX rows: block<F, r, panels_for(r, F, Stream)> over the panels, the last few one at a time
+template <Fmt F, int R, bool Stream>
 void small(int r, const Args& a, const float* xt, int64_t p0, int64_t p1) {
   if constexpr (R > 0) {
     if (r == R) {
-      constexpr int P = panels_for(R);
+      constexpr int P = panels_for(R, F, Stream);
       int64_t p = p0;
       for (; p + P <= p1; p += P) block<F, R, P>(a, xt, 0, p);
       for (; p < p1; ++p) block<F, R, 1>(a, xt, 0, p);
       return;
     }
-    small<F, R - 1>(r, a, xt, p0, p1);
+    small<F, R - 1, Stream>(r, a, xt, p0, p1);
   }
 }
 
 template <Fmt F>
 void run_format(const Args& a, const float* xt, int64_t p0, int64_t p1) {
   if (a.M <= RMAX) {
-    small<F, RMAX>(static_cast<int>(a.M), a, xt, p0, p1);
+    if constexpr (MAXP_STREAM != MAXP) {  // (a tier without a streaming blocking compiles one)
+      if (a.stream) {
+        small<F, RMAX, true>(static_cast<int>(a.M), a, xt, p0, p1);
+        return;
+      }
+    }
+    small<F, RMAX, false>(static_cast<int>(a.M), a, xt, p0, p1);
     return;
   }
   // a prefill: each group of P_PF panels against every block of R_PF rows while the group stays in cache
@@ -331,7 +348,9 @@ inline void run(const Args& a, const float* xt, int64_t p0, int64_t p1) {
 }
 
 // Panels a thread should take at a time for a pass of M rows (its blocks' width).
-inline int64_t panel_grain(int64_t M) { return M <= RMAX ? panels_for(static_cast<int>(M)) : P_PF; }
+inline int64_t panel_grain(int64_t M, Fmt f, bool stream) {
+  return M <= RMAX ? panels_for(static_cast<int>(M), f, stream) : P_PF;
+}
 
 // Packing: w [N, K] row-major (nn.Linear's layout) into panels (`out`: panels(N) * panel_bytes, zero padded).
 inline int64_t panels(int64_t N) { return (N + PANEL - 1) / PANEL; }

@@ -141,7 +141,7 @@ at::Tensor packed_linear(const at::Tensor& input, const at::Tensor& packed, cons
   }
   const pk::Args args{fmt, xf, bf16 ? reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>()) : nullptr,
                       M, K, N, static_cast<const uint8_t*>(w.const_data_ptr()), w.numel() * w.element_size() / w.size(0),
-                      G, bf, out.mutable_data_ptr(), bf16};
+                      G, bf, out.mutable_data_ptr(), bf16, w.numel() * w.element_size() >= pk::STREAM_BYTES};
   if (M == 0 || N == 0) return out;
   const float* xt = nullptr;  // the rows interleaved for the kernel's blocks
   if (fmt != Fmt::BF16_PAIRS) {
@@ -149,7 +149,7 @@ at::Tensor packed_linear(const at::Tensor& input, const at::Tensor& packed, cons
     pk::interleave(xf, M, K, xtbuf.data());
     xt = xtbuf.data();
   }
-  const int64_t grain = pk::panel_grain(M), P = w.size(0), units = (P + grain - 1) / grain;
+  const int64_t grain = pk::panel_grain(M, fmt, args.stream), P = w.size(0), units = (P + grain - 1) / grain;
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     pk::run(args, xt, begin * grain, std::min(P, end * grain));
   });

@@ -6,7 +6,8 @@
 // its weights made float32 as packed_core.h says, acc = fma(x[k], w[k], acc) over k in order, plus the bias, rounded
 // once. That one check is the kernel's contract on every tier: the same bits whatever the tier, the number of rows,
 // their blocking and the split of the panels among threads (also checked: every pass split into two ranges of
-// panels). Exit status 0 and a line "ok <tier> <cases>" when every case passes.
+// panels, and each with the streaming blocking, Args::stream). Exit status 0 and a line "ok <tier> <cases>" when
+// every case passes.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -111,12 +112,13 @@ void check(const Case& c) {
   // the kernel: the whole pass, then the same pass as two ranges of panels
   std::vector<float> xt(M * K);
   packed::interleave(x.data(), M, K, xt.data());
-  for (int split = 0; split < 2; ++split) {
+  for (int split = 0; split < 4; ++split) {  // split 2 and 3: the same with the streaming blocking
     std::vector<float> of(M * N, -7.f);
     std::vector<uint16_t> ob(M * N, 0xBEEF);
     packed::Args a{c.fmt, x.data(), xb.data(), M, K, N, buf.data(), stride, G, c.bias ? bias.data() : nullptr,
-                   c.out_bf16 ? static_cast<void*>(ob.data()) : static_cast<void*>(of.data()), c.out_bf16};
-    if (split == 0) {
+                   c.out_bf16 ? static_cast<void*>(ob.data()) : static_cast<void*>(of.data()), c.out_bf16,
+                   split >= 2};
+    if (split % 2 == 0) {
       packed::run(a, xt.data(), 0, P);
     } else {
       const int64_t cut = P / 2;
