@@ -133,9 +133,9 @@ def one(name: str, dtype_name: str, weights: str | None, threads: int, repeats: 
 def machine(threads: int) -> dict:
     """Read bandwidth (one core, `threads` cores) and one core's matmul FLOP/s per dtype, measured now.
 
-    The read is the largest of an int32 view of 1 GB taken by torch on 1 and on `threads` threads: an integer
-    maximum costs one instruction a vector, so the memory bounds it. (A float32 sum, numpy's pairwise one
-    included, is bound by its adds on one AVX2 core: it read 8.5-10.9 GB/s where this read 11-12.)"""
+    The read: torch's maximum over 1 GB of int32, on 1 and on `threads` threads. An integer maximum costs one
+    instruction a vector, so the memory bounds it; a float32 sum (numpy's pairwise one included) is bound by its
+    adds on one AVX2 core, and read 8.5-10.9 GB/s where this reads 10-12."""
     import torch
 
     words = torch.ones(256 << 20, dtype=torch.int32)  # 1 GB, beyond any L3
