@@ -268,9 +268,13 @@ def test_quantized_weights_compute_what_float32_computes_on_their_dequantized_va
     for rows in (1, 5, 8, 12, 13):
         parts = torch.cat([torch.ops.specdec.packed_linear(xd[s : s + rows], packed, bd, n) for s in range(0, 30, rows)])
         assert torch.equal(parts, got), f"in passes of {rows} rows"
-    wb = w.bfloat16()
-    mixed = torch.ops.specdec.packed_linear(x, torch.ops.specdec.pack_weight(wb), b, n)
+    wb = w.bfloat16()  # packed without pairs, as load(weights="bfloat16") packs them: a float32 pass reads them
+    mixed = torch.ops.specdec.packed_linear(x, torch.ops.specdec.pack_weight(wb, False), b, n)
     assert torch.equal(mixed, torch.ops.specdec.packed_linear(x, torch.ops.specdec.pack_weight(wb.float()), b, n))
+    pairs = torch.ops.specdec.pack_weight(wb)
+    if pairs.dim() == 4:  # AVX512_BF16's pairs, for its bfloat16 dot product: a float32 pass is refused, by name
+        with pytest.raises(RuntimeError, match="bfloat16 pairs need bfloat16 input"):
+            torch.ops.specdec.packed_linear(x, pairs, b, n)
 
 
 def test_quantization_levels_and_errors():
