@@ -4,10 +4,10 @@
     flock /tmp/specdec-bench.lock taskset -c 1 python benchmarks/ladder_peers.py --dir DIR --models qwen2.5-0.5b \\
         --num-prompts 6 --repeats 2 --out docs/bench/ladder-peers-NAME
 
-Per shape, once: the random model of benchmarks/size_ladder.py (weights N(0, 0.02), seed 0) saved in bfloat16 with
-the default pair's tokenizer (the converter pads its vocabulary to the shape's with unused tokens; the LM head is
-saved beside the embedding, so both sides read an untied head), converted to
-GGUF bf16 by llama.cpp's converter, then to Q8_0 and Q4_0 by `llama-quantize`. The pairs, each at the same bits:
+Per shape, once: the random model of benchmarks/size_ladder.py (weights from one tiled block of N(0, 0.02), seed 0)
+saved in bfloat16 with the default pair's tokenizer (the converter pads its vocabulary to the shape's with unused
+tokens; the LM head is saved beside the embedding, so both sides read an untied head), converted to GGUF bf16 by
+llama.cpp's converter, then to Q8_0 and Q4_0 by `llama-quantize`. The pairs, each at the same bits:
 
 | specdec `load(weights=...)` | llama.cpp |
 |:---|:---|
