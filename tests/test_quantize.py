@@ -106,3 +106,98 @@ def test_pack_model_drops_the_float_weights_it_packed():
     pack_model(model, "int4", group=16)
     assert all(m.weight is None for m in linears)  # nothing left holds a float copy
     assert sum(isinstance(m, PackedLinear) for m in model.modules()) == len(linears)
+
+
+def _saved(tmp_path, arch: str, dtype: torch.dtype, **save):
+    """A tiny model of `arch` saved to tmp_path (safetensors unless save says otherwise), with an EOS in its
+    generation config (so that the streamed load is seen to read it)."""
+    model = tiny(arch, hidden=64, layers=2, dtype=dtype, tie_word_embeddings=arch == "qwen2")
+    model.generation_config.eos_token_id = 7
+    model.save_pretrained(tmp_path, **save)
+    return tmp_path
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("arch, dtype, save", [("llama", torch.float32, {}),
+                                                ("qwen2", torch.bfloat16, {"max_shard_size": "60KB"})],
+                         ids=["llama-f32", "qwen2-tied-bias-bf16-shards"])
+def test_a_checkpoint_streamed_into_packed_weights_is_the_whole_model_packed(tmp_path, arch, dtype, save, weights):
+    """load(weights=...) reads a safetensors checkpoint layer by layer (hub/streamed.py): every tensor, the
+    generation config and the logits are those of from_pretrained + pack_model; a tied head stays tied; shards and
+    biases are read."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.hub.loading import load_model
+    from specdec.hub.streamed import checkpoint_tensors, load_streamed
+
+    path = _saved(tmp_path, arch, dtype, **save)
+    assert (path / "model.safetensors.index.json").is_file() == bool(save)
+    streamed = load_streamed(path, dtype, weights)
+    assert streamed is not None
+    whole = pack_model(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval(), weights)
+    got, want = streamed.state_dict(), whole.state_dict()
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
+    assert streamed.generation_config.eos_token_id == whole.generation_config.eos_token_id == 7
+    if arch == "qwen2":  # a tied head is not in the checkpoint: it was packed from the embedding read by its name
+        assert "lm_head.weight" not in checkpoint_tensors(path)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        assert torch.equal(streamed(ids).logits, whole(ids).logits)
+    loaded = load_model(path, dtype=dtype, weights=weights)
+    assert all(torch.equal(t, want[n]) for n, t in loaded.state_dict().items())
+    assert not loaded.training
+
+
+def test_a_checkpoint_streaming_cannot_read_exactly_is_loaded_whole(tmp_path):
+    """Weights in .bin, or tensors under names the model does not have: load_streamed declines (None), and
+    load(weights=...) loads the float model whole and packs it, as before."""
+    from safetensors.torch import load_file, save_file
+
+    from specdec.hub.loading import load_model
+    from specdec.hub.streamed import load_streamed
+
+    bin_dir = _saved(tmp_path / "bin", "llama", torch.float32)
+    torch.save(load_file(bin_dir / "model.safetensors"), bin_dir / "pytorch_model.bin")
+    (bin_dir / "model.safetensors").unlink()
+    assert load_streamed(bin_dir, torch.float32, "int8") is None
+    assert isinstance(load_model(bin_dir, weights="int8").model.layers[0].mlp.up_proj, PackedLinear)
+    renamed = _saved(tmp_path / "renamed", "llama", torch.float32)
+    tensors = load_file(renamed / "model.safetensors")
+    tensors["model.norm.gamma"] = tensors.pop("model.norm.weight")
+    save_file(tensors, renamed / "model.safetensors", metadata={"format": "pt"})
+    assert load_streamed(renamed, torch.float32, "int8") is None
+
+
+@pytest.mark.parametrize("bits, group", [(8, 64), (4, 64), (4, 2)])
+def test_quantizing_in_blocks_of_rows_gives_the_bits_of_one_block(monkeypatch, bits, group):
+    """quantize_weight bounds its float32 temporaries by quantizing QUANTIZE_BLOCK values of rows at a time; any
+    block size (one row, a few, odd) gives what the whole matrix at once gives."""
+    from specdec.runtime import weights
+
+    torch.manual_seed(3)
+    w = torch.randn(301, 131).bfloat16()
+    monkeypatch.setattr(weights, "QUANTIZE_BLOCK", 1 << 40)
+    whole = weights.quantize_weight(w, bits, group)
+    for block in (1, 777, 5000):
+        monkeypatch.setattr(weights, "QUANTIZE_BLOCK", block)
+        got = weights.quantize_weight(w, bits, group)
+        assert torch.equal(got.q, whole.q) and torch.equal(got.scales, whole.scales), block
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4"])
+def test_packing_in_blocks_of_panels_gives_the_bits_of_one_block(monkeypatch, weights):
+    """PackedLinear.pack packs whole panels of outputs a block at a time (QUANTIZE_BLOCK values); any block size,
+    with outputs that fill no whole last panel, gives the packed tensor of the layer packed at once."""
+    from specdec.runtime import weights as weights_module
+
+    torch.manual_seed(4)
+    linear = nn.Linear(70, 203).to(torch.bfloat16)
+    monkeypatch.setattr(weights_module, "QUANTIZE_BLOCK", 1 << 40)
+    whole = PackedLinear.pack(linear, weights, 16)
+    for block in (1, 70 * 20, 70 * 130):
+        monkeypatch.setattr(weights_module, "QUANTIZE_BLOCK", block)
+        got = PackedLinear.pack(linear, weights, 16)
+        assert got.packed.dtype == whole.packed.dtype and torch.equal(got.packed, whole.packed), block
+        assert torch.equal(got.bias, whole.bias)

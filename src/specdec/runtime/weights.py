@@ -25,12 +25,14 @@ to its plain decoding. Embeddings stay in the model's dtype: a token reads one r
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from specdec.errors import ConfigError
+from specdec.runtime.heap import release_free_memory
 
 #: `weights=` values: the quantized formats' bits, the float formats' dtype.
 QUANTIZED = {"int8": 8, "int4": 4}
@@ -66,26 +68,51 @@ class QuantizedWeight:
 
 
 def quantize_weight(weight: torch.Tensor, bits: int, group: int = DEFAULT_GROUP) -> QuantizedWeight:
-    """weight [N, K] (any float dtype) quantized as this module's docstring says."""
+    """weight [N, K] (any float dtype) quantized as this module's docstring says, a block of rows at a time (each
+    row's groups are quantized on their own, so the blocks give the bits of one pass: only the float32
+    temporaries stay small, QUANTIZE_BLOCK values each, where a whole LM head's would be gigabytes)."""
     if bits not in (8, 4):
         raise ConfigError(f"bits must be 8 or 4, got {bits}")
     if group < 1 or (bits == 4 and group % 2):
         raise ConfigError(f"the group must be a positive number of inputs (even for int4), got {group}")
     n, k = weight.shape
     groups = -(-k // group)
+    q = torch.empty(n, k, dtype=torch.int8)
+    scales = torch.empty(n, groups, dtype=torch.float32)
+    rows = max(1, QUANTIZE_BLOCK // (groups * group))
+    for r0 in range(0, n, rows):
+        q[r0 : r0 + rows], scales[r0 : r0 + rows] = _quantize_rows(weight[r0 : r0 + rows], bits, group, groups)
+    return QuantizedWeight(q, scales, bits, group)
+
+
+#: Values (float32) in one block of rows that `quantize_weight` quantizes (and `PackedLinear.pack` packs) at a time.
+QUANTIZE_BLOCK = 1 << 22
+
+
+def _pack_rows(weight: torch.Tensor, weights: str, group: int) -> torch.Tensor:
+    """Rows weight [n, K] packed in format `weights` (kernels/packed_core.h's layouts)."""
+    if weights in FLOATS:  # the layout a pass in any dtype reads (bfloat16 pairs only serve bfloat16 passes)
+        return torch.ops.specdec.pack_weight(weight.to(FLOATS[weights]), False)
+    qw = quantize_weight(weight, QUANTIZED[weights], group)
+    return torch.ops.specdec.pack_quantized(qw.q, qw.scales, qw.bits, group)
+
+
+def _quantize_rows(weight: torch.Tensor, bits: int, group: int, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [n, K] int8 and scales [n, groups] float32 of rows weight [n, K]."""
+    n, k = weight.shape
     w = torch.zeros(n, groups * group, dtype=torch.float32)
     w[:, :k] = weight.detach().float()
-    w = w.view(n, groups, group)  # [N, groups, group]
+    w = w.view(n, groups, group)  # [n, groups, group]
     if bits == 8:
-        scales = w.abs().amax(dim=-1) / 127  # [N, groups]
+        scales = w.abs().amax(dim=-1) / 127  # [n, groups]
         lo, hi = -127, 127
     else:
-        extreme = w.gather(-1, w.abs().argmax(dim=-1, keepdim=True)).squeeze(-1)  # [N, groups]
+        extreme = w.gather(-1, w.abs().argmax(dim=-1, keepdim=True)).squeeze(-1)  # [n, groups]
         scales = extreme / -8
         lo, hi = -8, 7
     safe = torch.where(scales == 0, torch.ones_like(scales), scales)
     q = torch.round(w / safe.unsqueeze(-1)).clamp(lo, hi).to(torch.int8).view(n, -1)[:, :k]
-    return QuantizedWeight(q.contiguous(), scales.contiguous(), bits, group)
+    return q, scales
 
 
 class PackedLinear(nn.Module):
@@ -102,18 +129,25 @@ class PackedLinear(nn.Module):
 
     @classmethod
     def pack(cls, linear: nn.Linear, weights: str, group: int = DEFAULT_GROUP) -> PackedLinear:
-        """`linear`'s weights packed in format `weights` (its original is left as it is)."""
+        """`linear`'s weights packed in format `weights` (its original is left as it is), a block of whole panels
+        of outputs at a time: each panel is packed on its own, so the blocks give the bits of one pass, and the
+        temporaries (float32 copies, quantized values) are one block's, not the layer's."""
         from specdec.runtime.rowwise import load_kernel  # noqa: PLC0415 (builds the kernels on first use)
 
         load_kernel()
         bias = None if linear.bias is None else linear.bias.detach().clone()
-        if weights in FLOATS:
-            # the layout a pass in any dtype reads (bfloat16 pairs only serve bfloat16 passes: not these)
-            packed = torch.ops.specdec.pack_weight(linear.weight.detach().to(FLOATS[weights]), False)
-            return cls(packed, bias, linear.in_features, linear.out_features, weights)
-        qw = quantize_weight(linear.weight, QUANTIZED[weights], group)
-        packed = torch.ops.specdec.pack_quantized(qw.q, qw.scales, qw.bits, group)
-        return cls(packed, bias, linear.in_features, linear.out_features, weights, group)
+        weight = linear.weight.detach()
+        n, k = weight.shape
+        panel = torch.ops.specdec.panel_width()
+        rows = max(1, QUANTIZE_BLOCK // max(k, 1) // panel) * panel  # whole panels
+        packed = None
+        for r0 in range(0, n, rows):
+            block = _pack_rows(weight[r0 : r0 + rows], weights, group)  # [panels of the block, ...]
+            if packed is None:
+                packed = block.new_empty((-(-n // panel), *block.shape[1:]))
+            packed[r0 // panel : r0 // panel + block.shape[0]] = block
+        return cls(packed, bias, linear.in_features, linear.out_features, weights,
+                   group if weights in QUANTIZED else None)
 
     @property
     def bits(self) -> int | None:
@@ -131,11 +165,12 @@ class PackedLinear(nn.Module):
 
 
 def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP, *, head: bool = True,
-               free: bool = True) -> nn.Module:
+               free: bool = True, fill: Callable[[str, nn.Linear], None] | None = None) -> nn.Module:
     """Replace every nn.Linear of `model` (a CPU model) by its PackedLinear in format `weights`, in place, one layer
     at a time; the LM head at LM_HEAD_BITS under int4 (head=False: left as it is). free=True drops each original
-    weight once packed (a tied head's weight is the embedding's and stays). weights=None: nothing. Returns the
-    model."""
+    weight once packed (a tied head's weight is the embedding's and stays). fill(name, linear): called just before
+    a layer (not a tied head) is packed, to give it its weights then (hub/streamed.py reads them from the
+    checkpoint). weights=None: nothing. Returns the model."""
     if check_format(weights) is None:
         return model
     if any(p.device.type != "cpu" for p in model.parameters()):
@@ -146,11 +181,14 @@ def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP
         if module is lm_head and not head:
             continue
         layer = f"int{LM_HEAD_BITS}" if module is lm_head and weights == "int4" else weights
+        if fill is not None and not (module is lm_head and tied):
+            fill(name, module)
         replacement = PackedLinear.pack(module, layer, group)
         parent_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attr, replacement)
         if free and not (module is lm_head and tied):  # a tied head's weight is the embedding's: it stays
             module.weight = None
+            release_free_memory()  # the freed float weights leave the process (runtime/heap.py)
     return model
 
 

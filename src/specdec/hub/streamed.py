@@ -1,0 +1,105 @@
+"""`load(weights=...)` straight from a checkpoint, one linear layer at a time: the float model is never whole.
+
+`from_pretrained` and then `pack_model` hold the whole float model before the first layer is packed: for a model of
+8B parameters in bfloat16, 16 GB on the way to 4.5 GB of int4 weights. Here instead:
+
+1. the model is built with empty parameters (`no_init_weights`: allocated, never written, so never resident);
+2. every tensor but the linear layers' weights (embeddings, norms, biases) is read into its place;
+3. `pack_model` packs the linear layers in order, each reading its weight from the checkpoint just before (its
+   `fill`) and dropping it just after.
+
+Peak memory: the packed weights, the other tensors, and one layer's float weight. Each tensor is read through its own
+short-lived mapping of its file, so the pages read do not stay counted in the process's resident memory.
+
+The model is the one `from_pretrained(dtype=...)` and `pack_model` give, tensor for tensor (tests/test_quantize.py).
+Only a checkpoint this reads exactly as `from_pretrained` does is streamed: a causal LM in a local directory of
+safetensors (one file, or shards with their index) whose tensors have the model's own names and shapes (a tied LM
+head may be left out). For anything else `load_streamed` returns None and the caller loads the float model whole.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+def checkpoint_tensors(path: Path) -> dict[str, tuple[Path, list[int]]] | None:
+    """tensor name -> (its safetensors file, its shape) for a checkpoint directory; None when it has no safetensors."""
+    from safetensors import safe_open
+
+    if (path / INDEX).is_file():
+        files = sorted({path / f for f in json.loads((path / INDEX).read_text())["weight_map"].values()})
+    elif (path / SINGLE).is_file():
+        files = [path / SINGLE]
+    else:
+        return None
+    tensors = {}
+    for file in files:
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():
+                tensors[name] = (file, f.get_slice(name).get_shape())
+    return tensors
+
+
+def read(file: Path, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """Tensor `name` of `file` in `dtype` (a floating tensor; others as stored), through a mapping closed after."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), "pt") as f:
+        tensor = f.get_tensor(name)
+    return tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+
+def load_streamed(path: str | Path, dtype: torch.dtype, weights: str) -> nn.Module | None:
+    """The causal LM at `path` with its linear layers packed in format `weights`, read layer by layer (see the
+    module docstring); None when the checkpoint is not one this reads exactly as from_pretrained does."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers.initialization import no_init_weights
+
+    from specdec.runtime.weights import pack_model
+
+    path = Path(path)
+    if not path.is_dir() or not isinstance(dtype, torch.dtype):
+        return None
+    tensors = checkpoint_tensors(path)
+    config = AutoConfig.from_pretrained(str(path)) if tensors is not None else None
+    if config is None or config.is_encoder_decoder:
+        return None
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.tie_weights()  # (skipped under no_init_weights; from_pretrained ties after loading)
+    state = model.state_dict(keep_vars=True)  # name -> its empty tensor; tied tensors under each of their names
+    if set(tensors) - set(state):
+        return None  # tensors the model does not have: renamed or extra keys, from_pretrained's business
+    names: dict[int, list[str]] = {}  # one entry per tensor object, with every name it has
+    for name, tensor in state.items():
+        names.setdefault(id(tensor), []).append(name)
+    source: dict[int, str] = {}  # tensor object -> the name the checkpoint holds it under
+    for key, group in names.items():
+        stored = [n for n in group if n in tensors and list(state[n].shape) == tensors[n][1]]
+        if not stored:
+            return None  # missing from the checkpoint, or of another shape
+        source[key] = stored[0]
+    linear_weights = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    with torch.no_grad():
+        for key, group in names.items():
+            if all(n in linear_weights for n in group):
+                continue  # a linear layer's own weight: read when it is packed
+            target = state[group[0]]
+            target.copy_(read(tensors[source[key]][0], source[key], target.dtype))
+
+    def fill(name: str, linear: nn.Linear) -> None:
+        stored = source[id(state[f"{name}.weight"])]
+        weight = read(tensors[stored][0], stored, linear.weight.dtype)
+        linear.weight = nn.Parameter(weight, requires_grad=False)
+
+    pack_model(model, weights, fill=fill)
+    if (path / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(str(path))
+    return model.eval()
