@@ -1,8 +1,8 @@
 """Every script in benchmarks/ still starts: one smoke test per script, run in this process (runpy), so that a
 change of the library cannot silently break the scripts behind the published numbers (benchmarks/README.md).
-Each answers `--help` (its argument parser is built and every module it imports is importable); the two table
-scripts also run on tiny inputs, oracle_speedup.py on a tiny model, identity_table.py on one short prompt of the
-shipped pair, and server_identity.py serves the shipped pair to two short prompts."""
+Each answers `--help` (its argument parser is built and every module it imports is importable); the table scripts
+also run on tiny inputs, oracle_speedup.py and load_memory.py on a tiny model, identity_table.py on one short prompt
+of the shipped pair, and server_identity.py serves the shipped pair to two short prompts."""
 
 from __future__ import annotations
 
@@ -75,12 +75,18 @@ def _server_identity_run(tmp_path: Path) -> list[str]:
     return ["--prompts", "2", "--new-tokens", "4", "--streams", "2", "--out", str(tmp_path)]
 
 
+def _load_memory_run(tmp_path: Path) -> list[str]:
+    return ["--model", "llama-tiny", "--weights", "int8", "--dir", str(tmp_path / "checkpoint")]
+
+
 #: Scripts that also run on tiny inputs: script -> (tmp_path -> arguments, a line the output must contain).
 TINY_RUNS = {
     "identity_table": (_identity_table_run, "| bfloat16 | eager draft γ=4 | eager plain | 1/1 | 100.0% | 4 |"),
     # α 1: every oracle token accepted, γ+1 tokens a round (and each output is checked against plain decoding)
     "oracle_speedup": (_oracle_speedup_run, "SelfDraft int8 γ 3 α 1.000 (realized 1.000): τ 4.00"),
     "server_identity": (_server_identity_run, "| bfloat16 | eager | 2 | 2/2 | 2/2 | 8 |"),
+    # a checkpoint saved, then loaded both ways in processes of their own (each line printed only when it ran)
+    "load_memory": (_load_memory_run, "   whole     int8: load"),
     "multi_draft_summary": (_multi_draft_runs, "edit rrs:2:2        drafted/round  3.00 τ 2.250 chain τ at that many "
                                                "drafts (interp.) 2.150 ratio 1.047"),
     "tree_fastpath_table": (_tree_fastpath_run, "| tree-8 | 3.0 | 2.00 | 90.0 | 1.80x | 1.12x | 10.0 | 4.0 |"),

@@ -1,0 +1,100 @@
+"""Peak memory of `load(weights=...)` from a checkpoint: packed as it is read (hub/streamed.py) against the float
+model loaded whole and then packed (`from_pretrained` + `pack_model`, what `load` did before).
+
+    python benchmarks/load_memory.py --model qwen2.5-1.5b --weights int4,int8,bfloat16 --dir /tmp/ckpt --json out.json
+
+The size ladder's random model of the shape (benchmarks/size_ladder.py) is saved once to --dir in bfloat16
+(safetensors, shards of at most 2 GB). Then, per format and way, in a fresh process each (so that the peak is that
+load's own): the load's wall time, the process's peak resident memory (ru_maxrss: file pages mapped and read count
+too), the bytes the loaded model holds (packed weights and every other tensor, each once), and their ratio. The
+baseline is a process that imports torch, transformers and specdec and loads nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def peak_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def model_bytes(model) -> int:
+    """Bytes of the model's tensors (parameters and buffers), each storage counted once."""
+    seen, total = set(), 0
+    for t in (*model.parameters(), *model.buffers()):
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def one(way: str, path: str, weights: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specdec.hub.loading import load_model
+    from specdec.runtime.weights import pack_model
+
+    torch.set_num_threads(1)
+    before = peak_gb()
+    start = time.perf_counter()
+    if way == "baseline":
+        model = None
+    elif way == "streamed":
+        model = load_model(path, dtype=torch.bfloat16, weights=weights)
+    else:
+        model = pack_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval(), weights)
+    seconds = time.perf_counter() - start
+    return {"way": way, "weights": weights, "load_s": seconds, "peak_rss_gb": peak_gb(), "rss_before_gb": before,
+            "model_gb": model_bytes(model) / 2**30 if model is not None else 0.0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-1.5b")
+    parser.add_argument("--weights", default="int4,int8,bfloat16")
+    parser.add_argument("--dir", help="where the checkpoint is saved (reused when present)")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--one", nargs=3, metavar=("WAY", "PATH", "WEIGHTS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(*args.one)))
+        return
+    if not args.dir:
+        parser.error("--dir is required: where the checkpoint is saved (reused when present)")
+    path = Path(args.dir)
+    if not (path / "config.json").is_file():
+        import torch
+
+        sys.path.insert(0, str(Path(__file__).parent))
+        from size_ladder import build
+
+        build(args.model, torch.bfloat16).save_pretrained(path, max_shard_size="2GB")
+    runs = []
+    ways = [("baseline", "-")] + [(way, w) for w in args.weights.split(",") for way in ("streamed", "whole")]
+    for way, weights in ways:
+        proc = subprocess.run([sys.executable, __file__, "--one", way, str(path), weights],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            print(f"{way} {weights}: failed\n{proc.stderr[-2000:]}", flush=True)
+            continue
+        run = json.loads(proc.stdout.strip().splitlines()[-1])
+        runs.append(run)
+        ratio = run["peak_rss_gb"] / run["model_gb"] if run["model_gb"] else float("nan")
+        print(f"{way:>8} {weights:>8}: load {run['load_s']:6.1f} s, peak RSS {run['peak_rss_gb']:5.2f} GB, "
+              f"model {run['model_gb']:5.2f} GB, peak / model {ratio:.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "runs": runs}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
