@@ -97,9 +97,12 @@ def linear_params(model) -> int:
     return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear)))
 
 
-def one(name: str, dtype_name: str, weights: str | None, threads: int, repeats: int, compiled: bool = True) -> dict:
+def one(name: str, dtype_name: str, weights: str | None, threads: int, repeats: int, compiled: bool = True,
+        checkpoint: str | None = None) -> dict:
     """Everything measured for one (model, weights) in this process; `compiled=False`: the fast path's slot cache
-    and kernels without inductor (`compile="static"`: no compile time, the per-op overhead of eager passes)."""
+    and kernels without inductor (`compile="static"`: no compile time, the per-op overhead of eager passes).
+    `checkpoint`: the model saved there is loaded as a user loads it (`load_model(weights=...)`: packed as it is
+    read), and build_s is that load's time (packing included, pack_s 0); else it is built and packed here."""
     import torch
 
     from specdec.bench.timing import median_ms
@@ -111,12 +114,19 @@ def one(name: str, dtype_name: str, weights: str | None, threads: int, repeats: 
     out = {"model": name, "dtype": dtype_name, "weights": weights or "hf", "threads": threads,
            "path": "compiled" if compiled else "static"}
     start = time.perf_counter()
-    model = build(name, dtype)
+    if checkpoint:
+        from specdec.hub.loading import load_model
+
+        model = load_model(checkpoint, dtype=dtype, weights=weights)
+        out["source"] = "checkpoint"
+    else:
+        model = build(name, dtype)
     out["build_s"] = time.perf_counter() - start
     out["params"] = sum(p.numel() for p in model.parameters())
     flops_per_row = 2 * linear_params(model)
     start = time.perf_counter()
-    pack_model(model, weights)
+    if not checkpoint:
+        pack_model(model, weights)
     out["pack_s"] = time.perf_counter() - start
     out["weight_bytes"] = weight_bytes(model)
     out["rss_after_load_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -189,21 +199,32 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--path", choices=("compiled", "static"), default="compiled",
                         help="the fast path compiled (inductor), or its slot cache and kernels uncompiled")
+    parser.add_argument("--checkpoint", default=None, metavar="DIR",
+                        help="save each model once under DIR (bfloat16 safetensors) and load it as a user does, "
+                             "packed as it is read, instead of building it in the measuring process")
     parser.add_argument("--json", default=None)
     parser.add_argument("--one", nargs=3, metavar=("MODEL", "DTYPE", "WEIGHTS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         model, dtype, weights = args.one
         print(json.dumps(one(model, dtype, None if weights == "hf" else weights, args.threads, args.repeats,
-                             args.path == "compiled")))
+                             args.path == "compiled", args.checkpoint)))
         return
     report = {"machine": machine(args.threads if args.threads > 1 else os.cpu_count() or 1), "threads": args.threads,
               "runs": []}
     print(json.dumps(report["machine"]), flush=True)
     for model in args.models.split(","):
+        source = []
+        if args.checkpoint:
+            saved = os.path.join(args.checkpoint, model)
+            if not os.path.isfile(os.path.join(saved, "config.json")):
+                import torch
+
+                build(model, torch.bfloat16).save_pretrained(saved, max_shard_size="2GB")
+            source = ["--checkpoint", saved]
         for weights in args.weights.split(","):
             proc = subprocess.run([sys.executable, __file__, "--one", model, args.dtype, weights, "--threads",
-                                   str(args.threads), "--repeats", str(args.repeats), "--path", args.path],
+                                   str(args.threads), "--repeats", str(args.repeats), "--path", args.path, *source],
                                   capture_output=True, text=True)
             if proc.returncode:
                 print(f"{model} {weights}: failed\n{proc.stderr[-2000:]}", flush=True)
@@ -213,7 +234,8 @@ def main() -> None:
             # the floors at the run's thread count: all cores' read, one core's matmul roof times the threads
             bw = report["machine"]["read_gb_s_all_cores" if args.threads > 1 else "read_gb_s_one_core"]
             roof = report["machine"]["matmul_gflop_s_one_core"]["float32"] * args.threads
-            row = [f"{model} {weights}: build {run['build_s']:.0f} s, compile {run['compile_s']:.0f} s, "
+            made = "load" if args.checkpoint else "build"
+            row = [f"{model} {weights}: {made} {run['build_s']:.0f} s, compile {run['compile_s']:.0f} s, "
                    f"RSS {run['peak_rss_gb']:.2f} GB, weights {run['weight_bytes'] / 1e9:.2f} GB"]
             for width, ms in run["pass_ms"].items():
                 floor = max(run["weight_bytes"] / bw / 1e6, run["flops_per_row"] * int(width) / roof / 1e6)
