@@ -4,10 +4,11 @@ model loaded whole and then packed (`from_pretrained` + `pack_model`, what `load
     python benchmarks/load_memory.py --model qwen2.5-1.5b --weights int4,int8,bfloat16 --dir /tmp/ckpt --json out.json
 
 The size ladder's random model of the shape (benchmarks/size_ladder.py) is saved once to --dir in bfloat16
-(safetensors, shards of at most 2 GB). Then, per format and way, in a fresh process each (so that the peak is that
-load's own): the load's wall time, the process's peak resident memory (ru_maxrss: file pages mapped and read count
-too), the bytes the loaded model holds (packed weights and every other tensor, each once), and their ratio. The
-baseline is a process that imports torch, transformers and specdec and loads nothing.
+(safetensors, shards of at most 2 GB), by a process of its own (a child's ru_maxrss counts its parent's memory).
+Then, per format and way, in a fresh process each (so that the peak is that load's own): the load's wall time, the
+process's peak resident memory (ru_maxrss: file pages mapped and read count too), the bytes the loaded model holds
+(packed weights and every other tensor, each once), and their ratio. The baseline is a process that imports torch,
+transformers and specdec and loads nothing.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-1.5b")
     parser.add_argument("--weights", default="int4,int8,bfloat16")
     parser.add_argument("--dir", help="where the checkpoint is saved (reused when present)")
+    parser.add_argument("--ways", default="streamed,whole",
+                        help="streamed (load(weights=...)), whole (from_pretrained + pack_model), or both")
     parser.add_argument("--json", default=None)
     parser.add_argument("--one", nargs=3, metavar=("WAY", "PATH", "WEIGHTS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -72,14 +75,12 @@ def main() -> None:
         parser.error("--dir is required: where the checkpoint is saved (reused when present)")
     path = Path(args.dir)
     if not (path / "config.json").is_file():
-        import torch
-
         sys.path.insert(0, str(Path(__file__).parent))
-        from size_ladder import build
+        from size_ladder import save_checkpoint
 
-        build(args.model, torch.bfloat16).save_pretrained(path, max_shard_size="2GB")
+        save_checkpoint(args.model, str(path))
     runs = []
-    ways = [("baseline", "-")] + [(way, w) for w in args.weights.split(",") for way in ("streamed", "whole")]
+    ways = [("baseline", "-")] + [(way, w) for w in args.weights.split(",") for way in args.ways.split(",")]
     for way, weights in ways:
         proc = subprocess.run([sys.executable, __file__, "--one", way, str(path), weights],
                               capture_output=True, text=True)

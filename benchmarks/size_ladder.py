@@ -74,6 +74,13 @@ def build(name: str, dtype):
     return model.eval()
 
 
+def save_checkpoint(name: str, directory: str) -> None:
+    """The random model of shape `name` saved to `directory` in bfloat16 (safetensors, shards of at most 2 GB), by
+    a process of its own: a process's peak RSS (ru_maxrss) counts its parent's resident memory at the fork, so the
+    processes that measure a load must not come from one that held the model."""
+    subprocess.run([sys.executable, __file__, "--save", name, directory], check=True)
+
+
 def weight_bytes(model) -> int:
     """Bytes a pass reads of the linear layers' weights (packed or not)."""
     from torch import nn
@@ -204,7 +211,13 @@ def main() -> None:
                              "packed as it is read, instead of building it in the measuring process")
     parser.add_argument("--json", default=None)
     parser.add_argument("--one", nargs=3, metavar=("MODEL", "DTYPE", "WEIGHTS"), help=argparse.SUPPRESS)
+    parser.add_argument("--save", nargs=2, metavar=("MODEL", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.save:
+        import torch
+
+        build(args.save[0], torch.bfloat16).save_pretrained(args.save[1], max_shard_size="2GB")
+        return
     if args.one:
         model, dtype, weights = args.one
         print(json.dumps(one(model, dtype, None if weights == "hf" else weights, args.threads, args.repeats,
@@ -218,9 +231,7 @@ def main() -> None:
         if args.checkpoint:
             saved = os.path.join(args.checkpoint, model)
             if not os.path.isfile(os.path.join(saved, "config.json")):
-                import torch
-
-                build(model, torch.bfloat16).save_pretrained(saved, max_shard_size="2GB")
+                save_checkpoint(model, saved)
             source = ["--checkpoint", saved]
         for weights in args.weights.split(","):
             proc = subprocess.run([sys.executable, __file__, "--one", model, args.dtype, weights, "--threads",
