@@ -178,6 +178,11 @@ def load_models(args):
 
     check_device(args.device)
     apply_threads(args)
+    weights = getattr(args, "weights", None)
+    if weights and not str(args.device).startswith("cpu"):
+        from specdec.errors import ConfigError
+
+        raise ConfigError(f"--weights {weights} runs on specdec's CPU kernels only; use --device cpu")
     if args.target is None:
         from specdec.hub.loading import resolve_dtype
 
@@ -186,21 +191,16 @@ def load_models(args):
             device=args.device, **({} if dtype == "auto" else {"dtype": dtype}))
     elif args.target == DEFAULT_SEQ2SEQ and args.draft is None:  # the shipped seq2seq pair, draft included
         target, draft, tokenizer = specdec.load_default_seq2seq(device=args.device)
-    else:
-        target, tokenizer = load(args.target, args.device, args.dtype)
+    else:  # packed as they are read where the checkpoint allows it (hub/streamed.py)
+        target, tokenizer = load(args.target, args.device, args.dtype, weights)
         draft = None
     if args.draft is not None:  # its own tokenizer, if another, is translated (draft_tokenizer_options)
-        draft = load_model(args.draft, args.device, args.dtype)
-    weights = getattr(args, "weights", None)
-    if weights:
+        draft = load_model(args.draft, args.device, args.dtype, weights)
+    if weights and (args.target is None or args.target == DEFAULT_SEQ2SEQ):  # a shipped pair, loaded in float
         from specdec.runtime.weights import pack_model
 
-        if not str(args.device).startswith("cpu"):
-            from specdec.errors import ConfigError
-
-            raise ConfigError(f"--weights {weights} runs on specdec's CPU kernels only; use --device cpu")
         target = pack_model(target, weights)
-        draft = pack_model(draft, weights) if draft is not None else None
+        draft = pack_model(draft, weights) if draft is not None and args.draft is None else draft
     return target, draft, tokenizer
 
 
