@@ -201,3 +201,31 @@ def test_packing_in_blocks_of_panels_gives_the_bits_of_one_block(monkeypatch, we
         got = PackedLinear.pack(linear, weights, 16)
         assert got.packed.dtype == whole.packed.dtype and torch.equal(got.packed, whole.packed), block
         assert torch.equal(got.bias, whole.bias)
+
+
+def test_a_hub_id_in_the_hub_cache_is_streamed_from_its_snapshot(tmp_path, monkeypatch):
+    """load(weights=...) of a hub id (offline: the hub cache alone) finds its snapshot there and streams it: the model
+    comes from load_streamed on the snapshot directory, and is the whole model packed."""
+    from huggingface_hub import constants
+    from transformers import AutoModelForCausalLM
+
+    from specdec.hub import streamed
+    from specdec.hub.loading import load_model
+
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--specdec-test--tiny"
+    snapshot = _saved(repo / "snapshots" / revision, "llama", torch.float32)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert streamed.local_checkpoint("specdec-test/tiny", True) == snapshot
+    assert streamed.local_checkpoint("specdec-test/not-cached", True) is None
+    read_from = []
+    real = streamed.load_streamed
+    monkeypatch.setattr(streamed, "load_streamed", lambda path, *rest: read_from.append(path) or real(path, *rest))
+    model = load_model("specdec-test/tiny", dtype=torch.float32, weights="int8")
+    assert read_from == [snapshot]
+    whole = pack_model(AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32).eval(), "int8").state_dict()
+    got = model.state_dict()
+    assert got.keys() == whole.keys() and all(torch.equal(t, whole[n]) for n, t in got.items())

@@ -159,11 +159,12 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype |
                           "or leave weights out")
     path = resolve_name(path)
     cache = cache_only(path)
-    if check_format(weights) is not None:  # a local safetensors checkpoint: packed as it is read (hub/streamed.py)
-        from specdec.hub.streamed import load_streamed  # noqa: PLC0415
+    if check_format(weights) is not None:  # a safetensors checkpoint: packed as it is read (hub/streamed.py)
+        from specdec.hub.streamed import load_streamed, local_checkpoint  # noqa: PLC0415
 
         with _no_progress_bars():
-            model = load_streamed(path, resolve_dtype(dtype, device), weights)
+            local = local_checkpoint(path, cache)
+            model = load_streamed(local, resolve_dtype(dtype, device), weights) if local is not None else None
         if model is not None:
             return model
     try:

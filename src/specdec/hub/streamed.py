@@ -12,9 +12,10 @@ Peak memory: the packed weights, the other tensors, and one layer's float weight
 short-lived mapping of its file, so the pages read do not stay counted in the process's resident memory.
 
 The model is the one `from_pretrained(dtype=...)` and `pack_model` give, tensor for tensor (tests/test_quantize.py).
-Only a checkpoint this reads exactly as `from_pretrained` does is streamed: a causal LM in a local directory of
-safetensors (one file, or shards with their index) whose tensors have the model's own names and shapes (a tied LM
-head may be left out). For anything else `load_streamed` returns None and the caller loads the float model whole.
+Only a checkpoint this reads exactly as `from_pretrained` does is streamed: a causal LM in safetensors (one file, or
+shards with their index; a local directory, or a hub id's snapshot in the hub cache) whose tensors have the model's
+own names and shapes (a tied LM head may be left out). For anything else `load_streamed` returns None and the
+caller loads the float model whole.
 """
 
 from __future__ import annotations
@@ -29,6 +30,23 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
 
+def local_checkpoint(path: str | Path, cache_only: bool) -> Path | None:
+    """The local directory of checkpoint `path`: the path itself, or for a hub id its snapshot in the hub cache,
+    fetched first where the hub can be reached: its configurations, then the safetensors files its index names (or
+    model.safetensors), as from_pretrained fetches them (cache_only: the cache alone). None when the hub refuses."""
+    if Path(path).is_dir():
+        return Path(path)
+    from huggingface_hub import snapshot_download
+
+    try:
+        local = Path(snapshot_download(str(path), allow_patterns=["*.json"], local_files_only=cache_only))
+        index = local / INDEX
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [SINGLE]
+        return Path(snapshot_download(str(path), allow_patterns=files, local_files_only=cache_only))
+    except Exception:  # noqa: BLE001 (any refusal, the hub client's network errors included: from_pretrained then
+        return None  # loads or reports what is wrong, in its own words)
+
+
 def checkpoint_tensors(path: Path) -> dict[str, tuple[Path, list[int]]] | None:
     """tensor name -> (its safetensors file, its shape) for a checkpoint directory; None when it has no safetensors."""
     from safetensors import safe_open
@@ -39,6 +57,8 @@ def checkpoint_tensors(path: Path) -> dict[str, tuple[Path, list[int]]] | None:
         files = [path / SINGLE]
     else:
         return None
+    if not all(file.is_file() for file in files):
+        return None  # a shard missing (a hub snapshot cached in part): from_pretrained's business
     tensors = {}
     for file in files:
         with safe_open(str(file), "pt") as f:
