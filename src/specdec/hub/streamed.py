@@ -30,6 +30,13 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
 
+def weight_files(directory: Path) -> list[str]:
+    """The safetensors files a checkpoint directory's weights are in: those its index names, else model.safetensors
+    (present or not)."""
+    index = directory / INDEX
+    return sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [SINGLE]
+
+
 def local_checkpoint(path: str | Path, cache_only: bool) -> Path | None:
     """The local directory of checkpoint `path`: the path itself, or for a hub id its snapshot in the hub cache,
     fetched first where the hub can be reached: its configurations, then the safetensors files its index names (or
@@ -40,9 +47,7 @@ def local_checkpoint(path: str | Path, cache_only: bool) -> Path | None:
 
     try:
         local = Path(snapshot_download(str(path), allow_patterns=["*.json"], local_files_only=cache_only))
-        index = local / INDEX
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [SINGLE]
-        return Path(snapshot_download(str(path), allow_patterns=files, local_files_only=cache_only))
+        return Path(snapshot_download(str(path), allow_patterns=weight_files(local), local_files_only=cache_only))
     except Exception:  # noqa: BLE001 (any refusal, the hub client's network errors included: from_pretrained then
         return None  # loads or reports what is wrong, in its own words)
 
@@ -51,14 +56,9 @@ def checkpoint_tensors(path: Path) -> dict[str, tuple[Path, list[int]]] | None:
     """tensor name -> (its safetensors file, its shape) for a checkpoint directory; None when it has no safetensors."""
     from safetensors import safe_open
 
-    if (path / INDEX).is_file():
-        files = sorted({path / f for f in json.loads((path / INDEX).read_text())["weight_map"].values()})
-    elif (path / SINGLE).is_file():
-        files = [path / SINGLE]
-    else:
-        return None
+    files = [path / name for name in weight_files(path)]
     if not all(file.is_file() for file in files):
-        return None  # a shard missing (a hub snapshot cached in part): from_pretrained's business
+        return None  # none, or a shard missing (a hub snapshot cached in part): from_pretrained's business
     tensors = {}
     for file in files:
         with safe_open(str(file), "pt") as f:
