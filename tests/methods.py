@@ -139,6 +139,10 @@ MTP_STATISTICAL = ("mtp",)
 #: token tree, a multi-draft tree and the slot cache; the greedy suite there runs every entry.
 DEVICE_STATISTICAL = ("draft-model", "draft-tree", "multi-draft", "draft-model-static")
 
+#: The weight formats tests/test_quantize.py checks at T > 0 (one check each): a target and its draft on packed
+#: weights, int8 and int4 (float32 arithmetic on the dequantized weights) and w4a8 (integer, on int8 activations).
+QUANTIZED_STATISTICAL = ("int8", "int4", "w4a8")
+
 
 def build_mtp(name: str, target):
     """(drafter, extra decoder options) for MTP_METHODS entry `name`."""

@@ -45,6 +45,7 @@ from methods import (
     DEVICE_STATISTICAL,
     METHODS,
     MTP_STATISTICAL,
+    QUANTIZED_STATISTICAL,
     SEQ2SEQ_METHODS,
     SEQ2SEQ_TREE_STATISTICAL,
     build,
@@ -104,6 +105,10 @@ MTP_ALPHA = 1e-5
 #: tests/test_cuda.py: one check per method in DEVICE_STATISTICAL with the models on a GPU, at DEVICE_ALPHA there
 DEVICE_CHECKS = len(DEVICE_STATISTICAL)
 DEVICE_ALPHA = 1e-5
+#: tests/test_quantize.py: one check per weight format in QUANTIZED_STATISTICAL (target and draft packed), at
+#: QUANTIZED_ALPHA there
+QUANTIZED_CHECKS = len(QUANTIZED_STATISTICAL)
+QUANTIZED_ALPHA = 1e-5
 BF16_ALPHA = 2e-5  # test_every_method_is_exact_in_bfloat16
 
 
@@ -124,11 +129,12 @@ def positive(checks: int = 1, alpha: float = ALPHA):
 OTHER_CHECKS = 2 + 1 + 2 + CROSS_VOCAB_CHECKS + SEQ2SEQ_CHECKS
 BF16_CHECKS = len(METHODS)  # every method once more in bfloat16, at BF16_ALPHA
 POSITIVE_CHECKS = (len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + OTHER_CHECKS + SEQ2SEQ_TREE_CHECKS + BF16_CHECKS
-                   + MTP_CHECKS + DEVICE_CHECKS)
+                   + MTP_CHECKS + DEVICE_CHECKS + QUANTIZED_CHECKS)
 #: Bonferroni bound on the chance that a correct implementation fails any of them.
-FWER_BOUND = ((POSITIVE_CHECKS - OTHER_CHECKS - SEQ2SEQ_TREE_CHECKS - BF16_CHECKS - MTP_CHECKS - DEVICE_CHECKS)
-              * ALPHA + OTHER_CHECKS * 1e-4 + SEQ2SEQ_TREE_CHECKS * TREE_ALPHA + BF16_CHECKS * BF16_ALPHA
-              + MTP_CHECKS * MTP_ALPHA + DEVICE_CHECKS * DEVICE_ALPHA)
+FWER_BOUND = ((POSITIVE_CHECKS - OTHER_CHECKS - SEQ2SEQ_TREE_CHECKS - BF16_CHECKS - MTP_CHECKS - DEVICE_CHECKS
+               - QUANTIZED_CHECKS) * ALPHA + OTHER_CHECKS * 1e-4 + SEQ2SEQ_TREE_CHECKS * TREE_ALPHA
+              + BF16_CHECKS * BF16_ALPHA + MTP_CHECKS * MTP_ALPHA + DEVICE_CHECKS * DEVICE_ALPHA
+              + QUANTIZED_CHECKS * QUANTIZED_ALPHA)
 
 
 def test_family_wise_false_failure_rate_is_bounded(request):

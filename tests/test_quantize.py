@@ -1,23 +1,29 @@
-"""Models on packed weights (runtime/weights.py, specdec.load(weights=...)): float32, bfloat16, int8, int4; and
-SelfDraft.
+"""Models on packed weights (runtime/weights.py, specdec.load(weights=...)): float32, bfloat16, int8, int4, w4a8;
+and SelfDraft.
 
 The identity promise holds per precision: a quantized target's speculative output is token-identical to its own
-plain decoding on the same path (eager, static slot cache, batched), for drafts of any kind. SelfDraft is exact at
-T > 0 through tests/methods.py (the statistical suite); here its construction, sharing and refusals.
+plain decoding on the same path (eager, static slot cache, batched), for drafts of any kind; and at T > 0 it samples
+exactly the quantized target's distribution (one statistical check per format, with a negative control). SelfDraft
+is exact at T > 0 through tests/methods.py (the statistical suite); here its construction, sharing and refusals.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from faulty import FAULTY_VERIFIERS
+from methods import QUANTIZED_STATISTICAL
 from models import perturbed, tiny
 from torch import nn
 
 import specdec
 from specdec.errors import ConfigError
+from specdec.exactness import check_exactness
 from specdec.runtime.weights import PackedLinear, pack_model, quantized_copy
 
 PROMPTS = [[5, 17, 3, 40, 8], [1, 2, 3], [60, 61, 62, 63, 64, 65, 66]]
+#: The statistical checks' level (test_exactness.py counts them as QUANTIZED_CHECKS at QUANTIZED_ALPHA).
+QUANTIZED_ALPHA = 1e-5
 
 
 def _quantized(weights: str, seed: int = 0):
@@ -25,7 +31,7 @@ def _quantized(weights: str, seed: int = 0):
 
 
 @pytest.mark.parametrize("mode", [False, "static"], ids=["eager", "static"])
-@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8"])
 def test_speculative_decoding_of_a_quantized_target_is_its_plain_decoding(weights, mode):
     target = _quantized(weights)
     draft = pack_model(perturbed(tiny("llama", hidden=64, layers=2, dtype=torch.float32), 0.2), weights, group=16)
@@ -38,7 +44,7 @@ def test_speculative_decoding_of_a_quantized_target_is_its_plain_decoding(weight
             assert spec.stats.target_forwards <= plain.stats.target_forwards
 
 
-@pytest.mark.parametrize("weights", ["int8", "int4"])
+@pytest.mark.parametrize("weights", ["int8", "int4", "w4a8"])
 def test_batched_rows_of_a_quantized_target_are_its_lone_requests(weights):
     target = _quantized(weights, seed=2)
     lone = [specdec.generate(target, p, max_new_tokens=16).tokens for p in PROMPTS]
@@ -67,7 +73,7 @@ def test_self_draft_shares_the_targets_tensors_and_leaves_it_float():
     assert spec.tokens == plain.tokens and spec.stats.accepted > 0
 
 
-@pytest.mark.parametrize("weights", ["int8", "int4"])
+@pytest.mark.parametrize("weights", ["int8", "int4", "w4a8"])
 def test_self_draft_on_the_slot_cache_is_plain_decoding(weights):
     target = tiny("llama", hidden=64, layers=2, seed=5, dtype=torch.float32)
     for prompt in PROMPTS:
@@ -89,7 +95,7 @@ def test_self_draft_with_a_reduced_vocabulary_quantizes_its_reduced_head():
 
 def test_refusals_name_the_fix():
     target = tiny("llama", hidden=64, layers=2, dtype=torch.float32)
-    with pytest.raises(ConfigError, match="int4' or 'int8'"):
+    with pytest.raises(ConfigError, match="choose 'int8', 'int4', 'w4a8'"):
         specdec.SelfDraft(target, weights="int3")
     with pytest.raises(ConfigError, match="choose float32, bfloat16, int8, int4"):
         pack_model(target, "int2")
@@ -117,7 +123,7 @@ def _saved(tmp_path, arch: str, dtype: torch.dtype, **save):
     return tmp_path
 
 
-@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8"])
 @pytest.mark.parametrize("arch, dtype, save", [("llama", torch.float32, {}),
                                                 ("qwen2", torch.bfloat16, {"max_shard_size": "60KB"})],
                          ids=["llama-f32", "qwen2-tied-bias-bf16-shards"])
@@ -186,7 +192,7 @@ def test_quantizing_in_blocks_of_rows_gives_the_bits_of_one_block(monkeypatch, b
         assert torch.equal(got.q, whole.q) and torch.equal(got.scales, whole.scales), block
 
 
-@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8"])
 def test_packing_in_blocks_of_panels_gives_the_bits_of_one_block(monkeypatch, weights):
     """PackedLinear.pack packs whole panels of outputs a block at a time (QUANTIZE_BLOCK values); any block size,
     with outputs that fill no whole last panel, gives the packed tensor of the layer packed at once."""
@@ -229,3 +235,39 @@ def test_a_hub_id_in_the_hub_cache_is_streamed_from_its_snapshot(tmp_path, monke
     whole = pack_model(AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32).eval(), "int8").state_dict()
     got = model.state_dict()
     assert got.keys() == whole.keys() and all(torch.equal(t, whole[n]) for n, t in got.items())
+
+
+def _sampling_pair(weights: str):
+    """A V = 8 target and a perturbed draft (partial acceptance), both packed in `weights`, groups of 8 inputs."""
+    target = tiny("llama", hidden=16, layers=2, vocab=8, seed=3, dtype=torch.float32)
+    draft = perturbed(target, 0.3, seed=11)
+    return pack_model(target, weights, group=8), pack_model(draft, weights, group=8)
+
+
+def _sampled(target, draft, **kwargs):
+    return check_exactness(target, [1, 2, 1, 1, 2], specdec.DraftModel(draft), gamma=3, temperature=1.0, top_k=6,
+                           top_p=0.9, max_new_tokens=3, eos_token_id=[], samples=3000, seed=1234,
+                           alpha=QUANTIZED_ALPHA, **kwargs)
+
+
+@pytest.mark.statistical
+@pytest.mark.exactness_positive(checks=1, alpha=QUANTIZED_ALPHA)
+@pytest.mark.parametrize("weights", QUANTIZED_STATISTICAL)
+def test_speculative_sampling_of_a_quantized_target_is_exact(weights):
+    """At T > 0 with top-k and top-p, speculative decoding samples the quantized target's own distribution (every
+    continuation of 3 tokens enumerated and tested): q and p are the packed draft's and target's."""
+    target, draft = _sampling_pair(weights)
+    result = _sampled(target, draft)
+    assert result.mode == "enumerate"
+    assert result.passed, result.summary()
+    assert result.detectable_tv < 0.12, result.summary()  # the check has power
+    assert 0 < result.accepted < result.drafted, result.summary()  # both verification paths ran
+
+
+@pytest.mark.statistical
+def test_negative_control_on_quantized_weights_is_caught():
+    """The same check has teeth on packed weights: the rule without its residual is caught on a w4a8 pair."""
+    target, draft = _sampling_pair("w4a8")
+    result = _sampled(target, draft, verify_fn=FAULTY_VERIFIERS["no_residual"])
+    assert not result.passed
+    assert result.p_value < 1e-6, result.summary()

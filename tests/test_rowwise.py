@@ -277,6 +277,53 @@ def test_quantized_weights_compute_what_float32_computes_on_their_dequantized_va
             torch.ops.specdec.packed_linear(x, pairs, b, n)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("k, n, group", [(389, 203, 64), (96, 70, 32), (37, 21, 8)])
+def test_w4a8_is_the_integer_dot_product_of_int4_weights_and_int8_rows(k, n, group, dtype):
+    """W4A8 (kernels/packed_core.h): each row's groups of inputs rounded to int8 at 127 / max|x|, integer sums
+    against the int4 weights, one float32 multiply-add per group; rows that do not depend on the pass (1 to 13 rows,
+    and a prefill's blocks), close to float32 on the dequantized weights, and a non-finite input's row non-finite."""
+    from specdec.runtime.weights import quantize_weight
+
+    load_kernel()
+    torch.manual_seed(11)
+    x, w, b = torch.randn(30, k), torch.randn(n, k), torch.randn(n)
+    x[3, : min(k, group)] = 0.0  # a group of zeros
+    qw = quantize_weight(w, 4, group)
+    packed = torch.ops.specdec.pack_quantized(qw.q, qw.scales, 4, group, True)
+    xd, bd = x.to(dtype), b.to(dtype)
+    got = torch.ops.specdec.packed_linear(xd, packed, bd, n)
+    # the reference: the rows quantized as the kernel defines it, integer sums, float64 multiply-adds per group
+    groups = -(-k // group)
+    xf = torch.zeros(30, groups * group)
+    xf[:, :k] = xd.float()
+    xg = xf.view(30, groups, group)
+    amax = xg.abs().amax(-1, keepdim=True)  # [M, groups, 1]
+    xq = torch.where(amax > 0, torch.round(xg * 127 / amax.clamp_min(1e-45)), torch.zeros(()))
+    qg = torch.zeros(n, groups * group, dtype=torch.int64)
+    qg[:, :k] = qw.q.long()
+    isum = torch.einsum("mgi,ngi->mng", xq.long().double(), qg.view(n, groups, group).double())  # exact
+    scale = qw.scales.unsqueeze(0) * (amax.squeeze(-1) / 127).unsqueeze(1)  # [M, N, groups] float32
+    want = torch.zeros(30, n)
+    for g in range(groups):  # fma in float64, rounded to float32 (one rounding but for ties of two)
+        want = (isum[:, :, g] * scale[:, :, g].double() + want.double()).float()
+    want = want + bd.float()
+    torch.testing.assert_close(got.float(), want.to(dtype).float(), rtol=1e-6 if dtype == torch.float32 else 8e-3,
+                               atol=1e-6)
+    float_kernel = torch.ops.specdec.packed_linear(xd.float(), torch.ops.specdec.pack_weight(qw.dequantize()),
+                                                   bd.float(), n)
+    assert (got.float() - float_kernel).abs().max() < 0.05 * float_kernel.abs().max()  # the inputs' rounding only
+    for rows in (1, 3, 5, 8, 9, 12, 13):
+        parts = torch.cat([torch.ops.specdec.packed_linear(xd[s : s + rows], packed, bd, n) for s in range(0, 30, rows)])
+        assert torch.equal(parts, got), f"in passes of {rows} rows"
+    bad = xd.clone()
+    bad[2, k // 2] = float("nan")
+    out = torch.ops.specdec.packed_linear(bad, packed, bd, n)
+    assert out[2].isnan().all() and torch.equal(out[:2], got[:2]) and torch.equal(out[3:], got[3:])
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        torch.ops.specdec.pack_quantized(qw.q, qw.scales, 4, 12, True)
+
+
 def test_quantization_levels_and_errors():
     """int8: scale max|w| / 127; int4: the group's extreme weight lands on -8; zeros stay zeros; bad arguments
     raise ConfigError naming the fix, and packed weights of another input size are refused."""

@@ -1,7 +1,7 @@
 """`SelfDraft`: a draft for any model, with no second model and no training: the target's own weights, quantized.
 
 `SelfDraft(target, weights="int4")` drafts with a copy of the target whose linear layers are quantized to int4 (or
-int8) and run on specdec's packed kernels (runtime/weights.py): the same layers, the same tokenizer, nothing to
+int8, or w4a8: int4 computed on int8 activations) and run on specdec's packed kernels (runtime/weights.py): the same layers, the same tokenizer, nothing to
 download or train. Its embeddings, norms and biases are the target's own tensors (shared, not copied); its linear
 layers hold a packed copy at a quarter (int8) or an eighth (int4) of float32's bytes, so a draft step reads that
 much less memory than a target step. How close the copy stays to the target is what acceptance measures
@@ -21,25 +21,25 @@ from transformers import PreTrainedModel
 
 from specdec.drafters.draft_model import DraftModel
 from specdec.errors import ConfigError
-from specdec.runtime.weights import DEFAULT_GROUP, LM_HEAD_BITS, QUANTIZED, PackedLinear, quantized_copy
+from specdec.runtime.weights import DEFAULT_GROUP, QUANTIZED, PackedLinear, head_format, quantized_copy
 
 
 class SelfDraft(DraftModel):
-    """Draft with the target's own weights quantized to `weights` ("int4" or "int8"), in `group`s of inputs per
+    """Draft with the target's own weights quantized to `weights` ("int4", "int8" or "w4a8"), in `group`s of inputs per
     scale. compile / draft_vocab: as DraftModel's."""
 
     def __init__(self, target: PreTrainedModel, weights: str = "int4", *, group: int = DEFAULT_GROUP,
                  compile: bool | str | None = None, draft_vocab: Sequence[int] | torch.Tensor | None = None):
         if weights not in QUANTIZED:
-            raise ConfigError(f"SelfDraft(weights={weights!r}): choose 'int4' or 'int8', the precision of the "
-                              "target's quantized copy that drafts")
+            raise ConfigError(f"SelfDraft(weights={weights!r}): choose {', '.join(map(repr, QUANTIZED))}, the "
+                              "precision of the target's quantized copy that drafts")
         self.weights, self.group = weights, group
         twin = quantized_copy(target, weights, group, head=draft_vocab is None)
         super().__init__(twin, compile=compile, draft_vocab=draft_vocab)
         if draft_vocab is not None:  # the reduced head (DraftModel made it from the shared float head): quantize it
             head = self.model.get_output_embeddings()
             self.model.set_output_embeddings(
-                PackedLinear.pack(head, f"int{LM_HEAD_BITS}" if weights == "int4" else weights, group))
+                PackedLinear.pack(head, head_format(weights), group))
 
     @property
     def name(self) -> str:

@@ -1,4 +1,4 @@
-"""Linear layers on packed weights: `specdec.load(weights=...)`, float32, bfloat16, int8 or int4.
+"""Linear layers on packed weights: `specdec.load(weights=...)`, float32, bfloat16, int8, int4 or w4a8.
 
 `pack_model(model, weights)` replaces every `nn.Linear` of a model by a `PackedLinear` holding its weights packed
 once for specdec's kernel (kernels/packed_core.h: one kernel for every instruction-set tier and format), one layer
@@ -16,6 +16,11 @@ stay in the model's dtype; the weights are in `weights`:
   The model computes with w = q · scale, made float32 in the kernel's inner loop. Under int4 the LM head is int8
   (`LM_HEAD_BITS`): the logits' rounding matters most there, and llama.cpp keeps its output layer at higher
   precision for the same reason.
+- "w4a8": int4's weights (and its int8 LM head), computed as llama.cpp's Q4_0 and OpenVINO's INT4 compute on a CPU:
+  each row of a layer's input is rounded to int8 per group of `group` inputs (scale max|x| / 127) and the products
+  are summed in integers, one float32 multiply-add per group. Several times less arithmetic per weight than int4's
+  float32 one, at the cost of rounding the activations too: a format of its own, with its own outputs (its quality
+  in docs/quantization.md). `group` must be a multiple of 8.
 
 Each output is the same fused multiply-adds over its inputs in order whatever the pass, so a packed model is
 row-invariant on every path (eager, slot cache, compiled, batched) and speculative decoding of it is token-identical
@@ -35,13 +40,20 @@ from specdec.errors import ConfigError
 from specdec.runtime.heap import release_free_memory
 
 #: `weights=` values: the quantized formats' bits, the float formats' dtype.
-QUANTIZED = {"int8": 8, "int4": 4}
+QUANTIZED = {"int8": 8, "int4": 4, "w4a8": 4}
+#: The quantized formats that round the activations to int8 too (the kernel's integer dot product).
+INT8_INPUTS = frozenset({"w4a8"})
 FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 FORMATS = (*FLOATS, *QUANTIZED)
 #: Inputs per scale. 64 costs 0.5 bit a weight of float32 scales; docs/quantization.md has the measurements.
 DEFAULT_GROUP = 64
-#: The LM head's bits when the rest is int4.
+#: The LM head's bits when the rest is int4 (or w4a8).
 LM_HEAD_BITS = 8
+
+
+def head_format(weights: str) -> str:
+    """The LM head's format in a model whose other linear layers are `weights`."""
+    return f"int{LM_HEAD_BITS}" if QUANTIZED.get(weights) == 4 else weights
 
 
 def check_format(weights: str | None) -> str | None:
@@ -93,8 +105,10 @@ def _pack_rows(weight: torch.Tensor, weights: str, group: int) -> torch.Tensor:
     """Rows weight [n, K] packed in format `weights` (kernels/packed_core.h's layouts)."""
     if weights in FLOATS:  # the layout a pass in any dtype reads (bfloat16 pairs only serve bfloat16 passes)
         return torch.ops.specdec.pack_weight(weight.to(FLOATS[weights]), False)
+    if weights in INT8_INPUTS and group % 8:
+        raise ConfigError(f"weights={weights!r} needs a group that is a multiple of 8 inputs, got {group}")
     qw = quantize_weight(weight, QUANTIZED[weights], group)
-    return torch.ops.specdec.pack_quantized(qw.q, qw.scales, qw.bits, group)
+    return torch.ops.specdec.pack_quantized(qw.q, qw.scales, qw.bits, group, weights in INT8_INPUTS)
 
 
 def _quantize_rows(weight: torch.Tensor, bits: int, group: int, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,7 +181,7 @@ class PackedLinear(nn.Module):
 def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP, *, head: bool = True,
                free: bool = True, fill: Callable[[str, nn.Linear], None] | None = None) -> nn.Module:
     """Replace every nn.Linear of `model` (a CPU model) by its PackedLinear in format `weights`, in place, one layer
-    at a time; the LM head at LM_HEAD_BITS under int4 (head=False: left as it is). free=True drops each original
+    at a time; the LM head at LM_HEAD_BITS under int4 and w4a8 (head=False: left as it is). free=True drops each original
     weight once packed (a tied head's weight is the embedding's and stays). fill(name, linear): called just before
     a layer (not a tied head) is packed, to give it its weights then (hub/streamed.py reads them from the
     checkpoint). weights=None: nothing. Returns the model."""
@@ -180,7 +194,7 @@ def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP
     for name, module in [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]:
         if module is lm_head and not head:
             continue
-        layer = f"int{LM_HEAD_BITS}" if module is lm_head and weights == "int4" else weights
+        layer = head_format(weights) if module is lm_head else weights
         if fill is not None and not (module is lm_head and tied):
             fill(name, module)
         replacement = PackedLinear.pack(module, layer, group)

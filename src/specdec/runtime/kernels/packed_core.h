@@ -2,7 +2,7 @@
 // tier (simd.h) and every weight format. packed_linear.cpp binds it to PyTorch; kernels/test/ tests it on its own.
 //
 // Weights are packed in panels of PANEL outputs (PV vectors of the tier's lanes: 64 outputs on AVX-512, one
-// vector elsewhere), each panel one sequential stream of bytes, in one of five formats:
+// vector elsewhere), each panel one sequential stream of bytes, in one of six formats:
 //
 //   F32         float    [K][PANEL]                      output n's weight for k at element n % PANEL of row k
 //   BF16        bfloat16 [K][PANEL]                      (widened to float32 where read)
@@ -11,6 +11,9 @@
 //   INT4        per group of G (even): float scale[PANEL], then uint8 [G / 2][PANEL], each byte two weights of
 //               one output, k even in the low nibble and k odd in the high one, each stored as q + 8 (q in
 //               [-8, 7])                                                                      w = q * scale
+//   W4A8        int4 weights for an integer dot product with int8 inputs: per group of G (a multiple of 8) a
+//               float scale[PANEL], then per 8 values of k, 4 bytes per output: byte j of output n holds
+//               q[k + j] + 8 in its low nibble and q[k + 4 + j] + 8 in its high one
 //
 // (zeros pad N to whole panels, and the last group of k.) The arithmetic of an output, whatever the format: its
 // weights are made float32 exactly as written above (one rounding for a product with the scale), then
@@ -23,6 +26,16 @@
 // (an int8 or int4 weight gives what float32 gives on its dequantized value). BF16_PAIRS, the AVX512_BF16 tier's
 // bfloat16, is the exception: the instruction's own order and flushing, still row-invariant.
 //
+// W4A8 computes in integers, as llama.cpp's Q4_0 and OpenVINO's INT4 do on a CPU: each row's inputs are quantized
+// per group of G (`quantize_inputs`: xs = max|x| / 127, xq = x * 127 / max|x| rounded to nearest even), so the
+// row's quantization depends on that row alone; then per group g, in order,
+//
+//   isum = sum over the group of (q + 8) * xq  -  8 * sum of xq   (exact, int32)
+//   acc  = fma(float(isum), scale[g] * xs[g], acc);    y = acc + bias
+//
+// Row-invariant and the same bits on every tier (integer sums are exact), but not float32's value on the
+// dequantized weight: the inputs are rounded to 8 bits too.
+//
 // Loops: a pass of up to RMAX rows (decoding, verification) is one block of rows, which reads every panel once,
 // P panels side by side (each with its own accumulators, so that one row still has P * PV independent sums in
 // flight); a longer pass (a prefill) goes through each group of P_PF panels in blocks of R_PF rows while the group
@@ -30,8 +43,10 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "simd.h"
 
@@ -40,7 +55,7 @@ namespace specdec::packed {
 using simd::LANES;
 using simd::V;
 
-enum class Fmt : int { F32 = 0, BF16 = 1, BF16_PAIRS = 2, INT8 = 3, INT4 = 4 };
+enum class Fmt : int { F32 = 0, BF16 = 1, BF16_PAIRS = 2, INT8 = 3, INT4 = 4, W4A8 = 5 };
 
 // The tier's blocking: vectors per panel (PV), the accumulator vectors a block may hold (ACC), the most panels a
 // block reads side by side (MAXP; MAXP_STREAM for a float weight streamed from memory: `Args::stream`), the widest
@@ -58,13 +73,17 @@ constexpr int PV = 1, ACC = 24, MAXP = 8, MAXP_STREAM = 8, RMAX = 12, R_PF = 6, 
 constexpr int PV = 1, ACC = 8, MAXP = 8, MAXP_STREAM = 8, RMAX = 8, R_PF = 4, P_PF = 2;
 #endif
 constexpr int PANEL = PV * LANES;
+// W4A8's widest block of rows: a wider pass goes through a few panels at a time in blocks of R_DOT rows. (In
+// cache, one thread, AVX2 Zen 3: 8 rows as one block 1.0-1.1 ms where two blocks of 4 took 1.0-1.3 and 8 rows
+// widening every step 1.3-1.7.)
+constexpr int R_DOT = 8;
 constexpr int64_t PREFETCH_BYTES = 1024;
 
 // Panels a block of R rows reads side by side: as many as the accumulators allow, 1, 2, 4 or 8. (An output's sums are
 // one dependent chain over k, so a row needs several panels in flight to keep the multiply-adds busy.)
 // `stream`: fewer (MAXP_STREAM) for a float weight that streams from memory.
 constexpr int panels_for(int R, Fmt f, bool stream) {
-  const int p = ACC / (R * PV);
+  const int p = ACC / (R * PV * (f == Fmt::W4A8 ? 3 : 1));  // W4A8: 16-bit, int32 and float32 sums each
   const int most = stream && (f == Fmt::F32 || f == Fmt::BF16) ? MAXP_STREAM : MAXP;
   return std::min(most, p >= 8 ? 8 : p >= 4 ? 4 : p >= 2 ? 2 : 1);
 }
@@ -89,7 +108,8 @@ inline int64_t panel_bytes(Fmt f, int64_t K, int64_t G) {
     case Fmt::BF16: return K * PANEL * 2;
     case Fmt::BF16_PAIRS: return (K + 1) / 2 * PANEL * 4;
     case Fmt::INT8: return groups * (PANEL * 4 + G * PANEL);
-    case Fmt::INT4: return groups * (PANEL * 4 + G / 2 * PANEL);
+    case Fmt::INT4:
+    case Fmt::W4A8: return groups * (PANEL * 4 + G / 2 * PANEL);
   }
   return 0;
 }
@@ -108,7 +128,38 @@ struct Args {
   void* out;               // [M, N]
   bool out_bf16;
   bool stream = false;     // the weights stream from memory (STREAM_BYTES): blocks of fewer panels (the same bits)
+  // W4A8's inputs, quantized by quantize_inputs: xq [M, groups * G] int8 (zeros past K), xs and xsum [M, groups]
+  const int8_t* xq = nullptr;
+  const float* xs = nullptr;
+  const int32_t* xsum = nullptr;
 };
+
+// W4A8's inputs: each row's groups of G, quantized on their own (xq, xs, xsum as Args says). A group with a
+// non-finite input gets xs = NaN and xq = 0, so its outputs are NaN as float32's would be non-finite.
+inline void quantize_inputs(const float* x, int64_t M, int64_t K, int64_t G, int8_t* xq, float* xs,
+                            int32_t* xsum) {
+  const int64_t groups = (K + G - 1) / G;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xg = x + m * K + g * G;
+      const int64_t n = std::min(G, K - g * G);
+      float amax = 0.f;
+      bool finite = true;
+      for (int64_t i = 0; i < n; ++i) {
+        finite = finite && std::isfinite(xg[i]);
+        amax = std::max(amax, std::fabs(xg[i]));
+      }
+      int8_t* q = xq + m * groups * G + g * G;
+      int32_t sum = 0;
+      for (int64_t i = 0; i < G; ++i) {
+        const float v = i < n && amax > 0.f ? std::nearbyint(xg[i] * 127.f / amax) : 0.f;
+        q[i] = finite ? static_cast<int8_t>(std::max(-127.f, std::min(127.f, v))) : int8_t(0);
+        sum += q[i];
+      }
+      xs[m * groups + g] = finite ? amax / 127.f : std::numeric_limits<float>::quiet_NaN();
+      xsum[m * groups + g] = sum;
+    }
+}
 
 namespace detail {
 
@@ -256,15 +307,79 @@ struct PairsBlock {
 };
 #endif
 
+// W4A8: per group, each row's integer sums over the group's k (8 at a time: two words of 4 inputs against the low
+// and high nibbles), then the group's scales into the row's float32 accumulators (packed_core's header comment).
+template <int R, int P>
+struct DotBlock {
+  static constexpr int NV = P * PV;
+
+  static void run(const Args& a, int64_t m0, int64_t p0) {
+    V acc[R][NV];
+    SPECDEC_UNROLL for (int r = 0; r < R; ++r)
+      SPECDEC_UNROLL for (int j = 0; j < NV; ++j) acc[r][j] = simd::zero();
+    const int64_t G = a.G, groups = (a.K + G - 1) / G, group_bytes = PANEL * 4 + G / 2 * PANEL;
+    const int8_t* x[R];  // each row's quantized inputs
+    SPECDEC_UNROLL for (int r = 0; r < R; ++r) x[r] = a.xq + (m0 + r) * groups * G;
+    for (int64_t g = 0; g < groups; ++g) {
+      simd::VI isum[R][NV];
+      SPECDEC_UNROLL for (int r = 0; r < R; ++r)
+        SPECDEC_UNROLL for (int j = 0; j < NV; ++j) isum[r][j] = simd::zero_i();
+      const uint8_t* q[P];
+      SPECDEC_UNROLL for (int p = 0; p < P; ++p) q[p] = a.packed + (p0 + p) * a.panel_stride + g * group_bytes + PANEL * 4;
+      constexpr int D = simd::DOTS_PER_WIDEN;
+      for (int64_t i0 = 0; i0 < G; i0 += 8 * D) {  // 16-bit partial sums of D steps, then int32
+        simd::VS part[R][NV];
+        SPECDEC_UNROLL for (int r = 0; r < R; ++r)
+          SPECDEC_UNROLL for (int j = 0; j < NV; ++j) part[r][j] = simd::zero_s();
+        for (int64_t i = i0; i < std::min(G, i0 + 8 * D); i += 8) {
+          int32_t lo[R], hi[R];  // inputs k .. k+3 and k+4 .. k+7 of each row
+          SPECDEC_UNROLL for (int r = 0; r < R; ++r) {
+            std::memcpy(&lo[r], x[r] + g * G + i, 4);
+            std::memcpy(&hi[r], x[r] + g * G + i + 4, 4);
+          }
+          SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
+            const uint8_t* s = q[p] + i / 2 * PANEL;
+            simd::prefetch(s + PREFETCH_BYTES);
+            SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
+              simd::VB low, high;
+              simd::load_nibbles(s + v * 4 * LANES, low, high);
+              SPECDEC_UNROLL for (int r = 0; r < R; ++r)
+                part[r][p * PV + v] = simd::dot_nibbles(low, high, lo[r], hi[r], part[r][p * PV + v]);
+            }
+          }
+        }
+        SPECDEC_UNROLL for (int r = 0; r < R; ++r)
+          SPECDEC_UNROLL for (int j = 0; j < NV; ++j) isum[r][j] = simd::widen_add(part[r][j], isum[r][j]);
+      }
+      SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
+        const float* scale = reinterpret_cast<const float*>(a.packed + (p0 + p) * a.panel_stride + g * group_bytes);
+        SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
+          const V sc = simd::load(scale + v * LANES);
+          SPECDEC_UNROLL for (int r = 0; r < R; ++r) {
+            const int64_t rg = (m0 + r) * groups + g;
+            acc[r][p * PV + v] = simd::fma(simd::to_float(isum[r][p * PV + v], 8 * a.xsum[rg]),
+                                           simd::mul(sc, simd::set1(a.xs[rg])), acc[r][p * PV + v]);
+          }
+        }
+      }
+    }
+    Block<Fmt::F32, R, P>::store(a, acc, m0, p0);
+  }
+};
+
 template <Fmt F, int R, int P>
 void block(const Args& a, const float* xt, int64_t m0, int64_t p0) {
+  if constexpr (F == Fmt::W4A8) {
+    DotBlock<R, P>::run(a, m0, p0);
+    return;
+  }
 #if defined(__AVX512BF16__)
   if constexpr (F == Fmt::BF16_PAIRS) {
     PairsBlock<R>::run(a, xt, m0, p0);
     return;
   }
 #endif
-  if constexpr (F != Fmt::BF16_PAIRS) Block<F, R, P>::run(a, xt, m0, p0);
+  if constexpr (F != Fmt::BF16_PAIRS && F != Fmt::W4A8) Block<F, R, P>::run(a, xt, m0, p0);
 }
 
 // block<F, r, P> for a run-time r in [1, R]
@@ -296,6 +411,21 @@ void small(int r, const Args& a, const float* xt, int64_t p0, int64_t p1) {
 
 template <Fmt F>
 void run_format(const Args& a, const float* xt, int64_t p0, int64_t p1) {
+  if constexpr (F == Fmt::W4A8) {
+    if (a.M > R_DOT) {  // each group of panels against every block of R_DOT rows while the group stays in cache
+      constexpr int P = panels_for(R_DOT, F, false);
+      for (int64_t p = p0; p < p1; p += P)
+        for (int64_t m = 0; m < a.M; m += R_DOT) {
+          const int r = static_cast<int>(std::min<int64_t>(R_DOT, a.M - m));
+          if (p + P <= p1) {
+            rows<F, R_DOT, P>(r, a, xt, m, p);
+          } else {
+            for (int64_t q = p; q < p1; ++q) rows<F, R_DOT, 1>(r, a, xt, m, q);
+          }
+        }
+      return;
+    }
+  }
   if (a.M <= RMAX) {
     if constexpr (MAXP_STREAM != MAXP) {  // (a tier without a streaming blocking compiles one)
       if (a.stream) {
@@ -336,7 +466,7 @@ inline void interleave(const float* x, int64_t M, int64_t K, float* xt) {
 }
 
 // Panels [p0, p1) of the weights (outputs [p0 * PANEL, p1 * PANEL) ∩ [0, N)), with the inputs interleaved by
-// `interleave` (xt; unused by BF16_PAIRS): any split of the panels among threads gives the same bits.
+// `interleave` (xt; unused by BF16_PAIRS, and by W4A8, which reads Args::xq): any split of the panels among threads gives the same bits.
 inline void run(const Args& a, const float* xt, int64_t p0, int64_t p1) {
   switch (a.fmt) {
     case Fmt::F32: detail::run_format<Fmt::F32>(a, xt, p0, p1); break;
@@ -344,11 +474,13 @@ inline void run(const Args& a, const float* xt, int64_t p0, int64_t p1) {
     case Fmt::BF16_PAIRS: detail::run_format<Fmt::BF16_PAIRS>(a, xt, p0, p1); break;
     case Fmt::INT8: detail::run_format<Fmt::INT8>(a, xt, p0, p1); break;
     case Fmt::INT4: detail::run_format<Fmt::INT4>(a, xt, p0, p1); break;
+    case Fmt::W4A8: detail::run_format<Fmt::W4A8>(a, xt, p0, p1); break;
   }
 }
 
 // Panels a thread should take at a time for a pass of M rows (its blocks' width).
 inline int64_t panel_grain(int64_t M, Fmt f, bool stream) {
+  if (f == Fmt::W4A8 && M > R_DOT) return panels_for(R_DOT, f, stream);
   return M <= RMAX ? panels_for(static_cast<int>(M), f, stream) : P_PF;
 }
 
@@ -377,11 +509,12 @@ inline void pack_pairs(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) {
         }
 }
 
-// Quantized weights q [N, K] (int8: [-127, 127]; int4: [-8, 7]) with scales [N, ceil(K / G)] -> INT8 or INT4.
+// Quantized weights q [N, K] (int8: [-127, 127]; int4: [-8, 7]) with scales [N, ceil(K / G)] -> INT8 or INT4
+// (bits 8 or 4), or W4A8 (`dot`: bits 4, G a multiple of 8).
 inline void pack_quantized(const int8_t* q, const float* scales, int64_t N, int64_t K, int64_t G, int bits,
-                           uint8_t* out) {
+                           uint8_t* out, bool dot = false) {
   const int64_t groups = (K + G - 1) / G;
-  const Fmt f = bits == 8 ? Fmt::INT8 : Fmt::INT4;
+  const Fmt f = dot ? Fmt::W4A8 : bits == 8 ? Fmt::INT8 : Fmt::INT4;
   const int64_t stride = panel_bytes(f, K, G), group_bytes = stride / groups;
   for (int64_t p = 0; p < panels(N); ++p)
     for (int64_t g = 0; g < groups; ++g) {
@@ -392,14 +525,23 @@ inline void pack_quantized(const int8_t* q, const float* scales, int64_t N, int6
         std::memcpy(h + 4 * j, &s, 4);
       }
       uint8_t* body = h + PANEL * 4;
+      auto value = [&](int64_t n, int64_t k) -> int { return n < N && k < K ? q[n * K + k] : 0; };
+      if (dot) {  // per 8 values of k: 4 bytes per output, byte b = (k + b, k + 4 + b)
+        for (int64_t i = 0; i < G / 8; ++i)
+          for (int64_t j = 0; j < PANEL; ++j)
+            for (int64_t b = 0; b < 4; ++b) {
+              const int64_t n = p * PANEL + j, k = g * G + 8 * i + b;
+              body[(i * PANEL + j) * 4 + b] = static_cast<uint8_t>((value(n, k) + 8) | ((value(n, k + 4) + 8) << 4));
+            }
+        continue;
+      }
       for (int64_t i = 0; i < (bits == 8 ? G : G / 2); ++i)
         for (int64_t j = 0; j < PANEL; ++j) {
           const int64_t n = p * PANEL + j;
-          auto value = [&](int64_t k) -> int { return n < N && k < K ? q[n * K + k] : 0; };
           if (bits == 8) {
-            body[i * PANEL + j] = static_cast<uint8_t>(static_cast<int8_t>(value(g * G + i)));
+            body[i * PANEL + j] = static_cast<uint8_t>(static_cast<int8_t>(value(n, g * G + i)));
           } else {
-            const int lo = value(g * G + 2 * i) + 8, hi = value(g * G + 2 * i + 1) + 8;
+            const int lo = value(n, g * G + 2 * i) + 8, hi = value(n, g * G + 2 * i + 1) + 8;
             body[i * PANEL + j] = static_cast<uint8_t>(lo | (hi << 4));
           }
         }

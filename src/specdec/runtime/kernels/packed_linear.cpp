@@ -3,8 +3,10 @@
 //   pack_weight(w [N, K] float32 | bfloat16, pairs=True) -> packed weights (float32: [panels, K, PANEL]; bfloat16:
 //       [panels, K, PANEL], or with pairs on AVX512_BF16 [panels, ceil(K / 2), PANEL, 2] for its dot product,
 //       which serves bfloat16 passes only);
-//   pack_quantized(q [N, K] int8, scales [N, ceil(K / G)] float32, bits 8 | 4, G) -> packed weights (int8 for
-//       8 bits, uint8 for 4: [panels, groups, bytes of a group: its scales, then its weights]);
+//   pack_quantized(q [N, K] int8, scales [N, ceil(K / G)] float32, bits 8 | 4, G, dot=False) -> packed weights
+//       (int8 for 8 bits, uint8 for 4: [panels, groups, bytes of a group: its scales, then its weights]; with dot,
+//       4 bits and G a multiple of 8, W4A8 for the integer dot product: uint8 [panels, groups, 1 + G / 8, 4 * PANEL],
+//       the scales' row then one row per 8 values of k);
 //   packed_linear(x [..., K] float32 | bfloat16, packed, bias [N] | None, N) -> [..., N] in x's dtype;
 //   panel_width() -> PANEL (outputs per panel on this build's tier).
 //
@@ -13,7 +15,8 @@
 // beside it or the thread: row-invariant, and the same bits on every tier (AVX512_BF16's bfloat16 pairs excepted:
 // the instruction's own order). The format is the packed tensor's dtype (and, for bfloat16, its rank); the weight
 // format and the input dtype are independent: int8 and int4 weights serve float32 and bfloat16 passes alike, and
-// bfloat16 weights serve float32 passes (bfloat16 storage with float32 activations).
+// bfloat16 weights serve float32 passes (bfloat16 storage with float32 activations). W4A8 quantizes each row of
+// the input to int8 per group (packed_core.h's quantize_inputs) and computes in integers.
 //
 // Packing is per weight, never per pass, so every pass of a path gives a row the same bits
 // (runtime/fuse_linears.py packs a compiled pass's constant weights; runtime/weights.py packs int8 and int4).
@@ -55,21 +58,24 @@ at::Tensor pack_weight(const at::Tensor& weight, bool pairs) {
   return out;
 }
 
-at::Tensor pack_quantized(const at::Tensor& q, const at::Tensor& scales, int64_t bits, int64_t group) {
+at::Tensor pack_quantized(const at::Tensor& q, const at::Tensor& scales, int64_t bits, int64_t group, bool dot) {
   TORCH_CHECK(bits == 8 || bits == 4, "pack_quantized: bits must be 8 or 4, got ", bits);
+  TORCH_CHECK(!dot || (bits == 4 && group % 8 == 0 && group <= 4096),
+              "pack_quantized: the dot product format is 4 bits in groups of a multiple of 8 inputs (at most 4096)");
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar, "pack_quantized: q must be an int8 [N, K] tensor");
   const int64_t N = q.size(0), K = q.size(1);
   TORCH_CHECK(group > 0 && (bits == 8 || group % 2 == 0), "pack_quantized: the group must be positive (even for int4)");
   const int64_t groups = (K + group - 1) / group;
   TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.size(1) == groups && scales.scalar_type() == at::kFloat,
               "pack_quantized: scales must be float32 [N, ceil(K / group)]");
-  const Fmt f = bits == 8 ? Fmt::INT8 : Fmt::INT4;
+  const Fmt f = dot ? Fmt::W4A8 : bits == 8 ? Fmt::INT8 : Fmt::INT4;
   const int64_t stride = pk::panel_bytes(f, K, group);
-  at::Tensor out = at::empty({pk::panels(N), groups, groups ? stride / groups : 0},
-                             q.options().dtype(bits == 8 ? at::kChar : at::kByte));
+  at::Tensor out = dot ? at::empty({pk::panels(N), groups, 1 + group / 8, 4 * pk::PANEL}, q.options().dtype(at::kByte))
+                       : at::empty({pk::panels(N), groups, groups ? stride / groups : 0},
+                                   q.options().dtype(bits == 8 ? at::kChar : at::kByte));
   const at::Tensor qc = q.contiguous(), sc = scales.contiguous();
   pk::pack_quantized(qc.const_data_ptr<int8_t>(), sc.const_data_ptr<float>(), N, K, group, static_cast<int>(bits),
-                     static_cast<uint8_t*>(out.data_ptr()));
+                     static_cast<uint8_t*>(out.data_ptr()), dot);
   return out;
 }
 
@@ -90,8 +96,15 @@ Fmt format_of(const at::Tensor& packed, int64_t K, int64_t& G) {
       TORCH_CHECK(packed.dim() == 3 && packed.size(1) == K && packed.size(2) == pk::PANEL,
                   "packed_linear: bfloat16 weights packed for another input size or tier");
       return Fmt::BF16;
-    case at::kChar:
-    case at::kByte: {
+    case at::kByte:
+      if (packed.dim() == 4) {
+        G = 8 * (packed.size(2) - 1);
+        TORCH_CHECK(packed.size(3) == 4 * pk::PANEL && G > 0 && (packed.size(1) - 1) * G < K && K <= packed.size(1) * G,
+                    "packed_linear: W4A8 weights packed for another input size or tier");
+        return Fmt::W4A8;
+      }
+      [[fallthrough]];
+    case at::kChar: {
       const bool int8 = packed.scalar_type() == at::kChar;
       TORCH_CHECK(packed.dim() == 3 && packed.size(1) > 0, "packed_linear: quantized weights must be pack_quantized's");
       const int64_t body = packed.size(2) - 4 * pk::PANEL;
@@ -130,7 +143,9 @@ at::Tensor packed_linear(const at::Tensor& input, const at::Tensor& packed, cons
   c10::SmallVector<int64_t, 4> sizes(input.sizes().begin(), input.sizes().end());
   sizes.back() = N;
   at::Tensor out = at::empty(sizes, input.options());
-  thread_local std::vector<float> xbuf, xtbuf, bbuf;
+  thread_local std::vector<float> xbuf, xtbuf, bbuf, xsbuf;
+  thread_local std::vector<int8_t> xqbuf;
+  thread_local std::vector<int32_t> xsumbuf;
   const bool bf16 = dtype == at::kBFloat16;
   const float* xf = bf16 ? (fmt == Fmt::BF16_PAIRS ? nullptr : widen(x.const_data_ptr<at::BFloat16>(), M * K, xbuf))
                          : x.const_data_ptr<float>();
@@ -139,12 +154,18 @@ at::Tensor packed_linear(const at::Tensor& input, const at::Tensor& packed, cons
     const at::Tensor b = bias->contiguous();
     bf = bf16 ? widen(b.const_data_ptr<at::BFloat16>(), N, bbuf) : b.const_data_ptr<float>();
   }
-  const pk::Args args{fmt, xf, bf16 ? reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>()) : nullptr,
+  pk::Args args{fmt, xf, bf16 ? reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>()) : nullptr,
                       M, K, N, static_cast<const uint8_t*>(w.const_data_ptr()), w.numel() * w.element_size() / w.size(0),
                       G, bf, out.mutable_data_ptr(), bf16, w.numel() * w.element_size() >= pk::STREAM_BYTES};
   if (M == 0 || N == 0) return out;
   const float* xt = nullptr;  // the rows interleaved for the kernel's blocks
-  if (fmt != Fmt::BF16_PAIRS) {
+  if (fmt == Fmt::W4A8) {  // the rows quantized instead
+    const int64_t groups = (K + G - 1) / G;
+    if (static_cast<int64_t>(xqbuf.size()) < M * groups * G) xqbuf.resize(M * groups * G);
+    if (static_cast<int64_t>(xsbuf.size()) < M * groups) xsbuf.resize(M * groups), xsumbuf.resize(M * groups);
+    pk::quantize_inputs(xf, M, K, G, xqbuf.data(), xsbuf.data(), xsumbuf.data());
+    args.xq = xqbuf.data(), args.xs = xsbuf.data(), args.xsum = xsumbuf.data();
+  } else if (fmt != Fmt::BF16_PAIRS) {
     if (static_cast<int64_t>(xtbuf.size()) < M * K) xtbuf.resize(M * K);
     pk::interleave(xf, M, K, xtbuf.data());
     xt = xtbuf.data();
@@ -170,7 +191,7 @@ int64_t parallel_threads() {
 
 TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("pack_weight(Tensor weight, bool pairs=True) -> Tensor");
-  m.def("pack_quantized(Tensor q, Tensor scales, int bits, int group) -> Tensor");
+  m.def("pack_quantized(Tensor q, Tensor scales, int bits, int group, bool dot=False) -> Tensor");
   m.def("packed_linear(Tensor input, Tensor packed, Tensor? bias, int N) -> Tensor");
   m.def("panel_width() -> int");
   m.def("parallel_threads() -> int");

@@ -15,6 +15,13 @@
 // narrowing rounds to nearest even (NaN to 0x7FC0, PyTorch's rule). So a kernel that performs the same sequence of
 // operations on each output gives the same bits on every tier, whatever its lane count (tests: kernels/test/).
 //
+// The integer dot product (packed_core.h's W4A8) adds a few integer operations, each vector LANES outputs:
+// `load_nibbles` splits 4 * LANES bytes (4 per output, two 4-bit weights each) into their low and high nibbles
+// (VB); `dot_nibbles` adds to each output's partial sums (VS) its 4 low nibbles times the 4 int8 inputs of one word
+// plus its 4 high nibbles times those of another; `widen_add` adds the partial sums into int32 (VI). Integer sums
+// are exact, so they too are the same on every tier. The bounds: a nibble <= 15 and an input in [-127, 127] make
+// one dot_nibbles at most 7620 in a 16-bit partial sum, so a VS holds DOTS_PER_WIDEN of them (30480 < 32768).
+//
 // No ATen here: the header compiles on its own, so each tier's kernels can be built and tested from any machine
 // (the aarch64 ones with a cross compiler, run under user-mode emulation).
 #pragma once
@@ -31,6 +38,8 @@
 #endif
 
 namespace specdec::simd {
+
+constexpr int DOTS_PER_WIDEN = 4;  // dot_nibbles a 16-bit partial sum holds exactly (see above)
 
 // float32 -> bfloat16 bits, round to nearest even; NaN -> 0x7FC0 (c10::detail::round_to_nearest_even).
 inline uint16_t bf16_bits(float f) {
@@ -89,6 +98,23 @@ inline __m256i narrow_bf16(V v) {  // round to nearest even, NaN -> 0x7FC0
 inline void store_bf16_n(uint16_t* p, V v, int n) { _mm256_mask_storeu_epi16(p, first(n), narrow_bf16(v)); }
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 
+using VI = __m512i;
+using VB = __m512i;
+using VS = __m512i;  // 16-bit sums, two per output
+inline VI zero_i() { return _mm512_setzero_si512(); }
+inline VS zero_s() { return _mm512_setzero_si512(); }
+inline void load_nibbles(const uint8_t* p, VB& low, VB& high) {
+  const __m512i w = _mm512_loadu_si512(p), m = _mm512_set1_epi8(15);
+  low = _mm512_and_si512(w, m);
+  high = _mm512_and_si512(_mm512_srli_epi16(w, 4), m);
+}
+inline VS dot_nibbles(VB low, VB high, int32_t xa, int32_t xb, VS acc) {  // u8 x s8 pairs: <= 3810 per i16
+  return _mm512_add_epi16(acc, _mm512_add_epi16(_mm512_maddubs_epi16(low, _mm512_set1_epi32(xa)),
+                                                _mm512_maddubs_epi16(high, _mm512_set1_epi32(xb))));
+}
+inline VI widen_add(VS s, VI acc) { return _mm512_add_epi32(acc, _mm512_madd_epi16(s, _mm512_set1_epi16(1))); }
+inline V to_float(VI a, int32_t minus) { return _mm512_cvtepi32_ps(_mm512_sub_epi32(a, _mm512_set1_epi32(minus))); }
+
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr const char* kTier = "avx2";
 constexpr int LANES = 8;
@@ -145,6 +171,23 @@ inline void store_bf16_n(uint16_t* p, V v, int n) {
 }
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 
+using VI = __m256i;
+using VB = __m256i;
+using VS = __m256i;  // 16-bit sums, two per output
+inline VI zero_i() { return _mm256_setzero_si256(); }
+inline VS zero_s() { return _mm256_setzero_si256(); }
+inline void load_nibbles(const uint8_t* p, VB& low, VB& high) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), m = _mm256_set1_epi8(15);
+  low = _mm256_and_si256(w, m);
+  high = _mm256_and_si256(_mm256_srli_epi16(w, 4), m);
+}
+inline VS dot_nibbles(VB low, VB high, int32_t xa, int32_t xb, VS acc) {  // u8 x s8 pairs: <= 3810 per i16
+  return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(xa)),
+                                                _mm256_maddubs_epi16(high, _mm256_set1_epi32(xb))));
+}
+inline VI widen_add(VS s, VI acc) { return _mm256_add_epi32(acc, _mm256_madd_epi16(s, _mm256_set1_epi16(1))); }
+inline V to_float(VI a, int32_t minus) { return _mm256_cvtepi32_ps(_mm256_sub_epi32(a, _mm256_set1_epi32(minus))); }
+
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 constexpr const char* kTier = "neon";
 constexpr int LANES = 4;
@@ -198,6 +241,25 @@ inline void store_bf16_n(uint16_t* p, V v, int n) {
   for (int i = 0; i < n && i < 4; ++i) p[i] = bf16_bits(tmp[i]);
 }
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+
+using VI = int32x4_t;
+using VB = int8x16_t;
+using VS = int16x8_t;  // 16-bit sums, two per output
+inline VI zero_i() { return vdupq_n_s32(0); }
+inline VS zero_s() { return vdupq_n_s16(0); }
+inline void load_nibbles(const uint8_t* p, VB& low, VB& high) {
+  const uint8x16_t w = vld1q_u8(p);
+  low = vreinterpretq_s8_u8(vandq_u8(w, vdupq_n_u8(15)));
+  high = vreinterpretq_s8_u8(vshrq_n_u8(w, 4));
+}
+inline VS dot_nibbles(VB low, VB high, int32_t xa, int32_t xb, VS acc) {  // products <= 1905
+  const int8x16_t a = vreinterpretq_s8_s32(vdupq_n_s32(xa)), b = vreinterpretq_s8_s32(vdupq_n_s32(xb));
+  const int16x8_t s0 = vaddq_s16(vmull_s8(vget_low_s8(low), vget_low_s8(a)), vmull_s8(vget_low_s8(high), vget_low_s8(b)));
+  const int16x8_t s1 = vaddq_s16(vmull_high_s8(low, a), vmull_high_s8(high, b));
+  return vaddq_s16(acc, vpaddq_s16(s0, s1));  // output i at elements 2i, 2i + 1
+}
+inline VI widen_add(VS s, VI acc) { return vpadalq_s16(acc, s); }
+inline V to_float(VI a, int32_t minus) { return vcvtq_f32_s32(vsubq_s32(a, vdupq_n_s32(minus))); }
 
 #else
 constexpr const char* kTier = "generic";
@@ -256,6 +318,39 @@ inline void store_bf16_n(uint16_t* p, V v, int n) {
   for (int i = 0; i < n && i < LANES; ++i) p[i] = bf16_bits(v.x[i]);
 }
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+
+struct VI {
+  int32_t x[LANES];
+};
+using VS = VI;  // (exact in int32 already)
+struct VB {
+  uint8_t b[4 * LANES];
+};
+inline VI zero_i() { return VI{}; }
+inline VS zero_s() { return VS{}; }
+inline void load_nibbles(const uint8_t* p, VB& low, VB& high) {
+  for (int i = 0; i < 4 * LANES; ++i) {
+    low.b[i] = p[i] & 15;
+    high.b[i] = p[i] >> 4;
+  }
+}
+inline VS dot_nibbles(const VB& low, const VB& high, int32_t xa, int32_t xb, VS acc) {
+  int8_t a[4], b[4];
+  std::memcpy(a, &xa, 4);
+  std::memcpy(b, &xb, 4);
+  for (int i = 0; i < LANES; ++i)
+    for (int j = 0; j < 4; ++j) acc.x[i] += low.b[4 * i + j] * a[j] + high.b[4 * i + j] * b[j];
+  return acc;
+}
+inline VI widen_add(const VS& s, VI acc) {
+  for (int i = 0; i < LANES; ++i) acc.x[i] += s.x[i];
+  return acc;
+}
+inline V to_float(const VI& a, int32_t minus) {
+  V v;
+  for (int i = 0; i < LANES; ++i) v.x[i] = static_cast<float>(a.x[i] - minus);
+  return v;
+}
 #endif
 
 }  // namespace specdec::simd

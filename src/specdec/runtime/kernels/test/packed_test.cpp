@@ -4,7 +4,8 @@
 // For every weight format, float32 and bfloat16 outputs, with and without bias, odd sizes (N and K below, at and
 // past a panel and a group) and passes of 1 to 33 rows, each output must equal, bit for bit, the scalar reference:
 // its weights made float32 as packed_core.h says, acc = fma(x[k], w[k], acc) over k in order, plus the bias, rounded
-// once. That one check is the kernel's contract on every tier: the same bits whatever the tier, the number of rows,
+// once (W4A8: the inputs quantized per row and group as written out below, integer sums, then one fma per group).
+// That one check is the kernel's contract on every tier: the same bits whatever the tier, the number of rows,
 // their blocking and the split of the panels among threads (also checked: every pass split into two ranges of
 // panels, and each with the streaming blocking, Args::stream). Exit status 0 and a line "ok <tier> <cases>" when
 // every case passes.
@@ -47,6 +48,7 @@ struct Case {
   Fmt fmt;
   int64_t M, N, K, G;
   bool bias, out_bf16;
+  bool extreme = false;  // W4A8 at its integer sums' bounds: every weight 7 or -8, every input +-max
 };
 
 int failures = 0;
@@ -59,6 +61,8 @@ void check(const Case& c) {
   for (int64_t i = 0; i < M * K; ++i) {
     float v = uniform(-2.f, 2.f);
     if (i % 97 == 5) v = 1e-39f;  // a denormal
+    if (c.fmt == Fmt::W4A8 && i % 89 == 7) v = 0.f;  // and (with K = 1) a group of zeros
+    if (c.extreme) v = (i / K) % 2 ? -1.5f : 1.5f;
     xb[i] = simd::bf16_bits(v);
     x[i] = c.fmt == Fmt::F32 ? v : simd::bf16_float(xb[i]);
   }
@@ -66,6 +70,7 @@ void check(const Case& c) {
   std::vector<float> w(N * K), bias(N);
   for (float& b : bias) b = uniform(-1.f, 1.f);
   const int bits_q = c.fmt == Fmt::INT8 ? 8 : 4;
+  const bool dot = c.fmt == Fmt::W4A8;
   const int64_t groups = G > 0 ? (K + G - 1) / G : 0;
   std::vector<int8_t> q(N * K);
   std::vector<float> scales(N * groups);
@@ -76,12 +81,13 @@ void check(const Case& c) {
       wb[n * K + k] = simd::bf16_bits(v);
       w[n * K + k] = c.fmt == Fmt::F32 ? v : simd::bf16_float(wb[n * K + k]);
     }
-  if (c.fmt == Fmt::INT8 || c.fmt == Fmt::INT4) {
+  if (c.fmt == Fmt::INT8 || c.fmt == Fmt::INT4 || dot) {
     const int lo = bits_q == 8 ? -127 : -8, hi = bits_q == 8 ? 127 : 7;
     for (float& s : scales) s = uniform(1e-3f, 2e-2f);
     for (int64_t n = 0; n < N; ++n)
       for (int64_t k = 0; k < K; ++k) {
         q[n * K + k] = static_cast<int8_t>(std::uniform_int_distribution<int>(lo, hi)(rng));
+        if (c.extreme) q[n * K + k] = n % 2 ? -8 : 7;
         w[n * K + k] = static_cast<float>(q[n * K + k]) * scales[n * groups + k / G];
       }
   }
@@ -91,14 +97,35 @@ void check(const Case& c) {
     case Fmt::F32: packed::pack_plain(w.data(), N, K, reinterpret_cast<float*>(buf.data())); break;
     case Fmt::BF16: packed::pack_plain(wb.data(), N, K, reinterpret_cast<uint16_t*>(buf.data())); break;
     case Fmt::BF16_PAIRS: packed::pack_pairs(wb.data(), N, K, reinterpret_cast<uint16_t*>(buf.data())); break;
-    default: packed::pack_quantized(q.data(), scales.data(), N, K, G, bits_q, buf.data()); break;
+    default: packed::pack_quantized(q.data(), scales.data(), N, K, G, bits_q, buf.data(), dot); break;
   }
+  // W4A8's inputs: each row's groups rounded to int8 at 127 / max|x|, and the kernel's own quantization of them
+  std::vector<int> xq_ref(M * K);
+  std::vector<float> xs_ref(M * groups);
+  for (int64_t m = 0; dot && m < M; ++m)
+    for (int64_t g = 0; g < groups; ++g) {
+      float amax = 0.f;
+      for (int64_t k = g * G; k < std::min(K, (g + 1) * G); ++k) amax = std::max(amax, std::fabs(x[m * K + k]));
+      for (int64_t k = g * G; k < std::min(K, (g + 1) * G); ++k)
+        xq_ref[m * K + k] = amax > 0.f ? static_cast<int>(std::nearbyint(x[m * K + k] * 127.f / amax)) : 0;
+      xs_ref[m * groups + g] = amax / 127.f;
+    }
+  std::vector<int8_t> xq(M * groups * G + 1);
+  std::vector<float> xs(M * groups + 1);
+  std::vector<int32_t> xsum(M * groups + 1);
+  if (dot) packed::quantize_inputs(x.data(), M, K, G, xq.data(), xs.data(), xsum.data());
   // the reference
   std::vector<uint32_t> want(M * N);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
       float acc = 0.f;
-      if (c.fmt == Fmt::BF16_PAIRS) {
+      if (dot) {
+        for (int64_t g = 0; g < groups; ++g) {
+          int32_t isum = 0;
+          for (int64_t k = g * G; k < std::min(K, (g + 1) * G); ++k) isum += q[n * K + k] * xq_ref[m * K + k];
+          acc = std::fma(static_cast<float>(isum), scales[n * groups + g] * xs_ref[m * groups + g], acc);
+        }
+      } else if (c.fmt == Fmt::BF16_PAIRS) {
         for (int64_t k = 0; k < K; k += 2) {
           const bool pair = k + 1 < K;
           acc = dot_pair(acc, xb[m * K + k], pair ? xb[m * K + k + 1] : 0, wb[n * K + k], pair ? wb[n * K + k + 1] : 0);
@@ -117,7 +144,7 @@ void check(const Case& c) {
     std::vector<uint16_t> ob(M * N, 0xBEEF);
     packed::Args a{c.fmt, x.data(), xb.data(), M, K, N, buf.data(), stride, G, c.bias ? bias.data() : nullptr,
                    c.out_bf16 ? static_cast<void*>(ob.data()) : static_cast<void*>(of.data()), c.out_bf16,
-                   split >= 2};
+                   split >= 2, xq.data(), xs.data(), xsum.data()};
     if (split % 2 == 0) {
       packed::run(a, xt.data(), 0, P);
     } else {
@@ -141,7 +168,7 @@ void check(const Case& c) {
 }  // namespace
 
 int main() {
-  std::vector<Fmt> formats = {Fmt::F32, Fmt::BF16, Fmt::INT8, Fmt::INT4};
+  std::vector<Fmt> formats = {Fmt::F32, Fmt::BF16, Fmt::INT8, Fmt::INT4, Fmt::W4A8};
   if (packed::has_pairs_format()) formats.push_back(Fmt::BF16_PAIRS);
   const int64_t sizes[][2] = {{1, 1}, {3, 7}, {packed::PANEL, 64}, {packed::PANEL + 1, 33}, {2 * packed::PANEL + 5, 130},
                               {67, 255}, {130, 97}};
@@ -150,10 +177,15 @@ int main() {
     for (const auto& nk : sizes)
       for (int64_t M = 1; M <= 33; ++M) {
         const bool q = f == Fmt::INT8 || f == Fmt::INT4;
-        const int64_t G = q ? (M % 3 == 0 ? 32 : M % 3 == 1 ? 64 : 2) : 0;
+        const int64_t G = f == Fmt::W4A8 ? (M % 3 == 0 ? 32 : M % 3 == 1 ? 64 : 8)
+                          : q ? (M % 3 == 0 ? 32 : M % 3 == 1 ? 64 : 2) : 0;
         check({f, M, nk[0], nk[1], G, M % 2 == 0, M % 4 >= 2});
         ++cases;
       }
+  for (int64_t M = 1; M <= 13; ++M) {  // the integer sums' bounds (the 16-bit partial sums most of all)
+    check({Fmt::W4A8, M, 2 * packed::PANEL + 3, 200, M % 2 ? 64 : 128, false, false, true});
+    ++cases;
+  }
   if (failures) {
     std::printf("%d failures on %s\n", failures, simd::kTier);
     return 1;
