@@ -97,6 +97,7 @@ inline __m256i narrow_bf16(V v) {  // round to nearest even, NaN -> 0x7FC0
 }
 inline void store_bf16_n(uint16_t* p, V v, int n) { _mm256_mask_storeu_epi16(p, first(n), narrow_bf16(v)); }
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
 
 using VI = __m512i;
 using VB = __m512i;
@@ -170,6 +171,7 @@ inline void store_bf16_n(uint16_t* p, V v, int n) {
   }
 }
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
 
 using VI = __m256i;
 using VB = __m256i;
@@ -241,6 +243,7 @@ inline void store_bf16_n(uint16_t* p, V v, int n) {
   for (int i = 0; i < n && i < 4; ++i) p[i] = bf16_bits(tmp[i]);
 }
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
 using VI = int32x4_t;
 using VB = int8x16_t;
@@ -318,6 +321,7 @@ inline void store_bf16_n(uint16_t* p, V v, int n) {
   for (int i = 0; i < n && i < LANES; ++i) p[i] = bf16_bits(v.x[i]);
 }
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
 struct VI {
   int32_t x[LANES];
