@@ -14,6 +14,7 @@ llama.cpp's converter, then to Q8_0 and Q4_0 by `llama-quantize`. The pairs, eac
 | `bfloat16` (packed bfloat16: 16 bits a weight) | `bf16` |
 | `int8` (groups of 64, a float32 scale each: 8.5 bits) | `Q8_0` (blocks of 32, an fp16 scale each: 8.5 bits) |
 | `int4` (the same groups: 4.5 bits; the LM head int8) | `Q4_0` (4.5 bits; llama-quantize makes its head Q8_0) |
+| `w4a8` (int4's weights on int8 activations: integer arithmetic, as Q4_0's on a CPU) | `Q4_0` |
 
 Timed: per prompt and repeat, in rotated order, specdec's plain decoding (`specdec.generate`, `compile=True`,
 --threads threads; a warm-up request compiles first) and `llama-completion` (-t and -tb the same; a child process on
@@ -51,7 +52,7 @@ from specdec.hub.default_pair import default_assets_dir  # noqa: E402
 
 NEW = 64
 #: specdec's weight format -> llama.cpp's type at the same bits.
-PAIRS = {"bfloat16": "bf16", "int8": "Q8_0", "int4": "Q4_0"}
+PAIRS = {"bfloat16": "bf16", "int8": "Q8_0", "int4": "Q4_0", "w4a8": "Q4_0"}
 
 
 def prepare(root: Path, name: str) -> dict[str, Path]:
@@ -79,7 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, required=True, help="llama.cpp's folder (llamacpp_peer.py --setup)")
     parser.add_argument("--models", default="qwen2.5-0.5b", help=f"comma list of {', '.join(SHAPES)}")
-    parser.add_argument("--formats", default=",".join(PAIRS), help="comma list of bfloat16, int8, int4")
+    parser.add_argument("--formats", default=",".join(PAIRS), help="comma list of bfloat16, int8, int4, w4a8")
     parser.add_argument("--num-prompts", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="threads on each side (default 1)")

@@ -43,6 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=20000)
     parser.add_argument("--groups", default="32,64,128")
+    parser.add_argument("--formats", default="int8,int4,w4a8", help="the quantized formats to compare")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -66,7 +67,7 @@ def main() -> None:
 
     compare("float32", target)
     compare("bfloat16", specdec.load_default(dtype=torch.bfloat16)[0])
-    for weights in ("int8", "int4"):
+    for weights in args.formats.split(","):
         for group in (int(g) for g in args.groups.split(",")):
             model = specdec.load_default(dtype=torch.float32)[0]
             compare(f"{weights} g{group}", pack_model(model, weights, group))
