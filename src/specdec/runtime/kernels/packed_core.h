@@ -328,7 +328,8 @@ struct DotBlock {
       SPECDEC_UNROLL for (int r = 0; r < R; ++r)
         SPECDEC_UNROLL for (int j = 0; j < NV; ++j) isum[r][j] = simd::zero_i();
       const uint8_t* q[P];
-      SPECDEC_UNROLL for (int p = 0; p < P; ++p) q[p] = a.packed + (p0 + p) * a.panel_stride + g * group_bytes + PANEL * 4;
+      SPECDEC_UNROLL for (int p = 0; p < P; ++p)
+        q[p] = a.packed + (p0 + p) * a.panel_stride + g * group_bytes + PANEL * 4;
       constexpr int D = simd::DOTS_PER_WIDEN;
       for (int64_t i0 = 0; i0 < G; i0 += 8 * D) {  // 16-bit partial sums of D steps, then int32
         simd::VS part[R][NV];
@@ -469,7 +470,8 @@ inline void interleave(const float* x, int64_t M, int64_t K, float* xt) {
 }
 
 // Panels [p0, p1) of the weights (outputs [p0 * PANEL, p1 * PANEL) ∩ [0, N)), with the inputs interleaved by
-// `interleave` (xt; unused by BF16_PAIRS, and by W4A8, which reads Args::xq): any split of the panels among threads gives the same bits.
+// `interleave` (xt; unused by BF16_PAIRS, and by W4A8, which reads Args::xq): any split of the panels among
+// threads gives the same bits.
 inline void run(const Args& a, const float* xt, int64_t p0, int64_t p1) {
   switch (a.fmt) {
     case Fmt::F32: detail::run_format<Fmt::F32>(a, xt, p0, p1); break;

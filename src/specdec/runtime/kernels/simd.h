@@ -257,7 +257,8 @@ inline void load_nibbles(const uint8_t* p, VB& low, VB& high) {
 }
 inline VS dot_nibbles(VB low, VB high, int32_t xa, int32_t xb, VS acc) {  // products <= 1905
   const int8x16_t a = vreinterpretq_s8_s32(vdupq_n_s32(xa)), b = vreinterpretq_s8_s32(vdupq_n_s32(xb));
-  const int16x8_t s0 = vaddq_s16(vmull_s8(vget_low_s8(low), vget_low_s8(a)), vmull_s8(vget_low_s8(high), vget_low_s8(b)));
+  const int16x8_t s0 =
+      vaddq_s16(vmull_s8(vget_low_s8(low), vget_low_s8(a)), vmull_s8(vget_low_s8(high), vget_low_s8(b)));
   const int16x8_t s1 = vaddq_s16(vmull_high_s8(low, a), vmull_high_s8(high, b));
   return vaddq_s16(acc, vpaddq_s16(s0, s1));  // output i at elements 2i, 2i + 1
 }
