@@ -155,8 +155,8 @@ at::Tensor packed_linear(const at::Tensor& input, const at::Tensor& packed, cons
     bf = bf16 ? widen(b.const_data_ptr<at::BFloat16>(), N, bbuf) : b.const_data_ptr<float>();
   }
   pk::Args args{fmt, xf, bf16 ? reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>()) : nullptr,
-                      M, K, N, static_cast<const uint8_t*>(w.const_data_ptr()), w.numel() * w.element_size() / w.size(0),
-                      G, bf, out.mutable_data_ptr(), bf16, w.numel() * w.element_size() >= pk::STREAM_BYTES};
+                M, K, N, static_cast<const uint8_t*>(w.const_data_ptr()), w.numel() * w.element_size() / w.size(0),
+                G, bf, out.mutable_data_ptr(), bf16, w.numel() * w.element_size() >= pk::STREAM_BYTES};
   if (M == 0 || N == 0) return out;
   const float* xt = nullptr;  // the rows interleaved for the kernel's blocks
   if (fmt == Fmt::W4A8) {  // the rows quantized instead
