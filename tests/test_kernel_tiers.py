@@ -105,3 +105,26 @@ def test_cpuinfo_reads_the_first_processor_s_name_generation_and_flags():
     arm = parse(ARM_CPUINFO)
     assert "model name" not in arm and set(arm["Features"].split()) == {"fp", "asimd", "bf16", "i8mm"}
     assert parse("") == {}
+
+
+@pytest.mark.parametrize(("cpu", "features", "tiers"), [
+    ("Zen 3", "avx2 fma f16c", ("avx2", "generic")),
+    ("Intel client (Alder Lake on)", "avx2 fma f16c avx_vnni", ("avx2_vnni", "avx2", "generic")),
+    ("Zen 4", "avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16",
+     ("avx512_bf16", "avx512", "avx2", "generic")),
+    ("Xeon with AMX", "avx2 fma f16c avx_vnni avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16 amx_int8",
+     ("avx512_bf16", "avx512", "avx2_vnni", "avx2", "generic")),
+    ("Skylake-X", "avx2 fma f16c avx512f avx512bw avx512vl avx512dq", ("avx512", "avx2", "generic")),
+])
+def test_tiers_follow_the_cpu_flags(cpu, features, tiers, monkeypatch):
+    """Each x86 tier where the CPU has all its features (AVX-VNNI and AVX512_VNNI: W4A8's int8 dot product)."""
+    from specdec.runtime import cpuinfo, rowwise  # noqa: PLC0415
+
+    if not X86:
+        pytest.skip("the x86 tiers are chosen on an x86 machine")
+    monkeypatch.setattr(cpuinfo, "flags", lambda: set(features.split()))
+    rowwise.cpu_tiers.cache_clear()
+    try:
+        assert rowwise.cpu_tiers() == tiers, cpu
+    finally:
+        rowwise.cpu_tiers.cache_clear()

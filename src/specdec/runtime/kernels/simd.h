@@ -4,8 +4,10 @@
 // float32 lanes a vector has and which instructions move them. The tier is the compiler's target
 // (runtime/rowwise.py builds one library per tier with its flags):
 //
-//   avx512_bf16  AVX-512 F/BW/VL/DQ + AVX512_BF16 (16 lanes; bfloat16 pairs by the bf16 dot product)
+//   avx512_bf16  AVX-512 F/BW/VL/DQ + AVX512_BF16 + AVX512_VNNI (16 lanes; bfloat16 pairs by the bf16 dot
+//                product, W4A8's integer sums by the int8 one)
 //   avx512       AVX-512 F/BW/VL/DQ (16 lanes)
+//   avx2_vnni    AVX2 + FMA + F16C + AVX-VNNI (8 lanes; W4A8's integer sums by the int8 dot product)
 //   avx2         AVX2 + FMA + F16C (8 lanes)
 //   neon         aarch64 Advanced SIMD (4 lanes)
 //   generic      any C++17 compiler: 8 lanes in plain arrays, std::fma (slow; correct everywhere)
@@ -20,7 +22,9 @@
 // (VB); `dot_nibbles` adds to each output's partial sums (VS) its 4 low nibbles times the 4 int8 inputs of one word
 // plus its 4 high nibbles times those of another; `widen_add` adds the partial sums into int32 (VI). Integer sums
 // are exact, so they too are the same on every tier. The bounds: a nibble <= 15 and an input in [-127, 127] make
-// one dot_nibbles at most 7620 in a 16-bit partial sum, so a VS holds DOTS_PER_WIDEN of them (30480 < 32768).
+// one dot_nibbles at most 7620 in a 16-bit partial sum, so a VS holds DOTS_PER_WIDEN = 4 of them (30480 < 32768).
+// Where the CPU has a dot product into int32 (AVX512_VNNI, AVX-VNNI: vpdpbusd), dot_nibbles is two of those
+// instructions, the partial sums are int32 already, and DOTS_PER_WIDEN only sets how often they are added up.
 //
 // No ATen here: the header compiles on its own, so each tier's kernels can be built and tested from any machine
 // (the aarch64 ones with a cross compiler, run under user-mode emulation).
@@ -38,8 +42,6 @@
 #endif
 
 namespace specdec::simd {
-
-constexpr int DOTS_PER_WIDEN = 4;  // dot_nibbles a 16-bit partial sum holds exactly (see above)
 
 // float32 -> bfloat16 bits, round to nearest even; NaN -> 0x7FC0 (c10::detail::round_to_nearest_even).
 inline uint16_t bf16_bits(float f) {
@@ -101,7 +103,7 @@ inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p
 
 using VI = __m512i;
 using VB = __m512i;
-using VS = __m512i;  // 16-bit sums, two per output
+using VS = __m512i;
 inline VI zero_i() { return _mm512_setzero_si512(); }
 inline VS zero_s() { return _mm512_setzero_si512(); }
 inline void load_nibbles(const uint8_t* p, VB& low, VB& high) {
@@ -109,15 +111,28 @@ inline void load_nibbles(const uint8_t* p, VB& low, VB& high) {
   low = _mm512_and_si512(w, m);
   high = _mm512_and_si512(_mm512_srli_epi16(w, 4), m);
 }
+#if defined(__AVX512VNNI__)
+constexpr int DOTS_PER_WIDEN = 64;  // int32 sums: <= 64 * 15240
+inline VS dot_nibbles(VB low, VB high, int32_t xa, int32_t xb, VS acc) {
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, low, _mm512_set1_epi32(xa)), high, _mm512_set1_epi32(xb));
+}
+inline VI widen_add(VS s, VI acc) { return _mm512_add_epi32(acc, s); }
+#else
+constexpr int DOTS_PER_WIDEN = 4;  // 16-bit sums, two per output (see the header)
 inline VS dot_nibbles(VB low, VB high, int32_t xa, int32_t xb, VS acc) {  // u8 x s8 pairs: <= 3810 per i16
   return _mm512_add_epi16(acc, _mm512_add_epi16(_mm512_maddubs_epi16(low, _mm512_set1_epi32(xa)),
                                                 _mm512_maddubs_epi16(high, _mm512_set1_epi32(xb))));
 }
 inline VI widen_add(VS s, VI acc) { return _mm512_add_epi32(acc, _mm512_madd_epi16(s, _mm512_set1_epi16(1))); }
+#endif
 inline V to_float(VI a, int32_t minus) { return _mm512_cvtepi32_ps(_mm512_sub_epi32(a, _mm512_set1_epi32(minus))); }
 
 #elif defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVXVNNI__)
+constexpr const char* kTier = "avx2_vnni";
+#else
 constexpr const char* kTier = "avx2";
+#endif
 constexpr int LANES = 8;
 using V = __m256;
 
@@ -175,7 +190,7 @@ inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p
 
 using VI = __m256i;
 using VB = __m256i;
-using VS = __m256i;  // 16-bit sums, two per output
+using VS = __m256i;
 inline VI zero_i() { return _mm256_setzero_si256(); }
 inline VS zero_s() { return _mm256_setzero_si256(); }
 inline void load_nibbles(const uint8_t* p, VB& low, VB& high) {
@@ -183,11 +198,21 @@ inline void load_nibbles(const uint8_t* p, VB& low, VB& high) {
   low = _mm256_and_si256(w, m);
   high = _mm256_and_si256(_mm256_srli_epi16(w, 4), m);
 }
+#if defined(__AVXVNNI__)
+constexpr int DOTS_PER_WIDEN = 64;  // int32 sums: <= 64 * 15240
+inline VS dot_nibbles(VB low, VB high, int32_t xa, int32_t xb, VS acc) {
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, low, _mm256_set1_epi32(xa)), high,
+                                 _mm256_set1_epi32(xb));
+}
+inline VI widen_add(VS s, VI acc) { return _mm256_add_epi32(acc, s); }
+#else
+constexpr int DOTS_PER_WIDEN = 4;  // 16-bit sums, two per output (see the header)
 inline VS dot_nibbles(VB low, VB high, int32_t xa, int32_t xb, VS acc) {  // u8 x s8 pairs: <= 3810 per i16
   return _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(xa)),
                                                 _mm256_maddubs_epi16(high, _mm256_set1_epi32(xb))));
 }
 inline VI widen_add(VS s, VI acc) { return _mm256_add_epi32(acc, _mm256_madd_epi16(s, _mm256_set1_epi16(1))); }
+#endif
 inline V to_float(VI a, int32_t minus) { return _mm256_cvtepi32_ps(_mm256_sub_epi32(a, _mm256_set1_epi32(minus))); }
 
 #elif defined(__aarch64__) && defined(__ARM_NEON)
@@ -248,6 +273,7 @@ inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 using VI = int32x4_t;
 using VB = int8x16_t;
 using VS = int16x8_t;  // 16-bit sums, two per output
+constexpr int DOTS_PER_WIDEN = 4;
 inline VI zero_i() { return vdupq_n_s32(0); }
 inline VS zero_s() { return vdupq_n_s16(0); }
 inline void load_nibbles(const uint8_t* p, VB& low, VB& high) {
@@ -328,6 +354,7 @@ struct VI {
   int32_t x[LANES];
 };
 using VS = VI;  // (exact in int32 already)
+constexpr int DOTS_PER_WIDEN = 4;
 struct VB {
   uint8_t b[4 * LANES];
 };
