@@ -33,12 +33,12 @@ def _isa_flags(tier: str) -> list[str]:
 
 def _toolchain(tier: str) -> tuple[list[str], list[str]]:
     """(compile command prefix, run prefix) for `tier` here, or pytest.skip naming what is missing."""
-    if tier == "neon":
+    if tier.startswith("neon"):
         if ARM:
             return [shutil.which("c++") or "c++"], []
         cross, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
         if not cross or not qemu:
-            pytest.skip("neon: needs aarch64-linux-gnu-g++ and qemu-aarch64 (apt install g++-aarch64-linux-gnu "
+            pytest.skip(f"{tier}: needs aarch64-linux-gnu-g++ and qemu-aarch64 (apt install g++-aarch64-linux-gnu "
                         "qemu-user) on a non-Arm machine")
         return [cross, "-static"], [qemu]
     compiler = shutil.which("c++") or shutil.which("g++")
@@ -56,7 +56,7 @@ def test_packed_kernel_bits_on_each_tier(tier, tmp_path: Path):
     built = subprocess.run([*compile_cmd, *BASE, *_isa_flags(tier), str(SOURCE), "-o", str(binary)],
                            capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, f"{tier} does not build:\n{built.stderr[-3000:]}"
-    if tier not in cpu_tiers() and not (tier == "neon" and run_prefix):
+    if tier not in cpu_tiers() and not (tier.startswith("neon") and run_prefix):  # qemu-aarch64 emulates both
         pytest.skip(f"{tier}: built; this CPU cannot run it (it runs {', '.join(cpu_tiers())})")
     ran = subprocess.run([*run_prefix, str(binary)], capture_output=True, text=True, timeout=600)
     assert ran.returncode == 0 and ran.stdout.startswith(f"ok {tier} "), ran.stdout[-3000:] + ran.stderr[-1000:]
@@ -108,6 +108,8 @@ def test_cpuinfo_reads_the_first_processor_s_name_generation_and_flags():
 
 
 @pytest.mark.parametrize(("cpu", "features", "tiers"), [
+    ("Graviton 1 (aarch64)", "fp asimd", ("neon", "generic")),
+    ("Graviton 2 on (aarch64)", "fp asimd asimddp", ("neon_dotprod", "neon", "generic")),
     ("Zen 3", "avx2 fma f16c", ("avx2", "generic")),
     ("Intel client (Alder Lake on)", "avx2 fma f16c avx_vnni", ("avx2_vnni", "avx2", "generic")),
     ("Zen 4", "avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16",
@@ -117,11 +119,11 @@ def test_cpuinfo_reads_the_first_processor_s_name_generation_and_flags():
     ("Skylake-X", "avx2 fma f16c avx512f avx512bw avx512vl avx512dq", ("avx512", "avx2", "generic")),
 ])
 def test_tiers_follow_the_cpu_flags(cpu, features, tiers, monkeypatch):
-    """Each x86 tier where the CPU has all its features (AVX-VNNI and AVX512_VNNI: W4A8's int8 dot product)."""
+    """Each tier where the CPU has all its features (AVX-VNNI, AVX512_VNNI, Arm's dot product: W4A8's int8 dot
+    product)."""
     from specdec.runtime import cpuinfo, rowwise  # noqa: PLC0415
 
-    if not X86:
-        pytest.skip("the x86 tiers are chosen on an x86 machine")
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64" if "asimd" in features else "x86_64")
     monkeypatch.setattr(cpuinfo, "flags", lambda: set(features.split()))
     rowwise.cpu_tiers.cache_clear()
     try:

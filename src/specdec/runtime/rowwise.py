@@ -20,12 +20,12 @@ passes, where `torch.compile` traces through it and keeps each kernel as one opa
 serve (dropout, `is_causal` without a mask, float64, another device) go to PyTorch unchanged.
 
 The kernels are compiled once per machine for its instruction-set tier (`kernel_tier`: avx512_bf16, avx512,
-avx2_vnni, avx2, neon or generic, from the CPU's features; `SPECDEC_KERNEL_TIER` picks a lower one) with
-`torch.utils.cpp_extension`, and cached under `~/.cache/torch_extensions` (`TORCH_EXTENSIONS_DIR`) in a directory named after everything that
-changes the build (`build_name`: the tier, the sources, the flags, torch's version and headers), so two environments
-or checkouts on one machine never rebuild each other's copy. `make install` builds them (`python -m
-specdec.runtime.rowwise`); otherwise the first use does. It needs the C++ compiler inductor needs anyway, and
-`ninja` (a dependency of specdec).
+avx2_vnni, avx2, neon_dotprod, neon or generic, from the CPU's features; `SPECDEC_KERNEL_TIER` picks a lower one)
+with `torch.utils.cpp_extension`, and cached under `~/.cache/torch_extensions` (`TORCH_EXTENSIONS_DIR`) in a
+directory named after everything that changes the build (`build_name`: the tier, the sources, the flags, torch's
+version and headers), so two environments or checkouts on one machine never rebuild each other's copy. `make
+install` builds them (`python -m specdec.runtime.rowwise`); otherwise the first use does. It needs the C++ compiler
+inductor needs anyway, and `ninja` (a dependency of specdec).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ TIER_FLAGS = {
     "avx512": _AVX512,
     "avx2_vnni": ["-mavx2", "-mfma", "-mf16c", "-mavxvnni", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
     "avx2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
+    "neon_dotprod": ["-march=armv8.2-a+dotprod"],  # aarch64 with the int8 dot product (sdot)
     "neon": [],  # aarch64: Advanced SIMD is the baseline
     "generic": [],
 }
@@ -82,7 +83,7 @@ def cpu_tiers() -> tuple[str, ...]:
     """The kernel tiers this CPU runs, most capable first (always ending with "generic")."""
     machine = platform.machine().lower()
     if machine in ("aarch64", "arm64"):
-        return ("neon", "generic")
+        return ("neon_dotprod", "neon", "generic") if "asimddp" in cpuinfo.flags() else ("neon", "generic")
     if machine not in ("x86_64", "amd64", "i686", "x86"):
         return ("generic",)
     features = cpuinfo.flags()

@@ -9,6 +9,7 @@
 //   avx512       AVX-512 F/BW/VL/DQ (16 lanes)
 //   avx2_vnni    AVX2 + FMA + F16C + AVX-VNNI (8 lanes; W4A8's integer sums by the int8 dot product)
 //   avx2         AVX2 + FMA + F16C (8 lanes)
+//   neon_dotprod aarch64 Advanced SIMD + the dot product extension (4 lanes; W4A8's integer sums by sdot)
 //   neon         aarch64 Advanced SIMD (4 lanes)
 //   generic      any C++17 compiler: 8 lanes in plain arrays, std::fma (slow; correct everywhere)
 //
@@ -23,8 +24,8 @@
 // plus its 4 high nibbles times those of another; `widen_add` adds the partial sums into int32 (VI). Integer sums
 // are exact, so they too are the same on every tier. The bounds: a nibble <= 15 and an input in [-127, 127] make
 // one dot_nibbles at most 7620 in a 16-bit partial sum, so a VS holds DOTS_PER_WIDEN = 4 of them (30480 < 32768).
-// Where the CPU has a dot product into int32 (AVX512_VNNI, AVX-VNNI: vpdpbusd), dot_nibbles is two of those
-// instructions, the partial sums are int32 already, and DOTS_PER_WIDEN only sets how often they are added up.
+// Where the CPU has a dot product into int32 (AVX512_VNNI, AVX-VNNI: vpdpbusd; Arm's sdot), dot_nibbles is two of
+// those instructions, the partial sums are int32 already, and DOTS_PER_WIDEN only sets how often they are added up.
 //
 // No ATen here: the header compiles on its own, so each tier's kernels can be built and tested from any machine
 // (the aarch64 ones with a cross compiler, run under user-mode emulation).
@@ -216,7 +217,11 @@ inline VI widen_add(VS s, VI acc) { return _mm256_add_epi32(acc, _mm256_madd_epi
 inline V to_float(VI a, int32_t minus) { return _mm256_cvtepi32_ps(_mm256_sub_epi32(a, _mm256_set1_epi32(minus))); }
 
 #elif defined(__aarch64__) && defined(__ARM_NEON)
+#if defined(__ARM_FEATURE_DOTPROD)
+constexpr const char* kTier = "neon_dotprod";
+#else
 constexpr const char* kTier = "neon";
+#endif
 constexpr int LANES = 4;
 using V = float32x4_t;
 
@@ -272,15 +277,25 @@ inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
 using VI = int32x4_t;
 using VB = int8x16_t;
-using VS = int16x8_t;  // 16-bit sums, two per output
-constexpr int DOTS_PER_WIDEN = 4;
 inline VI zero_i() { return vdupq_n_s32(0); }
-inline VS zero_s() { return vdupq_n_s16(0); }
 inline void load_nibbles(const uint8_t* p, VB& low, VB& high) {
   const uint8x16_t w = vld1q_u8(p);
   low = vreinterpretq_s8_u8(vandq_u8(w, vdupq_n_u8(15)));
   high = vreinterpretq_s8_u8(vshrq_n_u8(w, 4));
 }
+#if defined(__ARM_FEATURE_DOTPROD)
+using VS = int32x4_t;  // int32 sums: sdot adds 4 s8 x s8 products straight into each
+constexpr int DOTS_PER_WIDEN = 64;  // <= 64 * 15240
+inline VS zero_s() { return vdupq_n_s32(0); }
+inline VS dot_nibbles(VB low, VB high, int32_t xa, int32_t xb, VS acc) {
+  return vdotq_s32(vdotq_s32(acc, low, vreinterpretq_s8_s32(vdupq_n_s32(xa))), high,
+                   vreinterpretq_s8_s32(vdupq_n_s32(xb)));
+}
+inline VI widen_add(VS s, VI acc) { return vaddq_s32(acc, s); }
+#else
+using VS = int16x8_t;  // 16-bit sums, two per output
+constexpr int DOTS_PER_WIDEN = 4;
+inline VS zero_s() { return vdupq_n_s16(0); }
 inline VS dot_nibbles(VB low, VB high, int32_t xa, int32_t xb, VS acc) {  // products <= 1905
   const int8x16_t a = vreinterpretq_s8_s32(vdupq_n_s32(xa)), b = vreinterpretq_s8_s32(vdupq_n_s32(xb));
   const int16x8_t s0 =
@@ -289,6 +304,7 @@ inline VS dot_nibbles(VB low, VB high, int32_t xa, int32_t xb, VS acc) {  // pro
   return vaddq_s16(acc, vpaddq_s16(s0, s1));  // output i at elements 2i, 2i + 1
 }
 inline VI widen_add(VS s, VI acc) { return vpadalq_s16(acc, s); }
+#endif
 inline V to_float(VI a, int32_t minus) { return vcvtq_f32_s32(vsubq_s32(a, vdupq_n_s32(minus))); }
 
 #else
