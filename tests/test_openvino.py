@@ -29,7 +29,7 @@ from specdec.bench.openvino_export import (
     default_export_env,
     exported,
 )
-from specdec.bench.openvino_peer import device_properties, require_openvino, speculative_stats
+from specdec.bench.openvino_peer import device_properties, require_openvino, require_precision, speculative_stats
 from specdec.bench.runner import make_configs
 from specdec.hub.default_pair import default_assets_dir
 from specdec.errors import ConfigError, SpecdecError
@@ -117,6 +117,26 @@ def test_precision_and_threads_follow_the_run():
     for dtype in (torch.float16, torch.float64):
         with pytest.raises(ConfigError, match="--dtype float32 or --dtype bfloat16"):
             device_properties(dtype, 1)
+
+
+def test_bfloat16_on_one_thread_with_amx_is_refused_by_name(monkeypatch):
+    """OpenVINO's bf16 pipeline on one thread dies of SIGFPE on a CPU with AMX: refused before it is built."""
+    pytest.importorskip("openvino", reason=f"the openvino extra is not installed: {INSTALL_LINE}")
+    import openvino as ov
+
+    if "BF16" not in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        with pytest.raises(ConfigError, match="--openvino-dtype float32"):
+            require_precision("bf16", 2)
+        return
+    from specdec.runtime import cpuinfo
+
+    monkeypatch.setattr(cpuinfo, "flags", lambda: {"avx512_bf16", "amx_tile", "amx_bf16"})
+    with pytest.raises(ConfigError, match="one thread on a CPU with AMX.*--threads 2"):
+        require_precision("bf16", 1)
+    require_precision("bf16", 2)
+    require_precision("f32", 1)
+    monkeypatch.setattr(cpuinfo, "flags", lambda: {"avx512_bf16"})
+    require_precision("bf16", 1)
 
 
 def test_speculative_rounds_are_rebuilt_from_the_target_steps():

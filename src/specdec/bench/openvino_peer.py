@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from specdec.errors import ConfigError, SpecdecError
+from specdec.runtime import cpuinfo
 
 OV_METHODS = ("ov-plain", "ov-speculative")
 #: The one install command named when OpenVINO GenAI is missing.
@@ -85,10 +86,12 @@ def device_properties(dtype: torch.dtype, threads: int) -> dict[str, Any]:
             "INFERENCE_NUM_THREADS": int(threads)}
 
 
-def require_precision(precision: str) -> None:
+def require_precision(precision: str, threads: int = 2) -> None:
     """Raise ConfigError (before anything is exported) when the CPU plugin cannot run `precision` here: its
     bf16 needs native bf16 (`BF16` in the plugin's OPTIMIZATION_CAPABILITIES; AVX512_BF16 or AMX), and on
-    other CPUs it refuses a bf16 KV cache."""
+    other CPUs it refuses a bf16 KV cache. On a CPU with AMX, OpenVINO GenAI 2026.4's bf16 pipeline on one
+    thread stops the whole process with a floating point exception (SIGFPE) as it is built; on two threads it
+    runs (seen on a Xeon with AMX, BENCHMARKS.md), so that case is refused here by name instead."""
     if precision != "bf16":
         return
     import openvino as ov
@@ -98,6 +101,10 @@ def require_precision(precision: str) -> None:
         raise ConfigError("OpenVINO's CPU plugin has no bfloat16 on this CPU (its capabilities: "
                           f"{', '.join(capabilities)}; it needs AVX512_BF16 or AMX): pass --openvino-dtype "
                           "float32 to run the OpenVINO methods in float32 beside specdec's bfloat16")
+    if threads == 1 and "amx_bf16" in cpuinfo.flags():
+        raise ConfigError("OpenVINO's CPU plugin stops the process with a floating point exception when it "
+                          "builds a bfloat16 pipeline on one thread on a CPU with AMX (OpenVINO "
+                          f"{ov.get_version()}): pass --threads 2 or more, or --openvino-dtype float32")
 
 
 @dataclass(frozen=True)
@@ -118,7 +125,7 @@ class OpenVINOPeer:
         from specdec.bench.openvino_export import exported
 
         self.properties = device_properties(dtype, threads)
-        require_precision(self.properties["INFERENCE_PRECISION_HINT"])
+        require_precision(self.properties["INFERENCE_PRECISION_HINT"], threads)
         if speculative and settings.draft_dir is None:
             raise ConfigError("ov-speculative needs the draft's checkpoint directory: pass --draft PATH")
         self.target_export = exported(settings.target_dir, settings.cache_dir, settings.export_env)
