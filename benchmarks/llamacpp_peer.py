@@ -7,7 +7,7 @@
 Setup (~3 min on 2 cores; ../shared/research/peer-llamacpp.md has the facts it follows):
 - llama.cpp is the source bundled in the llama-cpp-python sdist (`pip download llama-cpp-python==VERSION
   --no-binary :all: --no-deps`), built with cmake (GGML_NATIVE, release, static) for its `llama-completion` and
-  `llama-quantize` tools;
+  `llama-quantize` tools (`--no-amx`: without its AMX path, which crashes on Q4_0 / Q8_0 on a Xeon with AMX);
 - the default target goes to GGUF (float32 and bfloat16 files) with the bundled `convert_hf_to_gguf.py` (it needs
   `pip install sentencepiece` beside transformers, even for a BPE tokenizer). Our
   byte-level BPE tokenizer's pre-tokenizer is not in its table of known hashes; its split is GPT-2's (ByteLevel,
@@ -69,7 +69,12 @@ CONVERT_SHIM = ("import sys, conversion.base as b\n"
                 "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
 
-def setup(root: Path) -> None:
+#: llama.cpp 0.3.36's AMX path (ggml_backend_amx_mul_mat) crashes (SIGSEGV) on Q4_0 and Q8_0 on a Xeon with AMX
+#: (BENCHMARKS.md); `--setup --no-amx` builds without it, so those types run on its AVX-512 VNNI kernels instead.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def setup(root: Path, no_amx: bool = False) -> None:
     root.mkdir(parents=True, exist_ok=True)
     sdist = root / f"llama_cpp_python-{VERSION}.tar.gz"
     if not sdist.exists():
@@ -82,7 +87,9 @@ def setup(root: Path) -> None:
     build = src / "build"
     subprocess.run(["cmake", "-B", str(build), "-S", str(src), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
                     "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-                    "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DGGML_OPENMP=ON"], check=True)
+                    "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DGGML_OPENMP=ON",
+                    f"-DCMAKE_C_FLAGS={NO_AMX if no_amx else ''}", f"-DCMAKE_CXX_FLAGS={NO_AMX if no_amx else ''}"],
+                   check=True)
     subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", "llama-completion",
                     "llama-quantize"],
                    check=True)
@@ -168,6 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, required=True, help="where llama.cpp is built and the GGUF files are")
     parser.add_argument("--setup", action="store_true", help="build llama.cpp and convert the default pair, then exit")
+    parser.add_argument("--no-amx", action="store_true", help="with --setup: build without llama.cpp's AMX path")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(GGUF_TYPES))
     parser.add_argument("--gamma", default="4,6")
     parser.add_argument("--num-prompts", type=int, default=12)
@@ -175,7 +183,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=False)
     args = parser.parse_args()
     if args.setup:
-        setup(args.dir)
+        setup(args.dir, args.no_amx)
         return
     started = time.strftime("%Y-%m-%d %H:%M")
     specdec.set_threads(1)
