@@ -86,7 +86,7 @@ def device_properties(dtype: torch.dtype, threads: int) -> dict[str, Any]:
             "INFERENCE_NUM_THREADS": int(threads)}
 
 
-def require_precision(precision: str, threads: int = 2) -> None:
+def require_precision(precision: str, threads: int) -> None:
     """Raise ConfigError (before anything is exported) when the CPU plugin cannot run `precision` here: its
     bf16 needs native bf16 (`BF16` in the plugin's OPTIMIZATION_CAPABILITIES; AVX512_BF16 or AMX), and on
     other CPUs it refuses a bf16 KV cache. On a CPU with AMX, OpenVINO GenAI 2026.4's bf16 pipeline on one

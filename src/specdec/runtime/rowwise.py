@@ -73,6 +73,11 @@ _X86_NEEDS = {
     "avx2_vnni": {"avx2", "fma", "f16c", "avx_vnni"},
     "avx2": {"avx2", "fma", "f16c"},
 }
+#: The same for the aarch64 tiers (/proc/cpuinfo's `Features`; Advanced SIMD is the baseline).
+_ARM_NEEDS = {
+    "neon_dotprod": {"asimddp"},
+    "neon": set(),
+}
 
 #: What the kernels compute in (float32 arithmetic); float64 stays with PyTorch's kernels.
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -83,7 +88,7 @@ def cpu_tiers() -> tuple[str, ...]:
     """The kernel tiers this CPU runs, most capable first (always ending with "generic")."""
     machine = platform.machine().lower()
     if machine in ("aarch64", "arm64"):
-        return ("neon_dotprod", "neon", "generic") if "asimddp" in cpuinfo.flags() else ("neon", "generic")
+        return (*(tier for tier, needs in _ARM_NEEDS.items() if needs <= cpuinfo.flags()), "generic")
     if machine not in ("x86_64", "amd64", "i686", "x86"):
         return ("generic",)
     features = cpuinfo.flags()
