@@ -88,6 +88,7 @@ def setup(root: Path, no_amx: bool = False) -> None:
     subprocess.run(["cmake", "-B", str(build), "-S", str(src), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
                     "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
                     "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DGGML_OPENMP=ON",
+                    # always set, so a rebuild without --no-amx clears what an earlier one left in cmake's cache
                     f"-DCMAKE_C_FLAGS={NO_AMX if no_amx else ''}", f"-DCMAKE_CXX_FLAGS={NO_AMX if no_amx else ''}"],
                    check=True)
     subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", "llama-completion",
