@@ -130,3 +130,37 @@ def test_tiers_follow_the_cpu_flags(cpu, features, tiers, monkeypatch):
         assert rowwise.cpu_tiers() == tiers, cpu
     finally:
         rowwise.cpu_tiers.cache_clear()
+
+
+#: The kernel's blocks of rows (packed_core.h), as their mangled names start, and where each tier has them.
+_BLOCKS = {"5BlockIL": "every", "10PairsBlockIL": "avx512_bf16", "8DotBlockIL": "every"}
+
+
+@pytest.mark.parametrize("tier", list(TIER_FLAGS))
+def test_packed_kernel_blocks_prefetch_on_each_tier(tier, tmp_path: Path):
+    """Every block of the packed kernel, as compiled for each tier, prefetches the weights it streams. A prefetch
+    has no side effects, and GCC 12 deleted one reached through an always_inline function as dead code: the
+    bfloat16 pairs' block built with no prefetch at all (simd.h's SPECDEC_PREFETCH). Built to assembly only, so
+    every tier is checked on any machine with its compiler."""
+    compile_cmd, _ = _toolchain(tier)
+    assembly = tmp_path / f"packed_test_{tier}.s"
+    built = subprocess.run([*compile_cmd, *BASE, *_isa_flags(tier), "-S", str(SOURCE), "-o", str(assembly)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, f"{tier} does not build:\n{built.stderr[-3000:]}"
+    functions: dict[str, list[str]] = {}
+    name = None
+    for line in assembly.read_text().splitlines():
+        if line.startswith("_Z") and line.endswith(":"):
+            name = line[:-1]
+            functions[name] = []
+        elif name is not None:
+            functions[name].append(line.strip())
+    prefetch = "prfm" if tier.startswith("neon") else "prefetch"
+    for block, where in _BLOCKS.items():
+        runs = {n: body for n, body in functions.items() if f"6detail{block}" in n and "3run" in n}
+        if where != "every" and where != tier:
+            assert not runs, f"{tier} has {block} blocks, only {where} should"
+            continue
+        assert runs, f"{tier}: no {block} block in the assembly"
+        missing = [n for n, body in runs.items() if not any(op.startswith(prefetch) for op in body)]
+        assert not missing, f"{tier}: {len(missing)} of {len(runs)} {block} blocks never prefetch, e.g. {missing[0]}"
