@@ -168,6 +168,15 @@ namespace detail {
 
 #define SPECDEC_UNROLL _Pragma("GCC unroll 16")
 
+// Prefetch into L2 what the next block reads where this one reads s: every cache line of this step's BYTES,
+// `ahead` bytes on. (One prefetch a step covered only the first line of a step wider than a line: AVX-512's bfloat16
+// steps are 2 lines, W4A8's 4. With every line, a one-row bfloat16 pass over a Qwen2.5-0.5B-shaped model's linears,
+// 988 MB, two threads, Xeon with AMX: 77-80 -> 69-70 ms; float32, int8 and W4A8 level; interleaved runs.)
+template <int64_t BYTES>
+__attribute__((always_inline)) inline void prefetch_next_block(const uint8_t* s, int64_t ahead) {
+  SPECDEC_UNROLL for (int64_t l = 0; l < BYTES; l += 64) simd::prefetch_l2(s + ahead + l);
+}
+
 // One step of k (two for INT4) of P panels: their weights as float32 vectors, each row's input times them into the
 // row's accumulators. The rows' inputs come interleaved, xt[k * R + r], so one pointer serves every row.
 template <Fmt F, int R, int P>
@@ -187,7 +196,7 @@ struct Block {
       for (int64_t k = 0; k < K; ++k) {
         SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
           const uint8_t* s = base[p] + k * STEP;
-          simd::prefetch_l2(s + P * a.panel_stride);
+          prefetch_next_block<STEP>(s, P * a.panel_stride);
           SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {  // each vector used as soon as it is loaded (registers)
             if constexpr (F == Fmt::F32) {
               fma_one(acc, xt + k * R, p * PV + v, simd::load(reinterpret_cast<const float*>(s) + v * LANES));
@@ -343,7 +352,7 @@ struct DotBlock {
           }
           SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
             const uint8_t* s = q[p] + i / 2 * PANEL;
-            simd::prefetch_l2(s + P * a.panel_stride);
+            prefetch_next_block<4 * PANEL>(s, P * a.panel_stride);
             SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
               simd::VB low, high;
               simd::load_nibbles(s + v * 4 * LANES, low, high);
