@@ -114,17 +114,20 @@ def test_cpuinfo_reads_the_first_processor_s_name_generation_and_flags():
     ("Intel client (Alder Lake on)", "avx2 fma f16c avx_vnni", ("avx2_vnni", "avx2", "generic")),
     ("Zen 4", "avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16",
      ("avx512_bf16", "avx512", "avx2", "generic")),
-    ("Xeon with AMX", "avx2 fma f16c avx_vnni avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16 amx_int8",
-     ("avx512_bf16", "avx512", "avx2_vnni", "avx2", "generic")),
+    ("Xeon with AMX", "avx2 fma f16c avx_vnni avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16 amx_tile "
+     "amx_bf16 amx_int8", ("avx512_amx", "avx512_bf16", "avx512", "avx2_vnni", "avx2", "generic")),
+    ("Xeon with AMX, tiles refused by Linux", "avx2 fma f16c avx_vnni avx512f avx512bw avx512vl avx512dq avx512_vnni "
+     "avx512_bf16 amx_tile amx_bf16 amx_int8 no-tiles", ("avx512_bf16", "avx512", "avx2_vnni", "avx2", "generic")),
     ("Skylake-X", "avx2 fma f16c avx512f avx512bw avx512vl avx512dq", ("avx512", "avx2", "generic")),
 ])
 def test_tiers_follow_the_cpu_flags(cpu, features, tiers, monkeypatch):
     """Each tier where the CPU has all its features (AVX-VNNI, AVX512_VNNI, Arm's dot product: W4A8's int8 dot
-    product)."""
+    product; AMX's tiles where Linux also grants them to the process)."""
     from specdec.runtime import cpuinfo, rowwise  # noqa: PLC0415
 
     monkeypatch.setattr(platform, "machine", lambda: "aarch64" if "asimd" in features else "x86_64")
-    monkeypatch.setattr(cpuinfo, "flags", lambda: set(features.split()))
+    monkeypatch.setattr(cpuinfo, "flags", lambda: set(features.split()) - {"no-tiles"})
+    monkeypatch.setattr(cpuinfo, "amx_tiles_granted", lambda: "no-tiles" not in features)
     rowwise.cpu_tiers.cache_clear()
     try:
         assert rowwise.cpu_tiers() == tiers, cpu
@@ -133,6 +136,7 @@ def test_tiers_follow_the_cpu_flags(cpu, features, tiers, monkeypatch):
 
 
 #: The kernel's blocks of rows (packed_core.h), as their mangled names start, and where each tier has them.
+#: (AMX's block, `amx_pairs`, streams without: its tile loads ran faster so.)
 _BLOCKS = {"5BlockIL": "every", "10PairsBlockIL": "avx512_bf16", "8DotBlockIL": "every"}
 
 

@@ -19,8 +19,8 @@ to the kernels: no model file is forked and nothing is written on a model's conf
 passes, where `torch.compile` traces through it and keeps each kernel as one opaque call. Calls a kernel cannot
 serve (dropout, `is_causal` without a mask, float64, another device) go to PyTorch unchanged.
 
-The kernels are compiled once per machine for its instruction-set tier (`kernel_tier`: avx512_bf16, avx512,
-avx2_vnni, avx2, neon_dotprod, neon or generic, from the CPU's features; `SPECDEC_KERNEL_TIER` picks a lower one)
+The kernels are compiled once per machine for its instruction-set tier (`kernel_tier`: avx512_amx, avx512_bf16,
+avx512, avx2_vnni, avx2, neon_dotprod, neon or generic, from the CPU's features; `SPECDEC_KERNEL_TIER` picks a lower one)
 with `torch.utils.cpp_extension`, and cached under `~/.cache/torch_extensions` (`TORCH_EXTENSIONS_DIR`) in a
 directory named after everything that changes the build (`build_name`: the tier, the sources, the flags, torch's
 version and headers), so two environments or checkouts on one machine never rebuild each other's copy. `make
@@ -58,6 +58,7 @@ _AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf1
 #: Instruction-set tier -> compiler flags (ATen's vector types follow CPU_CAPABILITY), most capable first per
 #: architecture. kernels/simd.h says what each tier computes with.
 TIER_FLAGS = {
+    "avx512_amx": [*_AVX512, "-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16"],
     "avx512_bf16": [*_AVX512, "-mavx512bf16", "-mavx512vnni"],
     "avx512": _AVX512,
     "avx2_vnni": ["-mavx2", "-mfma", "-mf16c", "-mavxvnni", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
@@ -68,6 +69,8 @@ TIER_FLAGS = {
 }
 #: The CPU flags (/proc/cpuinfo) each x86 tier needs.
 _X86_NEEDS = {
+    "avx512_amx": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c", "avx512_bf16", "avx512_vnni",
+                   "amx_tile", "amx_bf16"},
     "avx512_bf16": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c", "avx512_bf16", "avx512_vnni"},
     "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"},
     "avx2_vnni": {"avx2", "fma", "f16c", "avx_vnni"},
@@ -93,7 +96,8 @@ def cpu_tiers() -> tuple[str, ...]:
         return ("generic",)
     features = cpuinfo.flags()
     if features:
-        tiers = [tier for tier, needs in _X86_NEEDS.items() if needs <= features]
+        tiers = [tier for tier, needs in _X86_NEEDS.items()
+                 if needs <= features and (tier != "avx512_amx" or cpuinfo.amx_tiles_granted())]
     else:  # no /proc/cpuinfo (macOS, Windows): what PyTorch's own dispatch found
         capability = torch.backends.cpu.get_cpu_capability()
         tiers = ["avx512", "avx2"] if capability == "AVX512" else ["avx2"] if capability == "AVX2" else []

@@ -7,7 +7,8 @@ stay in the model's dtype; the weights are in `weights`:
 
 - "float32", "bfloat16": the weights as they are (rounded to bfloat16 for "bfloat16"). A float32 model with
   bfloat16 weights reads half the bytes per token and computes in float32: on a CPU without bfloat16 arithmetic
-  this is how it gains from bfloat16;
+  this is how it gains from bfloat16. A bfloat16 model's "bfloat16" weights use the CPU's bfloat16 dot product
+  where it has one (AVX512_BF16's pairs, AMX's tiles: kernels/packed_core.h's BF16_PAIRS);
 - "int8", "int4": weight-only quantization. Each output row's weights are quantized in groups of `group`
   consecutive inputs with one float32 scale per group, symmetric (no zero point):
   int8: scale = max|w| / 127, q = round(w / scale) in [-127, 127];
@@ -102,9 +103,12 @@ QUANTIZE_BLOCK = 1 << 22
 
 
 def _pack_rows(weight: torch.Tensor, weights: str, group: int) -> torch.Tensor:
-    """Rows weight [n, K] packed in format `weights` (kernels/packed_core.h's layouts)."""
-    if weights in FLOATS:  # the layout a pass in any dtype reads (bfloat16 pairs only serve bfloat16 passes)
-        return torch.ops.specdec.pack_weight(weight.to(FLOATS[weights]), False)
+    """Rows weight [n, K] packed in format `weights` (kernels/packed_core.h's layouts). A bfloat16 model's bfloat16
+    weights are packed in pairs where the CPU has a bfloat16 dot product (AVX512_BF16, AMX): its passes are all
+    bfloat16, and the pairs are what those instructions read. Otherwise the layout a pass in any dtype reads."""
+    if weights in FLOATS:
+        pairs = weights == "bfloat16" and weight.dtype == torch.bfloat16
+        return torch.ops.specdec.pack_weight(weight.to(FLOATS[weights]), pairs)
     if weights in INT8_INPUTS and group % 8:
         raise ConfigError(f"weights={weights!r} needs a group that is a multiple of 8 inputs, got {group}")
     qw = quantize_weight(weight, QUANTIZED[weights], group)
@@ -168,6 +172,10 @@ class PackedLinear(nn.Module):
         return QUANTIZED.get(self.weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed.dtype == torch.bfloat16 and self.packed.dim() == 4 and x.dtype != torch.bfloat16:
+            raise ConfigError(f"this layer's weights are packed for bfloat16 passes (a bfloat16 model with "
+                              f"weights='bfloat16'), but got a {x.dtype} input; load the model with "
+                              f"dtype=torch.float32 to run float32 passes on bfloat16 weights")
         if x.dtype not in (torch.float32, torch.bfloat16):  # float64 (tests) or float16: computed in float32
             return self.forward(x.float()).to(x.dtype)
         bias = self.bias if self.bias is None or self.bias.dtype == x.dtype else self.bias.to(x.dtype)

@@ -29,6 +29,10 @@
 
 #include <atomic>
 #include <vector>
+#if defined(__AMX_TILE__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "packed_core.h"
 
@@ -37,7 +41,18 @@ namespace {
 using specdec::packed::Fmt;
 namespace pk = specdec::packed;
 
+// AMX's tiles need the Linux kernel's leave per process (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA), asked once.
+// runtime/cpuinfo.py asks the same before choosing the tier, so this only fails where that was bypassed.
+void require_tiles() {
+#if defined(__AMX_TILE__)
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  TORCH_CHECK(granted, "packed_linear: the kernels were built for AMX (tier avx512_amx) but Linux does not let this "
+              "process use AMX tiles; set SPECDEC_KERNEL_TIER=avx512_bf16");
+#endif
+}
+
 at::Tensor pack_weight(const at::Tensor& weight, bool pairs) {
+  require_tiles();
   TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kFloat),
               "pack_weight: a bfloat16 or float32 [N, K] weight");
   const at::Tensor w = weight.contiguous();
@@ -49,7 +64,7 @@ at::Tensor pack_weight(const at::Tensor& weight, bool pairs) {
   }
   const auto* bits = reinterpret_cast<const uint16_t*>(w.const_data_ptr<at::BFloat16>());
   if (pairs && pk::has_pairs_format()) {
-    at::Tensor out = at::empty({P, (K + 1) / 2, pk::PANEL, 2}, w.options());
+    at::Tensor out = at::empty({P, pk::pair_rows(K), pk::PANEL, 2}, w.options());
     pk::pack_pairs(bits, N, K, reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>()));
     return out;
   }
@@ -89,7 +104,7 @@ Fmt format_of(const at::Tensor& packed, int64_t K, int64_t& G) {
       return Fmt::F32;
     case at::kBFloat16:
       if (packed.dim() == 4) {
-        TORCH_CHECK(pk::has_pairs_format() && packed.size(1) == (K + 1) / 2 && packed.size(2) == pk::PANEL,
+        TORCH_CHECK(pk::has_pairs_format() && packed.size(1) == pk::pair_rows(K) && packed.size(2) == pk::PANEL,
                     "packed_linear: bfloat16 pairs packed for another input size or tier");
         return Fmt::BF16_PAIRS;
       }
@@ -145,6 +160,7 @@ at::Tensor packed_linear(const at::Tensor& input, const at::Tensor& packed, cons
   at::Tensor out = at::empty(sizes, input.options());
   thread_local std::vector<float> xbuf, xtbuf, bbuf, xsbuf;
   thread_local std::vector<int8_t> xqbuf;
+  thread_local std::vector<uint16_t> xabuf;
   thread_local std::vector<int32_t> xsumbuf;
   const bool bf16 = dtype == at::kBFloat16;
   const float* xf = bf16 ? (fmt == Fmt::BF16_PAIRS ? nullptr : widen(x.const_data_ptr<at::BFloat16>(), M * K, xbuf))
@@ -165,6 +181,12 @@ at::Tensor packed_linear(const at::Tensor& input, const at::Tensor& packed, cons
     if (static_cast<int64_t>(xsbuf.size()) < M * groups) xsbuf.resize(M * groups), xsumbuf.resize(M * groups);
     pk::quantize_inputs(xf, M, K, G, xqbuf.data(), xsbuf.data(), xsumbuf.data());
     args.xq = xqbuf.data(), args.xs = xsbuf.data(), args.xsum = xsumbuf.data();
+  } else if (fmt == Fmt::BF16_PAIRS && pk::AMX) {  // the rows in whole tiles
+    require_tiles();
+    const int64_t n = pk::tile_rows_padded(M) * pk::pair_rows(K) * 2;
+    if (static_cast<int64_t>(xabuf.size()) < n) xabuf.resize(n);
+    pk::pad_tile_rows(args.xb, M, K, xabuf.data());
+    args.xa = xabuf.data();
   } else if (fmt != Fmt::BF16_PAIRS) {
     if (static_cast<int64_t>(xtbuf.size()) < M * K) xtbuf.resize(M * K);
     pk::interleave(xf, M, K, xtbuf.data());

@@ -4,6 +4,7 @@
 // float32 lanes a vector has and which instructions move them. The tier is the compiler's target
 // (runtime/rowwise.py builds one library per tier with its flags):
 //
+//   avx512_amx   avx512_bf16's + AMX-TILE and AMX-BF16 (bfloat16 pairs by AMX's tile dot product, every pass)
 //   avx512_bf16  AVX-512 F/BW/VL/DQ + AVX512_BF16 + AVX512_VNNI (16 lanes; bfloat16 pairs by the bf16 dot
 //                product, W4A8's integer sums by the int8 one)
 //   avx512       AVX-512 F/BW/VL/DQ (16 lanes)
@@ -66,7 +67,9 @@ inline float bf16_float(uint16_t b) {
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+constexpr const char* kTier = "avx512_amx";  // avx512_bf16's, with bfloat16 pairs on AMX tiles (packed_core.h)
+#elif defined(__AVX512BF16__)
 constexpr const char* kTier = "avx512_bf16";
 #else
 constexpr const char* kTier = "avx512";

@@ -12,6 +12,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#if defined(__AMX_TILE__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <cstring>
 #include <random>
 #include <vector>
@@ -114,6 +118,11 @@ void check(const Case& c) {
   std::vector<float> xs(M * groups + 1);
   std::vector<int32_t> xsum(M * groups + 1);
   if (dot) packed::quantize_inputs(x.data(), M, K, G, xq.data(), xs.data(), xsum.data());
+  // BF16_PAIRS on AMX: the rows in whole tiles (for the whole pass, and for each row alone)
+  const bool amx = packed::AMX && c.fmt == Fmt::BF16_PAIRS;
+  const int64_t Kp = packed::pair_rows(K) * 2;
+  std::vector<uint16_t> xa(amx ? packed::tile_rows_padded(M) * Kp : 0), xa1(amx ? Kp : 0);
+  if (amx) packed::pad_tile_rows(xb.data(), M, K, xa.data());
   // the reference
   std::vector<uint32_t> want(M * N);
   for (int64_t m = 0; m < M; ++m)
@@ -124,6 +133,29 @@ void check(const Case& c) {
           int32_t isum = 0;
           for (int64_t k = g * G; k < std::min(K, (g + 1) * G); ++k) isum += q[n * K + k] * xq_ref[m * K + k];
           acc = std::fma(static_cast<float>(isum), scales[n * groups + g] * xs_ref[m * groups + g], acc);
+        }
+      } else if (amx) {  // AMX's own arithmetic: the row alone, a pass of one row (checked against float32 below)
+        packed::pad_tile_rows(xb.data() + m * K, 1, K, xa1.data());
+        float y1[packed::PANEL];
+        for (int64_t p = 0; p < P; ++p) {
+          packed::Args one{c.fmt, nullptr, xb.data() + m * K, 1, K, N, buf.data(), stride, G, nullptr, nullptr, false};
+          one.xa = xa1.data();
+          std::vector<float> row(N);
+          one.out = row.data();
+          packed::run(one, nullptr, p, p + 1);
+          if (p == n / packed::PANEL) std::memcpy(y1, row.data() + p * packed::PANEL,
+                                                  sizeof(float) * std::min<int64_t>(packed::PANEL, N - p * packed::PANEL));
+        }
+        acc = y1[n % packed::PANEL];
+        double ref = 0, scale = 0;  // float32's value, and the bound of any order's rounding
+        for (int64_t k = 0; k < K; ++k) {
+          ref += double(x[m * K + k]) * w[n * K + k];
+          scale += std::fabs(double(x[m * K + k]) * w[n * K + k]);
+        }
+        if (!(std::fabs(acc - ref) <= scale * 1e-5 + 1e-30)) {
+          if (failures++ < 10)
+            std::printf("FAIL %s AMX M=%lld N=%lld K=%lld at [%lld, %lld]: %.9g, float32 %.9g\n", simd::kTier,
+                        (long long)M, (long long)N, (long long)K, (long long)m, (long long)n, acc, ref);
         }
       } else if (c.fmt == Fmt::BF16_PAIRS) {
         for (int64_t k = 0; k < K; k += 2) {
@@ -145,6 +177,7 @@ void check(const Case& c) {
     packed::Args a{c.fmt, x.data(), xb.data(), M, K, N, buf.data(), stride, G, c.bias ? bias.data() : nullptr,
                    c.out_bf16 ? static_cast<void*>(ob.data()) : static_cast<void*>(of.data()), c.out_bf16,
                    split >= 2, xq.data(), xs.data(), xsum.data()};
+    if (amx) a.xa = xa.data();
     if (split % 2 == 0) {
       packed::run(a, xt.data(), 0, P);
     } else {
@@ -168,6 +201,12 @@ void check(const Case& c) {
 }  // namespace
 
 int main() {
+#if defined(__AMX_TILE__)
+  if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) != 0) {
+    std::printf("the kernel does not let this process use AMX tiles\n");
+    return 1;
+  }
+#endif
   std::vector<Fmt> formats = {Fmt::F32, Fmt::BF16, Fmt::INT8, Fmt::INT4, Fmt::W4A8};
   if (packed::has_pairs_format()) formats.push_back(Fmt::BF16_PAIRS);
   const int64_t sizes[][2] = {{1, 1}, {3, 7}, {packed::PANEL, 64}, {packed::PANEL + 1, 33}, {2 * packed::PANEL + 5, 130},
