@@ -271,3 +271,24 @@ def test_negative_control_on_quantized_weights_is_caught():
     result = _sampled(target, draft, verify_fn=FAULTY_VERIFIERS["no_residual"])
     assert not result.passed
     assert result.p_value < 1e-6, result.summary()
+
+
+def test_a_bfloat16_models_bfloat16_weights_use_the_cpus_bfloat16_dot_product():
+    """weights="bfloat16" on a bfloat16 model packs the pairs layout where the CPU has a bfloat16 dot product
+    (AVX512_BF16's pairs, AMX's tiles): its passes are bfloat16, and they compute on the pairs; a float32 model's
+    bfloat16 weights keep the layout a float32 pass reads. A float32 input to a pairs layer is refused by name."""
+    from specdec.runtime.rowwise import load_kernel
+
+    load_kernel()
+    linear = nn.Linear(40, 70).to(torch.bfloat16)
+    pairs = PackedLinear.pack(linear, "bfloat16")
+    plain = PackedLinear.pack(linear.float(), "bfloat16")
+    assert plain.packed.dim() == 3
+    x = torch.randn(3, 40)
+    torch.testing.assert_close(plain(x), nn.functional.linear(x, linear.weight.float(), linear.bias.float()),
+                               atol=1e-4, rtol=1e-4)
+    if pairs.packed.dim() == 3:
+        pytest.skip("this CPU's kernels have no bfloat16 dot product: both layouts are the plain one")
+    torch.testing.assert_close(pairs(x.bfloat16()).float(), plain(x.bfloat16()).float(), atol=5e-2, rtol=2e-2)
+    with pytest.raises(ConfigError, match="packed for bfloat16 passes"):
+        pairs(x)

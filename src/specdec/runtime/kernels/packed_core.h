@@ -204,6 +204,13 @@ __attribute__((always_inline)) inline void prefetch_next_block(const uint8_t* s,
   SPECDEC_UNROLL for (int64_t l = 0; l < BYTES; l += 64) simd::prefetch_l2(s + ahead + l);
 }
 
+// Output row m's outputs [n, n + cnt): acc plus the bias b (where the call has one), rounded once to out's dtype.
+__attribute__((always_inline)) inline void put(const Args& a, int64_t m, int64_t n, int cnt, V acc, V b) {
+  const V y = a.bias ? simd::add(acc, b) : acc;
+  if (a.out_bf16) simd::store_bf16_n(static_cast<uint16_t*>(a.out) + m * a.N + n, y, cnt);
+  else simd::store_n(static_cast<float*>(a.out) + m * a.N + n, y, cnt);
+}
+
 // One step of k (two for INT4) of P panels: their weights as float32 vectors, each row's input times them into the
 // row's accumulators. The rows' inputs come interleaved, xt[k * R + r], so one pointer serves every row.
 template <Fmt F, int R, int P>
@@ -295,11 +302,7 @@ struct Block {
       if (n >= a.N) break;
       const int cnt = static_cast<int>(std::min<int64_t>(LANES, a.N - n));
       const V b = a.bias ? simd::load_n(a.bias + n, cnt) : simd::zero();
-      SPECDEC_UNROLL for (int r = 0; r < R; ++r) {
-        const V y = a.bias ? simd::add(acc[r][j], b) : acc[r][j];
-        if (a.out_bf16) simd::store_bf16_n(static_cast<uint16_t*>(a.out) + (m0 + r) * a.N + n, y, cnt);
-        else simd::store_n(static_cast<float*>(a.out) + (m0 + r) * a.N + n, y, cnt);
-      }
+      SPECDEC_UNROLL for (int r = 0; r < R; ++r) put(a, m0 + r, n, cnt, acc[r][j], b);
     }
   }
 };
@@ -331,17 +334,7 @@ struct PairsBlock {
     };
     for (int64_t s = 0; s < whole; ++s) step(s, false);
     if (K % 2) step(whole, true);
-    for (int v = 0; v < PV; ++v) {
-      const int64_t n = p0 * PANEL + v * LANES;
-      if (n >= a.N) break;
-      const int cnt = static_cast<int>(std::min<int64_t>(LANES, a.N - n));
-      const V b = a.bias ? simd::load_n(a.bias + n, cnt) : simd::zero();
-      for (int r = 0; r < R; ++r) {
-        const V y = a.bias ? simd::add(acc[r][v], b) : acc[r][v];
-        if (a.out_bf16) simd::store_bf16_n(static_cast<uint16_t*>(a.out) + (m0 + r) * a.N + n, y, cnt);
-        else simd::store_n(static_cast<float*>(a.out) + (m0 + r) * a.N + n, y, cnt);
-      }
-    }
+    Block<Fmt::F32, R, 1>::store(a, acc, m0, p0);
   }
 };
 #endif
@@ -398,12 +391,7 @@ inline void amx_pairs(const Args& a, int64_t p0, int64_t p1) {
         if (n >= a.N) break;
         const int cnt = static_cast<int>(std::min<int64_t>(LANES, a.N - n));
         const V bias = a.bias ? simd::load_n(a.bias + n, cnt) : simd::zero();
-        for (int64_t r = 0; r < live; ++r) {
-          const V acc = simd::load(c + r * PANEL + v * LANES);
-          const V y = a.bias ? simd::add(acc, bias) : acc;
-          if (a.out_bf16) simd::store_bf16_n(static_cast<uint16_t*>(a.out) + (m0 + r) * a.N + n, y, cnt);
-          else simd::store_n(static_cast<float*>(a.out) + (m0 + r) * a.N + n, y, cnt);
-        }
+        for (int64_t r = 0; r < live; ++r) put(a, m0 + r, n, cnt, simd::load(c + r * PANEL + v * LANES), bias);
       }
     }
   }
