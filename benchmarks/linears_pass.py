@@ -50,13 +50,12 @@ def main() -> None:
     block = torch.randn(1 << 22, generator=gen) * 0.02
     results = []
     for fmt in args.formats.split(","):
-        layers, nbytes = [], 0
-        for i, (n, k) in enumerate(linears(args.shape)):
+        layers, nbytes, shapes = [], 0, linears(args.shape)
+        for i, (n, k) in enumerate(shapes):
             weight = block.repeat(-(-n * k // block.numel()))[: n * k].view(n, k).to(torch.bfloat16)
             linear = torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16)
             linear.weight = torch.nn.Parameter(weight, requires_grad=False)
-            last = i == len(linears(args.shape)) - 1
-            packed = PackedLinear.pack(linear, head_format(fmt) if last else fmt, DEFAULT_GROUP)
+            packed = PackedLinear.pack(linear, head_format(fmt) if i == len(shapes) - 1 else fmt, DEFAULT_GROUP)
             layers.append(packed)
             nbytes += packed.packed.numel() * packed.packed.element_size()
         row = {"shape": args.shape, "format": fmt, "threads": args.threads, "kernel_tier": rowwise.kernel_tier(),
