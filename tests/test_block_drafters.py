@@ -187,6 +187,16 @@ class OldKeywordAttention(torch.nn.Module):
                           cache=past_key_values)
 
 
+def test_draw_blocks_roots_lie_in_the_window_from_low_and_fit_it():
+    from specdec.training.dflash import draw_blocks
+
+    for low in (1, 9):
+        starts, sizes = draw_blocks(64, 20, 5, 6, torch.Generator().manual_seed(low), full=True, low=low)
+        assert starts.shape == (64, 5) and int(starts.min()) == low and int(starts.max()) == 18
+        assert bool((starts.diff(dim=1) > 0).all())  # distinct, ascending
+        assert bool((sizes == (20 - starts).clamp(max=6)).all())  # full blocks where they fit, cut at the end
+
+
 def test_block_layers_pass_their_cache_under_the_keyword_the_attention_takes(target):
     """With attention modules of the older keyword the head drafts what it drafts with today's (it once passed
     `cache=` only: there the block attended to no context rows and the mask's shape did not match)."""
@@ -248,11 +258,13 @@ def test_train_head_dflash_runs_resumes_and_reports_per_position_acceptance(tmp_
                                prompt_len=8)
 
     report = train_head(config(), model, tokenizer, log=lambda s: None)
-    assert set(report["final"]) == {"heldout_loss", "block_tau", "accept_d1", "accept_d2", "accept_d3"}
-    assert 1.0 <= report["final"]["block_tau"] <= 4.0
+    text_metrics = {"heldout_loss", "block_tau", "accept_d1", "accept_d2", "accept_d3"}
+    assert set(report["final"]) == text_metrics | {f"own_{key}" for key in text_metrics}
+    assert 1.0 <= report["final"]["block_tau"] <= 4.0 and 1.0 <= report["final"]["own_block_tau"] <= 4.0
     head = specdec.DFlashHead.load(tmp_path / "run" / "head", model)
     assert head.block_size == 4 and head.meta["steps"] == 3
-    assert list((tmp_path / "run" / "cache").glob("selfgen-4x16-p8-s0.npy"))  # the target's own continuations
+    cache = tmp_path / "run" / "cache"  # the target's own continuations of train and held-out prompts
+    assert list(cache.glob("selfgen-train-4x16-p8-s0.npy")) and list(cache.glob("selfgen-heldout-8x16-p8-s0.npy"))
     resumed = train_head(config(resume=True), model, tokenizer, log=lambda s: None)
     assert resumed["resumed_from"] == 3 and resumed["final"] == report["final"]
 

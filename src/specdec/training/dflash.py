@@ -18,7 +18,9 @@ produce after the root, which is what a greedy request verifies. `share` of ever
 
 The held-out report gives the teacher-forced acceptance proxy per block position j (the head's argmax equals the
 target's) and `block_tau`: 1 + the mean number of leading agreements in a full block (a τ proxy for γ =
-block_size − 1), over deterministic anchors of held-out text.
+block_size − 1), over deterministic anchors of held-out text. With self-distillation the same metrics, prefixed
+`own_`, are reported over blocks rooted in the target's greedy continuations of held-out prompts: the text a
+greedy request drafts on, where the target's argmax is the next token itself.
 """
 
 from __future__ import annotations
@@ -34,14 +36,14 @@ from specdec.heads.dflash import DFlashHead
 
 
 def draw_blocks(batch_size: int, seq_len: int, anchors: int, block_size: int, generator: torch.Generator,
-                full: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(starts [B, N], sizes [B, N]): N = `anchors` distinct anchor positions per window in 1..L−2 (each block has
-    context before it and a label after it), ascending, and each block's size in 2..min(block_size, L−a) (the
+                full: bool = False, low: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts [B, N], sizes [B, N]): N = `anchors` distinct anchor positions per window in low..L−2 (each block
+    has context before it and a label after it), ascending, and each block's size in 2..min(block_size, L−a) (the
     full block_size where it fits when `full`)."""
-    span = seq_len - 2
+    span = seq_len - 1 - low
     count = min(anchors, span)
     keys = torch.rand(batch_size, span, generator=generator)
-    starts = keys.argsort(dim=1)[:, :count].sort(dim=1).values + 1  # [B, N]
+    starts = keys.argsort(dim=1)[:, :count].sort(dim=1).values + low  # [B, N]
     room = (seq_len - starts).clamp(max=block_size)  # [B, N] rows that fit: labels a+1 .. a+size−1 <= L−1
     if full:
         return starts, room
@@ -113,9 +115,10 @@ def dflash_loss(head: DFlashHead, target, batch: torch.Tensor, starts: torch.Ten
 
 
 @torch.no_grad()
-def evaluate_dflash(head: DFlashHead, target, batches: list[torch.Tensor], anchors: int, seed: int = 0
-                    ) -> dict[str, float]:
-    """Held-out loss (decay 7), teacher-forced acceptance per block row j and `block_tau` (full blocks)."""
+def evaluate_dflash(head: DFlashHead, target, batches: list[torch.Tensor], anchors: int, seed: int = 0,
+                    low: int = 1) -> dict[str, float]:
+    """Held-out loss (decay 7), teacher-forced acceptance per block row j and `block_tau` (full blocks), over
+    blocks whose root is at position `low` or later."""
     from specdec.training.heads import target_features
 
     was = head.training
@@ -128,7 +131,7 @@ def evaluate_dflash(head: DFlashHead, target, batches: list[torch.Tensor], ancho
     losses = []
     generator = torch.Generator().manual_seed(seed)
     for batch in batches:
-        starts, sizes = draw_blocks(batch.shape[0], batch.shape[1], anchors, bs, generator, full=True)
+        starts, sizes = draw_blocks(batch.shape[0], batch.shape[1], anchors, bs, generator, full=True, low=low)
         starts, sizes = starts.to(batch.device), sizes.to(batch.device)
         features, logits = target_features(target, batch, head.feature_layers)
         out = block_pass(head, target, batch, starts, sizes, features)  # [B, N, bs, H]
@@ -157,11 +160,11 @@ def evaluate_dflash(head: DFlashHead, target, batches: list[torch.Tensor], ancho
 
 @torch.no_grad()
 def self_distill_windows(target, tokens: np.ndarray, count: int, seq_len: int, prompt_len: int, seed: int,
-                         cache_dir: Path, batch_size: int = 32, log=print) -> np.ndarray:
-    """`count` windows [count, seq_len] int32: a train-split prompt of `prompt_len` tokens (from a random
-    position) and the target's greedy continuation of it (no end of sequence), cached in `cache_dir` per
-    (count, seq_len, prompt_len, seed)."""
-    path = Path(cache_dir) / f"selfgen-{count}x{seq_len}-p{prompt_len}-s{seed}.npy"
+                         cache_dir: Path, batch_size: int = 128, log=print, split: str = "train") -> np.ndarray:
+    """`count` windows [count, seq_len] int32: a prompt of `prompt_len` tokens of `tokens` (the `split` stream,
+    from a random position) and the target's greedy continuation of it (no end of sequence), cached in
+    `cache_dir` per (split, count, seq_len, prompt_len, seed)."""
+    path = Path(cache_dir) / f"selfgen-{split}-{count}x{seq_len}-p{prompt_len}-s{seed}.npy"
     if path.is_file():
         return np.load(path)
     generator = torch.Generator().manual_seed(seed)
@@ -174,7 +177,7 @@ def self_distill_windows(target, tokens: np.ndarray, count: int, seq_len: int, p
         ids = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
                               max_new_tokens=seq_len - prompt_len, eos_token_id=None, pad_token_id=0)
         out[i : i + len(chunk)] = ids[:, :seq_len].cpu().numpy()
-        log(f"self-distillation data: {min(i + batch_size, count)}/{count} windows")
+        log(f"self-distillation data ({split}): {min(i + batch_size, count)}/{count} windows")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npy")
     np.save(tmp, out)

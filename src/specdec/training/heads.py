@@ -286,6 +286,7 @@ def train_head(cfg: HeadTrainConfig, target, tokenizer, log=print) -> dict[str, 
 
     cpu0 = time.process_time()
     generated = None
+    heldout_own: list[torch.Tensor] = []
     if cfg.kind == "dflash" and cfg.self_distill:
         from specdec.training.dflash import self_distill_windows
 
@@ -294,6 +295,12 @@ def train_head(cfg: HeadTrainConfig, target, tokenizer, log=print) -> dict[str, 
         with torch.inference_mode():
             generated = self_distill_windows(target, train_tokens, cfg.self_distill, cfg.seq_len, cfg.prompt_len,
                                              cfg.loop.seed, out / "cache", log=log)
+            # held-out prompts' greedy continuations: blocks rooted in them are what a greedy request verifies
+            count = max(8, min(64, cfg.eval_tokens // cfg.seq_len))
+            heldout_generated = self_distill_windows(target, heldout_tokens, count, cfg.seq_len, cfg.prompt_len,
+                                                     cfg.loop.seed, out / "cache", log=log, split="heldout")
+        heldout_own = [torch.from_numpy(heldout_generated[i : i + 8].astype(np.int64)).to(device)
+                       for i in range(0, len(heldout_generated), 8)]
 
     def loss_at(step: int) -> torch.Tensor:
         if cfg.kind == "dflash":
@@ -313,7 +320,11 @@ def train_head(cfg: HeadTrainConfig, target, tokenizer, log=print) -> dict[str, 
         if cfg.kind == "dflash":
             from specdec.training.dflash import evaluate_dflash
 
-            return evaluate_dflash(head, target, heldout, cfg.anchors)
+            metrics = evaluate_dflash(head, target, heldout, cfg.anchors)
+            if heldout_own:  # blocks rooted in the target's own continuations (after the prompt)
+                own = evaluate_dflash(head, target, heldout_own, cfg.anchors, low=cfg.prompt_len)
+                metrics.update({f"own_{key}": value for key, value in own.items()})
+            return metrics
         return evaluate_head(cfg.kind, head, target, heldout, cfg.ttt_steps)
 
     meta = {"kind": cfg.kind, "data": cfg.data or "stdlib", "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
