@@ -72,7 +72,7 @@ def test_a_compiled_model_pass_stores_its_rotary_tables_and_mask_once_with_the_s
     counting = Counting()
     for name, graph_pass in (("once", counting), ("inlined", None)):
         torch._dynamo.reset()
-        options = {**COMPILE_OPTIONS, "post_grad_custom_pre_pass": FuseRowLinears(),
+        options = {**COMPILE_OPTIONS, "joint_custom_pre_pass": FuseRowLinears(),
                    "post_grad_custom_post_pass": graph_pass, "fx_graph_cache": False}
         with torch._dynamo.config.patch(prepare_freezing=True), torch.inference_mode():
             logits[name] = torch.compile(forward, fullgraph=True, dynamic=False, options=options)(ids)

@@ -72,14 +72,18 @@ def test_calls_sharing_an_input_and_constant_weights_become_one_with_the_same_bi
 def test_copies_are_made_once_and_shared_and_large_weights_are_not_copied(monkeypatch, unpacked):
     load_kernel()
     module = Projections(bias=False)
+    inputs = (torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(5, 16, dtype=torch.bfloat16),
+              torch.randn(4, 16, dtype=torch.bfloat16))
     shared: dict = {}
-    fused = []
+    outputs = []
     for _ in range(2):  # two passes of one model share the concatenated weight
         graph_module = torch.fx.symbolic_trace(module)
         FuseRowLinears(shared=shared)(graph_module.graph)
-        (name,) = [n.target for n in graph_module.graph.nodes if n.op == "get_attr" and "fused" in n.target]
-        fused.append(getattr(graph_module, name))
-    assert len(shared) == 1 and fused[0] is fused[1]
+        graph_module.recompile()
+        outputs.append(graph_module(*inputs))
+    (copy,) = shared.values()
+    assert copy.shape == (40, 16) and len(shared) == 1
+    assert all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))
     monkeypatch.setattr(fuse_linears, "MAX_COPY_BYTES", 40 * 16 * 2 - 1)  # q, k, v: 40 rows of 16 bf16
     graph_module = torch.fx.symbolic_trace(module)
     FuseRowLinears()(graph_module.graph)
@@ -154,7 +158,7 @@ def test_a_compiled_model_pass_makes_fewer_calls_with_the_same_bits(arch, unpack
     counting = Counting()
     for name, graph_pass in (("fused", counting), ("separate", None)):
         torch._dynamo.reset()
-        options = {**COMPILE_OPTIONS, "post_grad_custom_pre_pass": graph_pass, "fx_graph_cache": False}
+        options = {**COMPILE_OPTIONS, "joint_custom_pre_pass": graph_pass, "fx_graph_cache": False}
         with torch._dynamo.config.patch(prepare_freezing=True), torch.inference_mode():
             logits[name] = torch.compile(forward, fullgraph=True, dynamic=False, options=options)(ids)
     torch._dynamo.reset()
@@ -198,3 +202,34 @@ def test_the_cache_key_names_the_kernels_build_and_the_rules_of_packing(monkeypa
                         lambda paths: hashed.extend(paths) or b"")
     fuse.uuid()
     assert {Path(p).name for p in hashed} == {"fuse_linears.py", "rowwise.py"}
+
+
+@pytest.mark.compile
+def test_passes_loaded_from_inductor_s_cache_read_one_shared_set_of_copies(tmp_path, monkeypatch):
+    """The copies are folded in by freezing whenever a pass is compiled or loaded from inductor's cache, from the
+    model's shared set: passes loaded from the cache (here a prefill and a verification pass) make
+    the same copies as when compiled, one per weight for all of them, and are never served copies stored with a
+    cached graph (one more set of weights per compiled shape)."""
+    from torch._dynamo.utils import counters  # noqa: PLC0415
+
+    import specdec  # noqa: PLC0415
+    from specdec.runtime.compiled import COMPILED  # noqa: PLC0415
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model = tiny("llama", hidden=64, layers=2, vocab=256, seed=3, dtype=torch.float32)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]  # repeats: prompt lookup drafts, so verification passes run
+    runs = []
+    for _ in range(2):  # compiled, then loaded from the cache
+        torch._dynamo.reset()
+        COMPILED.pop(model, None)  # the model's passes and copies start over
+        counters.clear()
+        tokens = specdec.generate(model, prompt, max_new_tokens=16, compile=True, drafter=specdec.PromptLookup(),
+                                  gamma=3).tokens
+        entry = COMPILED[model]
+        runs.append((tokens, len(entry.fns), sorted(tuple(c.shape) for c in entry.copies.values()),
+                     counters["inductor"]["fxgraph_cache_hit"]))
+    (tokens, passes, copies, hits), (tokens2, passes2, copies2, hits2) = runs
+    assert passes >= 2 and hits == 0 and hits2 == passes2 == passes  # the second run loaded every pass
+    layers = model.config.num_hidden_layers
+    assert len(copies) == 4 * layers + 1 and copies2 == copies  # qkv, o, gate_up, down per layer; the LM head
+    assert tokens2 == tokens == specdec.generate(model, prompt, max_new_tokens=16).tokens

@@ -76,7 +76,7 @@ class Compiled:
         once per pass (runtime/compute_once.py)."""
         if self._weights is None:
             self._weights = weights_fingerprint(self._model())
-        return {**COMPILE_OPTIONS, "post_grad_custom_pre_pass": FuseRowLinears(shared=self.copies,
+        return {**COMPILE_OPTIONS, "joint_custom_pre_pass": FuseRowLinears(shared=self.copies,
                                                                                 weights=self._weights),
                 "post_grad_custom_post_pass": ComputeOnce()}
 

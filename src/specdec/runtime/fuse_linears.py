@@ -5,22 +5,26 @@ projection is a call of the row-invariant linear (runtime/rowwise.py), and on a 
 beyond its arithmetic: ~40 calls a pass of the default target, of which a third can go. Inductor's own
 `cpp.enable_concat_linear` does this for PyTorch's linears; this pass does it for ours.
 
-It runs after freezing (inductor's `post_grad_custom_pre_pass`), when the weights are constants of the graph: calls
-that share an input node and whose weights (and biases) are constants of one dtype and width become one call on the
-concatenated weight, followed by a slice of its output for each (calls whose weight is an input of the graph stay).
-Since row_linear computes every output element in one fixed order whatever the weight's other rows are, the outputs
-are the same bits as the separate calls' (tests/test_fuse_linears.py).
+It runs before freezing (inductor's `joint_custom_pre_pass`), when the model's parameters are still inputs of the
+graph (and in a graph whose weights are constants): calls that share an input node and whose weights (and biases)
+are fixed (`_fixed`: constants, or inputs that are the model's parameters or buffers) of one dtype and width become
+one call on the concatenated weight, followed by a slice of its output for each (calls whose weight is any other
+input stay). Since row_linear computes every output element in one fixed order whatever the weight's other rows are,
+the outputs are the same bits as the separate calls' (tests/test_fuse_linears.py).
 
-Calls with a constant weight run `specdec::packed_linear` on a packed copy of it instead
+Calls with a fixed weight run `specdec::packed_linear` on a packed copy of it instead
 (runtime/kernels/packed_linear.cpp; `packs`), where the CPU serves it: its panels are one sequential stream of
 weights for a pass of a few rows and need no lane sums, so a decoding pass and a prefill both run faster than on
 row_linear. A fused call packs the concatenation. Whether a weight is packed depends on the weight alone, never on
 the pass, so every pass of a path gives a row the same bits.
 
 The concatenated and packed weights are copies, made once per model object and shared by all its compiled passes
-(`shared`, the model's entry in runtime/compiled.py). They become constants of the compiled graph, which inductor's
-cache stores with it, so the pass's cache key (`uuid`) names their values (`weights_fingerprint`): a model of the
-same shape with other weights must not get a cached graph holding another model's copies. Only weights of at most `MAX_COPY_BYTES` are copied: there a
+(`shared`, the model's entry in runtime/compiled.py). The pass inserts them as calls (`SharedCopy`) on the weights,
+which freezing folds into constants of the graph: made (or taken from `shared`) whenever a graph is compiled or
+loaded from inductor's cache, and never stored in the cache, so every compiled shape of a model reads the same
+copies. (Constants added after freezing would be stored with each cached graph: a model's passes loaded from the
+cache would each hold their own copies, one more set of weights in memory and in the CPU's caches per shape.) The
+pass's cache key (`uuid`) still names the weights' values (`weights_fingerprint`). Only weights of at most `MAX_COPY_BYTES` are copied: there a
 call's dispatch and the weights' layout are what cost, and the copies stay small (the default target's are ~28 MB
 in bfloat16 and ~55 MB in float32: packed copies only, as every weight is packed); a larger model's projections take
 long enough that ~2 µs does not matter, and its copies would not fit beside it.
@@ -76,28 +80,68 @@ def _constant(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> torch.
     return value if isinstance(value, torch.Tensor) else None
 
 
-def _add_constant(graph: torch.fx.Graph, module: torch.nn.Module, prefix: str, before: torch.fx.Node, mode,
-                  value: torch.Tensor) -> torch.fx.Node:
-    """A get_attr node (inserted before `before`) reading `value`, a new constant of the graph's module under a
-    free name `prefix`_i; with its fake tensor when the graph has a fake mode."""
-    index = 0
-    while hasattr(module, f"{prefix}_{index}"):
-        index += 1
-    name = f"{prefix}_{index}"
-    module.register_buffer(name, value, persistent=False)
+def _fixed(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor | None:
+    """The tensor (or, before freezing, its fake tensor) of a node fixed for the graph's life: a constant, or an
+    input that is one of the model's parameters or buffers (freezing makes it a constant); None for any other."""
+    if isinstance(node, torch.fx.Node) and node.op == "placeholder":
+        desc = node.meta.get("desc")  # what the input is, as AOTAutograd describes it
+        return node.meta.get("val") if desc is not None and (desc.is_param() or desc.is_buffer()) else None
+    return _constant(graph_module, node)
+
+
+class SharedCopy:
+    """A node's target: the `kind` copy ("pack": `pack_weight` of the concatenation; "cat": the concatenation) of
+    the tensors it is called with, made the first time and then taken from `shared`, the model's copies. Its
+    inputs are fixed (`_fixed`), so freezing folds the call into a constant of the graph: computed when a graph is
+    compiled or loaded from inductor's cache, never stored in the cache, and one tensor for every pass of the
+    model (a copy in each cached graph would put one per compiled shape in memory and in the CPU's caches)."""
+
+    def __init__(self, shared: dict, kind: str):
+        self.shared, self.kind = shared, kind
+        self.__name__ = f"specdec_shared_{kind}"  # the node's name in the graph's code
+
+    def __call__(self, *sources: torch.Tensor) -> torch.Tensor:
+        key = (self.kind, *((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in sources))
+        copy = self.shared.get(key)
+        if copy is None:
+            whole = torch.cat(sources) if len(sources) > 1 else sources[0]
+            copy = torch.ops.specdec.pack_weight(whole) if self.kind == "pack" else whole.clone()
+            try:
+                copy.data_ptr()  # a fake tensor (the graph's shapes propagated under a fake mode) is never kept
+            except RuntimeError:
+                return copy
+            self.shared[key] = copy
+        return copy
+
+    def fake(self, sources: list[torch.Tensor]) -> torch.Tensor:
+        """The copy's fake tensor, in the fake mode of `sources` (fake tensors)."""
+        with sources[0].fake_mode:
+            whole = torch.cat(sources) if len(sources) > 1 else sources[0]
+            return torch.ops.specdec.pack_weight(whole) if self.kind == "pack" else torch.empty_like(whole)
+
+
+def _copy_node(graph: torch.fx.Graph, shared: dict, kind: str, sources: list[torch.fx.Node],
+               values: list[torch.Tensor], before: torch.fx.Node) -> torch.fx.Node:
+    """A call (inserted before `before`) of the shared `kind` copy of the fixed nodes `sources` (whose tensors,
+    or fake tensors, are `values`)."""
+    target = SharedCopy(shared, kind)
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    for source in sources:  # a constant read later in the graph is read from here on (it has no inputs)
+        if source.op == "get_attr" and order[source] > order[before]:
+            before.prepend(source)
     with graph.inserting_before(before):
-        node = graph.get_attr(name)
-    if mode is not None:
-        node.meta["val"] = mode.from_tensor(value, static_shapes=True)
+        node = graph.call_function(target, tuple(sources))
+    if all(getattr(v, "fake_mode", None) is not None for v in values):
+        node.meta["val"] = target.fake(values)
     return node
 
 
 def _erase_call(graph: torch.fx.Graph, call: torch.fx.Node) -> None:
-    """Erase a replaced call, and the constants it read that nothing else reads."""
+    """Erase a replaced call, and the constants it read that nothing else reads (inputs stay)."""
     _, weight, bias = _args(call)
     graph.erase_node(call)
     for old in (weight, bias):
-        if old is not None and not old.users:
+        if old is not None and old.op == "get_attr" and not old.users:
             graph.erase_node(old)
 
 
@@ -116,13 +160,6 @@ class FuseRowLinears(CustomGraphPass):
         self.shared = {} if shared is None else shared  # (kind, source tensors' identities) -> the copy
         self.weights = weights
 
-    def _copy(self, kind: str, sources: list[torch.Tensor], make) -> torch.Tensor:
-        """The `kind` copy of `sources` (made by `make()` the first time): one per model, shared by its passes."""
-        key = (kind, *((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in sources))
-        if key not in self.shared:
-            self.shared[key] = make()
-        return self.shared[key]
-
     def __call__(self, graph: torch.fx.Graph) -> None:
         op = torch.ops.specdec.row_linear.default
         module = graph.owning_module
@@ -131,45 +168,41 @@ class FuseRowLinears(CustomGraphPass):
             if node.op == "call_function" and node.target is op:
                 groups[_args(node)[0]].append(node)
         for reading in groups.values():
-            constant = [(call, w) for call in reading if (w := _constant(module, _args(call)[1])) is not None]
-            calls = [call for call, _ in constant]
-            weights = [w for _, w in constant]  # each [N_i, K]
+            fixed = [(call, w) for call in reading if (w := _fixed(module, _args(call)[1])) is not None]
+            calls = [call for call, _ in fixed]
+            weights = [w for _, w in fixed]  # each [N_i, K]
             if len(calls) < 2 or len({(w.dtype, w.shape[1], w.device) for w in weights}) != 1:
                 continue
             if sum(w.numel() * w.element_size() for w in weights) > MAX_COPY_BYTES:
                 continue
             biases = [_args(call)[2] for call in calls]
-            bias_values = None
-            if any(b is not None for b in biases):  # all constants, or no fusion
-                bias_values = [_constant(module, b) if b is not None else None for b in biases]
-                if any(b is None for b in bias_values):
+            if any(b is not None for b in biases):  # all fixed, or no fusion
+                if any(b is None or _fixed(module, b) is None for b in biases):
                     continue
-            self._fuse(graph, module, calls, weights, bias_values)
+                self._fuse(graph, module, calls, weights, biases)
+            else:
+                self._fuse(graph, module, calls, weights, None)
         self._pack(graph, module)
 
-    def _fuse(self, graph, module, calls, weights, bias_values) -> None:
+    def _fuse(self, graph, module, calls, weights, biases) -> None:
         first = calls[0]  # the earliest in the graph (groups are filled in graph order)
         x = _args(first)[0]
         fake_x = x.meta.get("val")
         mode = fake_x.fake_mode if fake_x is not None else None
-        before = _args(first)[1]  # new constants go beside the ones the graph reads
+        sources = [_args(call)[1] for call in calls]
         if packs(weights[0], nbytes=sum(w.numel() * w.element_size() for w in weights)):
             op, extra = torch.ops.specdec.packed_linear.default, (sum(w.shape[0] for w in weights),)  # (ΣN,)
-            weight = _add_constant(graph, module, "_specdec_packed_weight", before, mode,
-                                   self._copy("pack", weights,
-                                              lambda: torch.ops.specdec.pack_weight(torch.cat(weights))))
+            weight = _copy_node(graph, self.shared, "pack", sources, weights, first)
         else:
             op, extra = torch.ops.specdec.row_linear.default, ()
-            weight = _add_constant(graph, module, "_specdec_fused_row_linear", before, mode,
-                                   self._copy("cat", weights, lambda: torch.cat(weights)))  # [ΣN, K]
+            weight = _copy_node(graph, self.shared, "cat", sources, weights, first)  # [ΣN, K]
         bias = None
-        if bias_values is not None:
-            bias = _add_constant(graph, module, "_specdec_fused_row_linear_bias", before, mode,
-                                 self._copy("cat", bias_values, lambda: torch.cat(bias_values)))  # [ΣN]
+        if biases is not None:
+            bias = _copy_node(graph, self.shared, "cat", biases, [_fixed(module, b) for b in biases], first)  # [ΣN]
         with graph.inserting_before(first):
             fused = graph.call_function(op, (x, weight, bias, *extra))  # [..., ΣN]
             dim = fake_x.dim() - 1 if fake_x is not None else -1
-            if mode is not None:
+            if mode is not None and "val" in weight.meta:
                 with mode:
                     fused.meta["val"] = op(fake_x, weight.meta["val"], bias.meta["val"] if bias is not None else None,
                                            *extra)
@@ -177,7 +210,7 @@ class FuseRowLinears(CustomGraphPass):
             for call, w in zip(calls, weights):
                 end = start + w.shape[0]
                 part = graph.call_function(torch.ops.aten.slice.Tensor, (fused, dim, start, end))
-                if mode is not None:
+                if "val" in fused.meta:
                     with mode:
                         part.meta["val"] = torch.ops.aten.slice.Tensor(fused.meta["val"], dim, start, end)
                 call.replace_all_uses_with(part)
@@ -190,13 +223,10 @@ class FuseRowLinears(CustomGraphPass):
         packed_op = torch.ops.specdec.packed_linear.default
         for call in [n for n in graph.nodes if n.op == "call_function" and n.target is op]:
             x, weight_node, bias = _args(call)
-            weight = _constant(module, weight_node)
+            weight = _fixed(module, weight_node)
             if weight is None or not packs(weight):
                 continue
-            fake_x = x.meta.get("val")
-            packed = _add_constant(graph, module, "_specdec_packed_weight", weight_node,
-                                   fake_x.fake_mode if fake_x is not None else None,
-                                   self._copy("pack", [weight], lambda: torch.ops.specdec.pack_weight(weight)))
+            packed = _copy_node(graph, self.shared, "pack", [weight_node], [weight], call)
             with graph.inserting_before(call):
                 replacement = graph.call_function(packed_op, (x, packed, bias, weight.shape[0]))  # [..., N]
             if "val" in call.meta:

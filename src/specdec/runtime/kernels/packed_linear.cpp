@@ -73,6 +73,18 @@ at::Tensor pack_weight(const at::Tensor& weight, bool pairs) {
   return out;
 }
 
+// pack_weight's result without its values (a Meta tensor): the layout of this build's tier, for fake tensors (a
+// compiled graph's passes see the packed copies they insert before freezing computes them).
+at::Tensor pack_weight_meta(const at::Tensor& weight, bool pairs) {
+  TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kFloat),
+              "pack_weight: a bfloat16 or float32 [N, K] weight");
+  const int64_t N = weight.size(0), K = weight.size(1), P = pk::panels(N);
+  if (weight.scalar_type() == at::kBFloat16 && pairs && pk::has_pairs_format()) {
+    return at::empty({P, pk::pair_rows(K), pk::PANEL, 2}, weight.options());
+  }
+  return at::empty({P, K, pk::PANEL}, weight.options());
+}
+
 at::Tensor pack_quantized(const at::Tensor& q, const at::Tensor& scales, int64_t bits, int64_t group, bool dot) {
   TORCH_CHECK(bits == 8 || bits == 4, "pack_quantized: bits must be 8 or 4, got ", bits);
   TORCH_CHECK(!dot || (bits == 4 && group % 8 == 0 && group <= 4096),
@@ -222,6 +234,9 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("pack_weight", &pack_weight);
   m.impl("pack_quantized", &pack_quantized);
   m.impl("packed_linear", &packed_linear);
+}
+TORCH_LIBRARY_IMPL(specdec, Meta, m) {
+  m.impl("pack_weight", &pack_weight_meta);
 }
 TORCH_LIBRARY_IMPL(specdec, CompositeExplicitAutograd, m) {
   m.impl("panel_width", &panel_width);
