@@ -25,6 +25,7 @@ runs the same function uncompiled rather than compiling a new shape. It proposes
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
@@ -37,7 +38,8 @@ from specdec.drafters.feature_head import FeatureHeadDrafter, positive
 from specdec.errors import ConfigError, NumericalError, PromptError
 from specdec.heads.dflash import DFlashHead
 from specdec.heads.static_draft import grow_level
-from specdec.runtime.compiled import COMPILE_OPTIONS, raise_recompile_limit
+from specdec.runtime.compiled import compile_once
+from specdec.runtime.rowwise import row_invariant
 from specdec.runtime.slot_cache import SlotCache
 
 #: The chain length a request drafts when it names no γ (measured on the default pair: BENCHMARKS.md).
@@ -75,6 +77,13 @@ def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Visibility [M, L] as 0/1 floats -> additive mask [1, 1, M, L] (0 / the dtype's min). Floats, not bools:
     inductor (torch 2.13, CPU) emits C++ that does not compile for bool masks written by slices."""
     return ((visible.to(dtype) - 1) * -torch.finfo(dtype).min)[None, None]
+
+
+def invariant_block_round(*args, **kwargs):
+    """`block_round` with the row-invariant linear (runtime/rowwise.py): compiled, its projections and the
+    target's LM head run on the packed kernel, as the target's own compiled passes do."""
+    with row_invariant(linear=True):
+        return block_round(*args, **kwargs)
 
 
 def block_round(head: DFlashHead, embed, lm_head, cache: SlotCache, features: torch.Tensor, count: torch.Tensor,
@@ -219,12 +228,14 @@ class BlockDraft(FeatureHeadDrafter):
         features = self.pending.new_zeros(pad, self.pending.shape[1])  # [pad, F]
         features[:m] = self.pending
         root = context[n - 1 :].to(device)  # [1]
-        fn = block_round
+        args = (self.head, self.embed, self.lm_head, cache, features, torch.tensor(m, device=device),
+                torch.tensor(self.rows, device=device), root)
         if self.mode is True and gamma == self._gamma and cache.ready:
-            fn = self._graph((pad, gamma, self.top_k, self.max_nodes, cache.max_len))
-        logits, tokens, parents, finite = fn(self.head, self.embed, self.lm_head, cache, features,
-                                             torch.tensor(m, device=device), torch.tensor(self.rows, device=device),
-                                             root, pad=pad, gamma=gamma, top_k=self.top_k, max_nodes=self.max_nodes)
+            compiled = self._graph((pad, gamma, self.top_k, self.max_nodes, cache.max_len))
+            logits, tokens, parents, finite = compiled(*args)
+        else:
+            logits, tokens, parents, finite = block_round(*args, pad=pad, gamma=gamma, top_k=self.top_k,
+                                                          max_nodes=self.max_nodes)
         if not bool(finite):
             raise self._numerical_error()
         self._forwards += 1
@@ -241,9 +252,10 @@ class BlockDraft(FeatureHeadDrafter):
     def _graph(self, key: tuple):
         graphs = BLOCK_GRAPHS.setdefault(self.head, {})
         fn = graphs.get(key)
-        if fn is None:
-            raise_recompile_limit()
-            fn = graphs[key] = torch.compile(block_round, fullgraph=True, dynamic=False, options=COMPILE_OPTIONS)
+        if fn is None:  # compiled like the target's passes: its projections and the LM head on packed weights
+            pad, gamma, top_k, max_nodes, _ = key
+            fn = graphs[key] = compile_once(self.head, ("block", *key), functools.partial(
+                invariant_block_round, pad=pad, gamma=gamma, top_k=top_k, max_nodes=max_nodes))
         return fn
 
     @staticmethod

@@ -200,6 +200,9 @@ def _describe(key: tuple) -> str:
         return f"prefill pass of {key[1]} tokens (cache {key[2]} slots{', hidden' if key[3] else ''})"
     if key[0] == "pass":
         return f"pass of {key[1]} tokens (cache {key[2]} slots{', hidden' if key[3] else ''}{', tree' if key[4] else ''})"
+    if key[0] == "block":  # drafters/block.py: BlockDraft's round on its head
+        return (f"block round (pad {key[1]}, γ={key[2]}, top_k={key[3]}, max_nodes={key[4]}, "
+                f"cache {key[5]} slots)")
     if key[0].startswith("tree"):
         return (f"{key[0]} draft (top_k={key[1]}, depth={key[2]}, {'greedy' if key[3].greedy else 'sampling'}, "
                 f"cache {key[4]} slots)")
