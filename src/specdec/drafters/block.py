@@ -25,7 +25,6 @@ runs the same function uncompiled rather than compiling a new shape. It proposes
 
 from __future__ import annotations
 
-import functools
 import weakref
 
 import torch
@@ -38,8 +37,7 @@ from specdec.drafters.feature_head import FeatureHeadDrafter, positive
 from specdec.errors import ConfigError, NumericalError, PromptError
 from specdec.heads.dflash import DFlashHead
 from specdec.heads.static_draft import grow_level
-from specdec.runtime.compiled import compile_once
-from specdec.runtime.rowwise import row_invariant
+from specdec.runtime.compiled import compile_head_round
 from specdec.runtime.slot_cache import SlotCache
 
 #: The chain length a request drafts when it names no γ (measured on the default pair: BENCHMARKS.md).
@@ -77,13 +75,6 @@ def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Visibility [M, L] as 0/1 floats -> additive mask [1, 1, M, L] (0 / the dtype's min). Floats, not bools:
     inductor (torch 2.13, CPU) emits C++ that does not compile for bool masks written by slices."""
     return ((visible.to(dtype) - 1) * -torch.finfo(dtype).min)[None, None]
-
-
-def invariant_block_round(*args, **kwargs):
-    """`block_round` with the row-invariant linear (runtime/rowwise.py): compiled, its projections and the
-    target's LM head run on the packed kernel, as the target's own compiled passes do."""
-    with row_invariant(linear=True):
-        return block_round(*args, **kwargs)
 
 
 def block_round(head: DFlashHead, embed, lm_head, cache: SlotCache, features: torch.Tensor, count: torch.Tensor,
@@ -254,8 +245,8 @@ class BlockDraft(FeatureHeadDrafter):
         fn = graphs.get(key)
         if fn is None:  # compiled like the target's passes: its projections and the LM head on packed weights
             pad, gamma, top_k, max_nodes, _ = key
-            fn = graphs[key] = compile_once(self.head, ("block", *key), functools.partial(
-                invariant_block_round, pad=pad, gamma=gamma, top_k=top_k, max_nodes=max_nodes))
+            fn = graphs[key] = compile_head_round(self.head, ("block", *key), block_round, pad=pad, gamma=gamma,
+                                                  top_k=top_k, max_nodes=max_nodes)
         return fn
 
     @staticmethod

@@ -35,7 +35,7 @@ from specdec.drafters.feature_head import FeatureHeadDrafter, positive
 from specdec.errors import ConfigError, NumericalError, PromptError
 from specdec.heads import EagleHead
 from specdec.heads.static_draft import draft_round, grow_level, round_slots
-from specdec.runtime.compiled import COMPILE_OPTIONS, raise_recompile_limit
+from specdec.runtime.compiled import compile_head_round
 
 #: Compiled draft rounds per head object, keyed by (pad, levels, top_k, max_nodes, cache slots).
 HEAD_GRAPHS: weakref.WeakKeyDictionary[EagleHead, dict[tuple, object]] = weakref.WeakKeyDictionary()
@@ -151,12 +151,14 @@ class Eagle(FeatureHeadDrafter):
         ids[:m] = context[self.rows + 1 : n].to(device)
         features = self.pending.new_zeros(pad, self.pending.shape[1])  # [pad, H]
         features[:m] = self.pending
-        fn = draft_round
+        args = (self.head, self.embed, self.lm_head, cache, ids, features, torch.tensor(m, device=device),
+                torch.tensor(self.rows, device=device))
         if self.mode is True and levels == self._levels and cache.ready:
-            fn = self._graph((pad, levels, self.top_k, self.max_nodes, cache.max_len))
-        tokens, parents, finite = fn(self.head, self.embed, self.lm_head, cache, ids, features,
-                                     torch.tensor(m, device=device), torch.tensor(self.rows, device=device),
-                                     pad=pad, levels=levels, top_k=self.top_k, max_nodes=self.max_nodes)
+            compiled = self._graph((pad, levels, self.top_k, self.max_nodes, cache.max_len))
+            tokens, parents, finite = compiled(*args)
+        else:
+            tokens, parents, finite = draft_round(*args, pad=pad, levels=levels, top_k=self.top_k,
+                                                  max_nodes=self.max_nodes)
         if not bool(finite):
             raise NumericalError(
                 "the EAGLE head produced NaN or infinite features; this usually means float16 overflow or broken "
@@ -175,9 +177,10 @@ class Eagle(FeatureHeadDrafter):
     def _graph(self, key: tuple):
         graphs = HEAD_GRAPHS.setdefault(self.head, {})
         fn = graphs.get(key)
-        if fn is None:
-            raise_recompile_limit()
-            fn = graphs[key] = torch.compile(draft_round, fullgraph=True, dynamic=False, options=COMPILE_OPTIONS)
+        if fn is None:  # compiled like the target's passes: its projections and the LM head on packed weights
+            pad, levels, top_k, max_nodes, _ = key
+            fn = graphs[key] = compile_head_round(self.head, ("eagle", *key), draft_round, pad=pad, levels=levels,
+                                                  top_k=top_k, max_nodes=max_nodes)
         return fn
 
     def _chain(self, feature: torch.Tensor, gamma: int, context: torch.Tensor) -> Proposal:

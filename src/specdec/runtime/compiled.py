@@ -5,6 +5,7 @@ every adapter of one model object (`compile_once`), each compiled once per shape
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
@@ -16,6 +17,7 @@ from transformers import PreTrainedModel
 from specdec.runtime.causal_lm import context_length
 from specdec.runtime.compute_once import ComputeOnce
 from specdec.runtime.fuse_linears import FuseRowLinears, weights_fingerprint
+from specdec.runtime.rowwise import row_invariant
 
 log = logging.getLogger("specdec.fastpath")
 
@@ -116,6 +118,18 @@ def compile_once(model: PreTrainedModel, key: tuple, fn):
     return compiled
 
 
+def compile_head_round(head: torch.nn.Module, key: tuple, fn, **static):
+    """A draft head's round `fn(*args, **static)` compiled for the shape `key` as the target's passes are
+    (`compile_once`, keyed on the head): under the row-invariant linear, so the head's projections and the
+    target's LM head it reads run on packed weights (runtime/fuse_linears.py)."""
+    return compile_once(head, key, functools.partial(_row_invariant_call, fn, **static))
+
+
+def _row_invariant_call(fn, *args, **static):
+    with row_invariant(linear=True):
+        return fn(*args, **static)
+
+
 def is_compiled(model: PreTrainedModel, key: tuple) -> bool:
     """Whether the callable for `key` of `model` has been compiled (and run once) in this process."""
     entry = COMPILED.get(model)
@@ -200,8 +214,8 @@ def _describe(key: tuple) -> str:
         return f"prefill pass of {key[1]} tokens (cache {key[2]} slots{', hidden' if key[3] else ''})"
     if key[0] == "pass":
         return f"pass of {key[1]} tokens (cache {key[2]} slots{', hidden' if key[3] else ''}{', tree' if key[4] else ''})"
-    if key[0] == "block":  # drafters/block.py: BlockDraft's round on its head
-        return (f"block round (pad {key[1]}, γ={key[2]}, top_k={key[3]}, max_nodes={key[4]}, "
+    if key[0] in ("block", "eagle"):  # a draft head's round (drafters/block.py, drafters/eagle.py)
+        return (f"{key[0]} head round (pad {key[1]}, depth {key[2]}, top_k={key[3]}, max_nodes={key[4]}, "
                 f"cache {key[5]} slots)")
     if key[0].startswith("tree"):
         return (f"{key[0]} draft (top_k={key[1]}, depth={key[2]}, {'greedy' if key[3].greedy else 'sampling'}, "
