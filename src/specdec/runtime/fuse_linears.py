@@ -131,7 +131,7 @@ def _copy_node(graph: torch.fx.Graph, shared: dict, kind: str, sources: list[tor
             before.prepend(source)
     with graph.inserting_before(before):
         node = graph.call_function(target, tuple(sources))
-    if all(getattr(v, "fake_mode", None) is not None for v in values):
+    if all(source.op == "placeholder" for source in sources):  # before freezing: `values` are fake tensors
         node.meta["val"] = target.fake(values)
     return node
 
