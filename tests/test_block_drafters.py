@@ -108,7 +108,7 @@ def test_block_slot_cache_round_proposes_the_eager_tokens(target, top_k):
 def test_compiled_block_round_proposes_the_eager_tokens_and_compiles_once(target):
     """compile=True: the compiled round proposes the eager chain every round, one graph for both requests (pad =
     γ + 1, γ, top_k, max_nodes, 256 slots); the short last rounds run the same code uncompiled."""
-    from specdec.drafters.block import BLOCK_GRAPHS
+    from specdec.runtime.compiled import COMPILED
 
     head = specdec.DFlashHead.init(target, seed=0, block_size=6)
     seen = {}
@@ -118,7 +118,7 @@ def test_compiled_block_round_proposes_the_eager_tokens_and_compiles_once(target
         for prompt in PROMPTS[:2]:
             specdec.generate(target, prompt, drafter=drafter, gamma=4, max_new_tokens=14, compile=mode)
     assert seen[True] == seen[False] and len(seen[False]) > 4
-    assert list(BLOCK_GRAPHS[head]) == [(5, 4, 1, 32, 256)]
+    assert list(COMPILED[head].fns) == [("block", 5, 4, 1, 32, 256)]
 
 
 def test_block_sampled_chain_draws_each_position_from_its_own_marginal(target):

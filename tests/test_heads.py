@@ -123,7 +123,7 @@ def test_eagle_slot_cache_round_proposes_the_eager_trees(top_k, variant):
 
 @pytest.mark.compile
 def test_compiled_eagle_round_proposes_the_eager_trees_and_compiles_once():
-    from specdec.drafters.eagle import HEAD_GRAPHS
+    from specdec.runtime.compiled import COMPILED
 
     target = _peaked_target().double()
     head = specdec.EagleHead.init(target, seed=0)
@@ -132,7 +132,7 @@ def test_compiled_eagle_round_proposes_the_eager_trees_and_compiles_once():
         _recorded_proposals(target, head, False, prompts, 3)
     # one graph (pad = depth + 1, 4 levels, top_k 3, 10 nodes, 256 slots) for both requests and every round;
     # the short last rounds run the same code uncompiled
-    assert list(HEAD_GRAPHS[head]) == [(5, 4, 3, 10, 256)]
+    assert list(COMPILED[head].fns) == [("eagle", 5, 4, 3, 10, 256)]
 
 
 @pytest.mark.parametrize("tree", [None, DEFAULT_TREE], ids=["chain", "tree"])

@@ -25,7 +25,6 @@ runs the same function uncompiled rather than compiling a new shape. It proposes
 
 from __future__ import annotations
 
-import weakref
 
 import torch
 
@@ -42,9 +41,6 @@ from specdec.runtime.slot_cache import SlotCache
 
 #: The chain length a request drafts when it names no γ (measured on the default pair: BENCHMARKS.md).
 DEFAULT_BLOCK_GAMMA = 7
-
-#: Compiled rounds per head object, keyed by (pad, γ, top_k, max_nodes, cache slots).
-BLOCK_GRAPHS: weakref.WeakKeyDictionary[DFlashHead, dict[tuple, object]] = weakref.WeakKeyDictionary()
 
 
 def marginal_tree(logp: torch.Tensor, top_k: int, max_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -222,7 +218,10 @@ class BlockDraft(FeatureHeadDrafter):
         args = (self.head, self.embed, self.lm_head, cache, features, torch.tensor(m, device=device),
                 torch.tensor(self.rows, device=device), root)
         if self.mode is True and gamma == self._gamma and cache.ready:
-            compiled = self._graph((pad, gamma, self.top_k, self.max_nodes, cache.max_len))
+            # compiled once per (pad, γ, top_k, max_nodes, cache slots), like the target's passes: its projections
+            # and the LM head on packed weights
+            compiled = compile_head_round(self.head, ("block", pad, gamma, self.top_k, self.max_nodes, cache.max_len),
+                                          block_round, pad=pad, gamma=gamma, top_k=self.top_k, max_nodes=self.max_nodes)
             logits, tokens, parents, finite = compiled(*args)
         else:
             logits, tokens, parents, finite = block_round(*args, pad=pad, gamma=gamma, top_k=self.top_k,
@@ -239,15 +238,6 @@ class BlockDraft(FeatureHeadDrafter):
             raise PromptError(
                 f"the DFlash head's slot cache of {self.slot_cache.max_len} slots is full ({slots} needed); drive "
                 "BlockDraft through specdec's decoder (which sizes it per request) or lower max_new_tokens")
-
-    def _graph(self, key: tuple):
-        graphs = BLOCK_GRAPHS.setdefault(self.head, {})
-        fn = graphs.get(key)
-        if fn is None:  # compiled like the target's passes: its projections and the LM head on packed weights
-            pad, gamma, top_k, max_nodes, _ = key
-            fn = graphs[key] = compile_head_round(self.head, ("block", *key), block_round, pad=pad, gamma=gamma,
-                                                  top_k=top_k, max_nodes=max_nodes)
-        return fn
 
     @staticmethod
     def _numerical_error() -> NumericalError:

@@ -23,7 +23,6 @@ the request's first (the short last rounds) runs the same code uncompiled rather
 
 from __future__ import annotations
 
-import weakref
 
 import torch
 
@@ -36,9 +35,6 @@ from specdec.errors import ConfigError, NumericalError, PromptError
 from specdec.heads import EagleHead
 from specdec.heads.static_draft import draft_round, grow_level, round_slots
 from specdec.runtime.compiled import compile_head_round
-
-#: Compiled draft rounds per head object, keyed by (pad, levels, top_k, max_nodes, cache slots).
-HEAD_GRAPHS: weakref.WeakKeyDictionary[EagleHead, dict[tuple, object]] = weakref.WeakKeyDictionary()
 
 
 class Eagle(FeatureHeadDrafter):
@@ -154,7 +150,11 @@ class Eagle(FeatureHeadDrafter):
         args = (self.head, self.embed, self.lm_head, cache, ids, features, torch.tensor(m, device=device),
                 torch.tensor(self.rows, device=device))
         if self.mode is True and levels == self._levels and cache.ready:
-            compiled = self._graph((pad, levels, self.top_k, self.max_nodes, cache.max_len))
+            # compiled once per (pad, levels, top_k, max_nodes, cache slots), like the target's passes: its
+            # projections and the LM head on packed weights
+            key = ("eagle", pad, levels, self.top_k, self.max_nodes, cache.max_len)
+            compiled = compile_head_round(self.head, key, draft_round, pad=pad, levels=levels, top_k=self.top_k,
+                                          max_nodes=self.max_nodes)
             tokens, parents, finite = compiled(*args)
         else:
             tokens, parents, finite = draft_round(*args, pad=pad, levels=levels, top_k=self.top_k,
@@ -173,15 +173,6 @@ class Eagle(FeatureHeadDrafter):
             raise PromptError(
                 f"the EAGLE head's slot cache of {self.slot_cache.max_len} slots is full ({slots} needed); drive "
                 "Eagle through specdec's decoder (which sizes it per request) or lower max_new_tokens")
-
-    def _graph(self, key: tuple):
-        graphs = HEAD_GRAPHS.setdefault(self.head, {})
-        fn = graphs.get(key)
-        if fn is None:  # compiled like the target's passes: its projections and the LM head on packed weights
-            pad, levels, top_k, max_nodes, _ = key
-            fn = graphs[key] = compile_head_round(self.head, ("eagle", *key), draft_round, pad=pad, levels=levels,
-                                                  top_k=top_k, max_nodes=max_nodes)
-        return fn
 
     def _chain(self, feature: torch.Tensor, gamma: int, context: torch.Tensor) -> Proposal:
         n = context.shape[0]
