@@ -6,7 +6,9 @@ machine with no GPU (docs/testing.md).
 
 - Greedy: every method of tests/methods.py, with a float64 target and a partially agreeing draft on the device,
   gives the tokens of transformers' greedy `generate` on the same device, and those of the same models on the CPU
-  (`SelfDraft`, whose int8/int4 kernels are CPU kernels, refuses a GPU target with one clear error).
+  (`SelfDraft`, whose int8/int4 kernels are CPU kernels, refuses a GPU target with one clear error); and every
+  MTP_METHODS entry on a target with a native MTP layer (refused with one error under a transformers older than
+  `Mtp` needs, as a GPU image's own can be).
 - Batched rows on the device give what each row gives alone.
 - Sampled (T > 0 with top-k and top-p): the statistical exactness check of tests/test_exactness.py for a chain, a
   token tree, a multi-draft tree and the slot cache on the device, at their own level (counted in the suite's
@@ -21,13 +23,15 @@ import os
 import pytest
 import torch
 from faulty import FAULTY_VERIFIERS
-from methods import DEVICE_STATISTICAL, METHODS, build
-from models import hf_greedy, perturbed, tiny
+from methods import DEVICE_STATISTICAL, METHODS, MTP_METHODS, build, build_mtp
+from models import hf_greedy, perturbed, tiny, tiny_mtp
+from packaging.version import Version
 
 import specdec
 from specdec.engine.batch import generate_batch
 from specdec.errors import ConfigError
 from specdec.exactness import check_exactness
+from specdec.heads.mtp import MIN_TRANSFORMERS, TRANSFORMERS_VERSION
 
 DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cuda")
 
@@ -81,6 +85,29 @@ def test_greedy_output_is_plain_decoding_on_the_device(pair, references, name):
     assert out.tokens == on_cpu  # float64: the device computes the CPU's tokens
     if drafter is not None:
         assert out.stats.drafted > 0  # proposals were scored and verified on the device
+
+
+@pytest.fixture(scope="module")
+def mtp_pair(tmp_path_factory):
+    """A float64 target with a native MTP layer (DeepSeek-V3 family, saved as a release is and loaded back) on the
+    CPU and on the device; `Mtp` reads the layer from the checkpoint onto the target's device."""
+    target = tiny_mtp(tmp_path_factory.mktemp("mtp"), "deepseek_v3", hidden=16, vocab=8, seed=2)
+    return target, copy.deepcopy(target).to(DEVICE)
+
+
+@pytest.mark.parametrize("name", sorted(MTP_METHODS))
+def test_mtp_greedy_output_is_plain_decoding_on_the_device(mtp_pair, name):
+    on_cpu, target = mtp_pair
+    prompt = [(i * 37 + 11) % 8 for i in range(20)]
+    if Version(TRANSFORMERS_VERSION) < Version(MIN_TRANSFORMERS):  # a GPU image's own transformers can be older
+        with pytest.raises(specdec.UnsupportedModelError, match=f">={MIN_TRANSFORMERS}"):
+            build_mtp(name, target)
+        return
+    drafter, extra = build_mtp(name, target)
+    out = specdec.generate(target, prompt, drafter=drafter, **({"gamma": 3, "max_new_tokens": NEW_TOKENS} | extra))
+    assert out.tokens == hf_greedy(target, prompt, NEW_TOKENS)
+    assert out.tokens == hf_greedy(on_cpu, prompt, NEW_TOKENS)
+    assert out.stats.drafted > 0
 
 
 @pytest.mark.parametrize("name", ["plain", "draft-model", "prompt-lookup"])

@@ -21,12 +21,17 @@ import torch
 from faulty import LateMtpQ
 from methods import MTP_METHODS, MTP_STATISTICAL, build_mtp
 from models import MTP_ARCHS, hf_greedy, tiny, tiny_mtp
+from packaging.version import Version
 from safetensors.torch import load_file, save_file
 
 import specdec
 from specdec.engine.batch import BatchDecoder, generate_batch
 from specdec.exactness import check_exactness
-from specdec.heads.mtp import load_mtp
+from specdec.heads.mtp import MIN_TRANSFORMERS, TRANSFORMERS_VERSION, load_mtp
+
+pytestmark = pytest.mark.skipif(Version(TRANSFORMERS_VERSION) < Version(MIN_TRANSFORMERS),
+                                reason=f"specdec.Mtp needs transformers >= {MIN_TRANSFORMERS} (this has "
+                                       f"{TRANSFORMERS_VERSION}); its refusal there: tests/test_cuda.py")
 
 ARCHS = sorted(MTP_ARCHS)
 #: The statistical checks' level (test_exactness.py counts them as MTP_CHECKS at MTP_ALPHA): low, so that the
@@ -366,6 +371,14 @@ def test_unsupported_families_are_refused():
                              linear_key_head_dim=8, linear_value_head_dim=8)
     with pytest.raises(specdec.UnsupportedModelError, match="ships an MTP layer, but it keeps a recurrent state"):
         specdec.Mtp(Qwen3NextForCausalLM(config))
+
+
+def test_a_transformers_without_mtp_weight_conversions_is_refused(targets, monkeypatch):
+    """transformers 5.17 to 5.19 have `MtpModel` but not its weight conversions (an H200 image with 5.17 raised
+    AttributeError from inside the load): one error naming the version and the upgrade instead."""
+    monkeypatch.setattr("specdec.heads.mtp.TRANSFORMERS_VERSION", "5.19.0")
+    with pytest.raises(specdec.UnsupportedModelError, match=r"has transformers 5\.19\.0: upgrade it .*>=5\.20"):
+        specdec.Mtp(targets["deepseek_v3"])
 
 
 def test_bad_settings_are_refused_before_loading(targets):

@@ -35,7 +35,9 @@ import json
 import re
 from pathlib import Path
 
+from packaging.version import Version
 from transformers import PreTrainedModel
+from transformers import __version__ as TRANSFORMERS_VERSION
 
 from specdec.errors import ModelLoadError, UnsupportedModelError
 
@@ -67,10 +69,22 @@ def family(model: PreTrainedModel) -> str:
     return str(model.config.get_text_config().model_type)
 
 
+#: The first transformers release whose `MtpModel` maps a checkpoint's MTP tensors onto its own layout
+#: (`MtpModel.get_weight_conversions`, which `load_mtp` loads through); 5.17 to 5.19 have the class without it.
+MIN_TRANSFORMERS = "5.20"
+
+
 def check_supported(model: PreTrainedModel) -> None:
-    """UnsupportedModelError unless `model` is a family whose MTP layer `load_mtp` can load."""
+    """UnsupportedModelError unless `model` is a family whose MTP layer `load_mtp` can load with the transformers
+    installed."""
     kind = family(model)
     if kind in LAYOUTS:
+        if Version(TRANSFORMERS_VERSION) < Version(MIN_TRANSFORMERS):
+            raise UnsupportedModelError(
+                f"specdec.Mtp loads a release's MTP layer through transformers' MtpModel weight conversions, which "
+                f"transformers {MIN_TRANSFORMERS} added; this environment has transformers {TRANSFORMERS_VERSION}: "
+                f"upgrade it (pip install 'transformers>={MIN_TRANSFORMERS}'), or draft with another method "
+                "(DraftModel, Eagle, PromptLookup)")
         return
     supported = ", ".join(sorted(LAYOUTS))
     if kind in REFUSED:
