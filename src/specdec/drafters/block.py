@@ -25,7 +25,6 @@ runs the same function uncompiled rather than compiling a new shape. It proposes
 
 from __future__ import annotations
 
-
 import torch
 
 from specdec.core.masks import additive_mask

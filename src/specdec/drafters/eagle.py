@@ -23,7 +23,6 @@ the request's first (the short last rounds) runs the same code uncompiled rather
 
 from __future__ import annotations
 
-
 import torch
 
 from specdec.core.masks import additive_mask
