@@ -7,8 +7,9 @@ import torch
 from models import perturbed, tiny
 
 import specdec
-from specdec.drafters.batched import BatchedDraftModel
+from specdec.drafters.batched import CATCH_UP, WIDTHS, BatchedDraftModel
 from specdec.engine.batch import BatchDecoder, generate_batch
+from specdec.runtime.batch_lm import BatchedCausalLM
 from specdec.runtime.batch_static import StaticBatchedCausalLM
 
 LONG = [(i * 37 + 11) % 96 for i in range(120)]
@@ -264,6 +265,38 @@ def test_static_batched_cache_rows_match_lone_requests(pairs):
         assert got.stats.accepted == want.stats.accepted
 
 
+@pytest.mark.parametrize("compile,lm", [(False, BatchedCausalLM), ("static", StaticBatchedCausalLM)])
+def test_the_batched_draft_model_runs_on_the_target_s_path(pairs, compile, lm):
+    """The draft model's batched LM takes the path the batch's target takes (the slot cache, compiled with
+    compile=True), so the fast path speeds up its γ passes a round as well as the verification pass."""
+    target, draft = pairs["llama"]
+    decoder = BatchDecoder(target, specdec.DraftModel(draft), compile=compile, max_len=64)
+    assert type(decoder.target) is lm and type(decoder.drafters.lm) is lm
+    if compile:
+        assert decoder.drafters.lm.max_len == 64 and not decoder.drafters.lm.compile  # "static": eager passes
+
+
+def test_the_batched_draft_catches_up_after_plain_rounds_in_its_few_widths(pairs):
+    """Rounds with nothing drafted (γ = 0 under load) leave the draft behind; it catches up in passes of at most
+    `CATCH_UP` tokens a row, so its passes keep to `WIDTHS` (the shapes the server compiles). The target drafting
+    for itself accepts every draft only if the draft's cache holds exactly each row's committed tokens."""
+    target, _ = pairs["llama"]
+    decoder = BatchDecoder(target, specdec.DraftModel(target), compile="static")
+    lm = decoder.drafters.lm
+    widths, pass_for = [], lm._fn
+    lm._fn = lambda rows, width: widths.append(width) or pass_for(rows, width)
+    decoder.add_many([(i, p, dict(gamma=3, max_new_tokens=30)) for i, p in enumerate(PROMPTS)])
+    got = {i: [] for i in range(len(PROMPTS))}
+    drafted = accepted = 0
+    for round in range(40):
+        for event in decoder.step(gamma_cap=0 if round < 11 else None):  # 11 plain rounds, then speculation
+            got[event.key].extend(event.tokens)
+            drafted, accepted = drafted + event.drafted, accepted + event.accepted
+    assert got == {i: specdec.generate(target, p, max_new_tokens=30).tokens for i, p in enumerate(PROMPTS)}
+    assert set(widths) <= set(WIDTHS) and CATCH_UP in widths  # 11 behind: one pass of 8, then the usual 2 + 1
+    assert drafted > 0 and accepted == drafted
+
+
 def test_static_batched_cache_sampled_rows_draw_what_a_lone_request_draws(pairs):
     target, draft = pairs["llama"]
     opts = dict(gamma=4, max_new_tokens=20, temperature=0.9, top_k=40, top_p=0.9)
@@ -279,7 +312,8 @@ def test_static_batched_cache_sampled_rows_draw_what_a_lone_request_draws(pairs)
 @pytest.mark.slow  # one inductor compile: ~30 s idle, ~85 s on the loaded CI machine
 def test_compiled_batched_pass_rows_match_lone_requests(pairs):
     """The batched fast path compiled: one shape (rows padded to 8, inputs to 5) serves every round while rows
-    join, accept ragged amounts and leave; each row token-identical to its lone request."""
+    join, accept ragged amounts and leave, and the draft's `WIDTHS` compiled up front serve its passes, the catch-up
+    after plain rounds included; each row token-identical to its lone request."""
     target, draft = pairs["llama"]
     decoder = BatchDecoder(target, specdec.DraftModel(draft), compile=True)
     assert isinstance(decoder.target, StaticBatchedCausalLM) and decoder.target.compile
@@ -288,19 +322,24 @@ def test_compiled_batched_pass_rows_match_lone_requests(pairs):
             for i, p in enumerate(PROMPTS)}
     got = {i: [] for i in range(len(PROMPTS))}
     pending = list(enumerate(PROMPTS))
+    decoder.drafters.lm.batch_buckets = (8,)  # the draft's, on its path
     decoder.target.precompile([1], [5])  # the one shape, before any row; then no pass may (re)compile
+    decoder.drafters.precompile([1])  # the draft's: one a width
     decoder.add_many([(i, p, dict(gamma=3, max_new_tokens=12)) for i, p in pending[:3]])
     pending = pending[3:]
+    rounds = 0
     with torch._dynamo.config.patch(error_on_recompile=True):
         while len(decoder) or pending:
             if pending:
                 decoder.add(*pending.pop(0), gamma=3, max_new_tokens=12)
-            for event in decoder.step():
+            rounds += 1
+            for event in decoder.step(gamma_cap=0 if rounds <= 4 else None):  # plain rounds, then drafts
                 got[event.key].extend(event.tokens)
             assert decoder.target.lengths.tolist() == [row.n - 1 for row in decoder.rows]
     assert got == lone
-    compiled = [k for k in specdec.runtime.compiled.COMPILED[target].fns if k[0] == "batch-pass"]
-    assert len(compiled) == 1
+    for model, widths in ((target, {5}), (draft, set(WIDTHS))):
+        compiled = {k[2] for k in specdec.runtime.compiled.COMPILED[model].fns if k[0] == "batch-pass"}
+        assert compiled == widths
 
 
 def _padded_pair(target_rows: int, draft_rows: int):

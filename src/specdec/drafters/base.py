@@ -74,8 +74,8 @@ class DrafterCapabilities:
     needs_hidden: the target's features it reads (EAGLE, Medusa): False, True (the final hidden states) or the
         indices of the layers whose outputs it reads side by side (EAGLE-3). The loop then passes them to
         `reset(..., hidden=)` and `commit(..., hidden=)`.
-    batched: its form over the rows of a batch, `batched(drafter) -> RowDrafters`; None: it decodes one
-        request at a time only (batched decoding refuses it).
+    batched: its form over the rows of a batch, `batched(drafter, setting=BatchSetting) -> RowDrafters`; None:
+        it decodes one request at a time only (batched decoding refuses it).
     default_gamma: the γ a request uses when it names none (a tree's depth); None: the chain default.
     max_nodes: the most nodes a proposal has (the widest verification pass is max_nodes + 1 rows); None: a
         chain of γ, or see nodes_per_level.
@@ -90,7 +90,7 @@ class DrafterCapabilities:
 
     tree: bool = False
     needs_hidden: bool | tuple[int, ...] = False
-    batched: Callable[[Drafter], RowDrafters] | None = None
+    batched: Callable[..., RowDrafters] | None = None
     default_gamma: int | None = None
     max_nodes: int | None = None
     nodes_per_level: int | None = None
@@ -201,6 +201,16 @@ class DraftRow(Protocol):
     source_ids: torch.Tensor | None  # [S] its source token ids (text encoders)
 
 
+@dataclass(frozen=True)
+class BatchSetting:
+    """How a batch runs its passes (`BatchDecoder`'s compile and max_len), handed to a drafter's batched form: a
+    form with a model of its own (`BatchedDraftModel`) runs it as the target runs (`batch_static.batched_adapter`);
+    forms that draft per row keep each row's drafter as it drafts alone."""
+
+    compile: bool | str = False
+    max_len: int | None = None
+
+
 class RowDrafters(Protocol):
     """A drafter over the rows of a batch: the drafter side of the round. `rows` are the batch's rows in order
     (`DraftRow`); a lone request is a batch of one row."""
@@ -211,6 +221,10 @@ class RowDrafters(Protocol):
 
     def remove_rows(self, keep: Sequence[int]) -> None:
         """Keep only the rows at indices `keep`, in that order (the others finished or left)."""
+
+    def precompile(self, rows: Sequence[int]) -> None:
+        """On the batched fast path: compile now the passes of a model of the form's own for batches of `rows`
+        rows, so that no request waits for one (a no-op for forms that hold none, and when eager)."""
 
     def propose(self, rows: Sequence[DraftRow], gammas: Sequence[int]) -> list[Proposal]:
         """Each row's proposal: at most gammas[i] tokens (a tree at most gammas[i] deep); an empty one where

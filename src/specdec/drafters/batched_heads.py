@@ -24,7 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from specdec.core.masks import additive_mask
-from specdec.drafters.base import Drafter, DraftRow, Proposal
+from specdec.drafters.base import BatchSetting, Drafter, DraftRow, Proposal
 from specdec.drafters.per_row import PerRow
 from specdec.heads.static_draft import grow_level
 
@@ -33,7 +33,7 @@ class BatchedHeads(PerRow):
     """A fork of a head drafter per row, fed the target's features of its root and accepted path; the forks draft
     eagerly (the batch scores every row eagerly)."""
 
-    def __init__(self, drafter: Drafter):
+    def __init__(self, drafter: Drafter, setting: BatchSetting | None = None):
         super().__init__(drafter, fork=True)
 
     def add_rows(self, rows: Sequence[DraftRow], features: Sequence[torch.Tensor | None] | None) -> None:

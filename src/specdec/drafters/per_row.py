@@ -19,13 +19,14 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.drafters.base import Drafter, DraftRow, Proposal
+from specdec.drafters.base import BatchSetting, Drafter, DraftRow, Proposal
 
 
 class PerRow:
     """One drafter per row: forks of `drafter` (or, `alone`, the drafter itself for a batch of one)."""
 
-    def __init__(self, drafter: Drafter, fork: bool = True):
+    def __init__(self, drafter: Drafter, fork: bool = True, setting: BatchSetting | None = None):
+        # setting: unused (each row's drafter drafts as it does alone, on its own path)
         self.drafter = drafter
         self.fork = fork
         capabilities = drafter.capabilities
@@ -36,6 +37,9 @@ class PerRow:
     def alone(cls, drafter: Drafter) -> PerRow:
         """A lone request's drafter: the drafter itself drives the one row."""
         return cls(drafter, fork=False)
+
+    def precompile(self, rows: Sequence[int]) -> None:
+        """Nothing batched to compile: each row's drafter drafts on its own."""
 
     def add_rows(self, rows: Sequence[DraftRow], features: Sequence[torch.Tensor | None] | None) -> None:
         for i, row in enumerate(rows):

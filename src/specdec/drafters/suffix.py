@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.core.sampling import SamplingConfig
-from specdec.drafters.base import Drafter, DrafterCapabilities, DraftRow, Proposal
+from specdec.drafters.base import BatchSetting, Drafter, DrafterCapabilities, DraftRow, Proposal
 from specdec.drafters.per_row import PerRow
 from specdec.errors import ConfigError
 
@@ -541,7 +541,7 @@ class SuffixRows(PerRow):
     """`SuffixDecoding` over a batch's rows: a fork per row (sharing the cache); a row's request enters the cache
     when the row leaves."""
 
-    def __init__(self, drafter: SuffixDecoding, fork: bool = True):
+    def __init__(self, drafter: SuffixDecoding, fork: bool = True, setting: BatchSetting | None = None):
         super().__init__(drafter, fork)
         self.rows: list[Drafter] = []  # each row's drafter, in row order
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from specdec.drafters.base import Drafter, DrafterCapabilities, RowDrafters
+from specdec.drafters.base import BatchSetting, Drafter, DrafterCapabilities, RowDrafters
 from specdec.engine.options import DecodeOptions, check_compile
 from specdec.engine.pairing import batched_form, check_drafter
 from specdec.engine.policies import gamma_policy
@@ -44,11 +44,13 @@ class BatchDecoder:
         # compile: True = the target on the batched fast path (compiled passes over a preallocated cache of
         # max_len slot columns; None: grown as needed), "static" = the same cache eager, False =
         # BatchedCausalLM (batch_static.batched_adapter).
-        adapter = batched_adapter(target, check_compile(compile), max_len)
+        compile = check_compile(compile)
+        adapter = batched_adapter(target, compile, max_len)
         self.model = target
         self.drafter = check_drafter(drafter, adapter.vocab_size)
         self.capabilities = drafter.capabilities if drafter is not None else DrafterCapabilities()
-        self.engine = Engine(ManyRows(adapter, self.capabilities.needs_hidden), batched_form(drafter), Verifier())
+        drafters = batched_form(drafter, BatchSetting(compile, max_len))  # the draft on the target's path
+        self.engine = Engine(ManyRows(adapter, self.capabilities.needs_hidden), drafters, Verifier())
         self.rows: list[Row] = []
         self.last_round: dict | None = None  # the last step's draft_s, target_s, pass width (the server's cost model)
 

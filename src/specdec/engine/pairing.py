@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from specdec.drafters.base import Drafter, RowDrafters
+from specdec.drafters.base import BatchSetting, Drafter, RowDrafters
 from specdec.errors import ConfigError, IncompatibleModelsError, PromptError, UnsupportedModelError
 from specdec.runtime.seq2seq_lm import is_encoder_decoder, tree_unsupported_reason
 
@@ -35,8 +35,9 @@ def check_drafter(drafter: object, target_vocab_size: int) -> Drafter | None:
     return drafter
 
 
-def batched_form(drafter: Drafter | None) -> RowDrafters | None:
-    """The drafter over a batch's rows, as its capabilities declare it (ConfigError where they declare none)."""
+def batched_form(drafter: Drafter | None, setting: BatchSetting | None = None) -> RowDrafters | None:
+    """The drafter over a batch's rows, as its capabilities declare it (ConfigError where they declare none), for
+    a batch whose passes run as `setting` says."""
     if drafter is None:
         return None
     batched = drafter.capabilities.batched
@@ -46,7 +47,7 @@ def batched_form(drafter: Drafter | None) -> RowDrafters | None:
             "supports DraftModel, LayerSkip, DraftTree, MultiDraft, Eagle, Medusa, PromptLookup and Bigram: use "
             "one of them, or specdec.generate for one request at a time"
         )
-    return batched(drafter)
+    return batched(drafter, setting=setting or BatchSetting())
 
 
 def check_encoder_pairing(target: object, drafter: Drafter | None, encoder_inputs: object) -> object:

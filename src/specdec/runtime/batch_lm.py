@@ -153,6 +153,9 @@ class BatchedCausalLM:
         self.prefill_s += time.perf_counter() - start
         return features
 
+    def precompile(self, rows: Sequence[int], widths: Sequence[int]) -> None:
+        """Nothing to compile: eager passes (`StaticBatchedCausalLM.precompile` compiles its shapes)."""
+
     def remove_rows(self, keep: Sequence[int]) -> None:
         """Keep only the rows at indices `keep` (in that order); the others' caches are dropped."""
         index = torch.as_tensor(list(keep), dtype=torch.long, device=self.device)

@@ -347,6 +347,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
                 if is_compiled(self.model, ("batch-pass", r, w, self.max_len)):
                     continue
                 scratch = StaticBatchedCausalLM(self.model, max_len=self.max_len, compile=True)
+                scratch.query_buckets = self.query_buckets  # pads as this adapter pads: w stays w
                 scratch._allocate(r, self.max_len)
                 scratch.valid = self.valid.new_zeros(r, 0)
                 scratch.forward([torch.zeros(w, dtype=torch.long, device=self.device)] * r)

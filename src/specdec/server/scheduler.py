@@ -140,6 +140,8 @@ class Scheduler:
         start = time.perf_counter()
         with threads_for(self._models[0]):  # compiled kernels keep the thread count they were compiled with
             target.precompile(range(1, self.max_batch + 1), widths)
+            if self.decoder.drafters is not None:  # a draft model's own batched passes (its path is the target's)
+                self.decoder.drafters.precompile(range(1, self.max_batch + 1))
         log.info("batched fast path ready: passes for up to %d rows x %s inputs compiled in %.1f s",
                  self.max_batch, widths, time.perf_counter() - start)
 
