@@ -7,7 +7,11 @@ CPU) scoring γ extra tokens per row costs nearly γ times more and γ = 0 wins.
 
 Two sources, blended:
 
-- **measured**: the median goodput of the last `window` rounds of this (bucket, γ);
+- **measured**: expected tokens over the median seconds of the last `window` rounds of this (bucket, γ).
+  Goodput is expected tokens over expected time, never a median of per-round rates: a round's tokens are as
+  random as its drafts' acceptance (1 to γ + 1 a row; at α = 0.5 half of one row's rounds commit 1), so they
+  come from α pooled over every speculative round (rows · τ(α, γ)), or their mean before any; a round's time is
+  steady but for outliers (a neighbour's burst, a compile), so it is a median;
 - **predicted** (`CostModel`, the prior): rows · τ(α, γ) / (t_pass(N) + t_rest(B) + γ · t_step(B)), with
   the target pass time t_pass(N) = a + c·N fitted over the padded tokens N that each round's pass scored (at
   B rows a speculative round scores (γ+1)·B), t_rest(B) the rest of a plain round and t_step(B) what each
@@ -23,7 +27,9 @@ Round times on a shared machine are noisy (a neighbour's burst doubles one round
   (10%); a measured-equal pair never oscillates;
 - **sparse probing**: every `probe_every` rounds of a bucket the least recently measured γ runs once, so
   the measurements follow the machine's load. Once plain decoding is chosen, speculation costs at most one
-  probe round in `probe_every`.
+  probe round in `probe_every` (two: the first speculative round after plain ones is not measured, it runs
+  again; a draft model spends it catching up on the tokens the plain rounds committed, a cost of having
+  decoded plainly, and counted against speculation it would keep plain decoding chosen for good).
 
 Before the cost model has seen two pass sizes (the first rounds of a server) unmeasured (bucket, γ) pairs are
 tried first (`warmup` rounds each), in the order γ_max, ..., 0.
@@ -78,13 +84,11 @@ class CostModel:
         self.spec_rest: deque[tuple[float, int, float]] = deque(maxlen=history)  # γ > 0: (rows, γ, round − pass)
         self.outcomes: deque[tuple[int, int]] = deque(maxlen=history)  # (accepted, rejections) per round
 
-    def observe(self, rows: int, gamma: int, seconds: float, pass_tokens: int, pass_seconds: float,
-                accepted: int, rejections: int) -> None:
+    def observe(self, rows: int, gamma: int, seconds: float, pass_tokens: int, pass_seconds: float) -> None:
         self.passes.append((float(pass_tokens), pass_seconds))
         rest = max(0.0, seconds - pass_seconds)
         if gamma > 0:
             self.spec_rest.append((float(rows), gamma, rest))
-            self.outcomes.append((accepted, rejections))
         else:
             self.plain_rest.append((float(rows), rest))
 
@@ -133,7 +137,7 @@ class CostModel:
 
 
 class GoodputGamma:
-    def __init__(self, max_gamma: int, *, candidates: list[int] | None = None, window: int = 8, warmup: int = 3,
+    def __init__(self, max_gamma: int, *, candidates: list[int] | None = None, window: int = 16, warmup: int = 3,
                  margin: float = 0.10, probe_every: int = 32, prior_weight: float = 4.0,
                  pass_tokens: Callable[[int, int], int] | None = None):
         """pass_tokens(rows, width): the tokens the target pass scores for `rows` rows of `width` inputs
@@ -145,16 +149,24 @@ class GoodputGamma:
         self.prior_weight = prior_weight
         self.pass_tokens = pass_tokens or (lambda rows, width: rows * width)
         self.cost = CostModel()
-        self.samples: dict[tuple[int, int], deque[float]] = {}  # (bucket, γ) → recent tokens/s
+        self.samples: dict[tuple[int, int], deque[tuple[float, float]]] = {}  # (bucket, γ) → recent (tokens, s)
         self.measured_at: dict[tuple[int, int], int] = {}
         self.current: dict[int, int] = {}  # bucket → the γ it runs between probes
         self.rounds_in: dict[int, int] = {}
         self.rounds = 0
+        self.previous: int | None = None  # the last round's γ
+        self.again: int | None = None  # a γ to run once more: its last round caught a draft up on plain rounds
 
     def measured(self, bucket: int, gamma: int) -> float | None:
-        """Median goodput (tokens/s, normalised to the bucket's size) of the last `window` rounds."""
+        """Goodput (tokens/s, normalised to the bucket's size) of the last `window` rounds: expected tokens (the
+        pooled α's, or the rounds' mean before any) over their median seconds."""
         samples = self.samples.get((bucket, gamma))
-        return statistics.median(samples) if samples else None
+        if not samples:
+            return None
+        alpha = self.cost.alpha
+        tokens = (bucket * expected_tokens(alpha, gamma) if gamma > 0 and alpha is not None
+                  else statistics.fmean(t for t, _ in samples))
+        return tokens / max(statistics.median(s for _, s in samples), 1e-9)
 
     def predicted(self, batch: int, gamma: int) -> float | None:
         """The cost model's goodput for `batch` rows at γ, normalised to the bucket's size as `measured`."""
@@ -175,6 +187,9 @@ class GoodputGamma:
     def choose(self, batch: int) -> int:
         if len(self.candidates) == 1:
             return self.candidates[0]
+        if self.again is not None:
+            gamma, self.again = self.again, None
+            return gamma
         bucket = batch_bucket(batch)
         if self.cost.pass_seconds(1) is None or self.cost.alpha is None:
             for gamma in reversed(self.candidates):  # no cost model yet: each γ a few rounds
@@ -204,16 +219,23 @@ class GoodputGamma:
         self.rounds += 1
         bucket = batch_bucket(batch)
         self.rounds_in[bucket] = self.rounds_in.get(bucket, 0) + 1
+        if gamma > 0 and accepted + rejections:
+            self.cost.outcomes.append((accepted, rejections))
+        resumed, self.previous = gamma > 0 and self.previous == 0, gamma
+        if resumed:  # a draft model first caught up on the plain rounds' tokens: not this γ's cost; run it again
+            self.again = gamma
+            if pass_tokens is not None and pass_seconds is not None:  # the target's pass is as any other
+                self.cost.passes.append((float(pass_tokens), pass_seconds))
+            return
         key = (bucket, gamma)
         # Normalise to the bucket's size: within a bucket a round's cost grows about linearly with rows.
-        rate = tokens / max(seconds, 1e-9) * bucket / max(batch, 1)
-        self.samples.setdefault(key, deque(maxlen=self.window)).append(rate)
+        self.samples.setdefault(key, deque(maxlen=self.window)).append((tokens * bucket / max(batch, 1), seconds))
         self.measured_at[key] = self.rounds
         if pass_tokens is not None and pass_seconds is not None:
-            self.cost.observe(batch, gamma, seconds, pass_tokens, pass_seconds, accepted, rejections)
+            self.cost.observe(batch, gamma, seconds, pass_tokens, pass_seconds)
 
     def table(self) -> dict[str, dict[int, float]]:
-        """Median measured goodput (tokens/s) per batch bucket and γ: what `specdec serve` logs."""
+        """Measured goodput (tokens/s) per batch bucket and γ: what `specdec serve` logs."""
         out: dict[str, dict[int, float]] = {}
         for (bucket, gamma) in sorted(self.samples):
             out.setdefault(str(bucket), {})[gamma] = round(self.measured(bucket, gamma), 1)
