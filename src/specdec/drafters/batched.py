@@ -22,12 +22,13 @@ import torch
 from specdec.core.sampling import sample
 from specdec.drafters.base import BatchSetting, DraftRow, Proposal
 from specdec.runtime.batch_static import StaticBatchedCausalLM, batched_adapter
+from specdec.runtime.static_lm import CATCH_UP_ROWS
 
 if TYPE_CHECKING:
     from specdec.drafters.draft_model import DraftModel
 
-#: Tokens a catch-up pass feeds a row at most (a row further behind takes several).
-CATCH_UP = 8
+#: Tokens a catch-up pass feeds a row at most (a row further behind takes several): the single-row fast path's.
+CATCH_UP = CATCH_UP_ROWS
 #: The draft's pass widths: a draft step, the usual catch-up (the root, or the bonus and the root), a long one.
 WIDTHS = (1, 2, CATCH_UP)
 

@@ -84,8 +84,12 @@ class CostModel:
         self.spec_rest: deque[tuple[float, int, float]] = deque(maxlen=history)  # γ > 0: (rows, γ, round − pass)
         self.outcomes: deque[tuple[int, int]] = deque(maxlen=history)  # (accepted, rejections) per round
 
-    def observe(self, rows: int, gamma: int, seconds: float, pass_tokens: int, pass_seconds: float) -> None:
+    def observe_pass(self, pass_tokens: int, pass_seconds: float) -> None:
+        """A target pass that scored `pass_tokens` tokens (padding included) in `pass_seconds`."""
         self.passes.append((float(pass_tokens), pass_seconds))
+
+    def observe(self, rows: int, gamma: int, seconds: float, pass_tokens: int, pass_seconds: float) -> None:
+        self.observe_pass(pass_tokens, pass_seconds)
         rest = max(0.0, seconds - pass_seconds)
         if gamma > 0:
             self.spec_rest.append((float(rows), gamma, rest))
@@ -225,7 +229,7 @@ class GoodputGamma:
         if resumed:  # a draft model first caught up on the plain rounds' tokens: not this γ's cost; run it again
             self.again = gamma
             if pass_tokens is not None and pass_seconds is not None:  # the target's pass is as any other
-                self.cost.passes.append((float(pass_tokens), pass_seconds))
+                self.cost.observe_pass(pass_tokens, pass_seconds)
             return
         key = (bucket, gamma)
         # Normalise to the bucket's size: within a bucket a round's cost grows about linearly with rows.
