@@ -71,11 +71,47 @@ def test_row_kernels_on_each_lower_tier(tier):
     if tier not in cpu_tiers():
         pytest.skip(f"{tier}: this CPU cannot run it (it runs {', '.join(cpu_tiers())})")
     env = {**os.environ, "SPECDEC_KERNEL_TIER": tier}
-    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                          "-m", "not slow and not compile", str(Path(__file__).parent / "test_rowwise.py")],
-                         env=env, capture_output=True, text=True, timeout=1800)
+    try:  # a minute or two; the limit is under pytest-timeout's, so a child that hangs shows what it printed
+        ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                              "-m", "not slow and not compile", str(Path(__file__).parent / "test_rowwise.py")],
+                             env=env, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired as hung:
+        printed = [out.decode() if isinstance(out, bytes) else out or "" for out in (hung.stdout, hung.stderr)]
+        pytest.fail(f"{tier}: tests/test_rowwise.py ran past 900 s:\n{printed[0][-3000:]}{printed[1][-2000:]}")
     assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-2000:]
     assert " passed" in ran.stdout.splitlines()[-1], ran.stdout[-500:]
+
+
+def test_a_build_killed_half_way_leaves_no_lock_that_later_builds_wait_on(tmp_path: Path):
+    """A build holds `build_lock` while torch's `load` keeps its own `lock` file in the build directory. Killed
+    there, the build leaves that file; the next build waits only while the killed one lived, then removes it."""
+    import threading  # noqa: PLC0415
+
+    from specdec.runtime.rowwise import build_lock  # noqa: PLC0415
+
+    directory = tmp_path / "specdec_kernels_generic_0"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from specdec.runtime.rowwise import "
+         "build_lock\nd = Path(sys.argv[1])\nwith build_lock(d):\n    (d / 'lock').touch(); print('held', "
+         "flush=True); time.sleep(600)", str(directory)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        entered = threading.Event()
+
+        def build():
+            with build_lock(directory):
+                entered.set()
+
+        waiter = threading.Thread(target=build, daemon=True)
+        waiter.start()
+        assert not entered.wait(0.5), "a second build went ahead while the first held the lock"
+        assert (directory / "lock").exists(), "a live build's lock file was removed"
+        holder.kill()  # the first build dies in the middle of torch's load
+        assert entered.wait(30), "the next build still waits on a build that died"
+        assert not (directory / "lock").exists()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 X86_CPUINFO = """processor\t: 0

@@ -26,10 +26,15 @@ directory named after everything that changes the build (`build_name`: the tier,
 version and headers), so two environments or checkouts on one machine never rebuild each other's copy. `make
 install` builds them (`python -m specdec.runtime.rowwise`); otherwise the first use does. It needs the C++ compiler
 inductor needs anyway, and `ninja` (a dependency of specdec).
+
+Concurrent builds of one name wait for each other on an advisory lock the OS drops when its holder exits
+(`build_lock`), so a build killed half-way (a timeout, Ctrl-C) cannot leave `torch.utils.cpp_extension`'s own lock
+file behind for every later process to wait on forever.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -143,6 +148,33 @@ def build_name(tier: str) -> str:
     return f"specdec_kernels_{tier}_{digest.hexdigest()[:16]}"
 
 
+def build_directory(name: str) -> Path:
+    """Where the kernels named `name` are built and cached: `TORCH_EXTENSIONS_DIR`, else torch's default root."""
+    from torch.utils.cpp_extension import get_default_build_root  # noqa: PLC0415 (heavy)
+
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / name
+
+
+@contextlib.contextmanager
+def build_lock(directory: Path):
+    """Hold `directory`'s build lock: an advisory `flock` that the OS releases when its holder exits, however it
+    exits. Every build of the kernels takes it before `torch.utils.cpp_extension.load`, so a `lock` file that load
+    left in `directory` while no process holds this one was left by a build that died, and is removed."""
+    import fcntl  # noqa: PLC0415 (POSIX only, like the kernels' build)
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "specdec-build.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                log.warning("removed %s, left by a kernel build that did not finish", stale)
+                stale.unlink()
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @functools.cache
 def load_kernel() -> None:
     """Build (first use on this machine) or load the kernels and register their shape functions."""
@@ -150,9 +182,11 @@ def load_kernel() -> None:
 
     tier = kernel_tier()
     name = build_name(tier)
+    directory = build_directory(name)
     start = time.perf_counter()
-    load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=build_flags(tier), extra_ldflags=openmp_flags(),
-         is_python_module=False)
+    with build_lock(directory):
+        load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=build_flags(tier),
+             extra_ldflags=openmp_flags(), build_directory=str(directory), is_python_module=False)
     elapsed = time.perf_counter() - start
     if elapsed > 1.0:
         log.info("built the row-invariant kernels (%s) in %.1f s", name, elapsed)
