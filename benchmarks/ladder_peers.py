@@ -1,8 +1,10 @@
-"""specdec's plain decoding against llama.cpp's at the same bits, on the size ladder's shapes (random weights).
+"""specdec's plain decoding against llama.cpp's and OpenVINO GenAI's at the same bits, on the size ladder's shapes
+(random weights).
 
     python benchmarks/llamacpp_peer.py --setup --dir DIR      # once: llama.cpp's llama-completion and llama-quantize
+    specdec bench --openvino-setup                            # once, for --openvino: the export environment
     flock /tmp/specdec-bench.lock taskset -c 1 python benchmarks/ladder_peers.py --dir DIR --models qwen2.5-0.5b \\
-        --num-prompts 6 --repeats 2 --out docs/bench/ladder-peers-NAME
+        --num-prompts 6 --repeats 2 [--openvino] --out docs/bench/ladder-peers-NAME
 
 Per shape, once: the random model of benchmarks/size_ladder.py (weights from one tiled block of N(0, 0.02), seed 0)
 saved in bfloat16 with the default pair's tokenizer (the converter pads its vocabulary to the shape's with unused
@@ -16,13 +18,22 @@ llama.cpp's converter, then to Q8_0 and Q4_0 by `llama-quantize`. The pairs, eac
 | `int4` (the same groups: 4.5 bits; the LM head int8) | `Q4_0` (4.5 bits; llama-quantize makes its head Q8_0) |
 | `w4a8` (int4's weights on int8 activations: integer arithmetic, as Q4_0's on a CPU) | `Q4_0` |
 
+With --openvino, OpenVINO GenAI's `LLMPipeline` on optimum-intel exports of the same checkpoint
+(`specdec.bench.openvino_export`, cached by content hash) is a third side: `bfloat16` against the float32 IR run
+at OpenVINO's bf16 precision (the CPU plugin converts the weights to it; f32 where the plugin has no bf16, and
+--openvino-dtype chooses), `int8` against its INT8 weights (symmetric, per output channel: 8 bits and one scale a
+row), `int4` and `w4a8` against its INT4 weights (symmetric, groups of 64, every layer; embeddings and head int8).
+The plugin's own defaults decide the rest (its dynamic quantization of activations for compressed weights
+included); its KV cache is in the run's precision, as specdec's. OpenVINO's time is `generate`'s wall time with
+prompt ids in and ids out (prefill included, its tokenizer off the timed path), as specdec's.
+
 Timed: per prompt and repeat, in rotated order, specdec's plain decoding (`specdec.generate`, `compile=True`,
---threads threads; a warm-up request compiles first) and `llama-completion` (-t and -tb the same; a child process on
-the same cores), NEW new tokens, greedy, EOS ignored. specdec's time is `generate`'s wall time (prefill included);
-llama.cpp's is its own report for the request (prompt eval + eval + sampling; load and warm-up excluded).
-tokens/s = new tokens / time; per format, the median tokens/s of each side and the per-prompt ratio's median and
-range. The weights are random, so nothing here measures quality, and the two sides' outputs part at near-ties (not
-compared).
+--threads threads; a warm-up request compiles first), `llama-completion` (-t and -tb the same; a child process on
+the same cores) and with --openvino OpenVINO's (INFERENCE_NUM_THREADS the same), NEW new tokens, greedy, EOS
+ignored. specdec's time is `generate`'s wall time (prefill included); llama.cpp's is its own report for the request
+(prompt eval + eval + sampling; load and warm-up excluded). tokens/s = new tokens / time; per format, the median
+tokens/s of each side and specdec's per-prompt ratio to each peer, median and range. The weights are random, so
+nothing here measures quality, and the sides' outputs part at near-ties (not compared).
 """
 
 from __future__ import annotations
@@ -53,6 +64,8 @@ from specdec.hub.default_pair import default_assets_dir  # noqa: E402
 NEW = 64
 #: specdec's weight format -> llama.cpp's type at the same bits.
 PAIRS = {"bfloat16": "bf16", "int8": "Q8_0", "int4": "Q4_0", "w4a8": "Q4_0"}
+#: specdec's weight format -> OpenVINO's export format (openvino_export.WEIGHT_FORMATS) at the same bits.
+OV_PAIRS = {"bfloat16": "fp32", "int8": "int8", "int4": "int4", "w4a8": "int4"}
 
 
 def prepare(root: Path, name: str) -> dict[str, Path]:
@@ -76,6 +89,19 @@ def prepare(root: Path, name: str) -> dict[str, Path]:
     return {"hf": checkpoint, **ggufs}
 
 
+def openvino_side(checkpoint: Path, fmt: str, dtype: torch.dtype, threads: int):
+    """(OpenVINO's run of one prompt -> seconds, what ran) for specdec's format `fmt` on `checkpoint`."""
+    from specdec.bench.openvino_peer import OpenVINOPeer, OpenVINOSettings  # noqa: PLC0415 (the openvino extra)
+
+    peer = OpenVINOPeer(OpenVINOSettings(target_dir=str(checkpoint), weights=OV_PAIRS[fmt]), dtype=dtype,
+                        threads=threads, speculative=False)
+
+    def run(prompt) -> float:
+        return peer.run("ov-plain", None, prompt.ids, max_new_tokens=NEW).wall_s
+
+    return run, peer.describe()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, required=True, help="llama.cpp's folder (llamacpp_peer.py --setup)")
@@ -84,15 +110,27 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="threads on each side (default 1)")
+    parser.add_argument("--openvino", action="store_true",
+                        help="OpenVINO GenAI as a third side (pip install \"specdec[openvino]\" and specdec bench "
+                             "--openvino-setup first)")
+    parser.add_argument("--openvino-dtype", choices=("bfloat16", "float32"), default=None,
+                        help="OpenVINO's compute and KV precision (default bfloat16 where its CPU plugin has it, "
+                             "else float32)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M")
     specdec.set_threads(args.threads)
+    ov_dtype = None
+    if args.openvino:
+        import openvino as ov  # noqa: PLC0415 (the openvino extra)
+
+        default = "bfloat16" if "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES") else "float32"
+        ov_dtype = getattr(torch, args.openvino_dtype or default)
     scratch = args.dir / "scratch"
     scratch.mkdir(exist_ok=True)
     tokenizer = specdec.load_default()[2]
     prompts = code_prompts(tokenizer, args.num_prompts)
-    runs, rows = [], []
+    runs, rows, peers = [], [], {}
     for name in args.models.split(","):
         files = prepare(args.dir, name)
         for fmt in args.formats.split(","):
@@ -108,8 +146,9 @@ def main() -> None:
             sides = {"specdec": specdec_run,
                      "llama.cpp": lambda prompt, gguf=gguf: llamacpp_run(args.dir, gguf, prompt.text, scratch,
                                                                          NEW, args.threads)[0]}
-            for side in sides.values():  # warm-up: compiles, page cache
-                side(prompts[0])
+            if args.openvino:
+                sides["OpenVINO"], peers[f"{name} {fmt}"] = openvino_side(files["hf"], fmt, ov_dtype, args.threads)
+            first = {side: run(prompts[0]) for side, run in sides.items()}  # warm-up: compiles, page cache
             these = []
             for repeat, prompt, side in rotated(list(sides), prompts, args.repeats):
                 seconds = sides[side](prompt)
@@ -117,32 +156,51 @@ def main() -> None:
                               "seconds": seconds, "tokens_per_s": NEW / seconds})
             runs += these
             per = per_prompt_medians(these, list(sides), prompts, key="side")
-            ratios = [per["specdec"][p.name] / per["llama.cpp"][p.name] for p in prompts]
-            rows.append({"model": name, "format": fmt, "llamacpp_type": PAIRS[fmt],
-                         "specdec_tokens_per_s": statistics.median(per["specdec"].values()),
-                         "llamacpp_tokens_per_s": statistics.median(per["llama.cpp"].values()),
-                         "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-                         "ratio_max": max(ratios)})
+            row = {"model": name, "format": fmt, "llamacpp_type": PAIRS[fmt],
+                   "specdec_tokens_per_s": statistics.median(per["specdec"].values()),
+                   # the warm-up request's seconds per side: specdec's compiles its passes (a new shape's cost)
+                   "first_request_s": first}
+            for side, key in (("llama.cpp", "llamacpp"), ("OpenVINO", "openvino")):
+                if side not in sides:
+                    continue
+                ratios = [per["specdec"][p.name] / per[side][p.name] for p in prompts]
+                row.update({f"{key}_tokens_per_s": statistics.median(per[side].values()),
+                            f"ratio_{key}_median": statistics.median(ratios), f"ratio_{key}_min": min(ratios),
+                            f"ratio_{key}_max": max(ratios)})
+            if args.openvino:
+                row["openvino_weights"] = OV_PAIRS[fmt]
+            rows.append(row)
             print(json.dumps(rows[-1]), flush=True)
-            del model
+            del model, sides
             gc.collect()
     machine = {**machine_info(), "llama_cpp": f"llama-cpp-python {VERSION}", "load_average_at_end": os.getloadavg()}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"machine": machine, "new_tokens": NEW, "rows": rows,
-                                                       "runs": runs}, indent=1))
-    lines = [f"# specdec plain vs llama.cpp plain at the same bits: {args.models}, {NEW} new tokens, "
-             f"{args.threads} thread(s) each",
+    (args.out / "results.json").write_text(json.dumps({
+        "machine": machine, "new_tokens": NEW, "openvino_dtype": str(ov_dtype).replace("torch.", "") if ov_dtype
+        else None, "openvino": peers, "rows": rows, "runs": runs}, indent=1))
+    ov_note = (f", OpenVINO at {str(ov_dtype).replace('torch.', '')}" if ov_dtype else "")
+    lines = [f"# specdec plain vs llama.cpp{' and OpenVINO' if args.openvino else ''} plain at the same bits: "
+             f"{args.models}, {NEW} new tokens, {args.threads} thread(s) each",
              "", f"`python benchmarks/ladder_peers.py --models {args.models} --formats {args.formats} --num-prompts "
-             f"{args.num_prompts} --repeats {args.repeats} --threads {args.threads}` (started {started}; "
-             f"{machine['cpu']}, "
-             f"{machine['cpu_family_model']}, kernels {machine['kernel_tier']}, {platform.machine()}; load average "
-             f"{' '.join(f'{x:.2f}' for x in machine['load_average_at_end'])} at the end)", "",
-             "| shape | specdec | llama.cpp | specdec tok/s | llama.cpp tok/s | specdec ÷ llama.cpp (median, range) |",
-             "|:---|:---|:---|---:|---:|---:|"]
+             f"{args.num_prompts} --repeats {args.repeats} --threads {args.threads}"
+             f"{' --openvino' if args.openvino else ''}` (started {started}; {machine['cpu']}, "
+             f"{machine['cpu_family_model']}, kernels {machine['kernel_tier']}, {platform.machine()}{ov_note}; load "
+             f"average {' '.join(f'{x:.2f}' for x in machine['load_average_at_end'])} at the end)", ""]
+    header = "| shape | specdec | llama.cpp | specdec tok/s | llama.cpp tok/s | specdec ÷ llama.cpp (median, range) |"
+    rule = "|:---|:---|:---|---:|---:|---:|"
+    if args.openvino:
+        header += " OpenVINO | OpenVINO tok/s | specdec ÷ OpenVINO (median, range) |"
+        rule += ":---|---:|---:|"
+    lines += [header, rule]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['format']} | {r['llamacpp_type']} | {r['specdec_tokens_per_s']:.2f} | "
-                     f"{r['llamacpp_tokens_per_s']:.2f} | **{r['ratio_median']:.2f}x** ({r['ratio_min']:.2f}–"
-                     f"{r['ratio_max']:.2f}) |")
+        line = (f"| {r['model']} | {r['format']} | {r['llamacpp_type']} | {r['specdec_tokens_per_s']:.2f} | "
+                f"{r['llamacpp_tokens_per_s']:.2f} | **{r['ratio_llamacpp_median']:.2f}x** "
+                f"({r['ratio_llamacpp_min']:.2f}–{r['ratio_llamacpp_max']:.2f}) |")
+        if args.openvino:
+            line += (f" {r['openvino_weights']} | {r['openvino_tokens_per_s']:.2f} | "
+                     f"**{r['ratio_openvino_median']:.2f}x** "
+                     f"({r['ratio_openvino_min']:.2f}–{r['ratio_openvino_max']:.2f}) |")
+        lines.append(line)
     (args.out / "log.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

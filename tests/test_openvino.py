@@ -22,6 +22,7 @@ from specdec.bench import BenchPrompt, BenchSettings, OpenVINOMissing, OpenVINOS
 from specdec.bench import run as run_bench
 from specdec.bench.openvino_export import (
     EXPORT_MARKER,
+    WEIGHT_FORMATS,
     OpenVINOExportError,
     content_hash,
     create_export_env,
@@ -234,6 +235,24 @@ def test_export_once_then_reuse_by_content_hash(tmp_path):
     changed = exported(model, cache, env)
     assert changed.exported_now and changed.path != first.path and (env / "bin" / "calls").read_text() == "xx"
     assert sorted(p.name for p in cache.iterdir()) == sorted([first.path.name, changed.path.name])
+
+
+def test_each_weight_format_is_its_own_export_with_its_own_flags(tmp_path):
+    """The ladder's peer at specdec's bits: int8 and int4 exports of one checkpoint are cache entries of their own,
+    keyed by the format's flags, and a format OpenVINO's export has no recipe for is refused before anything runs."""
+    env, cache, model = fake_export_env(tmp_path / "env"), tmp_path / "cache", checkpoint(tmp_path / "m")
+    runs = {weights: exported(model, cache, env, weights) for weights in ("fp32", "int8", "int4")}
+    assert len({run.hash for run in runs.values()}) == 3
+    for weights, run in runs.items():
+        assert run.path == cache / f"{content_hash(model, weights)}-{weights}" and run.weights == weights
+        assert run.as_dict()["recipe"].endswith(" ".join(WEIGHT_FORMATS[weights]))
+    flags = {weights: (run.path / "openvino_model.xml").read_text() for weights, run in runs.items()}
+    assert "--weight-format int8 --sym" in flags["int8"] and "--group-size" not in flags["int8"]
+    assert "--weight-format int4 --sym --group-size 64 --ratio 1.0" in flags["int4"]
+    assert not exported(model, cache, env, "int4").exported_now
+    with pytest.raises(OpenVINOExportError, match=r"no OpenVINO export format 'nf4': choose one of fp32, int8, int4"):
+        exported(model, cache, env, "nf4")
+    assert (env / "bin" / "calls").read_text() == "xxx"
 
 
 def test_a_failed_export_leaves_nothing_in_the_cache(tmp_path):

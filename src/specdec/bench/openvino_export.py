@@ -2,11 +2,16 @@
 
     ir_dir = exported(Path("assets/default/target"), cache_dir=default_cache_dir(), export_env=default_export_env())
 
-A checkpoint is exported once: its files (config, weights, tokenizer) are hashed together with the export
-recipe (`RECIPE`: tool versions, task, weight format), and the IR lands in `<cache_dir>/<hash>-fp32`; a later
-run with the same files finds it there and exports nothing. Weights are exported in float32
-(`--weight-format fp32`): the compute precision is the runtime's `INFERENCE_PRECISION_HINT`, set from the
-bench's `--dtype` (`specdec.bench.openvino_peer`).
+A checkpoint is exported once per weight format: its files (config, weights, tokenizer) are hashed together with
+the export recipe (`recipe`: tool versions, task, the format's flags), and the IR lands in
+`<cache_dir>/<hash>-<format>`; a later run with the same files finds it there and exports nothing. The formats
+(`WEIGHT_FORMATS`):
+
+- `fp32` (the bench's): float32 weights; the compute precision is the runtime's `INFERENCE_PRECISION_HINT`, set
+  from the bench's `--dtype` (`specdec.bench.openvino_peer`), and the CPU plugin converts the weights to it;
+- `int8` and `int4`: OpenVINO's weight-only compression (NNCF, through optimum-cli) at the bits of specdec's own
+  formats of the same names (docs/quantization.md): int8 symmetric per output channel; int4 symmetric in groups
+  of 64 on every layer (`--ratio 1.0`), NNCF keeping the embeddings and LM head in int8.
 
 The export runs `optimum-cli` in a separate virtual environment, the *export environment*, because
 optimum-intel 2.2.0 caps transformers < 5.6 while specdec runs on transformers 5.24. `create_export_env` (the
@@ -41,9 +46,13 @@ EXPORT_PACKAGES = ("torch", "transformers", "optimum", "nncf", "openvino", "open
 #: Installed last, without its dependencies (all of them but torchvision are in EXPORT_PACKAGES).
 OPTIMUM_INTEL = "optimum-intel"
 TASK = "text-generation-with-past"
-WEIGHT_FORMAT = "fp32"
-#: Part of every cache key: a change of the recipe or of the pinned tools exports again.
-RECIPE = f"optimum-intel 2.2.0, transformers 5.5.4, openvino 2026.4.1; {TASK}; --weight-format {WEIGHT_FORMAT}"
+#: Weight format -> optimum-cli's flags for it.
+WEIGHT_FORMATS = {
+    "fp32": ("--weight-format", "fp32"),
+    "int8": ("--weight-format", "int8", "--sym"),
+    "int4": ("--weight-format", "int4", "--sym", "--group-size", "64", "--ratio", "1.0"),
+}
+TOOLS = "optimum-intel 2.2.0, transformers 5.5.4, openvino 2026.4.1"
 #: Written last into a finished export environment / a finished export.
 ENV_MARKER = "specdec-openvino-export-env.json"
 EXPORT_MARKER = "specdec-openvino-export.json"
@@ -53,6 +62,14 @@ _NOT_MODEL = (".md",)
 
 class OpenVINOExportError(SpecdecError, RuntimeError):
     """No OpenVINO IR for a checkpoint and no way to make one (export environment missing or export failed)."""
+
+
+def recipe(weights: str = "fp32") -> str:
+    """What an export of `weights` is made with: part of its cache key, so a change of the recipe, of the format's
+    flags or of the pinned tools exports again."""
+    if weights not in WEIGHT_FORMATS:
+        raise OpenVINOExportError(f"no OpenVINO export format {weights!r}: choose one of {', '.join(WEIGHT_FORMATS)}")
+    return f"{TOOLS}; {TASK}; {' '.join(WEIGHT_FORMATS[weights])}"
 
 
 def default_cache_dir() -> Path:
@@ -70,14 +87,14 @@ def default_export_env() -> Path:
     return default_cache_dir() / "export-env"
 
 
-def content_hash(model_dir: str | Path) -> str:
+def content_hash(model_dir: str | Path, weights: str = "fp32") -> str:
     """sha256 (hex, 16 digits) of every file under `model_dir` (names and bytes, in sorted order; *.md left
-    out) and of `RECIPE`."""
+    out) and of the `recipe` for `weights`."""
     root = Path(model_dir)
     if not (root / "config.json").is_file():
         raise OpenVINOExportError(f"{root} is not a checkpoint directory (no config.json): the OpenVINO peer "
                                   "exports a local Hugging Face checkpoint; pass its directory")
-    digest = hashlib.sha256(RECIPE.encode())
+    digest = hashlib.sha256(recipe(weights).encode())
     files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith(_NOT_MODEL))
     for path in files:
         digest.update(b"\0" + str(path.relative_to(root)).encode() + b"\0")
@@ -96,22 +113,23 @@ class Export:
     hash: str
     exported_now: bool
     seconds: float  # the export's time (0 on a cache hit)
+    weights: str = "fp32"  # WEIGHT_FORMATS
 
     def as_dict(self) -> dict:
-        return {"path": str(self.path), "source": str(self.source), "hash": self.hash,
-                "exported_now": self.exported_now, "export_s": self.seconds, "recipe": RECIPE}
+        return {"path": str(self.path), "source": str(self.source), "hash": self.hash, "weights": self.weights,
+                "exported_now": self.exported_now, "export_s": self.seconds, "recipe": recipe(self.weights)}
 
 
 def exported(model_dir: str | Path, cache_dir: str | Path | None = None,
-             export_env: str | Path | None = None) -> Export:
-    """The OpenVINO IR of `model_dir`: from the cache, or exported now with the export environment's
-    optimum-cli into a temporary directory that becomes the cache entry only once complete."""
+             export_env: str | Path | None = None, weights: str = "fp32") -> Export:
+    """The OpenVINO IR of `model_dir` with `weights` (WEIGHT_FORMATS): from the cache, or exported now with the
+    export environment's optimum-cli into a temporary directory that becomes the cache entry only once complete."""
     source = Path(model_dir).resolve()
-    key = content_hash(source)
+    key = content_hash(source, weights)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = cache / f"{key}-{WEIGHT_FORMAT}"
+    final = cache / f"{key}-{weights}"
     if (final / EXPORT_MARKER).is_file():
-        return Export(final, source, key, False, 0.0)
+        return Export(final, source, key, False, 0.0, weights)
     cli = optimum_cli(Path(export_env) if export_env is not None else default_export_env())
     cache.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache))
@@ -120,7 +138,7 @@ def exported(model_dir: str | Path, cache_dir: str | Path | None = None,
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         env["HF_HUB_OFFLINE"] = "1"  # a local directory: nothing to download
         command = [str(cli), "export", "openvino", "--model", str(source), "--task", TASK,
-                   "--weight-format", WEIGHT_FORMAT, str(out)]
+                   *WEIGHT_FORMATS[weights], str(out)]
         log.info("exporting %s to OpenVINO (once; cached as %s)", source, final)
         start = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -130,7 +148,7 @@ def exported(model_dir: str | Path, cache_dir: str | Path | None = None,
             raise OpenVINOExportError(f"exporting {source} to OpenVINO failed ({' '.join(command)}, exit "
                                       f"{done.returncode}):\n{tail}")
         (out / EXPORT_MARKER).write_text(json.dumps(
-            {"source": str(source), "hash": key, "recipe": RECIPE, "command": command, "export_s": seconds},
+            {"source": str(source), "hash": key, "recipe": recipe(weights), "command": command, "export_s": seconds},
             indent=1) + "\n")
         try:
             os.replace(out, final)
@@ -139,7 +157,7 @@ def exported(model_dir: str | Path, cache_dir: str | Path | None = None,
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return Export(final, source, key, True, seconds)
+    return Export(final, source, key, True, seconds, weights)
 
 
 def optimum_cli(env_dir: Path) -> Path:

@@ -69,10 +69,13 @@ class OpenVINOSettings:
     # the bench's precision (OpenVINO's AVX2 CPU plugin refuses a bfloat16 KV cache) to time specdec at its own
     # precision against the peer at its best in one run.
     dtype: str | None = None
+    # The target's weights in OpenVINO (openvino_export.WEIGHT_FORMATS): "fp32" (converted to the precision above
+    # by the CPU plugin), or weight-only "int8" / "int4" to set beside specdec's formats of the same bits.
+    weights: str = "fp32"
 
     def as_dict(self) -> dict[str, Any]:
         return {"target_dir": self.target_dir, "draft_dir": self.draft_dir, "cache_dir": self.cache_dir,
-                "export_env": self.export_env, "dtype": self.dtype}
+                "export_env": self.export_env, "dtype": self.dtype, "weights": self.weights}
 
 
 def device_properties(dtype: torch.dtype, threads: int) -> dict[str, Any]:
@@ -128,7 +131,8 @@ class OpenVINOPeer:
         require_precision(self.properties["INFERENCE_PRECISION_HINT"], threads)
         if speculative and settings.draft_dir is None:
             raise ConfigError("ov-speculative needs the draft's checkpoint directory: pass --draft PATH")
-        self.target_export = exported(settings.target_dir, settings.cache_dir, settings.export_env)
+        self.target_export = exported(settings.target_dir, settings.cache_dir, settings.export_env,
+                                      settings.weights)
         self.draft_export = (exported(settings.draft_dir, settings.cache_dir, settings.export_env)
                              if speculative else None)
         self._plain = None
