@@ -89,12 +89,13 @@ def prepare(root: Path, name: str) -> dict[str, Path]:
     return {"hf": checkpoint, **ggufs}
 
 
-def openvino_side(checkpoint: Path, fmt: str, dtype: torch.dtype, threads: int):
+def openvino_side(checkpoint: Path, fmt: str, dtype: torch.dtype, threads: int, args: argparse.Namespace):
     """(OpenVINO's run of one prompt -> seconds, what ran) for specdec's format `fmt` on `checkpoint`."""
     from specdec.bench.openvino_peer import OpenVINOPeer, OpenVINOSettings  # noqa: PLC0415 (the openvino extra)
 
-    peer = OpenVINOPeer(OpenVINOSettings(target_dir=str(checkpoint), weights=OV_PAIRS[fmt]), dtype=dtype,
-                        threads=threads, speculative=False)
+    settings = OpenVINOSettings(target_dir=str(checkpoint), cache_dir=args.openvino_cache,
+                                export_env=args.openvino_export_env, weights=OV_PAIRS[fmt])
+    peer = OpenVINOPeer(settings, dtype=dtype, threads=threads, speculative=False)
 
     def run(prompt) -> float:
         return peer.run("ov-plain", None, prompt.ids, max_new_tokens=NEW).wall_s
@@ -113,6 +114,10 @@ def main() -> None:
     parser.add_argument("--openvino", action="store_true",
                         help="OpenVINO GenAI as a third side (pip install \"specdec[openvino]\" and specdec bench "
                              "--openvino-setup first)")
+    parser.add_argument("--openvino-export-env", default=None, metavar="DIR",
+                        help="the export environment (default: $SPECDEC_OPENVINO_EXPORT_ENV, as specdec bench)")
+    parser.add_argument("--openvino-cache", default=None, metavar="DIR",
+                        help="where exports are cached (default: $SPECDEC_OPENVINO_CACHE, as specdec bench)")
     parser.add_argument("--openvino-dtype", choices=("bfloat16", "float32"), default=None,
                         help="OpenVINO's compute and KV precision (default bfloat16 where its CPU plugin has it, "
                              "else float32)")
@@ -147,7 +152,8 @@ def main() -> None:
                      "llama.cpp": lambda prompt, gguf=gguf: llamacpp_run(args.dir, gguf, prompt.text, scratch,
                                                                          NEW, args.threads)[0]}
             if args.openvino:
-                sides["OpenVINO"], peers[f"{name} {fmt}"] = openvino_side(files["hf"], fmt, ov_dtype, args.threads)
+                run, peers[f"{name} {fmt}"] = openvino_side(files["hf"], fmt, ov_dtype, args.threads, args)
+                sides["OpenVINO"] = run
             first = {side: run(prompts[0]) for side, run in sides.items()}  # warm-up: compiles, page cache
             these = []
             for repeat, prompt, side in rotated(list(sides), prompts, args.repeats):
