@@ -17,13 +17,14 @@ llama.cpp's converter, then to Q8_0 and Q4_0 by `llama-quantize`. The pairs, eac
 | `int8` (groups of 64, a float32 scale each: 8.5 bits) | `Q8_0` (blocks of 32, an fp16 scale each: 8.5 bits) |
 | `int4` (the same groups: 4.5 bits; the LM head int8) | `Q4_0` (4.5 bits; llama-quantize makes its head Q8_0) |
 | `w4a8` (int4's weights on int8 activations: integer arithmetic, as Q4_0's on a CPU) | `Q4_0` |
+| `w8a8` (int8's weights on int8 activations: integer arithmetic, as Q8_0's on a CPU) | `Q8_0` |
 
 With --openvino, OpenVINO GenAI's `LLMPipeline` on optimum-intel exports of the same checkpoint
 (`specdec.bench.openvino_export`, cached by content hash) is a third side: `bfloat16` against the float32 IR run
 at OpenVINO's bf16 precision (the CPU plugin converts the weights to it; f32 where the plugin has no bf16, and
---openvino-dtype chooses), `int8` against its INT8 weights (symmetric, per output channel: 8 bits and one scale a
-row), `int4` and `w4a8` against its INT4 weights (symmetric, groups of 64, every layer; embeddings and head int8).
-The plugin's own defaults decide the rest (its dynamic quantization of activations for compressed weights
+--openvino-dtype chooses), `int8` and `w8a8` against its INT8 weights (symmetric, per output channel: 8 bits and
+one scale a row), `int4` and `w4a8` against its INT4 weights (symmetric, groups of 64, every layer; embeddings and
+head int8). The plugin's own defaults decide the rest (its dynamic quantization of activations for compressed weights
 included); its KV cache is in the run's precision, as specdec's. OpenVINO's time is `generate`'s wall time with
 prompt ids in and ids out (prefill included, its tokenizer off the timed path), as specdec's.
 
@@ -63,9 +64,9 @@ from specdec.hub.default_pair import default_assets_dir  # noqa: E402
 
 NEW = 64
 #: specdec's weight format -> llama.cpp's type at the same bits.
-PAIRS = {"bfloat16": "bf16", "int8": "Q8_0", "int4": "Q4_0", "w4a8": "Q4_0"}
+PAIRS = {"bfloat16": "bf16", "int8": "Q8_0", "int4": "Q4_0", "w4a8": "Q4_0", "w8a8": "Q8_0"}
 #: specdec's weight format -> OpenVINO's export format (openvino_export.WEIGHT_FORMATS) at the same bits.
-OV_PAIRS = {"bfloat16": "fp32", "int8": "int8", "int4": "int4", "w4a8": "int4"}
+OV_PAIRS = {"bfloat16": "fp32", "int8": "int8", "int4": "int4", "w4a8": "int4", "w8a8": "int8"}
 
 
 def prepare(root: Path, name: str) -> dict[str, Path]:
@@ -107,7 +108,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, required=True, help="llama.cpp's folder (llamacpp_peer.py --setup)")
     parser.add_argument("--models", default="qwen2.5-0.5b", help=f"comma list of {', '.join(SHAPES)}")
-    parser.add_argument("--formats", default=",".join(PAIRS), help="comma list of bfloat16, int8, int4, w4a8")
+    parser.add_argument("--formats", default=",".join(PAIRS), help="comma list of bfloat16, int8, int4, w4a8, w8a8")
     parser.add_argument("--num-prompts", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="threads on each side (default 1)")

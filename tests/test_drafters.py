@@ -376,8 +376,9 @@ def test_make_drafter_builds_every_kind(targets, tmp_path):
     assert set(DRAFTER_KINDS) == {"draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft",
                                   "eagle", "eagle-chain", "medusa", "medusa-chain", "draft-tli", "draft-slem",
                                   "multi-draft-specinfer", "multi-draft-spectr", "eagle3", "eagle3-chain",
-                                  "draft-vocab", "self-draft-int8", "self-draft-int4", "self-draft-w4a8", "mtp", "mtp-tree",
-                                  "suffix", "dflash", "dflash-tree", "parallel"}  # mtp: tests/test_mtp.py
+                                  "draft-vocab", "self-draft-int8", "self-draft-int4", "self-draft-w4a8",
+                                  "self-draft-w8a8", "mtp", "mtp-tree", "suffix", "dflash", "dflash-tree",
+                                  "parallel"}  # mtp: tests/test_mtp.py
     suffix = make_drafter("suffix", max_nodes=7, tree_depth=5, suffix_cache_tokens=100)
     assert (suffix.max_nodes, suffix.max_depth, suffix.cache.max_tokens) == (7, 5, 100)
     tree = make_drafter("draft-tree", draft=target, tree_top_k=2, tree_depth=3, max_nodes=7)
@@ -389,7 +390,7 @@ def test_make_drafter_builds_every_kind(targets, tmp_path):
     assert (lookup_drafter.max_ngram, lookup_drafter.min_ngram) == (4, 2)
     assert make_drafter("layer-skip", target=target, draft_layers=3).num_layers == 3
     float_target = tiny("llama", hidden=64, layers=2, dtype=torch.float32)
-    for weights in ("int8", "int4", "w4a8"):
+    for weights in ("int8", "int4", "w4a8", "w8a8"):
         self_draft = make_drafter(f"self-draft-{weights}", target=float_target)
         assert isinstance(self_draft, specdec.SelfDraft) and self_draft.weights == weights
     bigram = make_drafter("bigram", target=target)

@@ -173,7 +173,7 @@ def test_tiers_follow_the_cpu_flags(cpu, features, tiers, monkeypatch):
 
 #: The kernel's blocks of rows (packed_core.h), as their mangled names start, and where each tier has them.
 #: (AMX's block, `amx_pairs`, streams without: its tile loads ran faster so.)
-_BLOCKS = {"5BlockIL": "every", "10PairsBlockIL": "avx512_bf16", "8DotBlockIL": "every"}
+_BLOCKS = {"5BlockIL": "every", "10PairsBlockIL": "avx512_bf16", "8DotBlockIL": "every", "12ByteDotBlockIL": "every"}
 
 
 @pytest.mark.parametrize("tier", list(TIER_FLAGS))

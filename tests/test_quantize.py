@@ -1,4 +1,5 @@
-"""Models on packed weights (runtime/weights.py, specdec.load(weights=...)): float32, bfloat16, int8, int4, w4a8;
+"""Models on packed weights (runtime/weights.py, specdec.load(weights=...)): float32, bfloat16, int8, int4, w4a8,
+w8a8;
 and SelfDraft.
 
 The identity promise holds per precision: a quantized target's speculative output is token-identical to its own
@@ -31,7 +32,7 @@ def _quantized(weights: str, seed: int = 0):
 
 
 @pytest.mark.parametrize("mode", [False, "static"], ids=["eager", "static"])
-@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8", "w8a8"])
 def test_speculative_decoding_of_a_quantized_target_is_its_plain_decoding(weights, mode):
     target = _quantized(weights)
     draft = pack_model(perturbed(tiny("llama", hidden=64, layers=2, dtype=torch.float32), 0.2), weights, group=16)
@@ -44,7 +45,7 @@ def test_speculative_decoding_of_a_quantized_target_is_its_plain_decoding(weight
             assert spec.stats.target_forwards <= plain.stats.target_forwards
 
 
-@pytest.mark.parametrize("weights", ["int8", "int4", "w4a8"])
+@pytest.mark.parametrize("weights", ["int8", "int4", "w4a8", "w8a8"])
 def test_batched_rows_of_a_quantized_target_are_its_lone_requests(weights):
     target = _quantized(weights, seed=2)
     lone = [specdec.generate(target, p, max_new_tokens=16).tokens for p in PROMPTS]
@@ -73,7 +74,7 @@ def test_self_draft_shares_the_targets_tensors_and_leaves_it_float():
     assert spec.tokens == plain.tokens and spec.stats.accepted > 0
 
 
-@pytest.mark.parametrize("weights", ["int8", "int4", "w4a8"])
+@pytest.mark.parametrize("weights", ["int8", "int4", "w4a8", "w8a8"])
 def test_self_draft_on_the_slot_cache_is_plain_decoding(weights):
     target = tiny("llama", hidden=64, layers=2, seed=5, dtype=torch.float32)
     for prompt in PROMPTS:
@@ -95,7 +96,7 @@ def test_self_draft_with_a_reduced_vocabulary_quantizes_its_reduced_head():
 
 def test_refusals_name_the_fix():
     target = tiny("llama", hidden=64, layers=2, dtype=torch.float32)
-    with pytest.raises(ConfigError, match="choose 'int8', 'int4', 'w4a8'"):
+    with pytest.raises(ConfigError, match="choose 'int8', 'int4', 'w4a8', 'w8a8'"):
         specdec.SelfDraft(target, weights="int3")
     with pytest.raises(ConfigError, match="choose float32, bfloat16, int8, int4"):
         pack_model(target, "int2")
@@ -123,7 +124,7 @@ def _saved(tmp_path, arch: str, dtype: torch.dtype, **save):
     return tmp_path
 
 
-@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8", "w8a8"])
 @pytest.mark.parametrize("arch, dtype, save", [("llama", torch.float32, {}),
                                                 ("qwen2", torch.bfloat16, {"max_shard_size": "60KB"})],
                          ids=["llama-f32", "qwen2-tied-bias-bf16-shards"])
@@ -192,7 +193,7 @@ def test_quantizing_in_blocks_of_rows_gives_the_bits_of_one_block(monkeypatch, b
         assert torch.equal(got.q, whole.q) and torch.equal(got.scales, whole.scales), block
 
 
-@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8", "w8a8"])
 def test_packing_in_blocks_of_panels_gives_the_bits_of_one_block(monkeypatch, weights):
     """PackedLinear.pack packs whole panels of outputs a block at a time (QUANTIZE_BLOCK values); any block size,
     with outputs that fill no whole last panel, gives the packed tensor of the layer packed at once."""
@@ -265,9 +266,11 @@ def test_speculative_sampling_of_a_quantized_target_is_exact(weights):
 
 
 @pytest.mark.statistical
-def test_negative_control_on_quantized_weights_is_caught():
-    """The same check has teeth on packed weights: the rule without its residual is caught on a w4a8 pair."""
-    target, draft = _sampling_pair("w4a8")
+@pytest.mark.parametrize("weights", ["w4a8", "w8a8"])
+def test_negative_control_on_quantized_weights_is_caught(weights):
+    """The same check has teeth on packed weights: the rule without its residual is caught on a pair of each
+    integer format."""
+    target, draft = _sampling_pair(weights)
     result = _sampled(target, draft, verify_fn=FAULTY_VERIFIERS["no_residual"])
     assert not result.passed
     assert result.p_value < 1e-6, result.summary()

@@ -279,18 +279,20 @@ def test_quantized_weights_compute_what_float32_computes_on_their_dequantized_va
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("k, n, group", [(389, 203, 64), (96, 70, 32), (37, 21, 8)])
-def test_w4a8_is_the_integer_dot_product_of_int4_weights_and_int8_rows(k, n, group, dtype):
-    """W4A8 (kernels/packed_core.h): each row's groups of inputs rounded to int8 at 127 / max|x|, integer sums
-    against the int4 weights, one float32 multiply-add per group; rows that do not depend on the pass (1 to 13 rows,
-    and a prefill's blocks), close to float32 on the dequantized weights, and a non-finite input's row non-finite."""
+@pytest.mark.parametrize("bits", [4, 8], ids=["w4a8", "w8a8"])
+def test_the_integer_formats_are_the_dot_product_of_their_weights_and_int8_rows(k, n, group, dtype, bits):
+    """W4A8 and W8A8 (kernels/packed_core.h): each row's groups of inputs rounded to int8 at 127 / max|x|, integer
+    sums against the int4 / int8 weights, one float32 multiply-add per group; rows that do not depend on the pass (1
+    to 13 rows, and a prefill's blocks), close to float32 on the dequantized weights, and a non-finite input's row
+    non-finite."""
     from specdec.runtime.weights import quantize_weight
 
     load_kernel()
     torch.manual_seed(11)
     x, w, b = torch.randn(30, k), torch.randn(n, k), torch.randn(n)
     x[3, : min(k, group)] = 0.0  # a group of zeros
-    qw = quantize_weight(w, 4, group)
-    packed = torch.ops.specdec.pack_quantized(qw.q, qw.scales, 4, group, True)
+    qw = quantize_weight(w, bits, group)
+    packed = torch.ops.specdec.pack_quantized(qw.q, qw.scales, bits, group, True)
     xd, bd = x.to(dtype), b.to(dtype)
     got = torch.ops.specdec.packed_linear(xd, packed, bd, n)
     # the reference: the rows quantized as the kernel defines it, integer sums, float64 multiply-adds per group
@@ -320,8 +322,8 @@ def test_w4a8_is_the_integer_dot_product_of_int4_weights_and_int8_rows(k, n, gro
     bad[2, k // 2] = float("nan")
     out = torch.ops.specdec.packed_linear(bad, packed, bd, n)
     assert out[2].isnan().all() and torch.equal(out[:2], got[:2]) and torch.equal(out[3:], got[3:])
-    with pytest.raises(RuntimeError, match="multiple of 8"):
-        torch.ops.specdec.pack_quantized(qw.q, qw.scales, 4, 12, True)
+    with pytest.raises(RuntimeError, match="a multiple of 8 for 4 bits and of 4 for 8 bits"):
+        torch.ops.specdec.pack_quantized(qw.q, qw.scales, bits, 12 if bits == 4 else 6, True)
 
 
 def test_quantization_levels_and_errors():

@@ -58,11 +58,11 @@ POLICY_SUFFIXES = ("-auto", "-heuristic")
 COMPILED = "-compiled"
 #: Drafters whose fast path is measured (model-free drafters only compile the target).
 COMPILED_KINDS = ("draft", "draft-vocab", "prompt-lookup", "bigram", "draft-tree", "eagle", "eagle-chain", "eagle3", "eagle3-chain",
-                  "self-draft-int8", "self-draft-int4", "self-draft-w4a8", "suffix", "dflash", "dflash-tree",
-                  "parallel")
+                  "self-draft-int8", "self-draft-int4", "self-draft-w4a8", "self-draft-w8a8", "suffix", "dflash",
+                  "dflash-tree", "parallel")
 #: "draft-tree-auto": DraftTree(max_nodes="auto"), its node budget chosen online (not gamma="auto").
 TREE_AUTO = "draft-tree-auto"
-#: Methods that run on specdec's CPU kernels only (SelfDraft's int8 / int4 / w4a8 copy): refused up front on a GPU.
+#: Methods that run on specdec's CPU kernels only (SelfDraft's quantized copy): refused up front on a GPU.
 CPU_ONLY_PREFIX = "self-draft-"
 
 

@@ -47,11 +47,11 @@ def __getattr__(name: str):
 #: multi-token-prediction layer (`Mtp`: DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Mellum targets), a chain or an
 #: EAGLE-2 tree of EAGLE_TREE's shape. "suffix" is SuffixDecoding: trees from a suffix trie over the request and a
 #: cache of earlier requests' outputs (one cache per drafter and its forks). "self-draft-int8" / "self-draft-int4" /
-#: "self-draft-w4a8": the target's own weights quantized (SelfDraft).
+#: "self-draft-w4a8" / "self-draft-w8a8": the target's own weights quantized (SelfDraft).
 DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree", "multi-draft", "eagle", "eagle-chain",
                  "medusa", "medusa-chain", "draft-tli", "draft-slem", "multi-draft-specinfer", "multi-draft-spectr",
                  "eagle3", "eagle3-chain", "draft-vocab", "self-draft-int8", "self-draft-int4", "self-draft-w4a8",
-                 "mtp", "mtp-tree", "suffix", "dflash", "dflash-tree", "parallel")
+                 "self-draft-w8a8", "mtp", "mtp-tree", "suffix", "dflash", "dflash-tree", "parallel")
 
 #: Tokens the "draft-vocab" kind drafts from by default. On the default pair (8192 tokens) the 2048 most frequent
 #: hold 98% of the target's greedy tokens on held-out code, and the draft's greedy agreement with the target fell
@@ -72,6 +72,7 @@ DRAFTER_OPTIONS = {
     "self-draft-int8": {},
     "self-draft-int4": {},
     "self-draft-w4a8": {},
+    "self-draft-w8a8": {},
     "draft-tree": {"tree_top_k": "--tree-top-k", "tree_depth": "--tree-depth", "max_nodes": "--max-nodes"},
     "multi-draft": {"num_drafts": "--num-drafts", "replacement": "--replacement", "scheme": "--scheme",
                     "widths": "--widths"},
@@ -191,9 +192,9 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     adapted draft shipped for the default pair).
     "bigram": a bigram table loaded from bigram_path (a file saved by Bigram.save), or else built from the
     target's own one-token predictions (Bigram.from_model). "layer-skip": the target's first draft_layers
-    decoder layers (default half of them). "self-draft-int8" / "self-draft-int4" / "self-draft-w4a8": the
-    target's own weights quantized (SelfDraft). "mtp" / "mtp-tree": the target's own MTP layer, read from the checkpoint the target
-    was loaded from (a chain, or an EAGLE_TREE-shaped tree). Options given as None are ignored; an option that
+    decoder layers (default half of them). "self-draft-int8" / "self-draft-int4" / "self-draft-w4a8" /
+    "self-draft-w8a8": the target's own weights quantized (SelfDraft). "mtp" / "mtp-tree": the target's own MTP
+    layer, read from the checkpoint the target was loaded from (a chain, or an EAGLE_TREE-shaped tree). Options given as None are ignored; an option that
     does not apply to `kind` is an error.
     """
     from specdec.drafters.bigram import Bigram

@@ -1,4 +1,4 @@
-"""Linear layers on packed weights: `specdec.load(weights=...)`, float32, bfloat16, int8, int4 or w4a8.
+"""Linear layers on packed weights: `specdec.load(weights=...)`, float32, bfloat16, int8, int4, w4a8 or w8a8.
 
 `pack_model(model, weights)` replaces every `nn.Linear` of a model by a `PackedLinear` holding its weights packed
 once for specdec's kernel (kernels/packed_core.h: one kernel for every instruction-set tier and format), one layer
@@ -22,6 +22,10 @@ stay in the model's dtype; the weights are in `weights`:
   are summed in integers, one float32 multiply-add per group. Several times less arithmetic per weight than int4's
   float32 one, at the cost of rounding the activations too: a format of its own, with its own outputs (its quality
   in docs/quantization.md). `group` must be a multiple of 8.
+- "w8a8": int8's weights computed the same way, as llama.cpp's Q8_0 and OpenVINO's INT8 compute on a CPU: the
+  inputs rounded to int8 per group, the products summed in integers (its LM head w8a8 too). "int8" widens each
+  weight to float32 and multiplies in float, which can cost more than reading it (docs/quantization.md measures
+  both); w8a8 reads the same bytes with the integer dot product. `group` must be a multiple of 4.
 
 Each output is the same fused multiply-adds over its inputs in order whatever the pass, so a packed model is
 row-invariant on every path (eager, slot cache, compiled, batched) and speculative decoding of it is token-identical
@@ -41,9 +45,11 @@ from specdec.errors import ConfigError
 from specdec.runtime.heap import release_free_memory
 
 #: `weights=` values: the quantized formats' bits, the float formats' dtype.
-QUANTIZED = {"int8": 8, "int4": 4, "w4a8": 4}
+QUANTIZED = {"int8": 8, "int4": 4, "w4a8": 4, "w8a8": 8}
 #: The quantized formats that round the activations to int8 too (the kernel's integer dot product).
-INT8_INPUTS = frozenset({"w4a8"})
+INT8_INPUTS = frozenset({"w4a8", "w8a8"})
+#: What their groups must be a multiple of: the inputs one step of the kernel's dot product takes.
+DOT_STEP = {"w4a8": 8, "w8a8": 4}
 FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 FORMATS = (*FLOATS, *QUANTIZED)
 #: Inputs per scale. 64 costs 0.5 bit a weight of float32 scales; docs/quantization.md has the measurements.
@@ -109,8 +115,9 @@ def _pack_rows(weight: torch.Tensor, weights: str, group: int) -> torch.Tensor:
     if weights in FLOATS:
         pairs = weights == "bfloat16" and weight.dtype == torch.bfloat16
         return torch.ops.specdec.pack_weight(weight.to(FLOATS[weights]), pairs)
-    if weights in INT8_INPUTS and group % 8:
-        raise ConfigError(f"weights={weights!r} needs a group that is a multiple of 8 inputs, got {group}")
+    if weights in INT8_INPUTS and group % DOT_STEP[weights]:
+        raise ConfigError(f"weights={weights!r} needs a group that is a multiple of {DOT_STEP[weights]} inputs, got "
+                          f"{group}")
     qw = quantize_weight(weight, QUANTIZED[weights], group)
     return torch.ops.specdec.pack_quantized(qw.q, qw.scales, qw.bits, group, weights in INT8_INPUTS)
 

@@ -2,7 +2,7 @@
 // tier (simd.h) and every weight format. packed_linear.cpp binds it to PyTorch; kernels/test/ tests it on its own.
 //
 // Weights are packed in panels of PANEL outputs (PV vectors of the tier's lanes: 64 outputs on AVX-512, one
-// vector elsewhere), each panel one sequential stream of bytes, in one of six formats:
+// vector elsewhere), each panel one sequential stream of bytes, in one of seven formats:
 //
 //   F32         float    [K][PANEL]                      output n's weight for k at element n % PANEL of row k
 //   BF16        bfloat16 [K][PANEL]                      (widened to float32 where read)
@@ -15,6 +15,9 @@
 //   W4A8        int4 weights for an integer dot product with int8 inputs: per group of G (a multiple of 8) a
 //               float scale[PANEL], then per 8 values of k, 4 bytes per output: byte j of output n holds
 //               q[k + j] + 8 in its low nibble and q[k + 4 + j] + 8 in its high one
+//   W8A8        int8 weights for an integer dot product with int8 inputs: per group of G (a multiple of 4) a
+//               float scale[PANEL], then per 4 values of k, 4 bytes per output: byte j of output n holds q[k + j]
+//               (q in [-127, 127])
 //
 // (zeros pad N to whole panels, and the last group of k.) The arithmetic of an output, whatever the format: its
 // weights are made float32 exactly as written above (one rounding for a product with the scale), then
@@ -38,7 +41,8 @@
 //   acc  = fma(float(isum), scale[g] * xs[g], acc);    y = acc + bias
 //
 // Row-invariant and the same bits on every tier (integer sums are exact), but not float32's value on the
-// dequantized weight: the inputs are rounded to 8 bits too.
+// dequantized weight: the inputs are rounded to 8 bits too. W8A8 is the same with int8 weights (isum = sum of
+// q * xq, exact in int32: at most G * 127 * 127), as llama.cpp's Q8_0 and OpenVINO's INT8 compute on a CPU.
 //
 // Loops: a pass of up to RMAX rows (decoding, verification) is one block of rows, which reads every panel once,
 // P panels side by side (each with its own accumulators, so that one row still has P * PV independent sums in
@@ -63,7 +67,10 @@ namespace specdec::packed {
 using simd::LANES;
 using simd::V;
 
-enum class Fmt : int { F32 = 0, BF16 = 1, BF16_PAIRS = 2, INT8 = 3, INT4 = 4, W4A8 = 5 };
+enum class Fmt : int { F32 = 0, BF16 = 1, BF16_PAIRS = 2, INT8 = 3, INT4 = 4, W4A8 = 5, W8A8 = 6 };
+
+// The formats computed by the integer dot product on inputs quantized to int8 (Args::xq).
+constexpr bool int8_inputs(Fmt f) { return f == Fmt::W4A8 || f == Fmt::W8A8; }
 
 // The tier's blocking: vectors per panel (PV), the accumulator vectors a block may hold (ACC), the most panels a
 // block reads side by side (MAXP; MAXP_STREAM for a float weight streamed from memory: `Args::stream`), the widest
@@ -90,7 +97,8 @@ constexpr int R_DOT = 8;
 // one dependent chain over k, so a row needs several panels in flight to keep the multiply-adds busy.)
 // `stream`: fewer (MAXP_STREAM) for a float weight that streams from memory.
 constexpr int panels_for(int R, Fmt f, bool stream) {
-  const int p = ACC / (R * PV * (f == Fmt::W4A8 ? 3 : 1));  // W4A8: 16-bit, int32 and float32 sums each
+  // W4A8: 16-bit, int32 and float32 sums each; W8A8: int32 and float32
+  const int p = ACC / (R * PV * (f == Fmt::W4A8 ? 3 : f == Fmt::W8A8 ? 2 : 1));
   const int most = stream && (f == Fmt::F32 || f == Fmt::BF16) ? MAXP_STREAM : MAXP;
   return std::min(most, p >= 8 ? 8 : p >= 4 ? 4 : p >= 2 ? 2 : 1);
 }
@@ -125,7 +133,8 @@ inline int64_t panel_bytes(Fmt f, int64_t K, int64_t G) {
     case Fmt::F32: return K * PANEL * 4;
     case Fmt::BF16: return K * PANEL * 2;
     case Fmt::BF16_PAIRS: return pair_rows(K) * PANEL * 4;
-    case Fmt::INT8: return groups * (PANEL * 4 + G * PANEL);
+    case Fmt::INT8:
+    case Fmt::W8A8: return groups * (PANEL * 4 + G * PANEL);
     case Fmt::INT4:
     case Fmt::W4A8: return groups * (PANEL * 4 + G / 2 * PANEL);
   }
@@ -146,7 +155,8 @@ struct Args {
   void* out;               // [M, N]
   bool out_bf16;
   bool stream = false;     // the weights stream from memory (STREAM_BYTES): blocks of fewer panels (the same bits)
-  // W4A8's inputs, quantized by quantize_inputs: xq [M, groups * G] int8 (zeros past K), xs and xsum [M, groups]
+  // W4A8's and W8A8's inputs, quantized by quantize_inputs: xq [M, groups * G] int8 (zeros past K), xs and xsum
+  // [M, groups]
   const int8_t* xq = nullptr;
   const float* xs = nullptr;
   const int32_t* xsum = nullptr;
@@ -164,7 +174,7 @@ inline void pad_tile_rows(const uint16_t* xb, int64_t M, int64_t K, uint16_t* xa
     for (int64_t k = 0; k < Kp; ++k) xa[m * Kp + k] = m < M && k < K ? xb[m * K + k] : uint16_t(0);
 }
 
-// W4A8's inputs: each row's groups of G, quantized on their own (xq, xs, xsum as Args says). A group with a
+// W4A8's and W8A8's inputs: each row's groups of G, quantized on their own (xq, xs, xsum as Args says). A group with a
 // non-finite input gets xs = NaN and xq = 0, so its outputs are NaN as float32's would be non-finite.
 inline void quantize_inputs(const float* x, int64_t M, int64_t K, int64_t G, int8_t* xq, float* xs,
                             int32_t* xsum) {
@@ -399,6 +409,26 @@ inline void amx_pairs(const Args& a, int64_t p0, int64_t p1) {
 }
 #endif
 
+// W4A8 and W8A8, after a group's integer sums: acc = fma(float(isum - bias * sum of the row's xq), scale * xs, acc)
+// for every row and output (`bias`: what each input's weight held in excess of q).
+template <int R, int P>
+__attribute__((always_inline)) inline void add_group(const Args& a, V (&acc)[R][P * PV], simd::VI (&isum)[R][P * PV],
+                                                     int64_t m0, int64_t p0, int64_t g, int64_t group_bytes,
+                                                     int32_t bias) {
+  const int64_t groups = (a.K + a.G - 1) / a.G;
+  SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
+    const float* scale = reinterpret_cast<const float*>(a.packed + (p0 + p) * a.panel_stride + g * group_bytes);
+    SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
+      const V sc = simd::load(scale + v * LANES);
+      SPECDEC_UNROLL for (int r = 0; r < R; ++r) {
+        const int64_t rg = (m0 + r) * groups + g;
+        acc[r][p * PV + v] = simd::fma(simd::to_float(isum[r][p * PV + v], bias * a.xsum[rg]),
+                                       simd::mul(sc, simd::set1(a.xs[rg])), acc[r][p * PV + v]);
+      }
+    }
+  }
+}
+
 // W4A8: per group, each row's integer sums over the group's k (8 at a time: two words of 4 inputs against the low
 // and high nibbles), then the group's scales into the row's float32 accumulators (packed_core's header comment).
 template <int R, int P>
@@ -444,17 +474,46 @@ struct DotBlock {
         SPECDEC_UNROLL for (int r = 0; r < R; ++r)
           SPECDEC_UNROLL for (int j = 0; j < NV; ++j) isum[r][j] = simd::widen_add(part[r][j], isum[r][j]);
       }
-      SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
-        const float* scale = reinterpret_cast<const float*>(a.packed + (p0 + p) * a.panel_stride + g * group_bytes);
-        SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
-          const V sc = simd::load(scale + v * LANES);
-          SPECDEC_UNROLL for (int r = 0; r < R; ++r) {
-            const int64_t rg = (m0 + r) * groups + g;
-            acc[r][p * PV + v] = simd::fma(simd::to_float(isum[r][p * PV + v], 8 * a.xsum[rg]),
-                                           simd::mul(sc, simd::set1(a.xs[rg])), acc[r][p * PV + v]);
+      add_group<R, P>(a, acc, isum, m0, p0, g, group_bytes, 8);  // the nibbles are q + 8
+    }
+    Block<Fmt::F32, R, P>::store(a, acc, m0, p0);
+  }
+};
+
+// W8A8: per group, each row's int32 sums over the group's k (4 at a time: one word of 4 inputs against 4 weight
+// bytes per output), then the group's scales into the row's float32 accumulators, as W4A8.
+template <int R, int P>
+struct ByteDotBlock {
+  static constexpr int NV = P * PV;
+
+  static void run(const Args& a, int64_t m0, int64_t p0) {
+    V acc[R][NV];
+    SPECDEC_UNROLL for (int r = 0; r < R; ++r)
+      SPECDEC_UNROLL for (int j = 0; j < NV; ++j) acc[r][j] = simd::zero();
+    const int64_t G = a.G, groups = (a.K + G - 1) / G, group_bytes = PANEL * 4 + G * PANEL;
+    const int8_t* x[R];  // each row's quantized inputs
+    SPECDEC_UNROLL for (int r = 0; r < R; ++r) x[r] = a.xq + (m0 + r) * groups * G;
+    for (int64_t g = 0; g < groups; ++g) {
+      simd::VI isum[R][NV];
+      SPECDEC_UNROLL for (int r = 0; r < R; ++r)
+        SPECDEC_UNROLL for (int j = 0; j < NV; ++j) isum[r][j] = simd::zero_i();
+      const uint8_t* q[P];
+      SPECDEC_UNROLL for (int p = 0; p < P; ++p)
+        q[p] = a.packed + (p0 + p) * a.panel_stride + g * group_bytes + PANEL * 4;
+      for (int64_t i = 0; i < G; i += 4) {
+        int32_t word[R];  // inputs k .. k+3 of each row
+        SPECDEC_UNROLL for (int r = 0; r < R; ++r) std::memcpy(&word[r], x[r] + g * G + i, 4);
+        SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
+          const uint8_t* s = q[p] + i * PANEL;
+          prefetch_next_block<4 * PANEL>(s, P * a.panel_stride);
+          SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
+            const simd::VB w = simd::load_bytes(s + v * 4 * LANES);
+            SPECDEC_UNROLL for (int r = 0; r < R; ++r)
+              isum[r][p * PV + v] = simd::dot_bytes(w, word[r], isum[r][p * PV + v]);
           }
         }
       }
+      add_group<R, P>(a, acc, isum, m0, p0, g, group_bytes, simd::DOT_BYTES_BIAS);
     }
     Block<Fmt::F32, R, P>::store(a, acc, m0, p0);
   }
@@ -466,13 +525,17 @@ void block(const Args& a, const float* xt, int64_t m0, int64_t p0) {
     DotBlock<R, P>::run(a, m0, p0);
     return;
   }
+  if constexpr (F == Fmt::W8A8) {
+    ByteDotBlock<R, P>::run(a, m0, p0);
+    return;
+  }
 #if defined(__AVX512BF16__)
   if constexpr (F == Fmt::BF16_PAIRS && !AMX) {  // (on AMX, run_format sends every BF16_PAIRS pass to amx_pairs)
     PairsBlock<R>::run(a, xt, m0, p0);
     return;
   }
 #endif
-  if constexpr (F != Fmt::BF16_PAIRS && F != Fmt::W4A8) Block<F, R, P>::run(a, xt, m0, p0);
+  if constexpr (F != Fmt::BF16_PAIRS && !int8_inputs(F)) Block<F, R, P>::run(a, xt, m0, p0);
 }
 
 // block<F, r, P> for a run-time r in [1, R]
@@ -510,7 +573,7 @@ void run_format(const Args& a, const float* xt, int64_t p0, int64_t p1) {
     return;
   }
 #endif
-  if constexpr (F == Fmt::W4A8) {
+  if constexpr (int8_inputs(F)) {
     if (a.M > R_DOT) {  // each group of panels against every block of R_DOT rows while the group stays in cache
       constexpr int P = panels_for(R_DOT, F, false);
       for (int64_t p = p0; p < p1; p += P)
@@ -565,7 +628,7 @@ inline void interleave(const float* x, int64_t M, int64_t K, float* xt) {
 }
 
 // Panels [p0, p1) of the weights (outputs [p0 * PANEL, p1 * PANEL) ∩ [0, N)), with the inputs interleaved by
-// `interleave` (xt; unused by BF16_PAIRS, and by W4A8, which reads Args::xq): any split of the panels among
+// `interleave` (xt; unused by BF16_PAIRS, and by W4A8 and W8A8, which read Args::xq): any split of the panels among
 // threads gives the same bits.
 inline void run(const Args& a, const float* xt, int64_t p0, int64_t p1) {
   switch (a.fmt) {
@@ -575,12 +638,13 @@ inline void run(const Args& a, const float* xt, int64_t p0, int64_t p1) {
     case Fmt::INT8: detail::run_format<Fmt::INT8>(a, xt, p0, p1); break;
     case Fmt::INT4: detail::run_format<Fmt::INT4>(a, xt, p0, p1); break;
     case Fmt::W4A8: detail::run_format<Fmt::W4A8>(a, xt, p0, p1); break;
+    case Fmt::W8A8: detail::run_format<Fmt::W8A8>(a, xt, p0, p1); break;
   }
 }
 
 // Panels a thread should take at a time for a pass of M rows (its blocks' width).
 inline int64_t panel_grain(int64_t M, Fmt f, bool stream) {
-  if (f == Fmt::W4A8 && M > R_DOT) return panels_for(R_DOT, f, stream);
+  if (int8_inputs(f) && M > R_DOT) return panels_for(R_DOT, f, stream);
   return M <= RMAX ? panels_for(static_cast<int>(M), f, stream) : P_PF;
 }
 
@@ -610,11 +674,12 @@ inline void pack_pairs(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) {
 }
 
 // Quantized weights q [N, K] (int8: [-127, 127]; int4: [-8, 7]) with scales [N, ceil(K / G)] -> INT8 or INT4
-// (bits 8 or 4), or W4A8 (`dot`: bits 4, G a multiple of 8).
+// (bits 8 or 4), or for the integer dot product (`dot`) W8A8 (bits 8, G a multiple of 4) or W4A8 (bits 4, G a
+// multiple of 8).
 inline void pack_quantized(const int8_t* q, const float* scales, int64_t N, int64_t K, int64_t G, int bits,
                            uint8_t* out, bool dot = false) {
   const int64_t groups = (K + G - 1) / G;
-  const Fmt f = dot ? Fmt::W4A8 : bits == 8 ? Fmt::INT8 : Fmt::INT4;
+  const Fmt f = dot ? (bits == 8 ? Fmt::W8A8 : Fmt::W4A8) : bits == 8 ? Fmt::INT8 : Fmt::INT4;
   const int64_t stride = panel_bytes(f, K, G), group_bytes = stride / groups;
   for (int64_t p = 0; p < panels(N); ++p)
     for (int64_t g = 0; g < groups; ++g) {
@@ -626,6 +691,14 @@ inline void pack_quantized(const int8_t* q, const float* scales, int64_t N, int6
       }
       uint8_t* body = h + PANEL * 4;
       auto value = [&](int64_t n, int64_t k) -> int { return n < N && k < K ? q[n * K + k] : 0; };
+      if (f == Fmt::W8A8) {  // per 4 values of k: 4 bytes per output, byte b = k + b
+        for (int64_t i = 0; i < G / 4; ++i)
+          for (int64_t j = 0; j < PANEL; ++j)
+            for (int64_t b = 0; b < 4; ++b)
+              body[(i * PANEL + j) * 4 + b] =
+                  static_cast<uint8_t>(static_cast<int8_t>(value(p * PANEL + j, g * G + 4 * i + b)));
+        continue;
+      }
       if (dot) {  // per 8 values of k: 4 bytes per output, byte b = (k + b, k + 4 + b)
         for (int64_t i = 0; i < G / 8; ++i)
           for (int64_t j = 0; j < PANEL; ++j)

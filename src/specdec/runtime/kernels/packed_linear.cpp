@@ -5,8 +5,9 @@
 //       which serves bfloat16 passes only);
 //   pack_quantized(q [N, K] int8, scales [N, ceil(K / G)] float32, bits 8 | 4, G, dot=False) -> packed weights
 //       (int8 for 8 bits, uint8 for 4: [panels, groups, bytes of a group: its scales, then its weights]; with dot,
-//       4 bits and G a multiple of 8, W4A8 for the integer dot product: uint8 [panels, groups, 1 + G / 8, 4 * PANEL],
-//       the scales' row then one row per 8 values of k);
+//       for the integer dot product: 4 bits and G a multiple of 8, W4A8: uint8 [panels, groups, 1 + G / 8,
+//       4 * PANEL], the scales' row then one row per 8 values of k; 8 bits and G a multiple of 4, W8A8: int8
+//       [panels, groups, 1 + G / 4, 4 * PANEL], the scales' row then one row per 4 values of k);
 //   packed_linear(x [..., K] float32 | bfloat16, packed, bias [N] | None, N) -> [..., N] in x's dtype;
 //   panel_width() -> PANEL (outputs per panel on this build's tier).
 //
@@ -15,8 +16,8 @@
 // beside it or the thread: row-invariant, and the same bits on every tier (AVX512_BF16's bfloat16 pairs excepted:
 // the instruction's own order). The format is the packed tensor's dtype (and, for bfloat16, its rank); the weight
 // format and the input dtype are independent: int8 and int4 weights serve float32 and bfloat16 passes alike, and
-// bfloat16 weights serve float32 passes (bfloat16 storage with float32 activations). W4A8 quantizes each row of
-// the input to int8 per group (packed_core.h's quantize_inputs) and computes in integers.
+// bfloat16 weights serve float32 passes (bfloat16 storage with float32 activations). W4A8 and W8A8 quantize each
+// row of the input to int8 per group (packed_core.h's quantize_inputs) and compute in integers.
 //
 // Packing is per weight, never per pass, so every pass of a path gives a row the same bits
 // (runtime/fuse_linears.py packs a compiled pass's constant weights; runtime/weights.py packs int8 and int4).
@@ -87,19 +88,20 @@ at::Tensor pack_weight_meta(const at::Tensor& weight, bool pairs) {
 
 at::Tensor pack_quantized(const at::Tensor& q, const at::Tensor& scales, int64_t bits, int64_t group, bool dot) {
   TORCH_CHECK(bits == 8 || bits == 4, "pack_quantized: bits must be 8 or 4, got ", bits);
-  TORCH_CHECK(!dot || (bits == 4 && group % 8 == 0 && group <= 4096),
-              "pack_quantized: the dot product format is 4 bits in groups of a multiple of 8 inputs (at most 4096)");
+  TORCH_CHECK(!dot || (group <= 4096 && group % (bits == 4 ? 8 : 4) == 0),
+              "pack_quantized: the dot product formats take groups of at most 4096 inputs, a multiple of 8 for 4 "
+              "bits and of 4 for 8 bits");
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar, "pack_quantized: q must be an int8 [N, K] tensor");
   const int64_t N = q.size(0), K = q.size(1);
   TORCH_CHECK(group > 0 && (bits == 8 || group % 2 == 0), "pack_quantized: the group must be positive (even for int4)");
   const int64_t groups = (K + group - 1) / group;
   TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.size(1) == groups && scales.scalar_type() == at::kFloat,
               "pack_quantized: scales must be float32 [N, ceil(K / group)]");
-  const Fmt f = dot ? Fmt::W4A8 : bits == 8 ? Fmt::INT8 : Fmt::INT4;
+  const Fmt f = dot ? (bits == 8 ? Fmt::W8A8 : Fmt::W4A8) : bits == 8 ? Fmt::INT8 : Fmt::INT4;
   const int64_t stride = pk::panel_bytes(f, K, group);
-  at::Tensor out = dot ? at::empty({pk::panels(N), groups, 1 + group / 8, 4 * pk::PANEL}, q.options().dtype(at::kByte))
-                       : at::empty({pk::panels(N), groups, groups ? stride / groups : 0},
-                                   q.options().dtype(bits == 8 ? at::kChar : at::kByte));
+  const auto dtype = q.options().dtype(bits == 8 ? at::kChar : at::kByte);
+  at::Tensor out = dot ? at::empty({pk::panels(N), groups, 1 + group / (bits == 8 ? 4 : 8), 4 * pk::PANEL}, dtype)
+                       : at::empty({pk::panels(N), groups, groups ? stride / groups : 0}, dtype);
   const at::Tensor qc = q.contiguous(), sc = scales.contiguous();
   pk::pack_quantized(qc.const_data_ptr<int8_t>(), sc.const_data_ptr<float>(), N, K, group, static_cast<int>(bits),
                      static_cast<uint8_t*>(out.data_ptr()), dot);
@@ -133,6 +135,12 @@ Fmt format_of(const at::Tensor& packed, int64_t K, int64_t& G) {
       [[fallthrough]];
     case at::kChar: {
       const bool int8 = packed.scalar_type() == at::kChar;
+      if (int8 && packed.dim() == 4) {
+        G = 4 * (packed.size(2) - 1);
+        TORCH_CHECK(packed.size(3) == 4 * pk::PANEL && G > 0 && (packed.size(1) - 1) * G < K && K <= packed.size(1) * G,
+                    "packed_linear: W8A8 weights packed for another input size or tier");
+        return Fmt::W8A8;
+      }
       TORCH_CHECK(packed.dim() == 3 && packed.size(1) > 0, "packed_linear: quantized weights must be pack_quantized's");
       const int64_t body = packed.size(2) - 4 * pk::PANEL;
       G = int8 ? body / pk::PANEL : 2 * body / pk::PANEL;
@@ -187,7 +195,7 @@ at::Tensor packed_linear(const at::Tensor& input, const at::Tensor& packed, cons
                 G, bf, out.mutable_data_ptr(), bf16, w.numel() * w.element_size() >= pk::STREAM_BYTES};
   if (M == 0 || N == 0) return out;
   const float* xt = nullptr;  // the rows interleaved for the kernel's blocks
-  if (fmt == Fmt::W4A8) {  // the rows quantized instead
+  if (pk::int8_inputs(fmt)) {  // the rows quantized instead
     const int64_t groups = (K + G - 1) / G;
     if (static_cast<int64_t>(xqbuf.size()) < M * groups * G) xqbuf.resize(M * groups * G);
     if (static_cast<int64_t>(xsbuf.size()) < M * groups) xsbuf.resize(M * groups), xsumbuf.resize(M * groups);

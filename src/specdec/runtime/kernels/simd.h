@@ -28,6 +28,14 @@
 // Where the CPU has a dot product into int32 (AVX512_VNNI, AVX-VNNI: vpdpbusd; Arm's sdot), dot_nibbles is two of
 // those instructions, the partial sums are int32 already, and DOTS_PER_WIDEN only sets how often they are added up.
 //
+// W8A8 (int8 weights on int8 inputs) has its own two: `load_bytes` reads 4 * LANES bytes (4 int8 weights per
+// output, k in order) and `dot_bytes` adds to each output's int32 sums (VI) its 4 weights times the 4 int8 inputs of
+// one word. Where the dot product multiplies unsigned bytes by signed ones (vpdpbusd), the weights go in offset to
+// unsigned (q ^ 0x80 = q + 128) and the sums then hold DOT_BYTES_BIAS = 128 times the inputs' sum in excess, which
+// the kernel subtracts (exact: at most 4 * 255 * 127 a step). Elsewhere |q| meets the inputs carrying q's sign
+// (vpmaddubsw's 16-bit pairs then hold at most 2 * 127 * 127 < 32768; Arm's products are signed already), and
+// DOT_BYTES_BIAS = 0. Either way the sum is exactly that of q * x.
+//
 // No ATen here: the header compiles on its own, so each tier's kernels can be built and tested from any machine
 // (the aarch64 ones with a cross compiler, run under user-mode emulation).
 #pragma once
@@ -136,6 +144,21 @@ inline VS dot_nibbles(VB low, VB high, int32_t xa, int32_t xb, VS acc) {  // u8 
 inline VI widen_add(VS s, VI acc) { return _mm512_add_epi32(acc, _mm512_madd_epi16(s, _mm512_set1_epi16(1))); }
 #endif
 inline V to_float(VI a, int32_t minus) { return _mm512_cvtepi32_ps(_mm512_sub_epi32(a, _mm512_set1_epi32(minus))); }
+inline VB load_bytes(const uint8_t* p) { return _mm512_loadu_si512(p); }
+#if defined(__AVX512VNNI__)
+constexpr int32_t DOT_BYTES_BIAS = 128;
+inline VI dot_bytes(VB w, int32_t x, VI acc) {
+  return _mm512_dpbusd_epi32(acc, _mm512_xor_si512(w, _mm512_set1_epi8(-128)), _mm512_set1_epi32(x));
+}
+#else
+constexpr int32_t DOT_BYTES_BIAS = 0;
+inline VI dot_bytes(VB w, int32_t x, VI acc) {  // |q| x (x with q's sign), pairs <= 32258 per i16
+  const __m512i xv = _mm512_set1_epi32(x);
+  const __m512i signed_x = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(w), _mm512_setzero_si512(), xv);
+  const __m512i pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(w), signed_x);
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+}
+#endif
 
 #elif defined(__AVX2__) && defined(__FMA__)
 #if defined(__AVXVNNI__)
@@ -224,6 +247,19 @@ inline VS dot_nibbles(VB low, VB high, int32_t xa, int32_t xb, VS acc) {  // u8 
 inline VI widen_add(VS s, VI acc) { return _mm256_add_epi32(acc, _mm256_madd_epi16(s, _mm256_set1_epi16(1))); }
 #endif
 inline V to_float(VI a, int32_t minus) { return _mm256_cvtepi32_ps(_mm256_sub_epi32(a, _mm256_set1_epi32(minus))); }
+inline VB load_bytes(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+#if defined(__AVXVNNI__)
+constexpr int32_t DOT_BYTES_BIAS = 128;
+inline VI dot_bytes(VB w, int32_t x, VI acc) {
+  return _mm256_dpbusd_avx_epi32(acc, _mm256_xor_si256(w, _mm256_set1_epi8(-128)), _mm256_set1_epi32(x));
+}
+#else
+constexpr int32_t DOT_BYTES_BIAS = 0;
+inline VI dot_bytes(VB w, int32_t x, VI acc) {  // |q| x (x with q's sign), pairs <= 32258 per i16
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(_mm256_set1_epi32(x), w));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+#endif
 
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #if defined(__ARM_FEATURE_DOTPROD)
@@ -315,6 +351,17 @@ inline VS dot_nibbles(VB low, VB high, int32_t xa, int32_t xb, VS acc) {  // pro
 inline VI widen_add(VS s, VI acc) { return vpadalq_s16(acc, s); }
 #endif
 inline V to_float(VI a, int32_t minus) { return vcvtq_f32_s32(vsubq_s32(a, vdupq_n_s32(minus))); }
+inline VB load_bytes(const uint8_t* p) { return vreinterpretq_s8_u8(vld1q_u8(p)); }
+constexpr int32_t DOT_BYTES_BIAS = 0;
+#if defined(__ARM_FEATURE_DOTPROD)
+inline VI dot_bytes(VB w, int32_t x, VI acc) { return vdotq_s32(acc, w, vreinterpretq_s8_s32(vdupq_n_s32(x))); }
+#else
+inline VI dot_bytes(VB w, int32_t x, VI acc) {  // products <= 16129, two summed per i16
+  const int8x16_t xv = vreinterpretq_s8_s32(vdupq_n_s32(x));
+  const int16x8_t pairs = vpaddq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(xv)), vmull_high_s8(w, xv));
+  return vpadalq_s16(acc, pairs);  // output i's two pairs at elements 2i, 2i + 1
+}
+#endif
 
 #else
 constexpr const char* kTier = "generic";
@@ -407,6 +454,19 @@ inline V to_float(const VI& a, int32_t minus) {
   V v;
   for (int i = 0; i < LANES; ++i) v.x[i] = static_cast<float>(a.x[i] - minus);
   return v;
+}
+inline VB load_bytes(const uint8_t* p) {
+  VB v;
+  std::memcpy(v.b, p, sizeof v.b);
+  return v;
+}
+constexpr int32_t DOT_BYTES_BIAS = 0;
+inline VI dot_bytes(const VB& w, int32_t x, VI acc) {
+  int8_t a[4];
+  std::memcpy(a, &x, 4);
+  for (int i = 0; i < LANES; ++i)
+    for (int j = 0; j < 4; ++j) acc.x[i] += static_cast<int8_t>(w.b[4 * i + j]) * a[j];
+  return acc;
 }
 #endif
 

@@ -4,7 +4,8 @@
 // For every weight format, float32 and bfloat16 outputs, with and without bias, odd sizes (N and K below, at and
 // past a panel and a group) and passes of 1 to 33 rows, each output must equal, bit for bit, the scalar reference:
 // its weights made float32 as packed_core.h says, acc = fma(x[k], w[k], acc) over k in order, plus the bias, rounded
-// once (W4A8: the inputs quantized per row and group as written out below, integer sums, then one fma per group).
+// once (W4A8, W8A8: the inputs quantized per row and group as written out below, integer sums, then one fma per
+// group).
 // That one check is the kernel's contract on every tier: the same bits whatever the tier, the number of rows,
 // their blocking and the split of the panels among threads (also checked: every pass split into two ranges of
 // panels, and each with the streaming blocking, Args::stream). Exit status 0 and a line "ok <tier> <cases>" when
@@ -52,7 +53,7 @@ struct Case {
   Fmt fmt;
   int64_t M, N, K, G;
   bool bias, out_bf16;
-  bool extreme = false;  // W4A8 at its integer sums' bounds: every weight 7 or -8, every input +-max
+  bool extreme = false;  // W4A8 / W8A8 at their integer sums' bounds: every weight at an end, every input +-max
 };
 
 int failures = 0;
@@ -65,7 +66,7 @@ void check(const Case& c) {
   for (int64_t i = 0; i < M * K; ++i) {
     float v = uniform(-2.f, 2.f);
     if (i % 97 == 5) v = 1e-39f;  // a denormal
-    if (c.fmt == Fmt::W4A8 && i % 89 == 7) v = 0.f;  // and (with K = 1) a group of zeros
+    if (packed::int8_inputs(c.fmt) && i % 89 == 7) v = 0.f;  // and (with K = 1) a group of zeros
     if (c.extreme) v = (i / K) % 2 ? -1.5f : 1.5f;
     xb[i] = simd::bf16_bits(v);
     x[i] = c.fmt == Fmt::F32 ? v : simd::bf16_float(xb[i]);
@@ -73,8 +74,8 @@ void check(const Case& c) {
   // weights, made float32 as the format defines (w), and packed
   std::vector<float> w(N * K), bias(N);
   for (float& b : bias) b = uniform(-1.f, 1.f);
-  const int bits_q = c.fmt == Fmt::INT8 ? 8 : 4;
-  const bool dot = c.fmt == Fmt::W4A8;
+  const int bits_q = c.fmt == Fmt::INT8 || c.fmt == Fmt::W8A8 ? 8 : 4;
+  const bool dot = packed::int8_inputs(c.fmt);
   const int64_t groups = G > 0 ? (K + G - 1) / G : 0;
   std::vector<int8_t> q(N * K);
   std::vector<float> scales(N * groups);
@@ -91,7 +92,7 @@ void check(const Case& c) {
     for (int64_t n = 0; n < N; ++n)
       for (int64_t k = 0; k < K; ++k) {
         q[n * K + k] = static_cast<int8_t>(std::uniform_int_distribution<int>(lo, hi)(rng));
-        if (c.extreme) q[n * K + k] = n % 2 ? -8 : 7;
+        if (c.extreme) q[n * K + k] = static_cast<int8_t>(n % 2 ? lo : hi);
         w[n * K + k] = static_cast<float>(q[n * K + k]) * scales[n * groups + k / G];
       }
   }
@@ -103,7 +104,7 @@ void check(const Case& c) {
     case Fmt::BF16_PAIRS: packed::pack_pairs(wb.data(), N, K, reinterpret_cast<uint16_t*>(buf.data())); break;
     default: packed::pack_quantized(q.data(), scales.data(), N, K, G, bits_q, buf.data(), dot); break;
   }
-  // W4A8's inputs: each row's groups rounded to int8 at 127 / max|x|, and the kernel's own quantization of them
+  // W4A8's and W8A8's inputs: each row's groups rounded to int8 at 127 / max|x|, and the kernel's own quantization
   std::vector<int> xq_ref(M * K);
   std::vector<float> xs_ref(M * groups);
   for (int64_t m = 0; dot && m < M; ++m)
@@ -201,7 +202,7 @@ int main() {
     return 1;
   }
 #endif
-  std::vector<Fmt> formats = {Fmt::F32, Fmt::BF16, Fmt::INT8, Fmt::INT4, Fmt::W4A8};
+  std::vector<Fmt> formats = {Fmt::F32, Fmt::BF16, Fmt::INT8, Fmt::INT4, Fmt::W4A8, Fmt::W8A8};
   if (packed::has_pairs_format()) formats.push_back(Fmt::BF16_PAIRS);
   const int64_t sizes[][2] = {{1, 1}, {3, 7}, {packed::PANEL, 64}, {packed::PANEL + 1, 33}, {2 * packed::PANEL + 5, 130},
                               {67, 255}, {130, 97}};
@@ -211,13 +212,15 @@ int main() {
       for (int64_t M = 1; M <= 33; ++M) {
         const bool q = f == Fmt::INT8 || f == Fmt::INT4;
         const int64_t G = f == Fmt::W4A8 ? (M % 3 == 0 ? 32 : M % 3 == 1 ? 64 : 8)
+                          : f == Fmt::W8A8 ? (M % 3 == 0 ? 32 : M % 3 == 1 ? 64 : 4)
                           : q ? (M % 3 == 0 ? 32 : M % 3 == 1 ? 64 : 2) : 0;
         check({f, M, nk[0], nk[1], G, M % 2 == 0, M % 4 >= 2});
         ++cases;
       }
   for (int64_t M = 1; M <= 13; ++M) {  // the integer sums' bounds (the 16-bit partial sums most of all)
     check({Fmt::W4A8, M, 2 * packed::PANEL + 3, 200, M % 2 ? 64 : 128, false, false, true});
-    ++cases;
+    check({Fmt::W8A8, M, 2 * packed::PANEL + 3, 200, M % 2 ? 64 : 128, false, false, true});
+    cases += 2;
   }
   if (failures) {
     std::printf("%d failures on %s\n", failures, simd::kTier);
