@@ -88,17 +88,28 @@ constexpr int PV = 1, ACC = 24, MAXP = 8, MAXP_STREAM = 8, RMAX = 12, R_PF = 6, 
 constexpr int PV = 1, ACC = 8, MAXP = 8, MAXP_STREAM = 8, RMAX = 8, R_PF = 4, P_PF = 2;
 #endif
 constexpr int PANEL = PV * LANES;
-// W4A8's widest block of rows: a wider pass goes through a few panels at a time in blocks of R_DOT rows. (In
-// cache, one thread, AVX2 Zen 3: 8 rows as one block 1.0-1.1 ms where two blocks of 4 took 1.0-1.3 and 8 rows
-// widening every step 1.3-1.7.)
-constexpr int R_DOT = 8;
+// The integer formats' widest block of rows (W8A8's, W4A8's) and the accumulator vectors such a block may hold: a
+// wider pass goes through a few panels at a time in blocks of at most that many rows, as even as they can be. A block
+// holds each row's int32 sums and float32 accumulators (W4A8 on a CPU without VNNI: 16-bit sums too) for every vector
+// it computes. On AVX-512 (32 registers) a block of 8 rows over a 64-output panel held 64 and spilled: blocks of 3
+// rows (W8A8) and 2 (W4A8), at most 24 accumulators, made a 128-row pass over the Qwen2.5-0.5B shape's linears 1.7-2.3x
+// (W8A8) and 1.3-1.4x (W4A8) faster and an 8-row pass 1.4x and 1.2-1.4x (one Zen 4 core, benchmarks/linears_pass.py,
+// runs of each build apart on a noisy guest). On
+// AVX2, whose non-VNNI dot product is bound by its arithmetic, 8 rows was as fast as any. (In cache, one thread, AVX2
+// Zen 3: 8 rows as one block 1.0-1.1 ms where two blocks of 4 took 1.0-1.3 and 8 rows widening every step 1.3-1.7.)
+#if defined(__AVX512F__)
+constexpr int R_DOT8 = 3, R_DOT4 = 2, ACC_DOT = 24;
+#else
+constexpr int R_DOT8 = 8, R_DOT4 = 8, ACC_DOT = ACC;
+#endif
+constexpr int r_dot(Fmt f) { return f == Fmt::W8A8 ? R_DOT8 : R_DOT4; }
 
 // Panels a block of R rows reads side by side: as many as the accumulators allow, 1, 2, 4 or 8. (An output's sums are
 // one dependent chain over k, so a row needs several panels in flight to keep the multiply-adds busy.)
 // `stream`: fewer (MAXP_STREAM) for a float weight that streams from memory.
 constexpr int panels_for(int R, Fmt f, bool stream) {
   // W4A8: 16-bit, int32 and float32 sums each; W8A8: int32 and float32
-  const int p = ACC / (R * PV * (f == Fmt::W4A8 ? 3 : f == Fmt::W8A8 ? 2 : 1));
+  const int p = int8_inputs(f) ? ACC_DOT / (R * PV * (f == Fmt::W4A8 ? 3 : 2)) : ACC / (R * PV);
   const int most = stream && (f == Fmt::F32 || f == Fmt::BF16) ? MAXP_STREAM : MAXP;
   return std::min(most, p >= 8 ? 8 : p >= 4 ? 4 : p >= 2 ? 2 : 1);
 }
@@ -574,16 +585,20 @@ void run_format(const Args& a, const float* xt, int64_t p0, int64_t p1) {
   }
 #endif
   if constexpr (int8_inputs(F)) {
+    constexpr int R_DOT = r_dot(F);
     if (a.M > R_DOT) {  // each group of panels against every block of R_DOT rows while the group stays in cache
       constexpr int P = panels_for(R_DOT, F, false);
+      // blocks as even as R_DOT allows (4 rows as 2 + 2, not 3 + 1: a block of one row rereads every panel for it)
+      const int64_t blocks = (a.M + R_DOT - 1) / R_DOT, base = a.M / blocks, wider = a.M % blocks;
       for (int64_t p = p0; p < p1; p += P)
-        for (int64_t m = 0; m < a.M; m += R_DOT) {
-          const int r = static_cast<int>(std::min<int64_t>(R_DOT, a.M - m));
+        for (int64_t b = 0, m = 0; b < blocks; ++b) {
+          const int r = static_cast<int>(base + (b < wider ? 1 : 0));
           if (p + P <= p1) {
             rows<F, R_DOT, P>(r, a, xt, m, p);
           } else {
             for (int64_t q = p; q < p1; ++q) rows<F, R_DOT, 1>(r, a, xt, m, q);
           }
+          m += r;
         }
       return;
     }
@@ -644,7 +659,7 @@ inline void run(const Args& a, const float* xt, int64_t p0, int64_t p1) {
 
 // Panels a thread should take at a time for a pass of M rows (its blocks' width).
 inline int64_t panel_grain(int64_t M, Fmt f, bool stream) {
-  if (int8_inputs(f) && M > R_DOT) return panels_for(R_DOT, f, stream);
+  if (int8_inputs(f) && M > r_dot(f)) return panels_for(r_dot(f), f, stream);
   return M <= RMAX ? panels_for(static_cast<int>(M), f, stream) : P_PF;
 }
 
