@@ -1,0 +1,91 @@
+// kernel_ab.py's harness: two variants of packed_core.h (kernel_a.h, kernel_b.h: namespaces specdec::kernel_a and
+// specdec::kernel_b) over the same packed weights, passes alternated in one process. argv: rows, repeats, bits (8:
+// W8A8, 4: W4A8), then the linears as N K pairs. Prints one line per side: median ms and GB/s; then B / A.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "simd.h"
+#include "kernel_a.h"
+#include "kernel_b.h"
+
+namespace {
+
+struct Linear {
+  int64_t N, K, stride;
+  std::vector<uint8_t> packed;
+};
+
+template <typename NS_Args, typename Fmt, typename Quantize, typename Run>
+double pass(std::vector<Linear>& ls, int64_t M, int64_t G, Fmt fmt, std::vector<float>& x, std::vector<int8_t>& xq,
+            std::vector<float>& xs, std::vector<int32_t>& xsum, std::vector<float>& out, Quantize quantize, Run run,
+            int64_t panel) {
+  const auto t = std::chrono::steady_clock::now();
+  for (Linear& l : ls) {
+    quantize(x.data(), M, l.K, G, xq.data(), xs.data(), xsum.data());
+    NS_Args a{fmt, x.data(), nullptr, M, l.K, l.N, l.packed.data(), l.stride, G, nullptr, out.data(), false, true,
+              xq.data(), xs.data(), xsum.data()};
+    run(a, nullptr, 0, (l.N + panel - 1) / panel);
+  }
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace specdec;
+  const int64_t M = std::atoll(argv[1]), G = 64;
+  const int repeats = std::atoi(argv[2]), bits = std::atoi(argv[3]);
+  std::mt19937 rng(0);
+  std::vector<Linear> ls;
+  double bytes = 0;
+  int64_t widest = 0;
+  const auto fa = bits == 8 ? kernel_a::Fmt::W8A8 : kernel_a::Fmt::W4A8;
+  const auto fb = bits == 8 ? kernel_b::Fmt::W8A8 : kernel_b::Fmt::W4A8;
+  for (int i = 4; i + 1 < argc; i += 2) {
+    const int64_t N = std::atoll(argv[i]), K = std::atoll(argv[i + 1]), groups = (K + G - 1) / G;
+    std::vector<int8_t> q(N * K);
+    for (int8_t& v : q) v = static_cast<int8_t>(static_cast<int>(rng() % (bits == 8 ? 255 : 16)) - (bits == 8 ? 127 : 8));
+    std::vector<float> scales(N * groups, 0.01f);
+    Linear l{N, K, kernel_a::panel_bytes(fa, K, G), {}};
+    l.packed.resize(kernel_a::panels(N) * l.stride + 64);
+    kernel_a::pack_quantized(q.data(), scales.data(), N, K, G, bits, l.packed.data(), true);  // one layout for both
+    bytes += static_cast<double>(l.packed.size());
+    widest = std::max({widest, N, K});
+    ls.push_back(std::move(l));
+  }
+  std::vector<float> x(M * widest), out(M * widest);
+  for (float& v : x) v = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 1000.f;
+  std::vector<int8_t> xq(M * (widest + G));
+  std::vector<float> xs(M * (widest / G + 2));
+  std::vector<int32_t> xsum(M * (widest / G + 2));
+  auto run_a = [&] {
+    return pass<kernel_a::Args>(ls, M, G, fa, x, xq, xs, xsum, out, kernel_a::quantize_inputs, kernel_a::run,
+                                kernel_a::PANEL);
+  };
+  auto run_b = [&] {
+    return pass<kernel_b::Args>(ls, M, G, fb, x, xq, xs, xsum, out, kernel_b::quantize_inputs, kernel_b::run,
+                                kernel_b::PANEL);
+  };
+  run_a();
+  run_b();
+  std::vector<double> ta, tb;
+  for (int r = 0; r < repeats; ++r) {
+    ta.push_back(run_a());
+    tb.push_back(run_b());
+  }
+  const double a = median(ta), b = median(tb);
+  std::printf("A %.2f ms %.1f GB/s\nB %.2f ms %.1f GB/s\nB/A %.3f\n", a, bytes / a / 1e6, b, bytes / b / 1e6, b / a);
+}
