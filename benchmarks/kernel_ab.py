@@ -31,7 +31,8 @@ from specdec.runtime import rowwise  # noqa: E402
 
 def variant(name: str, substitutions: list[str]) -> str:
     """packed_core.h with its namespace renamed to specdec::NAME and each OLD=>NEW applied."""
-    text = (rowwise.KERNELS / "packed_core.h").read_text().replace("namespace specdec::packed", f"namespace specdec::{name}")
+    text = (rowwise.KERNELS / "packed_core.h").read_text()
+    text = text.replace("namespace specdec::packed", f"namespace specdec::{name}")
     for sub in substitutions:
         old, sep, new = sub.partition("=>")
         if not sep or old not in text:

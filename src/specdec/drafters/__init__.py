@@ -194,8 +194,8 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     target's own one-token predictions (Bigram.from_model). "layer-skip": the target's first draft_layers
     decoder layers (default half of them). "self-draft-int8" / "self-draft-int4" / "self-draft-w4a8" /
     "self-draft-w8a8": the target's own weights quantized (SelfDraft). "mtp" / "mtp-tree": the target's own MTP
-    layer, read from the checkpoint the target was loaded from (a chain, or an EAGLE_TREE-shaped tree). Options given as None are ignored; an option that
-    does not apply to `kind` is an error.
+    layer, read from the checkpoint the target was loaded from (a chain, or an EAGLE_TREE-shaped tree). Options
+    given as None are ignored; an option that does not apply to `kind` is an error.
     """
     from specdec.drafters.bigram import Bigram
     from specdec.drafters.draft_model import DraftModel
