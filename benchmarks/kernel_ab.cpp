@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
   for (int i = 4; i + 1 < argc; i += 2) {
     const int64_t N = std::atoll(argv[i]), K = std::atoll(argv[i + 1]), groups = (K + G - 1) / G;
     std::vector<int8_t> q(N * K);
-    for (int8_t& v : q) v = static_cast<int8_t>(static_cast<int>(rng() % (bits == 8 ? 255 : 16)) - (bits == 8 ? 127 : 8));
+    const int levels = bits == 8 ? 255 : 16, low = bits == 8 ? -127 : -8;  // q in [-127, 127] or [-8, 7]
+    for (int8_t& v : q) v = static_cast<int8_t>(static_cast<int>(rng() % levels) + low);
     std::vector<float> scales(N * groups, 0.01f);
     Linear l{N, K, kernel_a::panel_bytes(fa, K, G), {}};
     l.packed.resize(kernel_a::panels(N) * l.stride + 64);

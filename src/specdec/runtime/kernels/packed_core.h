@@ -92,11 +92,11 @@ constexpr int PANEL = PV * LANES;
 // wider pass goes through a few panels at a time in blocks of at most that many rows, as even as they can be. A block
 // holds each row's int32 sums and float32 accumulators (W4A8 on a CPU without VNNI: 16-bit sums too) for every vector
 // it computes. On AVX-512 (32 registers) a block of 8 rows over a 64-output panel held 64 and spilled at every step:
-// blocks of 4 rows (W8A8) and 2 (W4A8) made an 8-row pass over the Qwen2.5-0.5B shape's linears 0.72x / 0.75x the
-// time and a 128-row pass 0.53x / 0.55x, one to four rows level (one Zen 4 core, benchmarks/kernel_ab.py: both
-// variants in one process, alternated). On AVX2, whose non-VNNI dot product is bound by its arithmetic, 8 rows was
-// as fast as any. (In cache, one thread, AVX2 Zen 3: 8 rows as one block 1.0-1.1 ms where two blocks of 4 took
-// 1.0-1.3 and 8 rows widening every step 1.3-1.7.)
+// blocks of 4 rows (W8A8) and 2 (W4A8) made an 8-row pass over the Qwen2.5-0.5B shape's linears 0.72x / 0.66x the
+// time and a 128-row pass 0.59x / 0.57x, one to five rows level within 6% (one Zen 4 core, benchmarks/kernel_ab.py:
+// both variants in one process, alternated; docs/kernels.md). On AVX2, whose non-VNNI dot product is bound by its
+// arithmetic, 8 rows was as fast as any. (In cache, one thread, AVX2 Zen 3: 8 rows as one block 1.0-1.1 ms where
+// two blocks of 4 took 1.0-1.3 and 8 rows widening every step 1.3-1.7.)
 #if defined(__AVX512F__)
 constexpr int R_DOT8 = 4, R_DOT4 = 2, ACC_DOT = 24;
 #else
@@ -588,7 +588,8 @@ void run_format(const Args& a, const float* xt, int64_t p0, int64_t p1) {
     constexpr int R_DOT = r_dot(F);
     if (a.M > R_DOT) {  // each group of panels against every block of R_DOT rows while the group stays in cache
       constexpr int P = panels_for(R_DOT, F, false);
-      // blocks as even as R_DOT allows (5 rows in blocks of at most 4: 3 + 2, not 4 + 1, whose one row rereads each panel)
+      // blocks as even as R_DOT allows (5 rows in blocks of at most 4: 3 + 2, not 4 + 1, whose one row rereads
+      // each panel)
       const int64_t blocks = (a.M + R_DOT - 1) / R_DOT, base = a.M / blocks, wider = a.M % blocks;
       for (int64_t p = p0; p < p1; p += P)
         for (int64_t b = 0, m = 0; b < blocks; ++b) {
