@@ -174,12 +174,7 @@ class DraftModel(Drafter):
         if isinstance(self.lm, StaticCausalLM) and gamma > 0 and n >= 2 and self._width is None:
             if self.lm.length < n - 2:  # tokens skipped in plain rounds: at most two compiled shapes
                 self.lm.catch_up(context[self.lm.length : n - 2])
-            tokens, draft_probs = self.lm.draft_steps(context, gamma, sampling, generator,
-                                                      vocab=self.draft_vocab)  # [γ], [γ, V | N] | None
-            if draft_probs is not None and self.draft_vocab is not None:  # [γ, N] -> [γ, V], 0 outside the vocab
-                draft_probs = _spread(draft_probs, self.draft_vocab, self.vocab_size, 0.0)
-            return Proposal(tokens=tokens.to(context.device),
-                            draft_probs=draft_probs.to(context.device) if draft_probs is not None else None)
+            return self._draft_steps(context, gamma, sampling, generator, feed=2)
         # Catch up on committed tokens the cache has not seen: the last one, plus the final draft token
         # after a fully accepted round (the draft never fed its own last proposal).
         logits = self.fit_logits(self.lm.forward(context[self.lm.length :], last_only=True))  # [1, V]
@@ -198,6 +193,17 @@ class DraftModel(Drafter):
             tokens=torch.cat(tokens).to(context.device),  # [γ]
             draft_probs=torch.cat(probs).to(context.device) if probs else None,  # [γ, V]
         )
+
+    def _draft_steps(self, context: torch.Tensor, gamma: int, sampling: SamplingConfig,
+                     generator: torch.Generator | None, feed: int) -> Proposal:
+        """On the fast path: γ steps of the compiled draft graph, which first feeds the last `feed` committed
+        tokens (`StaticCausalLM.draft_steps`)."""
+        tokens, draft_probs = self.lm.draft_steps(context, gamma, sampling, generator, vocab=self.draft_vocab,
+                                                  feed=feed)  # [γ], [γ, V | N] | None
+        if draft_probs is not None and self.draft_vocab is not None:  # [γ, N] -> [γ, V], 0 outside the vocab
+            draft_probs = _spread(draft_probs, self.draft_vocab, self.vocab_size, 0.0)
+        return Proposal(tokens=tokens.to(context.device),
+                        draft_probs=draft_probs.to(context.device) if draft_probs is not None else None)
 
     def commit(self, context: torch.Tensor, num_accepted: int) -> None:
         # The cache holds the old context plus the first γ-1 drafts; only context[:-1] is still valid.

@@ -16,13 +16,14 @@ from specdec.runtime.slot_cache import run_model
 
 
 def draft_chain(model, tokens, slot0, cache, uniforms, gamma: int, sampling: SamplingConfig, vocab=None):
-    """γ draft steps in one graph. tokens [2] = the last two committed tokens at slots slot0, slot0+1
-    (re-writing the first is harmless: same token, same position); uniforms [γ] float64 (sampling only);
+    """γ draft steps in one graph. tokens [W] = the last W committed tokens at slots slot0.. (W = 2 in a cache of
+    the draft's own: re-writing the first is harmless, same token at the same position; W = 1 in a cache whose
+    committed slots another model wrote, which must stay as they are); uniforms [γ] float64 (sampling only);
     vocab [N] | None: the token id of each logits column when the model's LM head is reduced to N rows.
     Returns proposed tokens [γ], draft_probs [γ, V] when sampling (over the N columns with a vocab), and whether
     every logit was finite."""
-    ids = tokens[None]  # [1, 2]
-    slots = slot0 + torch.arange(2, device=tokens.device)  # [2]
+    ids = tokens[None]  # [1, W]
+    slots = slot0 + torch.arange(tokens.shape[0], device=tokens.device)  # [W]
     logits, _, finite, best = run_model(model, ids, slots[None], slots, None, cache, False)
     logits, best = logits[-1:], best[-1:]  # [1, V], [1]
     out_tokens, out_probs = [], []

@@ -72,9 +72,10 @@ def _verify_pass(model, input_ids, position_ids, slots, cache, hidden, draft_tok
     return logits, states, finite, torch.stack([k, next_token])
 
 
-def _draft_key(gamma: int, sampling: SamplingConfig, max_len: int, vocab: torch.Tensor | None) -> tuple:
-    """The shape key of a draft chain graph (a reduced vocabulary's size is part of its shape)."""
-    return ("draft", gamma, sampling, max_len, None if vocab is None else vocab.shape[0])
+def _draft_key(gamma: int, sampling: SamplingConfig, max_len: int, vocab: torch.Tensor | None, feed: int) -> tuple:
+    """The shape key of a draft chain graph (a reduced vocabulary's size and the tokens it feeds first are part of
+    its shape)."""
+    return ("draft", gamma, sampling, max_len, None if vocab is None else vocab.shape[0], feed)
 
 
 @functools.cache
@@ -113,6 +114,7 @@ class StaticCausalLM:
         self.draft_gammas: set[int] = set()
         self._graphs: dict[tuple, object] = {}  # shape key -> its compiled callable (`compile_once`'s), once found
         self.cache: SlotCache | None = None
+        self.borrowed = False  # the cache is another adapter's (`share_cache`), not this one's
         self._give_back: weakref.finalize | None = None
         if max_len is not None:
             self.cache = self._new_cache(max_len)
@@ -156,6 +158,8 @@ class StaticCausalLM:
                     f"the static cache holds {self.fixed_max_len}; create it with a larger max_len, or "
                     "shorten the prompt / lower max_new_tokens")
             return
+        if self.borrowed:  # drafting into another adapter's cache ended: this adapter writes its own again
+            self.cache, self.borrowed = None, False
         size = -(-tokens // CACHE_ROUND) * CACHE_ROUND
         if limit is not None:
             size = min(size, max(limit, tokens))
@@ -174,6 +178,16 @@ class StaticCausalLM:
         cache = POOL.take(self.model, size)
         self._give_back = weakref.finalize(self, POOL.give_back, weakref.ref(self.model), cache)
         return cache
+
+    def share_cache(self, host: StaticCausalLM) -> None:
+        """Read and write `host`'s cache from now on, at its length: a self-draft drafting on the keys and values
+        the target wrote for the committed tokens (`SelfDraft`). Its passes then write only past that length
+        (`draft_steps(feed=1)`), slots the target's next pass overwrites before it reads them. The cache this
+        adapter held goes back to the pool; `ensure_capacity` gives it its own again."""
+        if self._give_back is not None:
+            self._give_back()
+            self._give_back = None
+        self.cache, self.borrowed, self.length = host.cache, True, host.length
 
     # -- bookkeeping ------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -372,11 +386,13 @@ class StaticCausalLM:
 
     @torch.inference_mode()
     def draft_steps(self, context: torch.Tensor, gamma: int, sampling: SamplingConfig,
-                    generator: torch.Generator | None, vocab: torch.Tensor | None = None
+                    generator: torch.Generator | None, vocab: torch.Tensor | None = None, *, feed: int = 2
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Propose γ tokens continuing context [n] (n >= 2, cache holding at least context[:n-2]) in one
-        pass of the compiled draft graph. vocab [N] (on the model's device): the token ids of the model's
-        logits columns when its LM head is reduced (`DraftModel(draft_vocab=...)`).
+        """Propose γ tokens continuing context [n] (n >= feed, cache holding at least context[:n-feed]) in one
+        pass of the compiled draft graph, which first feeds the last `feed` committed tokens: 2 in a cache of its
+        own (the second-last may be missing after a fully accepted round), 1 in a shared one (`share_cache`),
+        which holds context[:n-1] already and keeps it. vocab [N] (on the model's device): the token ids of the
+        model's logits columns when its LM head is reduced (`DraftModel(draft_vocab=...)`).
         Returns tokens [γ], draft_probs [γ, V] | None (V: the model's logits width, N with a vocab)."""
         n = context.shape[0]
         # Draft the smallest γ already compiled that covers this one (the decoder keeps the first γ'):
@@ -384,20 +400,20 @@ class StaticCausalLM:
         done = [g for g in self.draft_gammas if g >= gamma]
         gamma = min(done) if done else gamma
         self.draft_gammas.add(gamma)
-        start_slot = n - 2
-        if start_slot + 1 + gamma > self.max_len:
+        start_slot = n - feed
+        if n - 1 + gamma > self.max_len:
             raise PromptError(f"the draft's static cache of {self.max_len} slots is full; lower max_new_tokens")
         uniforms = (torch.rand(gamma, dtype=torch.float64, device=self.device, generator=generator)
                     if not sampling.greedy else _zeros((gamma,), self.device))  # [γ] (greedy: unread)
-        key = _draft_key(gamma, sampling, self.max_len, vocab)
+        key = _draft_key(gamma, sampling, self.max_len, vocab, feed)
         fn = self._fn(key, draft_chain)
         t = time.perf_counter()
         slot0 = torch.scalar_tensor(start_slot, dtype=torch.long, device=self.device)  # [] (cheaper than tensor())
-        tokens, probs, finite = fn(self.model, context[n - 2 : n].to(self.device).clone(), slot0, self.cache, uniforms,
-                                   gamma, sampling, vocab)
+        tokens, probs, finite = fn(self.model, context[start_slot:n].to(self.device).clone(), slot0, self.cache,
+                                   uniforms, gamma, sampling, vocab)
         self.forward_s += time.perf_counter() - t
         if not bool(finite):
-            raise numerical_error(self.model, f"at positions {n - 2}..{n + gamma - 2} (drafting)")
+            raise numerical_error(self.model, f"at positions {start_slot}..{n + gamma - 2} (drafting)")
         self.forwards += gamma
         self.length = n + gamma - 1  # context[:n] and the first γ-1 drafts
         return tokens, probs
@@ -422,13 +438,13 @@ class StaticCausalLM:
 
     def precompile(self, sizes, draft_gammas=(), sampling: SamplingConfig | None = None,
                    context: torch.Tensor | None = None, verify: SamplingConfig | None = None,
-                   vocab: torch.Tensor | None = None) -> None:
+                   vocab: torch.Tensor | None = None, feed: int = 2) -> None:
         """Compile now the chain passes of `sizes` rows and (with `context` [n], n >= 2, the committed tokens
         the cache holds all but the last of) the draft graphs of `draft_gammas`, so that no later round of
         any request compiles. Runs after the prefill, past the cache's length, then restores it: the slots
         it wrote are hidden by the mask and overwritten later. A no-op when eager or already compiled.
         verify: the sampling config whose verifying passes (`score_and_verify`) of `sizes` rows to compile
-        instead of the plain ones. vocab: as `draft_steps`'.
+        instead of the plain ones. vocab, feed: as `draft_steps`'.
         """
         if not self.compile or self.cache is None or not self.cache.ready:
             return
@@ -443,14 +459,14 @@ class StaticCausalLM:
                 if not self._compiled(("pass", b, self.max_len, False, False)) and length + b <= self.max_len:
                     self._pass(torch.zeros(b, dtype=torch.long), None, False, pad=False)
                     self.length = length
-            if context is None or context.shape[0] < 2 or sampling is None:
+            if context is None or context.shape[0] < feed or sampling is None:
                 return
             generator = torch.Generator(device=self.device).manual_seed(0)  # not the request's generator
             for gamma in sorted(draft_gammas):
-                if not self._compiled(_draft_key(gamma, sampling, self.max_len, vocab)):
+                if not self._compiled(_draft_key(gamma, sampling, self.max_len, vocab, feed)):
                     self.draft_gammas.add(gamma)
                     if context.shape[0] - 1 + gamma <= self.max_len:
-                        self.draft_steps(context, gamma, sampling, generator, vocab=vocab)
+                        self.draft_steps(context, gamma, sampling, generator, vocab=vocab, feed=feed)
                     self.length = length
         finally:
             self.length, self.forwards, self.forward_s = length, forwards, forward_s
