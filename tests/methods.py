@@ -51,6 +51,9 @@ METHODS = {
     # The target's own weights quantized (int4: the farthest from the target); its fast path and int8:
     # tests/test_quantize.py (the same drafter, other kernels).
     "self-draft": lambda target, draft: specdec.SelfDraft(target, weights="int4", group=8),
+    # On the slot cache it drafts in the target's cache: the target's keys and values of the committed tokens.
+    "self-draft-static": lambda target, draft: (specdec.SelfDraft(target, weights="int4", group=8),
+                                                {"compile": "static"}),
     # Model-free trees from a suffix trie over the request and a cache of earlier requests' outputs.
     "suffix": lambda target, draft: suffix_drafter(),
     # The same on the slot cache: its node budgets are verification shapes, the padded rows filled with nodes.

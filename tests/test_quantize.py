@@ -84,6 +84,52 @@ def test_self_draft_on_the_slot_cache_is_plain_decoding(weights):
         assert spec.tokens == plain.tokens and spec.stats.accepted > 0
 
 
+class _Watched(specdec.SelfDraft):
+    """A SelfDraft that checks, around every proposal, that drafting left the target's committed slots alone."""
+
+    decoder = None  # the SpeculativeDecoder whose target adapter it drafts for
+
+    def propose(self, context, gamma, sampling, generator):
+        cache, n = self.decoder.target.cache, context.shape[0]
+        before = [(layer.keys[:, :, : n - 1].clone(), layer.values[:, :, : n - 1].clone()) for layer in cache.layers]
+        proposal = super().propose(context, gamma, sampling, generator)
+        for (keys, values), layer in zip(before, cache.layers):
+            assert torch.equal(keys, layer.keys[:, :, : n - 1]) and torch.equal(values, layer.values[:, :, : n - 1])
+        return proposal
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("weights", ["int4", "w8a8"])
+def test_self_draft_drafts_in_the_target_s_slot_cache(weights, temperature):
+    """On the slot cache a lone request's self-draft has no cache of its own and never prefills: it reads the target's
+    keys and values of the committed tokens and writes only past them, so the target decodes as it does alone."""
+    target = tiny("llama", hidden=64, layers=2, seed=5, dtype=torch.float32)
+    drafter = _Watched(target, weights=weights, group=16)
+    opts = dict(max_new_tokens=24, temperature=temperature, top_k=20, seed=3, compile="static")
+    for prompt in PROMPTS:
+        plain = specdec.generate(target, prompt, **opts)
+        decoder = drafter.decoder = specdec.SpeculativeDecoder(target, drafter, gamma=4, **opts)
+        tokens = list(decoder.stream(prompt))
+        assert drafter.shares_cache and drafter.lm.cache is decoder.target.cache
+        assert drafter.lm.prefill_s == 0  # nothing prefilled: the target's keys and values were there
+        assert decoder.stats.draft_forwards <= 4 * decoder.stats.rounds  # γ steps a round at most, no catch-up
+        assert 0 < decoder.stats.accepted
+        if temperature == 0:
+            assert tokens == plain.tokens
+
+
+def test_self_draft_keeps_its_own_cache_for_another_target_and_gets_it_back():
+    target = tiny("llama", hidden=64, layers=2, seed=5, dtype=torch.float32)
+    other = tiny("llama", hidden=64, layers=2, seed=6, dtype=torch.float32)  # same shape, other weights
+    drafter = specdec.SelfDraft(target, weights="int8", group=16)
+    for model, shares in ((target, True), (other, False), (target, True)):
+        plain = specdec.generate(model, PROMPTS[0], max_new_tokens=16, compile="static")
+        decoder = specdec.SpeculativeDecoder(model, drafter, gamma=3, max_new_tokens=16, compile="static")
+        assert list(decoder.stream(PROMPTS[0])) == plain.tokens
+        assert drafter.shares_cache == shares and (drafter.lm.cache is decoder.target.cache) == shares
+        assert (drafter.lm.prefill_s > 0) != shares  # its own cache: it prefilled the prompt itself
+
+
 def test_self_draft_with_a_reduced_vocabulary_quantizes_its_reduced_head():
     target = tiny("llama", hidden=64, layers=2, dtype=torch.float32)
     ids = list(range(0, 96, 2))

@@ -10,17 +10,30 @@ much less memory than a target step. How close the copy stays to the target is w
 Exact at every temperature: q is the quantized copy's own warped distribution, the one its tokens are drawn from,
 and verification is the usual rule against the target. It is a `DraftModel` over that copy, so it batches, runs on
 the fast path, takes `draft_vocab` (its reduced head quantized like the rest) and `gamma="auto"` like any draft.
+
+On the fast path a lone request's self-draft keeps no cache of its own: it drafts in the target's slot cache
+(`StaticCausalLM.share_cache`), reading the keys and values the target wrote for the committed tokens, and writes
+only the ≤ γ slots past them, which the target's verification pass overwrites before it reads them. So the draft
+never prefills the prompt (a prefill of the whole model, at int8 or int4) and never catches up, and the target's
+cache, hence its output, is the bits it would be without a draft. The draft's q is then the quantized copy's
+distribution given the target's keys and values: still exactly what its tokens are drawn from. Eagerly (no slot
+cache), batched, and for a target other than the one it was made from, it keeps its own cache as any draft does.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
 
+from specdec.core.sampling import SamplingConfig
+from specdec.drafters.base import Proposal
 from specdec.drafters.draft_model import DraftModel
 from specdec.errors import ConfigError
+from specdec.runtime.slot_cache import kv_layout
+from specdec.runtime.static_lm import StaticCausalLM
 from specdec.runtime.weights import DEFAULT_GROUP, QUANTIZED, PackedLinear, head_format, quantized_copy
 
 
@@ -34,6 +47,8 @@ class SelfDraft(DraftModel):
             raise ConfigError(f"SelfDraft(weights={weights!r}): choose {', '.join(map(repr, QUANTIZED))}, the "
                               "precision of the target's quantized copy that drafts")
         self.weights, self.group = weights, group
+        self._source = weakref.ref(target)  # the model it copies: the target whose cache it may share
+        self._host: weakref.ref | None = None  # this request's target adapter, when it drafts in its cache
         twin = quantized_copy(target, weights, group, head=draft_vocab is None)
         super().__init__(twin, compile=compile, draft_vocab=draft_vocab)
         if draft_vocab is not None:  # the reduced head (DraftModel made it from the shared float head): quantize it
@@ -44,3 +59,42 @@ class SelfDraft(DraftModel):
     @property
     def name(self) -> str:
         return f"SelfDraft({self.weights})"
+
+    # -- drafting in the target's cache ----------------------------------------------------------------------
+    @property
+    def shares_cache(self) -> bool:
+        """Does the current request draft in the target's slot cache (see the module's docstring)?"""
+        return self._host is not None and self._host() is not None
+
+    def plan(self, target: object) -> tuple[int, ...]:
+        """Before each request: draft in `target`'s cache when it is the fast path's adapter of the model this
+        draft was made from, with the same cache layout (the draft on the fast path too)."""
+        self._host = None
+        if (isinstance(target, StaticCausalLM) and isinstance(self.lm, StaticCausalLM)
+                and target.model is self._source() and kv_layout(target.model) == kv_layout(self.lm.model)):
+            self._host = weakref.ref(target)
+        return super().plan(target)
+
+    def ensure_capacity(self, tokens: int) -> None:
+        if not self.shares_cache:  # else the target's cache, sized for the request, has the draft's room
+            super().ensure_capacity(tokens)
+
+    def reset(self, prompt_ids: torch.Tensor, **kwargs) -> None:
+        if not self.shares_cache:
+            return super().reset(prompt_ids, **kwargs)
+        self.lm.reset()
+        self.lm.share_cache(self._host())  # the target has prefilled prompt_ids[:-1]: nothing to prefill
+
+    def precompile(self, gammas, sampling: SamplingConfig, context: torch.Tensor) -> None:
+        if not self.shares_cache:
+            return super().precompile(gammas, sampling, context)
+        self.lm.precompile((), gammas, sampling, context, vocab=self.draft_vocab, feed=1)
+
+    def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal:
+        if not self.shares_cache or gamma < 1:
+            return super().propose(context, gamma, sampling, generator)
+        # The target's cache holds context[:n-1], its own keys and values: feed the root alone, write past it.
+        self.lm.length = context.shape[0] - 1
+        return self._draft_steps(context, gamma, sampling, generator, feed=1)
+
