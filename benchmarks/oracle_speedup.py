@@ -9,7 +9,8 @@ fast path's slot cache and kernels (`compile="static"`: no inductor, whose compi
 minutes on a 2-core CPU), greedy, and every output is checked to be the target's greedy continuation.
 
 Per (draft format, α, γ): tokens/s against plain decoding of the same target in the same process (the decoding
-rounds, as `DecodeStats.tokens_per_s`; and end to end, with the prefills: the self-draft prefills the prompt too),
+rounds, as `DecodeStats.tokens_per_s`; and end to end, with the prefill: on the slot cache the self-draft reads the
+target's cache and prefills nothing of its own),
 and beside it the paper's projection τ / (γc + v) with τ, c (draft step ÷ one-row target pass) and v (verification
 pass ÷ one-row pass) measured in that run. The α values to try: the self-draft's measured acceptance on the default
 target (docs/quantization.md: int8 1.00, int4 0.99) and llama.cpp's published top-1 agreement with fp16 on
