@@ -130,6 +130,49 @@ def test_self_draft_keeps_its_own_cache_for_another_target_and_gets_it_back():
         assert (drafter.lm.prefill_s > 0) != shares  # its own cache: it prefilled the prompt itself
 
 
+def test_batched_self_draft_drafts_in_the_batch_s_cache_as_rows_join_and_leave():
+    """Batched on the slot cache (a small one, so rounds compact and grow it) the self-draft keeps no cache: each row
+    is its lone request's output, and the target holds each row's context but the root every round."""
+    from specdec.drafters.self_draft import BatchedSelfDraft
+    from specdec.engine.batch import BatchDecoder
+    from specdec.runtime.batch_static import StaticBatchedCausalLM
+
+    target = tiny("llama", hidden=64, layers=2, seed=5, dtype=torch.float32)
+    drafter = specdec.SelfDraft(target, weights="w8a8", group=16)
+    prompts = [PROMPTS[0], PROMPTS[1] * 9, PROMPTS[2], [7]]
+    lone = [specdec.generate(target, p, max_new_tokens=16 + i, compile="static").tokens for i, p in enumerate(prompts)]
+    decoder = BatchDecoder(target, drafter, compile="static")
+    decoder.target = StaticBatchedCausalLM(target, max_len=40, compile=False, grow=True)
+    form = decoder.drafters
+    assert isinstance(form, BatchedSelfDraft) and form.host is decoder.target
+    got, pending, rounds = {i: [] for i in range(len(prompts))}, list(enumerate(prompts)), 0
+    while pending or len(decoder):
+        if pending and rounds % 2 == 0:
+            i, prompt = pending.pop(0)
+            decoder.add(i, prompt, gamma=3, max_new_tokens=16 + i)
+        for event in decoder.step():
+            got[event.key].extend(event.tokens)
+        rounds += 1
+        assert decoder.target.lengths.tolist() == [row.n - 1 for row in decoder.rows]
+    assert form.lm.prefill_s == 0 and form.lm.forwards > 0  # it drafted, and never prefilled a row
+    assert [got[i] for i in range(len(prompts))] == lone
+    assert decoder.target.max_len > 40  # the cache grew (and compacted before) while the draft read it
+
+
+def test_batched_self_draft_rows_draw_what_a_lone_self_draft_draws():
+    """T > 0 with top-k/top-p: a seeded row of the batch, its draft in the batch's cache, makes the same draws as the
+    lone request whose draft is in its own target's cache (the same q, from the same keys and values)."""
+    target = tiny("llama", hidden=64, layers=2, seed=5, dtype=torch.float32)
+    drafter = specdec.SelfDraft(target, weights="int4", group=16)
+    opts = dict(gamma=4, max_new_tokens=20, temperature=0.9, top_k=40, top_p=0.9, compile="static")
+    seeds = [11, 12, 13]
+    lone = [specdec.generate(target, p, drafter=drafter, seed=s, **opts) for p, s in zip(PROMPTS, seeds)]
+    batched = specdec.generate_batch(target, PROMPTS, drafter=drafter, seed=seeds, **opts)
+    assert [o.tokens for o in batched] == [o.tokens for o in lone]
+    assert [o.stats.accepted for o in batched] == [o.stats.accepted for o in lone]
+    assert all(0 < o.stats.accepted < o.stats.drafted for o in lone)  # rejections happened: q was read
+
+
 def test_self_draft_with_a_reduced_vocabulary_quantizes_its_reduced_head():
     target = tiny("llama", hidden=64, layers=2, dtype=torch.float32)
     ids = list(range(0, 96, 2))

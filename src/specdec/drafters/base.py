@@ -205,10 +205,12 @@ class DraftRow(Protocol):
 class BatchSetting:
     """How a batch runs its passes (`BatchDecoder`'s compile and max_len), handed to a drafter's batched form: a
     form with a model of its own (`BatchedDraftModel`) runs it as the target runs (`batch_static.batched_adapter`);
-    forms that draft per row keep each row's drafter as it drafts alone."""
+    forms that draft per row keep each row's drafter as it drafts alone. target: the batch's target adapter, whose
+    cache a form may draft in (`SelfDraft`'s; None: not known)."""
 
     compile: bool | str = False
     max_len: int | None = None
+    target: object | None = None
 
 
 class RowDrafters(Protocol):

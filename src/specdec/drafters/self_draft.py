@@ -16,8 +16,9 @@ On the fast path a lone request's self-draft keeps no cache of its own: it draft
 only the ≤ γ slots past them, which the target's verification pass overwrites before it reads them. So the draft
 never prefills the prompt (a prefill of the whole model, at int8 or int4) and never catches up, and the target's
 cache, hence its output, is the bits it would be without a draft. The draft's q is then the quantized copy's
-distribution given the target's keys and values: still exactly what its tokens are drawn from. Eagerly (no slot
-cache), batched, and for a target other than the one it was made from, it keeps its own cache as any draft does.
+distribution given the target's keys and values: still exactly what its tokens are drawn from. Batched on the fast
+path its form (`BatchedSelfDraft`) drafts in the batch's cache the same way. Eagerly (no slot cache), and for a
+target other than the one it was made from, it keeps its own cache as any draft does.
 """
 
 from __future__ import annotations
@@ -28,10 +29,14 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
+import dataclasses
+
 from specdec.core.sampling import SamplingConfig
-from specdec.drafters.base import Proposal
+from specdec.drafters.base import BatchSetting, DraftRow, DrafterCapabilities, Proposal
+from specdec.drafters.batched import BatchedDraftModel
 from specdec.drafters.draft_model import DraftModel
 from specdec.errors import ConfigError
+from specdec.runtime.batch_static import StaticBatchedCausalLM, bucket
 from specdec.runtime.slot_cache import kv_layout
 from specdec.runtime.static_lm import StaticCausalLM
 from specdec.runtime.weights import DEFAULT_GROUP, QUANTIZED, PackedLinear, head_format, quantized_copy
@@ -60,6 +65,16 @@ class SelfDraft(DraftModel):
     def name(self) -> str:
         return f"SelfDraft({self.weights})"
 
+    @property
+    def capabilities(self) -> DrafterCapabilities:
+        """DraftModel's, batched as `BatchedSelfDraft` (in the batch's cache on the batched fast path)."""
+        return dataclasses.replace(super().capabilities, batched=BatchedSelfDraft)
+
+    def can_share(self, target_model, draft_model) -> bool:
+        """May a cache of `target_model`'s keys and values serve this draft (`draft_model`: its model on that path)?
+        Only the model it was made from, with the same cache layout."""
+        return target_model is self._source() and kv_layout(target_model) == kv_layout(draft_model)
+
     # -- drafting in the target's cache ----------------------------------------------------------------------
     @property
     def shares_cache(self) -> bool:
@@ -71,7 +86,7 @@ class SelfDraft(DraftModel):
         draft was made from, with the same cache layout (the draft on the fast path too)."""
         self._host = None
         if (isinstance(target, StaticCausalLM) and isinstance(self.lm, StaticCausalLM)
-                and target.model is self._source() and kv_layout(target.model) == kv_layout(self.lm.model)):
+                and self.can_share(target.model, self.lm.model)):
             self._host = weakref.ref(target)
         return super().plan(target)
 
@@ -98,3 +113,66 @@ class SelfDraft(DraftModel):
         self.lm.length = context.shape[0] - 1
         return self._draft_steps(context, gamma, sampling, generator, feed=1)
 
+
+class BatchedSelfDraft(BatchedDraftModel):
+    """`SelfDraft`'s batched form. On the batched fast path (the batch's target a `StaticBatchedCausalLM` of the
+    model the self-draft was made from) it drafts in the target's cache as a lone request's self-draft does: each
+    round it reads the rows' committed keys and values where the target wrote them, feeds the roots and its drafts
+    at the columns the target's next pass writes first (made room for before it drafts), and keeps nothing: no
+    cache, no prefill when rows join, nothing to crop. Elsewhere it is `BatchedDraftModel`, with a cache of its own."""
+
+    def __init__(self, drafter: SelfDraft, setting: BatchSetting | None = None):
+        setting = setting or BatchSetting()
+        host = setting.target
+        self.host = host if (isinstance(host, StaticBatchedCausalLM)
+                             and drafter.can_share(host.model, drafter.lm.model)) else None
+        if self.host is None:
+            super().__init__(drafter, setting)
+            return
+        self.drafter = drafter
+        # the draft's passes over the target's cache: its own compiled shapes, never a cache of its own
+        self.lm = StaticBatchedCausalLM(drafter.lm.model, compile=host.compile, max_len=host.max_len)
+        self.lm.query_buckets = (1,)  # a draft step feeds one token a row: the root, then each draft
+
+    def add_rows(self, rows: Sequence[DraftRow], features=None) -> None:
+        if self.host is None:
+            return super().add_rows(rows, features)
+        for row in rows:
+            row.drafter = None  # the target's prefill is the draft's too
+
+    def remove_rows(self, keep: Sequence[int]) -> None:
+        if self.host is None:
+            super().remove_rows(keep)
+
+    def precompile(self, rows: Sequence[int]) -> None:
+        if self.host is None:
+            return super().precompile(rows)
+        if self.host.cache is not None:
+            self.lm.max_len = self.host.max_len
+            self.lm.precompile(rows, (1,))
+
+    def commit(self, rows: Sequence[DraftRow], accepted: Sequence[int], features=None) -> None:
+        if self.host is None:
+            super().commit(rows, accepted, features)
+
+    def _catch_up_long(self, rows: Sequence[DraftRow]) -> list[int]:
+        """Shared: nothing to catch up; each row's cache holds its context but the root (the target's)."""
+        if self.host is None:
+            return super()._catch_up_long(rows)
+        return [row.n - 1 for row in rows]
+
+    def propose(self, rows: Sequence[DraftRow], gammas: Sequence[int]) -> list[Proposal]:
+        """Shared: room made in the target's cache for its next pass (γ + 1 columns, its query bucket), so that it
+        compacts or grows nothing after the draft wrote there; the draft's passes then read the target's cache
+        and write those columns. Then `BatchedDraftModel.propose`, which feeds each row its root."""
+        host, lm = self.host, self.lm
+        if host is not None and max(gammas, default=0) == 0:
+            return [Proposal(row.context[:0]) for row in rows]
+        if host is not None:
+            host.make_room(bucket(max(gammas) + 1, host.query_buckets))
+            lm.cache, lm.max_len, lm.valid = host.cache, host.max_len, host.valid.clone()
+            held = host.lengths.tolist()
+            if held != [row.n - 1 for row in rows]:
+                raise RuntimeError(f"internal: the target's cache holds {held} tokens of rows whose contexts are "
+                                   f"{[row.n for row in rows]} long (it should hold all but each root)")
+        return super().propose(rows, gammas)

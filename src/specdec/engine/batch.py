@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel
@@ -49,7 +50,8 @@ class BatchDecoder:
         self.model = target
         self.drafter = check_drafter(drafter, adapter.vocab_size)
         self.capabilities = drafter.capabilities if drafter is not None else DrafterCapabilities()
-        drafters = batched_form(drafter, BatchSetting(compile, max_len))  # the draft on the target's path
+        self.setting = BatchSetting(compile, max_len, adapter)  # the draft on the target's path (or in its cache)
+        drafters = batched_form(drafter, self.setting)
         self.engine = Engine(ManyRows(adapter, self.capabilities.needs_hidden), drafters, Verifier())
         self.rows: list[Row] = []
         self.last_round: dict | None = None  # the last step's draft_s, target_s, pass width (the server's cost model)
@@ -63,6 +65,8 @@ class BatchDecoder:
     @target.setter
     def target(self, adapter) -> None:
         self.engine.target = ManyRows(adapter, self.capabilities.needs_hidden)
+        self.setting = replace(self.setting, target=adapter)
+        self.engine.drafters = batched_form(self.drafter, self.setting)  # a form drafting in the old one's cache
 
     @property
     def drafters(self) -> RowDrafters | None:

@@ -160,8 +160,9 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         size = -(-tokens // CACHE_ROUND) * CACHE_ROUND
         return min(size, max(self.limit, tokens)) if self.limit is not None else size
 
-    def _make_room(self, width: int) -> None:
-        """Make sure `width` more columns fit after `slots`: compact, then grow if still needed."""
+    def make_room(self, width: int) -> None:
+        """Make sure `width` more columns fit after `slots`: compact, then grow if still needed (a pass does it
+        first; a draft writing into this cache before the pass, `BatchedSelfDraft`, does it before drafting)."""
         if self.slots + width <= self.max_len:
             return
         self.compact()
@@ -255,7 +256,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         counts = [int(x.shape[0]) for x in inputs]
         width = max(1, max(counts) if rows else 1)
         w = bucket(width, self.query_buckets)
-        self._make_room(w)
+        self.make_room(w)
         r = self.capacity_rows
         used = self.slots
         input_ids = torch.zeros(r, w, dtype=torch.long, device=self.device)  # [R, w]

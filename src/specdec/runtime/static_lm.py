@@ -398,13 +398,16 @@ class StaticCausalLM:
         # Draft the smallest γ already compiled that covers this one (the decoder keeps the first γ'):
         # the short last round of a request must not compile a new graph.
         done = [g for g in self.draft_gammas if g >= gamma]
-        gamma = min(done) if done else gamma
+        asked, gamma = gamma, min(done) if done else gamma
         self.draft_gammas.add(gamma)
         start_slot = n - feed
         if n - 1 + gamma > self.max_len:
             raise PromptError(f"the draft's static cache of {self.max_len} slots is full; lower max_new_tokens")
-        uniforms = (torch.rand(gamma, dtype=torch.float64, device=self.device, generator=generator)
-                    if not sampling.greedy else _zeros((gamma,), self.device))  # [γ] (greedy: unread)
+        # [γ] (greedy: unread). Only the asked-for drafts draw from the request's generator (the decoder keeps those),
+        # so a short round leaves it where drafting alone or batched leaves it; the rest draw 0, and are dropped.
+        uniforms = (torch.cat([torch.rand(asked, dtype=torch.float64, device=self.device, generator=generator),
+                               _zeros((gamma - asked,), self.device)])
+                    if not sampling.greedy else _zeros((gamma,), self.device))
         key = _draft_key(gamma, sampling, self.max_len, vocab, feed)
         fn = self._fn(key, draft_chain)
         t = time.perf_counter()
