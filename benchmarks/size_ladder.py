@@ -242,9 +242,11 @@ def main() -> None:
                 continue
             run = json.loads(proc.stdout.strip().splitlines()[-1])
             report["runs"].append(run)
-            # the floors at the run's thread count: all cores' read, one core's matmul roof times the threads
+            # the floors at the run's thread count: all cores' read, one core's matmul roof times the threads, at the
+            # activations' dtype (a bfloat16 pass computes at bfloat16's roof; the integer formats' own roof is not
+            # measured, so theirs is a float one)
             bw = report["machine"]["read_gb_s_all_cores" if args.threads > 1 else "read_gb_s_one_core"]
-            roof = report["machine"]["matmul_gflop_s_one_core"]["float32"] * args.threads
+            roof = report["machine"]["matmul_gflop_s_one_core"][args.dtype] * args.threads
             made = "load" if args.checkpoint else "build"
             row = [f"{model} {weights}: {made} {run['build_s']:.0f} s, compile {run['compile_s']:.0f} s, "
                    f"RSS {run['peak_rss_gb']:.2f} GB, weights {run['weight_bytes'] / 1e9:.2f} GB"]
