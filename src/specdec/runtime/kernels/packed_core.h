@@ -97,10 +97,19 @@ constexpr int PANEL = PV * LANES;
 // both variants in one process, alternated; docs/kernels.md). On AVX2, whose non-VNNI dot product is bound by its
 // arithmetic, 8 rows was as fast as any. (In cache, one thread, AVX2 Zen 3: 8 rows as one block 1.0-1.1 ms where
 // two blocks of 4 took 1.0-1.3 and 8 rows widening every step 1.3-1.7.)
+//
+// DOT_PREFETCH: whether their streams are prefetched a block ahead (the header comment's loops). On AVX-512 a block
+// reads one panel (MAXP 1), so the next block's is the next in memory, which the hardware's own prefetch streams:
+// without the software prefetch a pass over the Qwen2.5-0.5B / 1.5B shapes' linears took 0.91x / 0.92x the time at
+// one row in W8A8 (20.5-20.9 GB/s, of 23.7 a plain read reaches), 0.81x / 0.72x in W4A8, 0.69-0.71x at 2-4 rows
+// and 0.80-0.86x at 8 (one Zen 4 core, benchmarks/kernel_ab.py; docs/kernels.md). AVX2 reads up to 8 panels side
+// by side, which the header comment's measurements needed prefetched.
 #if defined(__AVX512F__)
 constexpr int R_DOT8 = 4, R_DOT4 = 2, ACC_DOT = 24;
+constexpr bool DOT_PREFETCH = false;
 #else
 constexpr int R_DOT8 = 8, R_DOT4 = 8, ACC_DOT = ACC;
+constexpr bool DOT_PREFETCH = true;
 #endif
 constexpr int r_dot(Fmt f) { return f == Fmt::W8A8 ? R_DOT8 : R_DOT4; }
 
@@ -473,7 +482,7 @@ struct DotBlock {
           }
           SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
             const uint8_t* s = q[p] + i / 2 * PANEL;
-            prefetch_next_block<4 * PANEL>(s, P * a.panel_stride);
+            if constexpr (DOT_PREFETCH) prefetch_next_block<4 * PANEL>(s, P * a.panel_stride);
             SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
               simd::VB low, high;
               simd::load_nibbles(s + v * 4 * LANES, low, high);
@@ -516,7 +525,7 @@ struct ByteDotBlock {
         SPECDEC_UNROLL for (int r = 0; r < R; ++r) std::memcpy(&word[r], x[r] + g * G + i, 4);
         SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
           const uint8_t* s = q[p] + i * PANEL;
-          prefetch_next_block<4 * PANEL>(s, P * a.panel_stride);
+          if constexpr (DOT_PREFETCH) prefetch_next_block<4 * PANEL>(s, P * a.panel_stride);
           SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
             const simd::VB w = simd::load_bytes(s + v * 4 * LANES);
             SPECDEC_UNROLL for (int r = 0; r < R; ++r)
