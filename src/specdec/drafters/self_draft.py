@@ -23,13 +23,12 @@ target other than the one it was made from, it keeps its own cache as any draft 
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
-
-import dataclasses
 
 from specdec.core.sampling import SamplingConfig
 from specdec.drafters.base import BatchSetting, DraftRow, DrafterCapabilities, Proposal
