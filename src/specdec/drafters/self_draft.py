@@ -66,8 +66,8 @@ class SelfDraft(DraftModel):
 
     @property
     def capabilities(self) -> DrafterCapabilities:
-        """DraftModel's, batched as `BatchedSelfDraft` (in the batch's cache on the batched fast path)."""
-        return dataclasses.replace(super().capabilities, batched=BatchedSelfDraft)
+        """DraftModel's, batched by `batched_self_draft` (in the batch's cache on the batched fast path)."""
+        return dataclasses.replace(super().capabilities, batched=batched_self_draft)
 
     def can_share(self, target_model, draft_model) -> bool:
         """May a cache of `target_model`'s keys and values serve this draft (`draft_model`: its model on that path)?
@@ -113,65 +113,59 @@ class SelfDraft(DraftModel):
         return self._draft_steps(context, gamma, sampling, generator, feed=1)
 
 
-class BatchedSelfDraft(BatchedDraftModel):
-    """`SelfDraft`'s batched form. On the batched fast path (the batch's target a `StaticBatchedCausalLM` of the
-    model the self-draft was made from) it drafts in the target's cache as a lone request's self-draft does: each
-    round it reads the rows' committed keys and values where the target wrote them, feeds the roots and its drafts
-    at the columns the target's next pass writes first (made room for before it drafts), and keeps nothing: no
-    cache, no prefill when rows join, nothing to crop. Elsewhere it is `BatchedDraftModel`, with a cache of its own."""
+def batched_self_draft(drafter: SelfDraft, setting: BatchSetting | None = None) -> BatchedDraftModel:
+    """`SelfDraft`'s batched form (`DrafterCapabilities.batched`): `BatchedSelfDraft` in the batch's cache on the
+    batched fast path (the batch's target a `StaticBatchedCausalLM` of the model the self-draft was made from),
+    else `BatchedDraftModel`, with a cache of its own."""
+    setting = setting or BatchSetting()
+    host = setting.target
+    if isinstance(host, StaticBatchedCausalLM) and drafter.can_share(host.model, drafter.lm.model):
+        return BatchedSelfDraft(drafter, host)
+    return BatchedDraftModel(drafter, setting)
 
-    def __init__(self, drafter: SelfDraft, setting: BatchSetting | None = None):
-        setting = setting or BatchSetting()
-        host = setting.target
-        self.host = host if (isinstance(host, StaticBatchedCausalLM)
-                             and drafter.can_share(host.model, drafter.lm.model)) else None
-        if self.host is None:
-            super().__init__(drafter, setting)
-            return
-        self.drafter = drafter
+
+class BatchedSelfDraft(BatchedDraftModel):
+    """A self-draft over a batch's rows, drafting in the target's cache `host` as a lone request's self-draft does:
+    each round it reads the rows' committed keys and values where the target wrote them, feeds the roots and its
+    drafts at the columns the target's next pass writes first (made room for before it drafts), and keeps nothing:
+    no cache, no prefill when rows join, nothing to crop."""
+
+    def __init__(self, drafter: SelfDraft, host: StaticBatchedCausalLM):
+        self.drafter, self.host = drafter, host
         # the draft's passes over the target's cache: its own compiled shapes, never a cache of its own
         self.lm = StaticBatchedCausalLM(drafter.lm.model, compile=host.compile, max_len=host.max_len)
         self.lm.query_buckets = (1,)  # a draft step feeds one token a row: the root, then each draft
 
     def add_rows(self, rows: Sequence[DraftRow], features=None) -> None:
-        if self.host is None:
-            return super().add_rows(rows, features)
         for row in rows:
             row.drafter = None  # the target's prefill is the draft's too
 
     def remove_rows(self, keep: Sequence[int]) -> None:
-        if self.host is None:
-            super().remove_rows(keep)
+        """Nothing to do: the rows' keys and values are the target's."""
 
     def precompile(self, rows: Sequence[int]) -> None:
-        if self.host is None:
-            return super().precompile(rows)
         if self.host.cache is not None:
             self.lm.max_len = self.host.max_len
             self.lm.precompile(rows, (1,))
 
     def commit(self, rows: Sequence[DraftRow], accepted: Sequence[int], features=None) -> None:
-        if self.host is None:
-            super().commit(rows, accepted, features)
+        """Nothing to roll back: the target's commit keeps what it accepted."""
 
     def _catch_up_long(self, rows: Sequence[DraftRow]) -> list[int]:
-        """Shared: nothing to catch up; each row's cache holds its context but the root (the target's)."""
-        if self.host is None:
-            return super()._catch_up_long(rows)
+        """Nothing to catch up; each row's cache holds its context but the root (the target's)."""
         return [row.n - 1 for row in rows]
 
     def propose(self, rows: Sequence[DraftRow], gammas: Sequence[int]) -> list[Proposal]:
-        """Shared: room made in the target's cache for its next pass (γ + 1 columns, its query bucket), so that it
-        compacts or grows nothing after the draft wrote there; the draft's passes then read the target's cache
-        and write those columns. Then `BatchedDraftModel.propose`, which feeds each row its root."""
-        host, lm = self.host, self.lm
-        if host is not None and max(gammas, default=0) == 0:
+        """Room made in the target's cache for its next pass (γ + 1 columns, its query bucket), so that it compacts
+        or grows nothing after the draft wrote there; the draft's passes then read the target's cache and write
+        those columns. Then `BatchedDraftModel.propose`, which feeds each row its root."""
+        if max(gammas, default=0) == 0:
             return [Proposal(row.context[:0]) for row in rows]
-        if host is not None:
-            host.make_room(bucket(max(gammas) + 1, host.query_buckets))
-            lm.cache, lm.max_len, lm.valid = host.cache, host.max_len, host.valid.clone()
-            held = host.lengths.tolist()
-            if held != [row.n - 1 for row in rows]:
-                raise RuntimeError(f"internal: the target's cache holds {held} tokens of rows whose contexts are "
-                                   f"{[row.n for row in rows]} long (it should hold all but each root)")
+        host, lm = self.host, self.lm
+        host.make_room(bucket(max(gammas) + 1, host.query_buckets))
+        lm.cache, lm.max_len, lm.valid = host.cache, host.max_len, host.valid.clone()
+        held = host.lengths.tolist()
+        if held != [row.n - 1 for row in rows]:
+            raise RuntimeError(f"internal: the target's cache holds {held} tokens of rows whose contexts are "
+                               f"{[row.n for row in rows]} long (it should hold all but each root)")
         return super().propose(rows, gammas)
