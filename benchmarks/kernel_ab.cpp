@@ -21,6 +21,7 @@ namespace {
 struct Linear {
   int64_t N, K, stride;
   std::vector<uint8_t> packed;
+  bool stream;  // as the op takes it (packed_core.h's `streams`)
 };
 
 template <typename NS_Args, typename Fmt, typename Quantize, typename Run>
@@ -30,7 +31,7 @@ double pass(std::vector<Linear>& ls, int64_t M, int64_t G, Fmt fmt, std::vector<
   const auto t = std::chrono::steady_clock::now();
   for (Linear& l : ls) {
     quantize(x.data(), M, l.K, G, xq.data(), xs.data(), xsum.data());
-    NS_Args a{fmt, x.data(), nullptr, M, l.K, l.N, l.packed.data(), l.stride, G, nullptr, out.data(), false, true,
+    NS_Args a{fmt, x.data(), nullptr, M, l.K, l.N, l.packed.data(), l.stride, G, nullptr, out.data(), false, l.stream,
               xq.data(), xs.data(), xsum.data()};
     run(a, nullptr, 0, (l.N + panel - 1) / panel);
   }
@@ -60,8 +61,9 @@ int main(int argc, char** argv) {
     const int levels = bits == 8 ? 255 : 16, low = bits == 8 ? -127 : -8;  // q in [-127, 127] or [-8, 7]
     for (int8_t& v : q) v = static_cast<int8_t>(static_cast<int>(rng() % levels) + low);
     std::vector<float> scales(N * groups, 0.01f);
-    Linear l{N, K, kernel_a::panel_bytes(fa, K, G), {}};
+    Linear l{N, K, kernel_a::panel_bytes(fa, K, G), {}, false};
     l.packed.resize(kernel_a::panels(N) * l.stride + 64);
+    l.stream = kernel_a::streams(fa, kernel_a::panels(N) * l.stride);
     kernel_a::pack_quantized(q.data(), scales.data(), N, K, G, bits, l.packed.data(), true);  // one layout for both
     bytes += static_cast<double>(l.packed.size());
     widest = std::max({widest, N, K});

@@ -421,16 +421,26 @@ def test_every_kernel_gives_the_same_bits_on_any_number_of_threads(dtype, thread
             assert all(torch.equal(a, b) for a, b in zip(alone, run(rows), strict=True)), (rows, count)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
-def test_a_weight_that_streams_from_memory_gives_the_bits_of_a_small_one(dtype):
-    """A packed weight of 8 MiB or more reads fewer panels side by side (kernels/packed_core.h, STREAM_BYTES): the
+@pytest.mark.parametrize("fmt", ["bfloat16", "float32", "w8a8"])
+def test_a_weight_that_streams_from_memory_gives_the_bits_of_a_small_one(fmt):
+    """A packed weight that streams from memory (kernels/packed_core.h, `streams`: 8 MiB or more, W8A8's 4 MiB)
+    reads fewer panels side by side, and a one-row W8A8 pass over it runs as a block of two rows (TWIN_ROW): the
     same bits as the same outputs packed as a small weight, at every pass width."""
+    from specdec.runtime.weights import quantize_weight
+
     load_kernel()
     torch.manual_seed(12)
-    k, n = 1024, 4200  # 8.6 MB in bfloat16, 17 MB in float32
+    k, n = 1024, 4200  # 8.6 MB in bfloat16, 17 MB in float32, 4.6 MB in W8A8
+    dtype = torch.float32 if fmt == "float32" else torch.bfloat16
     w, b = torch.randn(n, k).to(dtype), torch.randn(n).to(dtype)
-    big, small = torch.ops.specdec.pack_weight(w, False), torch.ops.specdec.pack_weight(w[:96], False)
-    assert big.numel() * big.element_size() >= 8 << 20 > small.numel() * small.element_size()
+    if fmt == "w8a8":
+        qw = quantize_weight(w.float(), 8, 64)
+        big = torch.ops.specdec.pack_quantized(qw.q, qw.scales, 8, 64, True)
+        small = torch.ops.specdec.pack_quantized(qw.q[:96], qw.scales[:96], 8, 64, True)
+    else:
+        big, small = torch.ops.specdec.pack_weight(w, False), torch.ops.specdec.pack_weight(w[:96], False)
+    least = 4 << 20 if fmt == "w8a8" else 8 << 20
+    assert big.numel() * big.element_size() >= least > small.numel() * small.element_size()
     for rows in (1, 2, 5, 12, 13):
         x = torch.randn(rows, k).to(dtype)
         want = torch.ops.specdec.packed_linear(x, small, b[:96], 96)

@@ -104,12 +104,20 @@ constexpr int PANEL = PV * LANES;
 // one row in W8A8 (20.5-20.9 GB/s, of 23.7 a plain read reaches), 0.81x / 0.72x in W4A8, 0.69-0.71x at 2-4 rows
 // and 0.80-0.86x at 8 (one Zen 4 core, benchmarks/kernel_ab.py; docs/kernels.md). AVX2 reads up to 8 panels side
 // by side, which the header comment's measurements needed prefetched.
+//
+// TWIN_ROW: a one-row W8A8 pass over a weight that streams from memory (Args::stream) is computed as a block of two
+// rows, the row and a copy of it, the copy's outputs dropped. On AVX-512 a block of one row streamed slower than a
+// block of two: over the Qwen2.5-0.5B shape's linears, one row as two took 0.90-0.94x the time of one row alone
+// (0.85x over its MLP weights, 0.82x over its head), 0.88-0.97x at 1.5B, with the same bits (the copy is the row,
+// and each row's sums are its own). In cache the copy cost 14-16%, so only a streamed weight takes it. Measured on
+// one Zen 4 core (benchmarks/kernel_ab.py, docs/kernels.md); why the wider block streams faster is not known. On
+// AVX2 the one-row block reads up to 8 panels side by side and two rows were slower (1.06-1.20x).
 #if defined(__AVX512F__)
 constexpr int R_DOT8 = 4, R_DOT4 = 2, ACC_DOT = 24;
-constexpr bool DOT_PREFETCH = false;
+constexpr bool DOT_PREFETCH = false, TWIN_ROW = true;
 #else
 constexpr int R_DOT8 = 8, R_DOT4 = 8, ACC_DOT = ACC;
-constexpr bool DOT_PREFETCH = true;
+constexpr bool DOT_PREFETCH = true, TWIN_ROW = false;
 #endif
 constexpr int r_dot(Fmt f) { return f == Fmt::W8A8 ? R_DOT8 : R_DOT4; }
 
@@ -123,9 +131,12 @@ constexpr int panels_for(int R, Fmt f, bool stream) {
   return std::min(most, p >= 8 ? 8 : p >= 4 ? 4 : p >= 2 ? 2 : 1);
 }
 
-// A weight of at least this many packed bytes is taken to stream from memory (the caller's call: Args::stream):
-// a model's larger matrices. The shipped default pair's (6 MB at most) stay in cache.
-constexpr int64_t STREAM_BYTES = int64_t(8) << 20;
+// A weight of at least this many packed bytes is taken to stream from memory (the caller's call: Args::stream, by
+// `streams`): a model's larger matrices. The shipped default pair's (6 MB at most) stay in cache. W8A8's is lower,
+// for TWIN_ROW: streamed in a pass of Qwen2.5 shapes, one row as two took 0.98x the time over 0.8 MB weights, 0.90x
+// over 2.4 MB and 0.85x over 4.6 MB ones; the default pair's largest W8A8 weight, 3.3 MB of 7 MB in all, stays out.
+constexpr int64_t STREAM_BYTES = int64_t(8) << 20, DOT_STREAM_BYTES = int64_t(4) << 20;
+inline bool streams(Fmt f, int64_t bytes) { return bytes >= (f == Fmt::W8A8 ? DOT_STREAM_BYTES : STREAM_BYTES); }
 
 inline bool has_pairs_format() {
 #if defined(__AVX512BF16__)
@@ -430,8 +441,8 @@ inline void amx_pairs(const Args& a, int64_t p0, int64_t p1) {
 #endif
 
 // W4A8 and W8A8, after a group's integer sums: acc = fma(float(isum - bias * sum of the row's xq), scale * xs, acc)
-// for every row and output (`bias`: what each input's weight held in excess of q).
-template <int R, int P>
+// for every row and output (`bias`: what each input's weight held in excess of q). Twin: every row is row m0.
+template <int R, int P, bool Twin = false>
 __attribute__((always_inline)) inline void add_group(const Args& a, V (&acc)[R][P * PV], simd::VI (&isum)[R][P * PV],
                                                      int64_t m0, int64_t p0, int64_t g, int64_t group_bytes,
                                                      int32_t bias) {
@@ -441,13 +452,19 @@ __attribute__((always_inline)) inline void add_group(const Args& a, V (&acc)[R][
     SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
       const V sc = simd::load(scale + v * LANES);
       SPECDEC_UNROLL for (int r = 0; r < R; ++r) {
-        const int64_t rg = (m0 + r) * groups + g;
+        const int64_t rg = (m0 + (Twin ? 0 : r)) * groups + g;
         acc[r][p * PV + v] = simd::fma(simd::to_float(isum[r][p * PV + v], bias * a.xsum[rg]),
                                        simd::mul(sc, simd::set1(a.xs[rg])), acc[r][p * PV + v]);
       }
     }
   }
 }
+
+// A value the compiler must take as unknown (`opaque`) or must compute though nothing reads it (`keep`).
+template <typename T>
+__attribute__((always_inline)) inline void opaque(T& v) { asm("" : "+r"(v)); }
+template <typename T>
+__attribute__((always_inline)) inline void keep(const T& v) { asm volatile("" : : "v"(v)); }
 
 // W4A8: per group, each row's integer sums over the group's k (8 at a time: two words of 4 inputs against the low
 // and high nibbles), then the group's scales into the row's float32 accumulators (packed_core's header comment).
@@ -502,9 +519,12 @@ struct DotBlock {
 
 // W8A8: per group, each row's int32 sums over the group's k (4 at a time: one word of 4 inputs against 4 weight
 // bytes per output), then the group's scales into the row's float32 accumulators, as W4A8.
-template <int R, int P>
+// Twin (TWIN_ROW, R 2): row m0 alone, computed as two rows, the second a copy of the first whose outputs are
+// computed and dropped (the compiler is kept from merging the two: `opaque`, `keep`).
+template <int R, int P, bool Twin = false>
 struct ByteDotBlock {
   static constexpr int NV = P * PV;
+  static_assert(!Twin || R == 2, "a twin block is one row computed as two");
 
   static void run(const Args& a, int64_t m0, int64_t p0) {
     V acc[R][NV];
@@ -512,7 +532,8 @@ struct ByteDotBlock {
       SPECDEC_UNROLL for (int j = 0; j < NV; ++j) acc[r][j] = simd::zero();
     const int64_t G = a.G, groups = (a.K + G - 1) / G, group_bytes = PANEL * 4 + G * PANEL;
     const int8_t* x[R];  // each row's quantized inputs
-    SPECDEC_UNROLL for (int r = 0; r < R; ++r) x[r] = a.xq + (m0 + r) * groups * G;
+    SPECDEC_UNROLL for (int r = 0; r < R; ++r) x[r] = a.xq + (m0 + (Twin ? 0 : r)) * groups * G;
+    if constexpr (Twin) opaque(x[1]);
     for (int64_t g = 0; g < groups; ++g) {
       simd::VI isum[R][NV];
       SPECDEC_UNROLL for (int r = 0; r < R; ++r)
@@ -533,9 +554,14 @@ struct ByteDotBlock {
           }
         }
       }
-      add_group<R, P>(a, acc, isum, m0, p0, g, group_bytes, simd::DOT_BYTES_BIAS);
+      add_group<R, P, Twin>(a, acc, isum, m0, p0, g, group_bytes, simd::DOT_BYTES_BIAS);
     }
-    Block<Fmt::F32, R, P>::store(a, acc, m0, p0);
+    if constexpr (Twin) {
+      SPECDEC_UNROLL for (int j = 0; j < NV; ++j) keep(acc[1][j]);
+      Block<Fmt::F32, 1, P>::store(a, reinterpret_cast<V (&)[1][NV]>(acc), m0, p0);
+    } else {
+      Block<Fmt::F32, R, P>::store(a, acc, m0, p0);
+    }
   }
 };
 
@@ -610,6 +636,15 @@ void run_format(const Args& a, const float* xt, int64_t p0, int64_t p1) {
           }
           m += r;
         }
+      return;
+    }
+  }
+  if constexpr (F == Fmt::W8A8 && TWIN_ROW) {
+    if (a.M == 1 && a.stream) {
+      constexpr int P = panels_for(2, F, false);
+      int64_t p = p0;
+      for (; p + P <= p1; p += P) ByteDotBlock<2, P, true>::run(a, 0, p);
+      for (; p < p1; ++p) ByteDotBlock<2, 1, true>::run(a, 0, p);
       return;
     }
   }
