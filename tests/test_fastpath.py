@@ -359,6 +359,24 @@ def _plus_one(model, x):
     return x + 1
 
 
+def test_compiled_passes_keep_the_guards_on_their_arguments_only():
+    """`argument_guards` (the compiled passes' guard filter) keeps dynamo's guards on a call's arguments (inputs,
+    cache tensors, flags) and drops those on the model's modules, parameters, buffers, hooks and config, and on
+    globals, which the compile froze or traced in."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from specdec.runtime.compiled import argument_guards  # noqa: PLC0415
+
+    names = {"args[1]": True, "args[5].layers[0].keys": True, "args[7].greedy": True,
+             "args[0]._modules['model']._modules['layers']": False,
+             "args[0]._modules['lm_head']._parameters['weight']": False, "args[0]._buffers['inv_freq']": False,
+             "args[0]._forward_hooks": False, "args[0].config": False, "args[0].config._attn_implementation": False,
+             "dict(type(args[0].config).__mro__[1].__dict__)": False, "args[0].configured": True}
+    entries = [SimpleNamespace(name=name, is_global=False) for name in names]
+    assert argument_guards(entries) == list(names.values())
+    assert argument_guards([SimpleNamespace(name="G['torch']", is_global=True)]) == [False]
+
+
 @pytest.mark.compile
 def test_a_compiled_shape_runs_without_re_checking_every_guard_and_a_mismatch_recompiles_loudly(monkeypatch):
     """Calls of an already-compiled key skip dynamo's full guard check (each key its own code object, keeping

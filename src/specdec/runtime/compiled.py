@@ -91,7 +91,7 @@ class Compiled:
 
 #: Where a guard's name passes through what a compiled pass has frozen: a module's submodules, parameters, buffers
 #: or hooks, or a model's config.
-_FROZEN_STATE = re.compile(r"\._(modules|parameters|buffers)\[|\.config|__mro__|_hooks")
+_FROZEN_STATE = re.compile(r"\._(modules|parameters|buffers)\[|\.config\b|__mro__|_hooks")
 
 
 def argument_guards(entries) -> list[bool]:
