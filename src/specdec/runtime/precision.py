@@ -53,9 +53,9 @@ def auto_dtype(device: str | torch.device = "cpu") -> torch.dtype:
 @functools.cache
 def cpu_computes_bf16() -> bool:
     """Whether this CPU runs bfloat16 matrix products natively (measured once per machine, then cached)."""
-    key = _machine_key()
-    cache = _cache_path()
-    known = _read(cache)
+    key = machine_key()
+    cache = cache_file("precision.json")
+    known = read_cache(cache)
     if key in known and "float32_ms" in known[key]:
         return bf16_pays(known[key]["float32_ms"], known[key]["bfloat16_ms"])
     try:
@@ -67,11 +67,7 @@ def cpu_computes_bf16() -> bool:
     log.info("bfloat16 on this CPU: %s (1 / 8 rows: float32 %.3f / %.3f ms, bfloat16 %.3f / %.3f ms)",
              "native" if native else "emulated", f32[0], f32[1], bf16[0], bf16[1])
     known[key] = {"bf16": native, "float32_ms": f32, "bfloat16_ms": bf16}
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(known, indent=1))
-    except OSError:
-        pass  # a read-only home: measure again next time
+    write_cache(cache, known)
     return native
 
 
@@ -108,19 +104,32 @@ def cpu_family_model() -> str | None:
     return f"family {info['cpu family']} model {info['model']}"
 
 
-def _machine_key() -> str:
-    """The CPU, its cores, torch, and the kernels' build (their tier and sources: a new kernel is measured anew)."""
+def machine_key() -> str:
+    """The CPU, its cores, torch, and the kernels' build (their tier and sources: a new kernel is measured anew): what
+    a measurement cached on this machine is valid for."""
     from specdec.runtime.rowwise import build_name, kernel_tier  # noqa: PLC0415
 
     return f"{cpu_model()} | {os.cpu_count()} cores | torch {torch.__version__} | {build_name(kernel_tier())}"
 
 
-def _cache_path() -> Path:
+def cache_file(name: str) -> Path:
+    """`name` in specdec's cache folder for measurements of this machine (`$XDG_CACHE_HOME/specdec`, else
+    `~/.cache/specdec`)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "specdec" / "precision.json"
+    return Path(base) / "specdec" / name
 
 
-def _read(path: Path) -> dict:
+def write_cache(path: Path, data: dict) -> None:
+    """Write a cache file; a read-only home leaves it unwritten (measured again next time)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1))
+    except OSError:
+        pass
+
+
+def read_cache(path: Path) -> dict:
+    """A cache file's JSON object ({} if it is missing, unreadable or not an object)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
