@@ -43,6 +43,15 @@ def _compiling_tests_are_marked(request, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _self_draft_verdicts_stay_in_the_test(tmp_path, monkeypatch):
+    """`choose_self_draft` caches its verdicts in the test's folder, not the user's cache: every test measures
+    afresh, and a test run leaves nothing in ~/.cache/specdec."""
+    from specdec.engine import self_draft_choice
+
+    monkeypatch.setattr(self_draft_choice, "cache_file", lambda name: tmp_path / "specdec-cache" / name)
+
+
+@pytest.fixture(autouse=True)
 def _deterministic_torch():
     torch.manual_seed(0)
     yield

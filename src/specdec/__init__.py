@@ -60,6 +60,8 @@ _EXPORTS = {
     "DecodeStats": "specdec.core.stats",
     "expected_speedup": "specdec.core.stats",
     "expected_tokens_per_pass": "specdec.core.stats",
+    "SelfDraftChoice": "specdec.engine.self_draft_choice",
+    "choose_self_draft": "specdec.engine.self_draft_choice",
     "TextOutput": "specdec.engine.text",
     "generate_text": "specdec.engine.text",
     "stream_text": "specdec.engine.text",

@@ -116,9 +116,12 @@ def register(subparsers) -> None:
     parser.add_argument("--draft", help="draft model path or hub id (its own tokenizer, if it differs from the "
                         "target's, is translated: see --draft-tokenizer)")
     add_draft_tokenizer_arg(parser)
-    parser.add_argument("--drafter", **drafter_choices("plain"), default=None,
+    parser.add_argument("--drafter", **drafter_choices("plain", "auto"), default=None,
                         help="how to draft: 'draft' = the draft model (the default when --draft is given or "
-                        "when the shipped pair is used, i.e. no --target); 'plain' = no drafting (plain "
+                        "when the shipped pair is used, i.e. no --target); 'auto' = the target's own weights "
+                        "quantized to w4a8 (SelfDraft, γ auto) where that measures faster than plain decoding on "
+                        "this machine (measured once per model on its first prompt, then cached; the default with "
+                        "--target and no --draft), else plain; 'plain' = no drafting (plain "
                         "decoding through the same loop); 'prompt-lookup' = n-gram matches in the prompt and "
                         "output; 'suffix' = SuffixDecoding, token trees from a suffix trie of the prompt and output "
                         "(docs/suffix.md); 'bigram' = a bigram table (--bigram, or built from the target); 'layer-skip' = "
@@ -134,7 +137,7 @@ def register(subparsers) -> None:
                         "'dflash' / 'dflash-tree' = a DFlash block head on the target's features, γ tokens from one "
                         "pass (--head, or the one shipped for the default target); 'parallel' = a PARD draft, γ "
                         "tokens from one pass over γ-1 mask tokens (--draft DIR adapted by `specdec distill "
-                        "--parallel`, else the one shipped for the default pair). With --target and no --draft: plain")
+                        "--parallel`, else the one shipped for the default pair)")
     parser.add_argument("--ngram-max", type=int, default=None,
                         help="prompt-lookup: longest n-gram matched (default 3)")
     parser.add_argument("--ngram-min", type=int, default=None,
@@ -205,33 +208,50 @@ def load_models(args):
     return target, draft, tokenizer
 
 
+def choose_drafter(target, prompt_ids, args) -> tuple[object, str | None]:
+    """--drafter auto: (the target's SelfDraft, its kind) where it measures faster than plain decoding on this
+    machine (measured once, on this prompt, then cached), else (None, None); the choice is said on stderr."""
+    from specdec.engine.self_draft_choice import choose_self_draft
+
+    choice = choose_self_draft(target, prompt_ids, compile=args.compile)
+    print(f"[specdec] {choice.reason}", file=sys.stderr)
+    return choice.drafter, None if choice.drafter is None else f"self-draft-{choice.drafter.weights}"
+
+
 def run(args) -> int:
+    from dataclasses import replace
+
     from specdec.engine.decoding import SpeculativeDecoder
+    from specdec.engine.options import DecodeOptions
     from specdec.hub.default_pair import DEFAULT_SEQ2SEQ
     from specdec.drafters import make_drafter
     from specdec.engine.text import detokenize, text_request
     from specdec.runtime.threads import decode_threads
 
+    request = DecodeOptions(gamma=parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
+                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     target, draft, tokenizer = load_models(args)
     shipped = args.target is None or args.target == DEFAULT_SEQ2SEQ  # a shipped pair: its draft by default
-    kind = args.drafter or ("draft" if args.draft or (shipped and draft is not None) else None)
+    # A target with no draft: its own quantized copy where that measures faster (engine/self_draft_choice.py).
+    kind = args.drafter or ("draft" if args.draft or (shipped and draft is not None) else "auto")
     kind = None if kind == "plain" else kind
     options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
                "bigram_path": args.bigram, "head_path": args.head, "draft_vocab": args.draft_vocab}
     options.update(draft_tokenizer_options(args, kind, tokenizer))
-    if kind is None and any(v is not None for v in options.values()):
+    if kind in (None, "auto") and any(v is not None for v in options.values()):
         from specdec.errors import ConfigError
 
         raise ConfigError("drafter options (--ngram-max, --ngram-min, --draft-layers, --bigram, --head, "
-                          "--draft-vocab) need --drafter")
-    drafter = make_drafter(kind, target=target, draft=draft, **options) if kind else None
+                          "--draft-vocab) need --drafter with a kind that takes them")
     # An encoder-decoder target (T5, BART, Marian) reads the prompt with its encoder.
     prompt_ids, encoder_inputs = text_request(target, tokenizer, args.prompt)
-    decoder = SpeculativeDecoder(
-        target, drafter, gamma=parse_gamma(args.gamma), max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        compile=args.compile, encoder_inputs=encoder_inputs,
-    )
+    if kind == "auto":
+        drafter, kind = choose_drafter(target, prompt_ids, args)
+        request = request if request.gamma is not None or drafter is None else replace(request, gamma="auto")
+    else:
+        drafter = make_drafter(kind, target=target, draft=draft, **options) if kind else None
+    decoder = SpeculativeDecoder(target, drafter, options=request, compile=args.compile,
+                                 encoder_inputs=encoder_inputs)
     if args.compile:
         import logging
 
@@ -243,7 +263,7 @@ def run(args) -> int:
         sys.stdout.flush()
     s = decoder.stats
     default = drafter.capabilities.default_gamma if drafter is not None else None
-    gamma = args.gamma if args.gamma is not None else default or 4
+    gamma = request.gamma if request.gamma is not None else default or 4
     method = f"{kind} (γ={gamma})" if kind else "plain"
     threads = decode_threads(decoder.target.model)
     # Compiling (first use of each fast-path shape) is reported apart, never averaged into the speed.
