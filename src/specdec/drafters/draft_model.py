@@ -47,6 +47,10 @@ class DraftModel(Drafter):
     LM heads differ in width (padding rows are never drafted).
     """
 
+    #: On the fast path, draft with a one-step graph called γ times (one compile for every γ) rather than one graph
+    #: of γ steps per γ: for a draft whose step is long beside a compiled call's overhead (SelfDraft's).
+    per_step_graphs = False
+
     # Rows of the target's logits when its LM head is padded to another width (None: same width), and the
     # real vocabulary size when the shared tokenizer is known (rows past it are padding).
     _width: int | None = None
@@ -152,7 +156,8 @@ class DraftModel(Drafter):
     def precompile(self, gammas, sampling: SamplingConfig, context: torch.Tensor) -> None:
         """On the fast path: the catch-up passes and the draft graph of every γ in `gammas`, compiled now."""
         if isinstance(self.lm, StaticCausalLM):
-            self.lm.precompile(self.lm.catch_up_sizes, gammas, sampling, context, vocab=self.draft_vocab)
+            self.lm.precompile(self.lm.catch_up_sizes, gammas, sampling, context, vocab=self.draft_vocab,
+                               per_step=self.per_step_graphs)
 
     @property
     def forwards(self) -> int:
@@ -199,7 +204,7 @@ class DraftModel(Drafter):
         """On the fast path: γ steps of the compiled draft graph, which first feeds the last `feed` committed
         tokens (`StaticCausalLM.draft_steps`)."""
         tokens, draft_probs = self.lm.draft_steps(context, gamma, sampling, generator, vocab=self.draft_vocab,
-                                                  feed=feed)  # [γ], [γ, V | N] | None
+                                                  feed=feed, per_step=self.per_step_graphs)  # [γ], [γ, V | N] | None
         if draft_probs is not None and self.draft_vocab is not None:  # [γ, N] -> [γ, V], 0 outside the vocab
             draft_probs = _spread(draft_probs, self.draft_vocab, self.vocab_size, 0.0)
         return Proposal(tokens=tokens.to(context.device),

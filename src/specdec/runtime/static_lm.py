@@ -386,20 +386,22 @@ class StaticCausalLM:
 
     @torch.inference_mode()
     def draft_steps(self, context: torch.Tensor, gamma: int, sampling: SamplingConfig,
-                    generator: torch.Generator | None, vocab: torch.Tensor | None = None, *, feed: int = 2
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    generator: torch.Generator | None, vocab: torch.Tensor | None = None, *, feed: int = 2,
+                    per_step: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Propose γ tokens continuing context [n] (n >= feed, cache holding at least context[:n-feed]) in one
         pass of the compiled draft graph, which first feeds the last `feed` committed tokens: 2 in a cache of its
         own (the second-last may be missing after a fully accepted round), 1 in a shared one (`share_cache`),
         which holds context[:n-1] already and keeps it. vocab [N] (on the model's device): the token ids of the
         model's logits columns when its LM head is reduced (`DraftModel(draft_vocab=...)`).
+        per_step=True: γ calls of a one-step graph instead (the first feeds `feed` tokens, the others one): one
+        compile serves every γ, for a draft whose step is long beside a call's overhead (SelfDraft's).
         Returns tokens [γ], draft_probs [γ, V] | None (V: the model's logits width, N with a vocab)."""
         n = context.shape[0]
-        # Draft the smallest γ already compiled that covers this one (the decoder keeps the first γ'):
-        # the short last round of a request must not compile a new graph.
-        done = [g for g in self.draft_gammas if g >= gamma]
-        asked, gamma = gamma, min(done) if done else gamma
-        self.draft_gammas.add(gamma)
+        asked = gamma
+        if not per_step:  # draft the smallest γ already compiled that covers this one (the decoder keeps the first
+            done = [g for g in self.draft_gammas if g >= gamma]  # γ'): a short last round must not compile a graph
+            gamma = min(done) if done else gamma
+            self.draft_gammas.add(gamma)
         start_slot = n - feed
         if n - 1 + gamma > self.max_len:
             raise PromptError(f"the draft's static cache of {self.max_len} slots is full; lower max_new_tokens")
@@ -408,18 +410,34 @@ class StaticCausalLM:
         uniforms = (torch.cat([torch.rand(asked, dtype=torch.float64, device=self.device, generator=generator),
                                _zeros((gamma - asked,), self.device)])
                     if not sampling.greedy else _zeros((gamma,), self.device))
-        key = _draft_key(gamma, sampling, self.max_len, vocab, feed)
-        fn = self._fn(key, draft_chain)
         t = time.perf_counter()
+        ids = context[start_slot:n].to(self.device).clone()  # [feed]
         slot0 = torch.scalar_tensor(start_slot, dtype=torch.long, device=self.device)  # [] (cheaper than tensor())
-        tokens, probs, finite = fn(self.model, context[start_slot:n].to(self.device).clone(), slot0, self.cache,
-                                   uniforms, gamma, sampling, vocab)
+        if per_step:
+            tokens, probs, finite = self._draft_by_steps(ids, slot0, uniforms, gamma, sampling, vocab)
+        else:
+            fn = self._fn(_draft_key(gamma, sampling, self.max_len, vocab, feed), draft_chain)
+            tokens, probs, finite = fn(self.model, ids, slot0, self.cache, uniforms, gamma, sampling, vocab)
         self.forward_s += time.perf_counter() - t
         if not bool(finite):
             raise numerical_error(self.model, f"at positions {start_slot}..{n + gamma - 2} (drafting)")
         self.forwards += gamma
         self.length = n + gamma - 1  # context[:n] and the first γ-1 drafts
         return tokens, probs
+
+    def _draft_by_steps(self, ids, slot0, uniforms, gamma: int, sampling: SamplingConfig, vocab):
+        """`draft_steps(per_step=True)`'s γ calls of the one-step graph of ids' width, then of width 1, each feeding
+        the token the last one drew. Returns tokens [γ], draft_probs [γ, V] | None, finite []."""
+        tokens, probs, finite = [], [], None
+        for i in range(gamma):
+            fn = self._fn(_draft_key(1, sampling, self.max_len, vocab, ids.shape[0]), draft_chain)
+            token, prob, step_finite = fn(self.model, ids, slot0, self.cache, uniforms[i : i + 1], 1, sampling, vocab)
+            slot0 = slot0 + ids.shape[0]
+            ids = token  # [1]: a token id (the graph maps a reduced vocabulary's columns)
+            tokens.append(token)
+            probs.append(prob)
+            finite = step_finite if finite is None else finite & step_finite
+        return torch.cat(tokens), (torch.cat(probs) if not sampling.greedy else None), finite
 
     def catch_up(self, input_ids: torch.Tensor) -> None:
         """Append input_ids [n] (committed tokens a drafter skipped) in chunks of CATCH_UP_ROWS rows, then one
@@ -441,13 +459,13 @@ class StaticCausalLM:
 
     def precompile(self, sizes, draft_gammas=(), sampling: SamplingConfig | None = None,
                    context: torch.Tensor | None = None, verify: SamplingConfig | None = None,
-                   vocab: torch.Tensor | None = None, feed: int = 2) -> None:
+                   vocab: torch.Tensor | None = None, feed: int = 2, per_step: bool = False) -> None:
         """Compile now the chain passes of `sizes` rows and (with `context` [n], n >= 2, the committed tokens
         the cache holds all but the last of) the draft graphs of `draft_gammas`, so that no later round of
         any request compiles. Runs after the prefill, past the cache's length, then restores it: the slots
         it wrote are hidden by the mask and overwritten later. A no-op when eager or already compiled.
         verify: the sampling config whose verifying passes (`score_and_verify`) of `sizes` rows to compile
-        instead of the plain ones. vocab, feed: as `draft_steps`'.
+        instead of the plain ones. vocab, feed, per_step: as `draft_steps`'.
         """
         if not self.compile or self.cache is None or not self.cache.ready:
             return
@@ -465,11 +483,15 @@ class StaticCausalLM:
             if context is None or context.shape[0] < feed or sampling is None:
                 return
             generator = torch.Generator(device=self.device).manual_seed(0)  # not the request's generator
+            if per_step:  # two steps compile both one-step graphs (width feed, then 1), whatever the γ
+                draft_gammas = [2] if draft_gammas and not self._compiled(
+                    _draft_key(1, sampling, self.max_len, vocab, 1)) else []
             for gamma in sorted(draft_gammas):
-                if not self._compiled(_draft_key(gamma, sampling, self.max_len, vocab, feed)):
+                if per_step or not self._compiled(_draft_key(gamma, sampling, self.max_len, vocab, feed)):
                     self.draft_gammas.add(gamma)
                     if context.shape[0] - 1 + gamma <= self.max_len:
-                        self.draft_steps(context, gamma, sampling, generator, vocab=vocab, feed=feed)
+                        self.draft_steps(context, gamma, sampling, generator, vocab=vocab, feed=feed,
+                                         per_step=per_step)
                     self.length = length
         finally:
             self.length, self.forwards, self.forward_s = length, forwards, forward_s
