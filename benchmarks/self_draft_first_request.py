@@ -1,0 +1,63 @@
+"""A self-draft's first request on the compiled path at one of the ladder's shapes (random weights, built from the
+config in-process): what compiling costs, and the decode speed beside plain decoding's, with one variant of the
+self-draft's draft graphs ("step": one step called γ times, `SelfDraft.per_step_graphs`; "chain": γ steps per graph).
+
+One process per variant (compile times are per process): plain decoding's first request, packing the self-draft,
+its first request (outputs checked identical to plain decoding's), and a second request. Random weights make the
+acceptance meaningless; this measures compiling and the machinery:
+
+    python benchmarks/self_draft_first_request.py --shape qwen2.5-1.5b --variant step
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import time
+from pathlib import Path
+
+import torch
+
+import specdec
+from specdec.engine.decoding import SpeculativeDecoder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="qwen2.5-1.5b", help="a shape of benchmarks/size_ladder.py")
+    parser.add_argument("--variant", choices=("step", "chain"), default="step")
+    parser.add_argument("--gamma", type=int, default=3)
+    parser.add_argument("--weights", default="w4a8", help="the self-draft's format")
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    ladder = runpy.run_path(str(Path(__file__).with_name("size_ladder.py")), run_name="size_ladder")
+    if args.shape not in ladder["SHAPES"]:
+        parser.error(f"--shape: choose one of {', '.join(ladder['SHAPES'])}")
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    target = ladder["build"](args.shape, torch.bfloat16)
+    print(f"build {time.perf_counter() - start:.1f} s", flush=True)
+    prompt = torch.randint(0, target.config.vocab_size, (64,), generator=torch.Generator().manual_seed(0))
+    start = time.perf_counter()
+    plain = SpeculativeDecoder(target, None, max_new_tokens=args.new_tokens, compile=True, eos_token_id=[])
+    expected = list(plain.stream(prompt))
+    print(f"plain first request {time.perf_counter() - start:.1f} s wall, compile {plain.stats.compile_s:.1f} s, "
+          f"{plain.stats.tokens_per_s:.2f} tok/s", flush=True)
+    start = time.perf_counter()
+    drafter = specdec.SelfDraft(target, args.weights)
+    drafter.per_step_graphs = args.variant == "step"
+    print(f"self-draft pack {time.perf_counter() - start:.1f} s", flush=True)
+    decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, max_new_tokens=args.new_tokens, compile=True,
+                                 eos_token_id=[])
+    for request in ("first", "second"):
+        start = time.perf_counter()
+        if list(decoder.stream(prompt)) != expected:
+            raise SystemExit(f"{args.variant}: the self-draft's output differs from plain decoding's")
+        print(f"{args.variant} self-draft γ{args.gamma} {request} request {time.perf_counter() - start:.1f} s wall, "
+              f"compile {decoder.stats.compile_s:.1f} s, {decoder.stats.tokens_per_s:.2f} tok/s, "
+              f"α {decoder.stats.acceptance_rate:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
