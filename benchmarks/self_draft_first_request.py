@@ -1,6 +1,7 @@
-"""A self-draft's first request on the compiled path at one of the ladder's shapes (random weights, built from the
-config in-process): what compiling costs, and the decode speed beside plain decoding's, with one variant of the
-self-draft's draft graphs ("step": one step called γ times, `SelfDraft.per_step_graphs`; "chain": γ steps per graph).
+"""A self-draft's first request on the compiled path (or `--path static`) at one of the ladder's shapes (random
+weights, built from the config in-process): what compiling costs, and the decode speed beside plain decoding's, with
+one variant of the self-draft's draft graphs ("step": one step called γ times, `SelfDraft.per_step_graphs`;
+"chain": γ steps per graph), and c and v (a draft step's and a verification pass's time over a plain step's).
 
 One process per variant (compile times are per process): plain decoding's first request, packing the self-draft,
 its first request (outputs checked identical to plain decoding's), and a second request. Random weights make the
@@ -30,33 +31,41 @@ def main() -> None:
     parser.add_argument("--weights", default="w4a8", help="the self-draft's format")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--path", choices=("compiled", "static"), default="compiled",
+                        help="compiled: compile=True; static: the slot cache without inductor (compile='static')")
     args = parser.parse_args()
     ladder = runpy.run_path(str(Path(__file__).with_name("size_ladder.py")), run_name="size_ladder")
     if args.shape not in ladder["SHAPES"]:
         parser.error(f"--shape: choose one of {', '.join(ladder['SHAPES'])}")
     torch.set_num_threads(args.threads)
+    path = True if args.path == "compiled" else "static"
     start = time.perf_counter()
     target = ladder["build"](args.shape, torch.bfloat16)
     print(f"build {time.perf_counter() - start:.1f} s", flush=True)
     prompt = torch.randint(0, target.config.vocab_size, (64,), generator=torch.Generator().manual_seed(0))
     start = time.perf_counter()
-    plain = SpeculativeDecoder(target, None, max_new_tokens=args.new_tokens, compile=True, eos_token_id=[])
+    plain = SpeculativeDecoder(target, None, max_new_tokens=args.new_tokens, compile=path, eos_token_id=[])
     expected = list(plain.stream(prompt))
     print(f"plain first request {time.perf_counter() - start:.1f} s wall, compile {plain.stats.compile_s:.1f} s, "
           f"{plain.stats.tokens_per_s:.2f} tok/s", flush=True)
+    list(plain.stream(prompt))  # a second request: its stats time the passes without compiling
+    print(f"plain second request {plain.stats.tokens_per_s:.2f} tok/s", flush=True)
     start = time.perf_counter()
     drafter = specdec.SelfDraft(target, args.weights)
     drafter.per_step_graphs = args.variant == "step"
     print(f"self-draft pack {time.perf_counter() - start:.1f} s", flush=True)
-    decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, max_new_tokens=args.new_tokens, compile=True,
+    decoder = SpeculativeDecoder(target, drafter, gamma=args.gamma, max_new_tokens=args.new_tokens, compile=path,
                                  eos_token_id=[])
     for request in ("first", "second"):
         start = time.perf_counter()
         if list(decoder.stream(prompt)) != expected:
             raise SystemExit(f"{args.variant}: the self-draft's output differs from plain decoding's")
+        stats, step = decoder.stats, plain.stats.target_s / plain.stats.target_forwards  # a plain step's seconds
         print(f"{args.variant} self-draft γ{args.gamma} {request} request {time.perf_counter() - start:.1f} s wall, "
-              f"compile {decoder.stats.compile_s:.1f} s, {decoder.stats.tokens_per_s:.2f} tok/s, "
-              f"α {decoder.stats.acceptance_rate:.2f}", flush=True)
+              f"compile {stats.compile_s:.1f} s, {stats.tokens_per_s:.2f} tok/s, α {stats.acceptance_rate:.2f}, "
+              f"c {stats.draft_s / max(stats.drafted, 1) / step:.2f}, "
+              f"v {stats.target_s / max(stats.target_forwards, 1) / step:.2f} (a plain step {1e3 * step:.0f} ms)",
+              flush=True)
 
 
 if __name__ == "__main__":
