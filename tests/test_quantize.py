@@ -20,7 +20,7 @@ from torch import nn
 import specdec
 from specdec.errors import ConfigError
 from specdec.exactness import check_exactness
-from specdec.runtime.weights import PackedLinear, pack_model, quantized_copy
+from specdec.runtime.weights import FLOATS, PackedLinear, pack_model, quantized_copy
 
 PROMPTS = [[5, 17, 3, 40, 8], [1, 2, 3], [60, 61, 62, 63, 64, 65, 66]]
 #: The statistical checks' level (test_exactness.py counts them as QUANTIZED_CHECKS at QUANTIZED_ALPHA).
@@ -72,6 +72,34 @@ def test_self_draft_shares_the_targets_tensors_and_leaves_it_float():
     plain = specdec.generate(target, prompt, max_new_tokens=20)
     spec = specdec.generate(target, prompt, drafter=drafter, gamma=4, max_new_tokens=20)
     assert spec.tokens == plain.tokens and spec.stats.accepted > 0
+
+
+@pytest.mark.parametrize(("arch", "dtype", "packed"),
+                         [("llama", torch.float32, "float32"), ("llama", torch.float32, "bfloat16"),
+                          ("qwen2", torch.bfloat16, "bfloat16")],
+                         ids=["f32-on-f32", "f32-on-bf16", "bf16-tied-bias-on-bf16"])
+def test_a_self_draft_of_a_target_on_packed_float_weights_quantizes_the_weights_it_computes_with(arch, dtype, packed):
+    """load(weights="float32" | "bfloat16") keeps every float weight, in the panels' layout: the self-draft reads
+    them back (PackedLinear.dense_weight) and is the copy it would be of the same weights unpacked, tensor for
+    tensor; it drafts in the packed target's cache with plain decoding's tokens."""
+    kw = dict(hidden=64, layers=2, seed=3, dtype=dtype, tie_word_embeddings=arch == "qwen2")
+    unpacked, target = tiny(arch, **kw), pack_model(tiny(arch, **kw), packed)
+    with torch.no_grad():  # the unpacked model's linear weights rounded as the packing rounds them
+        for m in unpacked.modules():
+            if isinstance(m, nn.Linear):
+                m.weight.copy_(m.weight.to(FLOATS[packed]))
+    for linear, read_back in zip([m for m in unpacked.modules() if isinstance(m, nn.Linear)],
+                                 [m for m in target.modules() if isinstance(m, PackedLinear)]):
+        assert torch.equal(read_back.dense_weight(), linear.weight.to(read_back.dense_weight().dtype))
+    drafter = specdec.SelfDraft(target, weights="w4a8", group=16)
+    want = specdec.SelfDraft(unpacked, weights="w4a8", group=16).model.state_dict()
+    got = drafter.model.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
+    for prompt in PROMPTS:
+        plain = specdec.generate(target, prompt, max_new_tokens=20, compile="static")
+        decoder = specdec.SpeculativeDecoder(target, drafter, gamma=4, max_new_tokens=20, compile="static")
+        assert list(decoder.stream(prompt)) == plain.tokens
+        assert drafter.shares_cache and decoder.stats.accepted > 0
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4", "w4a8", "w8a8"])
@@ -190,10 +218,29 @@ def test_refusals_name_the_fix():
     with pytest.raises(ConfigError, match="choose float32, bfloat16, int8, int4"):
         pack_model(target, "int2")
     quantized = pack_model(tiny("llama", hidden=64, layers=2, dtype=torch.float32), "int8", group=16)
-    with pytest.raises(ConfigError, match="packed already"):
+    with pytest.raises(ConfigError, match="packed as int8 already; make the copy from a model loaded with "
+                       "weights='float32' or 'bfloat16'"):
         quantized_copy(quantized, "int4")
+    with pytest.raises(ConfigError, match="float weights are not kept"):
+        quantized.model.layers[0].mlp.up_proj.dense_weight()
     with pytest.raises(ConfigError, match="CPU kernels only"):
         specdec.load("unused", device="meta", weights="int8")
+
+
+def test_dense_weight_reads_the_bfloat16_pairs_layout_back():
+    """The pairs layout (AVX512_BF16, AMX: [panels, pair rows, PANEL, 2], k padded to whole pairs or tiles) read back,
+    on any CPU: a layer given such a buffer, built from the layout's definition, returns the weight it was built
+    from."""
+    from specdec.runtime.rowwise import load_kernel
+
+    load_kernel()
+    panel, n, k, pair_rows = torch.ops.specdec.panel_width(), 37, 21, 16  # pair rows as AMX pads 21 inputs
+    weight = torch.randn(n, k).to(torch.bfloat16)
+    padded = torch.zeros(-(-n // panel) * panel, pair_rows * 2, dtype=torch.bfloat16)
+    padded[:n, :k] = weight
+    pairs = padded.view(-1, panel, pair_rows, 2).permute(0, 2, 1, 3).contiguous()  # [p][i][n][j] = w[p·PANEL+n, 2i+j]
+    layer = PackedLinear(pairs, None, k, n, "bfloat16")
+    assert torch.equal(layer.dense_weight(), weight)
 
 
 def test_pack_model_drops_the_float_weights_it_packed():

@@ -5,7 +5,9 @@ int8, or w4a8: int4 computed on int8 activations) and run on specdec's packed ke
 download or train. Its embeddings, norms and biases are the target's own tensors (shared, not copied); its linear
 layers hold a packed copy at a quarter (int8) or an eighth (int4) of float32's bytes, so a draft step reads that
 much less memory than a target step. How close the copy stays to the target is what acceptance measures
-(docs/quantization.md has the figures on the default target).
+(docs/quantization.md has the figures on the default target). A target loaded on packed float weights
+(`load(weights="bfloat16")`, a float32 model reading half the bytes: the fast form on a CPU without bfloat16
+arithmetic) is copied from those weights, read back from its panels; a target on quantized weights cannot be.
 
 Exact at every temperature: q is the quantized copy's own warped distribution, the one its tokens are drawn from,
 and verification is the usual rule against the target. It is a `DraftModel` over that copy, so it batches, runs on

@@ -178,6 +178,20 @@ class PackedLinear(nn.Module):
     def bits(self) -> int | None:
         return QUANTIZED.get(self.weights)
 
+    def dense_weight(self) -> torch.Tensor:
+        """The weights [N, K] as packed (float32 or bfloat16, a copy), read back from the panels' layout
+        (kernels/packed_core.h): float formats only, whose packing keeps every value. A quantized format's
+        weights are not the model's any more: ConfigError."""
+        if self.weights not in FLOATS:
+            raise ConfigError(f"this layer's weights are {self.weights}: its float weights are not kept; load the "
+                              "model with weights='float32' or 'bfloat16' (or without weights=) to read them")
+        p = self.packed
+        if p.dim() == 4:  # bfloat16 pairs: [panels, pairs of k, PANEL, 2]
+            w = p.permute(0, 2, 1, 3).reshape(p.shape[0] * p.shape[2], p.shape[1] * 2)
+        else:  # [panels, K, PANEL]
+            w = p.permute(0, 2, 1).reshape(p.shape[0] * p.shape[2], p.shape[1])
+        return w[: self.out_features, : self.in_features].contiguous()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed.dtype == torch.bfloat16 and self.packed.dim() == 4 and x.dtype != torch.bfloat16:
             raise ConfigError(f"this layer's weights are packed for bfloat16 passes (a bfloat16 model with "
@@ -224,10 +238,32 @@ def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP
 def quantized_copy(model: nn.Module, weights: str, group: int = DEFAULT_GROUP, *, head: bool = True) -> nn.Module:
     """A second model object whose linear layers are `model`'s packed in format `weights`, sharing every other
     tensor with `model` (embeddings, norms, buffers: no copies); `model` is left as it is. head=False: the copy keeps
-    `model`'s LM head as it is (shared)."""
-    if any(isinstance(m, PackedLinear) for m in model.modules()):
-        raise ConfigError("the model's weights are packed already; make the copy from a model loaded without "
-                          "weights=")
+    `model`'s LM head as it is (shared). A `model` on packed float weights (load(weights="float32" | "bfloat16")) is
+    quantized from those, read back one layer at a time (`PackedLinear.dense_weight`); one on quantized weights
+    cannot be: ConfigError."""
+    lm_head = model.get_output_embeddings()
+    quantized = sorted({m.weights for m in model.modules()
+                        if isinstance(m, PackedLinear) and m.weights not in FLOATS and (head or m is not lm_head)})
+    if quantized:
+        raise ConfigError(f"the model's weights are packed as {', '.join(quantized)} already; make the copy from a "
+                          "model loaded with weights='float32' or 'bfloat16', or without weights=")
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     twin = copy.deepcopy(model, memo=shared)  # its own modules, the same tensors
-    return pack_model(twin, weights, group, head=head, free=False)
+    sources: dict[str, PackedLinear] = {}  # the twin's float-packed layers, become nn.Linears filled when packed
+    for name, module in list(twin.named_modules()):
+        if isinstance(module, PackedLinear) and (head or module is not twin.get_output_embeddings()):
+            sources[name] = module
+            linear = nn.Linear(module.in_features, module.out_features, bias=False, device="meta")
+            linear.weight = nn.Parameter(module.packed.new_empty(0), requires_grad=False)  # read back by `fill`
+            if module.bias is not None:
+                linear.bias = nn.Parameter(module.bias, requires_grad=False)
+            parent_name, _, attr = name.rpartition(".")
+            setattr(twin.get_submodule(parent_name) if parent_name else twin, attr, linear)
+
+    def fill(name: str, linear: nn.Linear) -> None:
+        if name in sources:
+            linear.weight = nn.Parameter(sources[name].dense_weight(), requires_grad=False)
+
+    # free: each of the twin's layers lets go of its float weights once packed (a read-back copy is then freed; a
+    # weight it shares with `model` stays `model`'s)
+    return pack_model(twin, weights, group, head=head, free=True, fill=fill)
