@@ -82,9 +82,19 @@ def test_targets_a_self_draft_cannot_serve_are_left_to_plain_decoding(monkeypatc
 
     calls = measured_as(monkeypatch, 100.0, 300.0)
     packed = pack_model(tiny("llama", dtype=torch.float32), "int8", group=16)
-    assert "packed weights" in choose_self_draft(packed, PROMPT).reason
+    assert "on int8 weights" in choose_self_draft(packed, PROMPT).reason
     assert "encoder-decoder" in choose_self_draft(tiny_seq2seq("t5"), PROMPT).reason
     assert not calls
+
+
+def test_a_target_on_packed_float_weights_gets_a_verdict_of_its_own(monkeypatch):
+    """load(weights="bfloat16") keeps the float weights its self-draft is quantized from: it is measured, under a
+    cache key of its own (the packed model decodes other bits than the model it was packed from)."""
+    calls = measured_as(monkeypatch, 100.0, 130.0)
+    assert choose_self_draft(tiny("llama", dtype=torch.float32), PROMPT).drafter is not None
+    packed = pack_model(tiny("llama", dtype=torch.float32), "bfloat16")
+    choice = choose_self_draft(packed, PROMPT)
+    assert isinstance(choice.drafter, specdec.SelfDraft) and not choice.cached and len(calls) == 2
 
 
 @pytest.fixture
@@ -123,3 +133,24 @@ def test_drafter_options_without_a_drafter_that_takes_them_are_refused(saved_mod
     for extra in ([], ["--drafter", "auto"]):
         code = cli_main(["generate", "--target", saved_model, "--prompt", "x", "--draft-layers", "1", *extra])
         assert code == 2 and "need --drafter" in capsys.readouterr().err
+
+
+def test_the_server_drafts_with_the_self_draft_where_it_pays(monkeypatch, saved_model, capsys):
+    """`specdec serve --target MODEL` with no --draft: --drafter auto, measured once at start-up on a fixed prompt."""
+    pytest.importorskip("fastapi")
+    from specdec.cli import build_parser
+    from specdec.cli.serve import build_app
+
+    calls = measured_as(monkeypatch, 100.0, 150.0)
+    serve = ["serve", "--target", saved_model, "--port", "0", "--dtype", "float32"]
+    scheduler = build_app(build_parser().parse_args(serve)).state.scheduler
+    assert scheduler.speculative and isinstance(calls[0][0], specdec.SelfDraft) and calls[0][1] is False
+    assert "[specdec] SelfDraft(w4a8): 1.50x" in capsys.readouterr().err
+    assert not build_app(build_parser().parse_args([*serve, "--drafter", "none"])).state.scheduler.speculative
+    measured_as(monkeypatch, 100.0, 90.0)
+    other = tiny("llama", layers=1, vocab=len(tiny_tokenizer()), dtype=torch.float32, seed=4)
+    other.save_pretrained(saved_model)  # another model in the same place: measured, and plain decoding chosen
+    assert not build_app(build_parser().parse_args(serve)).state.scheduler.speculative
+    assert "plain decoding: SelfDraft(w4a8) ran 0.90x" in capsys.readouterr().err
+    with pytest.raises(specdec.ConfigError, match="need --drafter with a kind that takes them"):
+        build_app(build_parser().parse_args([*serve, "--draft-layers", "1"]))
