@@ -20,9 +20,11 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--target", help="target model: local path or hub id (default: the shipped pair)")
     parser.add_argument("--draft", help="draft model path or hub id (same tokenizer as the target)")
-    parser.add_argument("--drafter", **drafter_choices("none"),
-                        default=None, help="how to draft (default: 'draft' when a draft model is available, else "
-                        "none); 'prompt-lookup', 'suffix', 'bigram' and 'layer-skip' need no draft model, 'eagle' / "
+    parser.add_argument("--drafter", **drafter_choices("none", "auto"),
+                        default=None, help="how to draft (default: 'draft' when a draft model is available; with "
+                        "--target and no --draft, 'auto': the target's own weights quantized to w4a8 (SelfDraft) "
+                        "where that measures faster than plain decoding on this machine, measured once at start-up "
+                        "and cached, else none); 'prompt-lookup', 'suffix', 'bigram' and 'layer-skip' need no draft model, 'eagle' / "
                         "'medusa' / 'dflash' use the heads shipped for the default target ('eagle3': --head DIR where "
                         "none is shipped), 'mtp' / 'mtp-tree' the target's own MTP layer (DeepSeek-V3, GLM-4.5, ...); "
                         "'parallel' a PARD draft (--draft DIR adapted by `specdec distill --parallel`)")
@@ -149,10 +151,19 @@ def build_app(args):
         check_draft_tokenizer_at(tokenizer, args.draft, target_name=args.target or "the shipped default target",
                                  fix="specdec serve batches drafts with the target's tokenizer only; use such a "
                                  "--draft, or `specdec generate --draft` (one request at a time, translated)")
-    kind = args.drafter or ("draft" if draft is not None else None)
+    # A target with no draft: its own quantized copy where that measures faster (engine/self_draft_choice.py).
+    kind = args.drafter or ("draft" if draft is not None else "auto" if args.target is not None else None)
     options = {"head_path": args.head, "draft_layers": args.draft_layers, "draft_vocab": args.draft_vocab,
                "suffix_cache_tokens": args.suffix_cache_tokens}
-    drafter = None if kind in (None, "none") else make_drafter(kind, target=target, draft=draft, **options)
+    if kind in ("auto", "none") and any(v is not None for v in options.values()):
+        from specdec.errors import ConfigError
+
+        raise ConfigError("drafter options (--head, --draft-layers, --draft-vocab, --suffix-cache-tokens) need "
+                          "--drafter with a kind that takes them")
+    if kind == "auto":
+        drafter = choose_self_draft_at_start(target, tokenizer, args)
+    else:
+        drafter = None if kind in (None, "none") else make_drafter(kind, target=target, draft=draft, **options)
     model_name = args.model_name or ("specdec-default" if args.target is None else Path(args.target.rstrip("/")).name)
     if args.compile:
         import logging
@@ -168,6 +179,23 @@ def build_app(args):
     return create_app(target, tokenizer, drafter, model_name=model_name, max_batch=args.max_batch,
                       max_gamma=args.gamma, adaptive_gamma=not args.fixed_gamma, chat_template=template,
                       compile=args.compile, max_len=args.max_len if args.compile else None)
+
+
+#: What `--drafter auto` measures the self-draft on at start-up (a server has no prompt yet): plain prose, whose
+#: continuation the verdict's 24 greedy tokens time.
+MEASURE_PROMPT = ("The lighthouse keeper climbed the stairs at dusk, as he had every evening for thirty years, and "
+                  "found on the top step a letter addressed to him in his own handwriting.")
+
+
+def choose_self_draft_at_start(target, tokenizer, args):
+    """--drafter auto: the target's SelfDraft where it measures faster than plain decoding here (on MEASURE_PROMPT,
+    lone requests on the server's path, once per model and machine, then cached), else None; said on stderr."""
+    from specdec.engine.self_draft_choice import choose_self_draft
+
+    prompt_ids = tokenizer(MEASURE_PROMPT, return_tensors="pt").input_ids[0]
+    choice = choose_self_draft(target, prompt_ids, compile=args.compile)
+    print(f"[specdec] {choice.reason}", file=sys.stderr)
+    return choice.drafter
 
 
 def run(args) -> int:
