@@ -484,14 +484,15 @@ class StaticCausalLM:
                 return
             generator = torch.Generator(device=self.device).manual_seed(0)  # not the request's generator
             if per_step:  # two steps compile both one-step graphs (width feed, then 1), whatever the γ
-                draft_gammas = [2] if draft_gammas and not self._compiled(
-                    _draft_key(1, sampling, self.max_len, vocab, 1)) else []
+                if (draft_gammas and not self._compiled(_draft_key(1, sampling, self.max_len, vocab, 1))
+                        and context.shape[0] + 1 <= self.max_len):
+                    self.draft_steps(context, 2, sampling, generator, vocab=vocab, feed=feed, per_step=True)
+                return
             for gamma in sorted(draft_gammas):
-                if per_step or not self._compiled(_draft_key(gamma, sampling, self.max_len, vocab, feed)):
+                if not self._compiled(_draft_key(gamma, sampling, self.max_len, vocab, feed)):
                     self.draft_gammas.add(gamma)
                     if context.shape[0] - 1 + gamma <= self.max_len:
-                        self.draft_steps(context, gamma, sampling, generator, vocab=vocab, feed=feed,
-                                         per_step=per_step)
+                        self.draft_steps(context, gamma, sampling, generator, vocab=vocab, feed=feed)
                     self.length = length
         finally:
             self.length, self.forwards, self.forward_s = length, forwards, forward_s
