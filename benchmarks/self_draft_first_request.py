@@ -8,6 +8,7 @@ its first request (outputs checked identical to plain decoding's), and a second 
 acceptance meaningless; this measures compiling and the machinery:
 
     python benchmarks/self_draft_first_request.py --shape qwen2.5-1.5b --variant step
+    python benchmarks/self_draft_first_request.py --shape qwen2.5-1.5b --dtype float32 --target-weights bfloat16
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 import specdec
 from specdec.engine.decoding import SpeculativeDecoder
+from specdec.runtime.weights import pack_model
 
 
 def main() -> None:
@@ -29,6 +31,11 @@ def main() -> None:
     parser.add_argument("--variant", choices=("step", "chain"), default="step")
     parser.add_argument("--gamma", type=int, default=3)
     parser.add_argument("--weights", default="w4a8", help="the self-draft's format")
+    parser.add_argument("--target-weights", default=None, choices=("float32", "bfloat16"),
+                        help="the target on packed weights of this format (load(weights=...)), its self-draft "
+                             "quantized from them; default: the model's own layers")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                        help="the target's dtype (its activations' with --target-weights)")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--path", choices=("compiled", "static"), default="compiled",
@@ -40,7 +47,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     path = True if args.path == "compiled" else "static"
     start = time.perf_counter()
-    target = ladder["build"](args.shape, torch.bfloat16)
+    target = ladder["build"](args.shape, getattr(torch, args.dtype))
+    if args.target_weights:
+        pack_model(target, args.target_weights)
     print(f"build {time.perf_counter() - start:.1f} s", flush=True)
     prompt = torch.randint(0, target.config.vocab_size, (64,), generator=torch.Generator().manual_seed(0))
     start = time.perf_counter()

@@ -15,7 +15,10 @@ does not decide, `gamma="auto"` does per round: it drafts nothing in rounds wher
 request whose text the copy predicts worse than the measured one loses little.
 
 Measured on the AVX2 Zen 3 EPYC (BENCHMARKS.md): the default target's w4a8 self-draft ran 1.47x its plain decoding
-with `gamma="auto"`, and on the 1.5B shape through the oracle harness 1.30–1.35x.
+with `gamma="auto"`. At the 1.5B shape it pays for a float32 target on bfloat16 packed weights (the fast form on a
+CPU without bfloat16 arithmetic: 1.62x compiled with every draft accepted; 1.30–1.35x through the oracle harness at
+a trained model's acceptance), not for the same target in bfloat16 on its own layers (0.64–0.79x: torch's
+multi-row bfloat16 pass costs 4.7 one-row passes there).
 """
 
 from __future__ import annotations
