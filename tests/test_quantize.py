@@ -382,7 +382,9 @@ def _sampling_pair(weights: str):
 
 
 def _sampled(target, draft, **kwargs):
-    return check_exactness(target, [1, 2, 1, 1, 2], specdec.DraftModel(draft), gamma=3, temperature=1.0, top_k=6,
+    """`draft`: a model (drafting as DraftModel) or a drafter."""
+    drafter = draft if isinstance(draft, specdec.Drafter) else specdec.DraftModel(draft)
+    return check_exactness(target, [1, 2, 1, 1, 2], drafter, gamma=3, temperature=1.0, top_k=6,
                            top_p=0.9, max_new_tokens=3, eos_token_id=[], samples=3000, seed=1234,
                            alpha=QUANTIZED_ALPHA, **kwargs)
 
@@ -399,6 +401,22 @@ def test_speculative_sampling_of_a_quantized_target_is_exact(weights):
     assert result.passed, result.summary()
     assert result.detectable_tv < 0.12, result.summary()  # the check has power
     assert 0 < result.accepted < result.drafted, result.summary()  # both verification paths ran
+
+
+@pytest.mark.statistical
+@pytest.mark.exactness_positive(checks=1, alpha=QUANTIZED_ALPHA)
+def test_a_self_draft_of_a_target_on_packed_bfloat16_weights_samples_the_target_exactly():
+    """At T > 0 with top-k and top-p: q is the int4 copy's (quantized from the packed weights read back), p the
+    packed target's; the output is the packed target's distribution (every continuation of 3 tokens tested)."""
+    target = pack_model(tiny("llama", hidden=16, layers=2, vocab=8, seed=3, dtype=torch.float32), "bfloat16")
+    drafter = specdec.SelfDraft(target, weights="int4", group=8)
+    result = _sampled(target, drafter)
+    assert result.mode == "enumerate"
+    assert result.passed, result.summary()
+    assert result.detectable_tv < 0.12, result.summary()
+    assert 0 < result.accepted < result.drafted, result.summary()
+    control = _sampled(target, drafter, verify_fn=FAULTY_VERIFIERS["no_residual"])
+    assert not control.passed and control.p_value < 1e-6, control.summary()
 
 
 @pytest.mark.statistical
