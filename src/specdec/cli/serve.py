@@ -24,10 +24,10 @@ def register(subparsers) -> None:
                         default=None, help="how to draft (default: 'draft' when a draft model is available; with "
                         "--target and no --draft, 'auto': the target's own weights quantized to w4a8 (SelfDraft) "
                         "where that measures faster than plain decoding on this machine, measured once at start-up "
-                        "and cached, else none); 'prompt-lookup', 'suffix', 'bigram' and 'layer-skip' need no draft model, 'eagle' / "
-                        "'medusa' / 'dflash' use the heads shipped for the default target ('eagle3': --head DIR where "
-                        "none is shipped), 'mtp' / 'mtp-tree' the target's own MTP layer (DeepSeek-V3, GLM-4.5, ...); "
-                        "'parallel' a PARD draft (--draft DIR adapted by `specdec distill --parallel`)")
+                        "and cached, else none); 'prompt-lookup', 'suffix', 'bigram' and 'layer-skip' need no "
+                        "draft model, 'eagle' / 'medusa' / 'dflash' use the heads shipped for the default target "
+                        "('eagle3': --head DIR where none is shipped), 'mtp' / 'mtp-tree' the target's own MTP layer "
+                        "(DeepSeek-V3, GLM-4.5, ...); 'parallel' a PARD draft (--draft DIR adapted by `specdec distill --parallel`)")
     parser.add_argument("--head", default=None, metavar="PATH",
                         help="--drafter eagle / medusa / dflash: a head saved by `specdec train-head` (default: the heads "
                         "shipped for the default target)")
