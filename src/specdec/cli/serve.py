@@ -27,7 +27,8 @@ def register(subparsers) -> None:
                         "and cached, else none); 'prompt-lookup', 'suffix', 'bigram' and 'layer-skip' need no "
                         "draft model, 'eagle' / 'medusa' / 'dflash' use the heads shipped for the default target "
                         "('eagle3': --head DIR where none is shipped), 'mtp' / 'mtp-tree' the target's own MTP layer "
-                        "(DeepSeek-V3, GLM-4.5, ...); 'parallel' a PARD draft (--draft DIR adapted by `specdec distill --parallel`)")
+                        "(DeepSeek-V3, GLM-4.5, ...); 'parallel' a PARD draft (--draft DIR adapted by `specdec "
+                        "distill --parallel`)")
     parser.add_argument("--head", default=None, metavar="PATH",
                         help="--drafter eagle / medusa / dflash: a head saved by `specdec train-head` (default: the heads "
                         "shipped for the default target)")
@@ -188,14 +189,11 @@ MEASURE_PROMPT = ("The lighthouse keeper climbed the stairs at dusk, as he had e
 
 
 def choose_self_draft_at_start(target, tokenizer, args):
-    """--drafter auto: the target's SelfDraft where it measures faster than plain decoding here (on MEASURE_PROMPT,
-    lone requests on the server's path, once per model and machine, then cached), else None; said on stderr."""
-    from specdec.engine.self_draft_choice import choose_self_draft
+    """--drafter auto: generate's choice (the target's SelfDraft where it measures faster than plain decoding here,
+    else None; said on stderr), measured on MEASURE_PROMPT with lone requests on the server's path."""
+    from specdec.cli.generate import choose_drafter
 
-    prompt_ids = tokenizer(MEASURE_PROMPT, return_tensors="pt").input_ids[0]
-    choice = choose_self_draft(target, prompt_ids, compile=args.compile)
-    print(f"[specdec] {choice.reason}", file=sys.stderr)
-    return choice.drafter
+    return choose_drafter(target, tokenizer(MEASURE_PROMPT, return_tensors="pt").input_ids[0], args)[0]
 
 
 def run(args) -> int:
