@@ -250,8 +250,9 @@ def quantized_copy(model: nn.Module, weights: str, group: int = DEFAULT_GROUP, *
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     twin = copy.deepcopy(model, memo=shared)  # its own modules, the same tensors
     sources: dict[str, PackedLinear] = {}  # the twin's float-packed layers, become nn.Linears filled when packed
+    twin_head = twin.get_output_embeddings()
     for name, module in list(twin.named_modules()):
-        if isinstance(module, PackedLinear) and (head or module is not twin.get_output_embeddings()):
+        if isinstance(module, PackedLinear) and (head or module is not twin_head):
             sources[name] = module
             linear = nn.Linear(module.in_features, module.out_features, bias=False, device="meta")
             linear.weight = nn.Parameter(module.packed.new_empty(0), requires_grad=False)  # read back by `fill`
