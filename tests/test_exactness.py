@@ -121,12 +121,13 @@ def positive(checks: int = 1, alpha: float = ALPHA):
 #: Checks a correct implementation must pass: every setting for every method, the conditional-mode case,
 #: the JSON case and the CLI's two methods here; in tests/test_trees.py the duplicate-children case and the
 #: sibling-mask control's correct run; SpecTr's one-node check in tests/test_multi_draft.py; the two compiled
-#: checks in tests/test_fastpath.py; every setting of tests/test_cross_vocab.py for every cross-vocabulary method.
+#: checks in tests/test_fastpath.py and the one in tests/test_layer_graphs.py; every setting of
+#: tests/test_cross_vocab.py for every cross-vocabulary method.
 #: `test_family_wise_false_failure_rate_is_bounded` counts the declared ones in the collected suite, and
 #: every test's actual checks are counted as it runs (conftest.py).
-#: Those declared in other modules (trees 2, multi-draft 1, fast path 2, cross-vocab, seq2seq) run at 1e-4, and
+#: Those declared in other modules (trees 2, multi-draft 1, fast path 3, cross-vocab, seq2seq) run at 1e-4, and
 #: the seq2seq token-tree check at TREE_ALPHA.
-OTHER_CHECKS = 2 + 1 + 2 + CROSS_VOCAB_CHECKS + SEQ2SEQ_CHECKS
+OTHER_CHECKS = 2 + 1 + 3 + CROSS_VOCAB_CHECKS + SEQ2SEQ_CHECKS
 BF16_CHECKS = len(METHODS)  # every method once more in bfloat16, at BF16_ALPHA
 POSITIVE_CHECKS = (len(SETTINGS) * len(METHODS) + 1 + 1 + 2 + OTHER_CHECKS + SEQ2SEQ_TREE_CHECKS + BF16_CHECKS
                    + MTP_CHECKS + DEVICE_CHECKS + QUANTIZED_CHECKS)

@@ -5,6 +5,7 @@ every adapter of one model object (`compile_once`), each compiled once per shape
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import logging
@@ -19,6 +20,7 @@ from transformers import PreTrainedModel
 from specdec.runtime.causal_lm import context_length
 from specdec.runtime.compute_once import ComputeOnce
 from specdec.runtime.fuse_linears import FuseRowLinears, weights_fingerprint
+from specdec.runtime.layer_graphs import LayerRegions
 from specdec.runtime.rowwise import row_invariant
 
 log = logging.getLogger("specdec.fastpath")
@@ -76,15 +78,18 @@ class Compiled:
         self.copies: dict[tuple, torch.Tensor] = {}  # the weight copies its graphs share (runtime/fuse_linears.py)
         self._model = weakref.ref(model)
         self._weights: str | None = None
+        self.layers = LayerRegions(model)  # traced as one region (runtime/layer_graphs.py), or none: whole
 
     def options(self) -> dict:
         """Inductor options for this model's passes: COMPILE_OPTIONS, the graph pass that fuses and packs their
         linears (runtime/fuse_linears.py), its copies of the weights shared by all of them and named in inductor's
         cache key by their values (hashed once per model object), and the one that computes each rotary table
-        once per pass (runtime/compute_once.py)."""
+        once per pass (runtime/compute_once.py). A model whose layer is one region runs a Python wrapper, which
+        inductor's C++ wrapper would be for nested regions (runtime/layer_graphs.py)."""
         if self._weights is None:
             self._weights = weights_fingerprint(self._model())
-        return {**COMPILE_OPTIONS, "joint_custom_pre_pass": FuseRowLinears(shared=self.copies,
+        wrapper = {"cpp_wrapper": False, "cpp_wrapper_build_separate": False} if self.layers else {}
+        return {**COMPILE_OPTIONS, **wrapper, "joint_custom_pre_pass": FuseRowLinears(shared=self.copies,
                                                                                 weights=self._weights),
                 "post_grad_custom_post_pass": ComputeOnce(), "guard_filter_fn": argument_guards}
 
@@ -189,15 +194,13 @@ class Timed:
                 if "skip_guard_eval_unsafe" not in str(error):
                     raise
             graphs = _graphs_compiled()
-            with torch._dynamo.config.patch(prepare_freezing=True):  # a recompile freezes too: the same rounding
+            with self._compiling():  # a recompile is traced as the compile was: the same graph, the same rounding
                 out = self.fn(*args)
             if _graphs_compiled() != graphs:  # a guard failed (a global a model reads changed): compiled again
                 _unplanned_recompile(self)
             return out
         start = time.perf_counter()
-        # Dynamo must trace the model's parameters as constants for inductor to freeze them: `options` reaches
-        # inductor only, so this one flag is set for the compile (the first call) alone.
-        with torch._dynamo.config.patch(prepare_freezing=True):
+        with self._compiling():
             out = self.fn(*args)
         elapsed = time.perf_counter() - start
         self.done = True
@@ -207,6 +210,14 @@ class Timed:
         _compile_s_total += elapsed
         log.info("compiled %s %s in %.1f s", self.model_name, _describe(self.key), elapsed)
         return out
+
+    @contextlib.contextmanager
+    def _compiling(self):
+        """What a call that compiles runs under. Whole: dynamo traces the model's parameters as constants, for
+        inductor to freeze them (`options` reaches inductor only, so this one flag is set for the compile alone).
+        One region per layer: the layers called through it, their parameters inputs (runtime/layer_graphs.py)."""
+        with torch._dynamo.config.patch(prepare_freezing=not self.entry.layers), self.entry.layers.routed():
+            yield
 
 
 def _freeze_heap() -> None:

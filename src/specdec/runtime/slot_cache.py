@@ -55,10 +55,7 @@ class SlotLayer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        slots = self.owner.slots  # [M]
-        self.keys.index_copy_(2, slots, key_states)
-        self.values.index_copy_(2, slots, value_states)
-        return self.keys, self.values
+        return write_slots(self.keys, self.values, self.owner.slots, key_states, value_states)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.max_len, 0
@@ -68,6 +65,14 @@ class SlotLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return self.owner.max_len
+
+
+def write_slots(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, key_states: torch.Tensor,
+                value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write key_states / value_states [*lead, M, D] into keys / values [*lead, L, D] at slots [M]; return both."""
+    keys.index_copy_(2, slots, key_states)
+    values.index_copy_(2, slots, value_states)
+    return keys, values
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,75 @@
+"""One graph per decoder layer (runtime/layer_graphs.py): which models compile that way, the layers' calls routed
+only while a pass compiles, and the fast path's promises kept: compiled plain decoding is HF's greedy output, a
+speculative decoder gives its tokens, sampling is exact, and no compiled shape compiles twice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import hf_greedy, perturbed, tiny
+from seq2seq_models import tiny_seq2seq
+
+import specdec
+from specdec.exactness import check_exactness
+from specdec.runtime import compiled, layer_graphs
+from specdec.runtime.layer_graphs import LayerRegions
+
+PROMPT = [(i * 37 + 11) % 96 for i in range(20)]
+
+
+@pytest.fixture
+def every_model_by_layer(monkeypatch):
+    """Every model large enough to compile one graph per layer (the tiny test models included)."""
+    monkeypatch.setattr(layer_graphs, "LAYER_GRAPHS_MIN_BYTES", 0)
+
+
+def test_small_models_and_encoder_decoders_compile_whole(every_model_by_layer, monkeypatch):
+    model = tiny("llama", hidden=16, layers=3)
+    assert LayerRegions(model).layers == tuple(model.model.layers)
+    assert not LayerRegions(tiny_seq2seq("t5"))  # two stacks of layers
+    monkeypatch.setattr(layer_graphs, "LAYER_GRAPHS_MIN_BYTES", 1 << 40)
+    assert not LayerRegions(model)
+
+
+def test_layers_are_routed_only_inside_the_block_and_run_their_own_forward_eagerly(every_model_by_layer):
+    model = tiny("llama", hidden=16, layers=3)
+    regions = LayerRegions(model)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        plain = model(ids).logits
+        with regions.routed():
+            assert all(layer.forward is call for layer, call in zip(model.model.layers, regions.calls))
+            routed = model(ids).logits
+    assert not any("forward" in vars(layer) for layer in model.model.layers)
+    assert torch.equal(routed, plain)
+
+
+@pytest.mark.compile
+def test_compiled_by_layer_is_hf_greedy_and_speculative_gives_its_tokens(every_model_by_layer, monkeypatch):
+    monkeypatch.setattr(compiled, "UNPLANNED_RECOMPILES", [])
+    target = tiny("llama", hidden=32, layers=3, seed=5)
+    draft = perturbed(target, 0.1)
+    entry_layers = LayerRegions(target).layers
+    assert entry_layers
+    expected = hf_greedy(target, PROMPT, 24)
+    assert specdec.generate(target, PROMPT, max_new_tokens=24, compile=True).tokens == expected
+    assert compiled.COMPILED[target].layers.layers == entry_layers
+    for _ in range(2):  # the second request runs the graphs the first compiled
+        out = specdec.generate(target, PROMPT, drafter=specdec.DraftModel(draft), gamma=3, max_new_tokens=24,
+                               compile=True)
+        assert out.tokens == expected
+        assert 0 < out.stats.accepted < out.stats.drafted
+    assert out.stats.compile_s == 0
+    assert not compiled.UNPLANNED_RECOMPILES  # routing the layers for a compile leaves no guard to fail
+    assert not any("forward" in vars(layer) for layer in target.model.layers)
+
+
+@pytest.mark.compile
+@pytest.mark.exactness_positive(checks=1, alpha=1e-4)
+def test_compiled_by_layer_sampling_is_exact(every_model_by_layer):
+    small = tiny("llama", hidden=16, layers=2, vocab=8, seed=3)
+    result = check_exactness(small, [1, 2, 1], specdec.DraftModel(perturbed(small, 0.3, seed=11)),
+                             gamma=2, temperature=1.0, top_k=6, top_p=0.9, max_new_tokens=3, samples=3000,
+                             seed=7, alpha=1e-4, eos_token_id=[], compile=True)
+    assert compiled.COMPILED[small].layers
+    assert result.passed, result.summary()
