@@ -13,6 +13,7 @@ import specdec
 from specdec.exactness import check_exactness
 from specdec.runtime import compiled, layer_graphs
 from specdec.runtime.layer_graphs import LayerRegions
+from specdec.runtime.static_lm import StaticCausalLM
 
 PROMPT = [(i * 37 + 11) % 96 for i in range(20)]
 
@@ -62,6 +63,22 @@ def test_compiled_by_layer_is_hf_greedy_and_speculative_gives_its_tokens(every_m
     assert out.stats.compile_s == 0
     assert not compiled.UNPLANNED_RECOMPILES  # routing the layers for a compile leaves no guard to fail
     assert not any("forward" in vars(layer) for layer in target.model.layers)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_by_layer_gives_each_row_the_bits_of_a_one_row_pass(every_model_by_layer, dtype):
+    """The region runs the row-invariant kernels (a region is traced outside the pass's torch-function mode, so it
+    enters the mode itself): a 4-row pass's logits are, row by row, those of four one-row passes."""
+    target = tiny("llama", hidden=64, layers=2, vocab=96, seed=2, dtype=dtype)
+    rows = torch.tensor(PROMPT[12:16])
+    one, four = (StaticCausalLM(target, compile=True, max_len=64) for _ in range(2))
+    for lm in (one, four):
+        lm.prefill(torch.tensor(PROMPT[:12]))
+    together = four.score(rows).logits  # [4, V]
+    alone = torch.cat([one.forward(rows[i : i + 1]) for i in range(4)])  # [4, V]
+    assert compiled.COMPILED[target].layers
+    assert torch.equal(together, alone)
 
 
 @pytest.mark.compile

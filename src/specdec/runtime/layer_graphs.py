@@ -28,6 +28,7 @@ import functools
 import torch
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from specdec.runtime.rowwise import row_invariant
 from specdec.runtime.slot_cache import SlotCache, write_slots
 
 #: Models with at least this many bytes of parameters and buffers compile their layer once (the default pair's
@@ -81,7 +82,10 @@ class LayerSlots:
 
 @torch.compiler.nested_compile_region
 def _region(layer, keys, values, slots, args: tuple, kwargs: dict, cache_name: str):
-    return type(layer).forward(layer, *args, **kwargs, **{cache_name: LayerSlots(keys, values, slots)})
+    # A region is traced apart from the pass around it, outside the pass's torch-function mode: it enters the mode
+    # every compiled pass runs under (`run_model`), so its attention and linears run the row-invariant kernels.
+    with row_invariant(linear=True):
+        return type(layer).forward(layer, *args, **kwargs, **{cache_name: LayerSlots(keys, values, slots)})
 
 
 def _layer_call(layer: torch.nn.Module, index: int, *args, **kwargs):
