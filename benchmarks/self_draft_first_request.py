@@ -9,6 +9,7 @@ acceptance meaningless; this measures compiling and the machinery:
 
     python benchmarks/self_draft_first_request.py --shape qwen2.5-1.5b --variant step
     python benchmarks/self_draft_first_request.py --shape qwen2.5-1.5b --dtype float32 --target-weights bfloat16
+    python benchmarks/self_draft_first_request.py ... --whole   # every model compiled whole, for the A/B
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 import specdec
 from specdec.engine.decoding import SpeculativeDecoder
+from specdec.runtime import layer_graphs
 from specdec.runtime.weights import pack_model
 
 
@@ -40,7 +42,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--path", choices=("compiled", "static"), default="compiled",
                         help="compiled: compile=True; static: the slot cache without inductor (compile='static')")
+    parser.add_argument("--whole", action="store_true",
+                        help="compile every model whole, not one graph per decoder layer (runtime/layer_graphs.py)")
     args = parser.parse_args()
+    if args.whole:
+        layer_graphs.LAYER_GRAPHS_MIN_BYTES = float("inf")
     ladder = runpy.run_path(str(Path(__file__).with_name("size_ladder.py")), run_name="size_ladder")
     if args.shape not in ladder["SHAPES"]:
         parser.error(f"--shape: choose one of {', '.join(ladder['SHAPES'])}")

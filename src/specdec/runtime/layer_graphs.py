@@ -2,10 +2,10 @@
 
 A transformer's layers are one module class called N times, and a whole-model graph unrolls them: dynamo traces N
 copies of the layer, and inductor lowers, schedules and generates code for each. At the Qwen2.5-1.5B shape (28
-layers, float32 on bfloat16 packed weights, one Zen 3 core) plain decoding's first request spent 93 s compiling its
+layers, float32 on bfloat16 packed weights, one Zen 3 core) plain decoding's first request spent 84.9 s compiling its
 two passes. Marked as a nested compile region (`torch.compiler.nested_compile_region`), the layer is traced once and
-stamped out for the other layers, and inductor compiles its body once: 40 s for the same request, at the same
-decoding speed within the runs' spread (docs/fastpath.md, "One graph per layer").
+stamped out for the other layers, and inductor compiles its body once: 36.8 s for the same request, for a decoding
+step 3.5% slower (docs/fastpath.md, "One graph per layer").
 
 Dynamo reuses a region only when it takes tensors, constants and modules, so while a pass compiles (`routed`)
 each layer is called through `_layer_call`: it passes the region that layer's keys and values of the slot cache and
@@ -14,10 +14,10 @@ those slots. Eager calls (and models on any other cache) run the layer's own for
 
 What it gives up: the layers' weights stay inputs of the graph (a region that reads one layer's parameters as
 constants cannot serve another layer), so `runtime/fuse_linears.py` neither fuses nor packs their linears, and
-inductor's C++ wrapper does not take nested regions, so a Python wrapper calls the kernels. Both cost little where a
-pass reads hundreds of megabytes of weights and much where it reads a few, so only models of at least
-`LAYER_GRAPHS_MIN_BYTES` of parameters and buffers compile this way. Every compiled pass of one model object is
-compiled the same way, so a row gets the same bits in each of them.
+inductor's C++ wrapper does not take nested regions, so a Python wrapper calls the kernels. Together 3.5% of a step
+at 1.5B; a small model's passes take a few milliseconds, where such per-pass costs weigh more and a compile is
+short anyway, so only models of at least `LAYER_GRAPHS_MIN_BYTES` of parameters and buffers compile this way.
+Every compiled pass of one model object is compiled the same way, so a row gets the same bits in each of them.
 """
 
 from __future__ import annotations
