@@ -10,6 +10,7 @@ from models import hf_greedy, perturbed, tiny
 from seq2seq_models import tiny_seq2seq
 
 import specdec
+from specdec.core.sampling import SamplingConfig
 from specdec.exactness import check_exactness
 from specdec.runtime import compiled, layer_graphs
 from specdec.runtime.layer_graphs import LayerRegions
@@ -55,30 +56,44 @@ def test_compiled_by_layer_is_hf_greedy_and_speculative_gives_its_tokens(every_m
     expected = hf_greedy(target, PROMPT, 24)
     assert specdec.generate(target, PROMPT, max_new_tokens=24, compile=True).tokens == expected
     assert compiled.COMPILED[target].layers.layers == entry_layers
-    for _ in range(2):  # the second request runs the graphs the first compiled
-        out = specdec.generate(target, PROMPT, drafter=specdec.DraftModel(draft), gamma=3, max_new_tokens=24,
-                               compile=True)
-        assert out.tokens == expected
-        assert 0 < out.stats.accepted < out.stats.drafted
-    assert out.stats.compile_s == 0
+    drafters = {3: specdec.DraftModel(draft), "auto": specdec.DraftModel(draft),  # "auto": widths 1, 3, 5 and 8
+                2: specdec.DraftTree(draft, top_k=2, depth=3, max_nodes=6)}  # tree passes of 7 rows
+    for gamma, drafter in drafters.items():
+        for _ in range(2):  # the second request runs the graphs the first compiled
+            out = specdec.generate(target, PROMPT, drafter=drafter, gamma=gamma, max_new_tokens=24, compile=True)
+            assert out.tokens == expected
+            assert out.stats.drafted > 0 and (gamma == "auto" or out.stats.accepted < out.stats.drafted)
+        assert out.stats.compile_s == 0
+    widths = {key[1] for key in compiled.COMPILED[target].fns if key[0] in ("prefill", "pass", "verify")}
+    assert widths == {1, "3+"}  # every pass of 3 rows or more ran a graph whose row count is symbolic
     assert not compiled.UNPLANNED_RECOMPILES  # routing the layers for a compile leaves no guard to fail
     assert not any("forward" in vars(layer) for layer in target.model.layers)
 
 
 @pytest.mark.compile
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_compiled_by_layer_gives_each_row_the_bits_of_a_one_row_pass(every_model_by_layer, dtype):
+def test_compiled_by_layer_gives_each_row_the_bits_of_a_one_row_pass(every_model_by_layer, monkeypatch, dtype):
     """The region runs the row-invariant kernels (a region is traced outside the pass's torch-function mode, so it
-    enters the mode itself): a 4-row pass's logits are, row by row, those of four one-row passes."""
+    enters the mode itself): a pass's logits are, row by row, those of one-row passes, at every width the graph of
+    symbolic row count runs, scored alone or verified in the same graph."""
+    monkeypatch.setattr(compiled, "UNPLANNED_RECOMPILES", [])
     target = tiny("llama", hidden=64, layers=2, vocab=96, seed=2, dtype=dtype)
-    rows = torch.tensor(PROMPT[12:16])
-    one, four = (StaticCausalLM(target, compile=True, max_len=64) for _ in range(2))
-    for lm in (one, four):
-        lm.prefill(torch.tensor(PROMPT[:12]))
-    together = four.score(rows).logits  # [4, V]
-    alone = torch.cat([one.forward(rows[i : i + 1]) for i in range(4)])  # [4, V]
+    rows = torch.tensor(PROMPT[12:20])
+    one = StaticCausalLM(target, compile=True, max_len=64)
+    one.prefill(torch.tensor(PROMPT[:12]))
+    alone = torch.cat([one.forward(rows[i : i + 1]) for i in range(8)])  # [8, V]
     assert compiled.COMPILED[target].layers
-    assert torch.equal(together, alone)
+    for width in (4, 3, 5, 8):  # one graph of each kind for them all, its row count symbolic
+        many = StaticCausalLM(target, compile=True, max_len=64)
+        many.buckets = (1, 3, 4, 5, 8)  # unpadded
+        many.prefill(torch.tensor(PROMPT[:12]))
+        assert torch.equal(many.score(rows[:width]).logits, alone[:width])
+        many.crop(12)
+        scores, _ = many.score_and_verify(rows[:width], None, SamplingConfig(), None)
+        assert torch.equal(scores.logits, alone[:width])
+    assert {key[:2] for key in compiled.COMPILED[target].fns} == {
+        ("prefill", "3+"), ("pass", 1), ("pass", "3+"), ("verify", "3+")}
+    assert not compiled.UNPLANNED_RECOMPILES
 
 
 @pytest.mark.compile

@@ -12,6 +12,7 @@ import logging
 import re
 import time
 import types
+import warnings
 import weakref
 
 import torch
@@ -129,12 +130,11 @@ def raise_recompile_limit() -> None:
         cfg.accumulated_recompile_limit = 1024
 
 
-def compile_once(model: PreTrainedModel, key: tuple, fn):
+def compile_once(model: PreTrainedModel, key: tuple, fn, dynamic: bool = False):
     """`fn` compiled for the shape `key` (fullgraph, static shapes, COMPILE_OPTIONS): once per model object and
-    process, shared by every adapter of that model; its first call is timed and logged."""
-    entry = COMPILED.get(model)
-    if entry is None:
-        entry = COMPILED[model] = Compiled(model)
+    process, shared by every adapter of that model; its first call is timed and logged. The shapes are static but
+    for the dimensions its caller marked symbolic (`torch._dynamo.mark_dynamic`), which dynamic=True says it does."""
+    entry = _entry(model)
     compiled = entry.fns.get(key)
     if compiled is None:
         raise_recompile_limit()
@@ -142,6 +142,13 @@ def compile_once(model: PreTrainedModel, key: tuple, fn):
             torch.compile(_entry_point(fn), fullgraph=True, dynamic=False, options=entry.options()), key,
             type(model).__name__, entry)
     return compiled
+
+
+def _entry(model: PreTrainedModel) -> Compiled:
+    entry = COMPILED.get(model)
+    if entry is None:
+        entry = COMPILED[model] = Compiled(model)
+    return entry
 
 
 def _entry_point(fn):
@@ -165,6 +172,11 @@ def compile_head_round(head: torch.nn.Module, key: tuple, fn, **static):
 def _row_invariant_call(fn, *args, **static):
     with row_invariant(linear=True):
         return fn(*args, **static)
+
+
+def by_layer(model: PreTrainedModel) -> bool:
+    """Whether `model`'s passes compile one graph per decoder layer (runtime/layer_graphs.py)."""
+    return bool(_entry(model).layers)
 
 
 def is_compiled(model: PreTrainedModel, key: tuple) -> bool:
@@ -216,7 +228,10 @@ class Timed:
         """What a call that compiles runs under. Whole: dynamo traces the model's parameters as constants, for
         inductor to freeze them (`options` reaches inductor only, so this one flag is set for the compile alone).
         One region per layer: the layers called through it, their parameters inputs (runtime/layer_graphs.py)."""
-        with torch._dynamo.config.patch(prepare_freezing=not self.entry.layers), self.entry.layers.routed():
+        with torch._dynamo.config.patch(prepare_freezing=not self.entry.layers), self.entry.layers.routed(), \
+                warnings.catch_warnings():
+            # torch.fx's note on the symbolic row count (runtime/static_lm.py), about inductor's own nodes
+            warnings.filterwarnings("ignore", message="Raw SymInt value", category=UserWarning)
             yield
 
 

@@ -10,9 +10,10 @@ Same interface as `CachedCausalLM` (forward / prefill / score / commit / crop / 
 - decoding passes run at a few fixed query lengths ("buckets"): a pass over M tokens is padded at the END to
   the smallest bucket >= M. Padded rows sit at later positions than every real row, so the causal mask
   already hides them from the real rows; their slots are overwritten later. Each (bucket, max_len) shape is
-  compiled once per model object and process (`torch.compile`, inductor, fullgraph, dynamic=False); a log
-  line says when a compile happens and how long it took. Inductor's on-disk cache makes a second process's
-  compile a cache load.
+  compiled once per model object and process (`torch.compile`, inductor, fullgraph, static shapes; a model
+  compiled by layer runs every pass of `SYMBOLIC_MIN_ROWS` rows or more on one graph of each kind whose row
+  count is symbolic); a log line says when a compile happens and how long it took. Inductor's on-disk
+  cache makes a second process's compile a cache load.
 - `compile=False` runs exactly the same code without torch.compile (the static cache alone): the test suites
   use it for most cases, and it is the fallback where compiling is impossible.
 
@@ -42,6 +43,7 @@ from specdec.runtime.compiled import (
     CACHE_ROUND,
     DEFAULT_BUCKETS,
     FastPathWarning,
+    by_layer,
     compile_once,
     fast_path_problem,
     is_compiled,
@@ -58,18 +60,38 @@ PREFILL_ROWS = 32
 #: AMD EPYC Zen 5) a 127-token prefill takes 10.2 ms in 32-row passes, 8.2 ms in one 128-row pass, which costs
 #: about three 32-row passes.
 LONG_PREFILL_ROWS = 128
+#: On a model compiled one graph per decoder layer (runtime/layer_graphs.py), a pass of at least this many rows runs
+#: a graph whose row count is symbolic: one graph of each kind (prefill, pass, verification) serves every such width,
+#: where each width was a compile of its own (17-20 s at the Qwen2.5-1.5B shape on one Zen 3 core; the symbolic graph
+#: compiled in 20 s and ran each width as fast, docs/fastpath.md). Fewer rows keep static graphs: dynamo fixes a
+#: dimension of size 1, which a verification pass of 2 rows has (its one draft), and one row is plain decoding's
+#: step, which stays as tuned.
+SYMBOLIC_MIN_ROWS = 3
 
 
-def _verify_pass(model, input_ids, position_ids, slots, cache, hidden, draft_tokens, draft_probs, uniforms,
-                 sampling: SamplingConfig):
+def _verify_pass(model, input_ids, position_ids, slots, cache, hidden, draft_probs, uniforms, sampling: SamplingConfig):
     """A chain pass and its verification in one graph: `run_model` over input_ids [1, G+1] (the last
-    committed token, then the drafts), the target's warp over those rows (`SamplingConfig.warp`) and the
-    rejection rule (`verify.rejection_rule`) with draft_tokens [G], draft_probs [G, V] (a point mass as a
-    one-hot row) and uniforms [G+1] drawn beforehand from the request's generator.
+    committed token, then the G drafts), the target's warp over those rows (`SamplingConfig.warp`) and the
+    rejection rule (`verify.rejection_rule`) with draft_probs [G+1, V] (the drafts' distributions, a point mass as a
+    one-hot row, then a row the rule does not read: every input counts the pass's G+1 rows, one symbolic size where
+    the row count is symbolic) and uniforms [G+1] drawn beforehand from the request's generator.
     Returns logits [G+1, V], hidden | None, whether every logit is finite, and (k, next_token) as [2]."""
     logits, states, finite, best = run_model(model, input_ids, position_ids, slots, None, cache, hidden)
-    k, next_token = _rule(draft_tokens, draft_probs, logits, uniforms, sampling, best)
+    k, next_token = _rule(input_ids[0, 1:], draft_probs[:-1], logits, uniforms, sampling, best)
     return logits, states, finite, torch.stack([k, next_token])
+
+
+def _rows_symbolic(max_len: int, *dims: tuple[torch.Tensor | None, int]) -> tuple[torch.Tensor | None, ...]:
+    """The tensors of (tensor, dim) as new views, their dimension `dim` (the pass's rows) marked for dynamo as
+    symbolic, from SYMBOLIC_MIN_ROWS to max_len; None stays None. Views, so that a tensor made once and shared
+    (`_zeros`) is not marked for other graphs."""
+    out = []
+    for tensor, dim in dims:
+        if tensor is not None:
+            tensor = tensor.view(tensor.shape)
+            torch._dynamo.mark_dynamic(tensor, dim, min=SYMBOLIC_MIN_ROWS, max=max_len)
+        out.append(tensor)
+    return tuple(out)
 
 
 def _draft_key(gamma: int, sampling: SamplingConfig, max_len: int, vocab: torch.Tensor | None, feed: int) -> tuple:
@@ -218,15 +240,20 @@ class StaticCausalLM:
                 return b
         return m
 
-    def _fn(self, key: tuple, fn):
-        """The callable for a shape key: compiled once per model object, or `fn` itself when eager."""
+    def _fn(self, key: tuple, fn, symbolic: bool = False):
+        """The callable for a shape key: compiled once per model object, or `fn` itself when eager. symbolic: the
+        graph's row count is symbolic (`SYMBOLIC_MIN_ROWS`)."""
         compiled = self._graphs.get(key)
         if compiled is not None:
             return compiled
         if not self.compile or not self.cache.ready:
             return fn
-        compiled = self._graphs[key] = compile_once(self.model, key, fn)
+        compiled = self._graphs[key] = compile_once(self.model, key, fn, dynamic=symbolic)
         return compiled
+
+    def _symbolic(self, rows: int) -> bool:
+        """Whether a compiled pass of `rows` rows runs the graph whose row count is symbolic (`SYMBOLIC_MIN_ROWS`)."""
+        return self.compile and rows >= SYMBOLIC_MIN_ROWS and by_layer(self.model)
 
     @torch.inference_mode()
     def _pass(self, *args, **kwargs):
@@ -239,8 +266,8 @@ class StaticCausalLM:
         (padded to a bucket): a chain (tree None), row i at position length + i seeing the slots up to its own,
         or a tree = (positions [M], visible [M, L]), row i at positions[i] seeing the slots where visible[i] is
         True.
-        Returns logits [M, V] and hidden | None; with `rule` = (draft_probs [M-1, V], uniforms [M] float64,
-        sampling) for a chain, also the rejection rule's (k, next_token) [2] from the same graph
+        Returns logits [M, V] and hidden | None; with `rule` = (draft_probs [M, V] (the last row unread), uniforms
+        [M] float64, sampling) for a chain, also the rejection rule's (k, next_token) [2] from the same graph
         (`_verify_pass`), or None for a padded pass (whose graph verified the padding as drafts). keep > 0 (a
         prefill): the logits of the last `keep` rows only (of the padded pass). rows: pad to this many rows
         instead of a bucket."""
@@ -269,19 +296,28 @@ class StaticCausalLM:
             mask = additive_mask(visible, self.model.dtype)[None, None]  # [1, 1, b, L]
             positions = positions.to(self.device).clone()  # [b] inference tensors, as above
         decided = None
+        symbolic = self._symbolic(b)
+        width = f"{SYMBOLIC_MIN_ROWS}+" if symbolic else b  # the key's rows: any number from SYMBOLIC_MIN_ROWS
+        ids, positions = ids[None], positions[None]  # [1, b]
         if rule is None:
-            key = ("prefill", b, self.max_len, hidden) if keep else ("pass", b, self.max_len, hidden, mask is not None)
-            fn = self._fn(key, run_model)
-            logits, states, finite, _ = fn(self.model, ids[None], positions[None], slots, mask, self.cache, hidden,
-                                           keep)
+            key = ("prefill", width, self.max_len, hidden) if keep else ("pass", width, self.max_len, hidden,
+                                                                         mask is not None)
+            if symbolic:
+                ids, positions, slots, mask = _rows_symbolic(self.max_len, (ids, 1), (positions, 1), (slots, 0),
+                                                             (mask, 2))
+            fn = self._fn(key, run_model, symbolic)
+            logits, states, finite, _ = fn(self.model, ids, positions, slots, mask, self.cache, hidden, keep)
         else:  # a chain verified in the same graph: padded rows are drafted with q = 0, their result unused
-            draft_probs, uniforms, sampling = rule
+            draft_probs, uniforms, sampling = rule  # [m, V], [m]
             if b > m:
-                draft_probs = torch.cat([draft_probs, draft_probs.new_zeros(b - m, draft_probs.shape[-1])])
-                uniforms = torch.cat([uniforms, uniforms.new_zeros(b - m)])
-            fn = self._fn(("verify", b, self.max_len, hidden, sampling), _verify_pass)
-            logits, states, finite, decided = fn(self.model, ids[None], positions[None], slots, self.cache, hidden,
-                                                 ids[1:], draft_probs, uniforms, sampling)
+                draft_probs = torch.cat([draft_probs, draft_probs.new_zeros(b - m, draft_probs.shape[-1])])  # [b, V]
+                uniforms = torch.cat([uniforms, uniforms.new_zeros(b - m)])  # [b]
+            if symbolic:
+                ids, positions, slots, draft_probs, uniforms = _rows_symbolic(
+                    self.max_len, (ids, 1), (positions, 1), (slots, 0), (draft_probs, 0), (uniforms, 0))
+            fn = self._fn(("verify", width, self.max_len, hidden, sampling), _verify_pass, symbolic)
+            logits, states, finite, decided = fn(self.model, ids, positions, slots, self.cache, hidden, draft_probs,
+                                                 uniforms, sampling)
             decided = decided if b == m else None
         if not bool(finite):
             raise numerical_error(self.model, f"at positions {self.length}..{self.length + m - 1}")
@@ -330,20 +366,23 @@ class StaticCausalLM:
         m = input_ids.shape[0]
         drafts = input_ids[1:]  # [γ]
         if sampling.greedy:  # the rule reads neither q nor uniforms: nothing is drawn from the generator
-            uniforms, q = _zeros((m,), self.device), _zeros((m - 1, 0), self.device)  # [γ+1], [γ, 0]
+            uniforms, q = _zeros((m,), self.device), _zeros((m, 0), self.device)  # [γ+1], [γ+1, 0]
         else:
             drafts = drafts.to(self.device)
             uniforms = draw_uniforms(m - 1, generator, self.device)  # [γ+1]
             # q in float64 whatever the drafter's dtype (one graph per shape; the ratio is float64 anyway), and
-            # a point mass as its one-hot row: the same ratio p(x) and residual as draft_probs=None.
+            # a point mass as its one-hot row: the same ratio p(x) and residual as draft_probs=None. Its last
+            # row is not read (`_verify_pass`).
+            width = self.vocab_size if draft_probs is None else draft_probs.shape[-1]
+            q = torch.zeros(m, width, dtype=torch.float64, device=self.device)  # [γ+1, V]
             if draft_probs is None:
-                q = torch.nn.functional.one_hot(drafts, self.vocab_size).double()  # [γ, V]
+                q[torch.arange(m - 1, device=self.device), drafts] = 1.0
             else:
-                q = draft_probs.to(self.device, torch.float64, copy=True)  # [γ, V]
+                q[:-1] = draft_probs
         logits, states, decided = self._run(input_ids, None, hidden, pad=True, rule=(q, uniforms, sampling))
         self.forwards += 1
         if decided is None:  # a padded (short) round: the same rule on the scored rows, eagerly
-            k, next_token = _rule(drafts.to(self.device), q, logits, uniforms, sampling)
+            k, next_token = _rule(drafts.to(self.device), q[:-1], logits, uniforms, sampling)
             decided = torch.stack([k, next_token])
         verdict = chain_verdict(m - 1, decided)
         self.forward_s += time.perf_counter() - start
