@@ -36,7 +36,7 @@ from specdec.drafters.self_draft import SelfDraft
 from specdec.engine.decoding import SpeculativeDecoder
 from specdec.runtime.precision import cache_file, machine_key, read_cache, write_cache
 from specdec.runtime.threads import explicit_threads
-from specdec.runtime.weights import FLOATS, PackedLinear
+from specdec.runtime.weights import FLOATS, packed_formats
 
 log = logging.getLogger("specdec.self_draft")
 
@@ -113,15 +113,10 @@ def _unsuitable(target: PreTrainedModel) -> str | None:
         return "no self-draft for an encoder-decoder target: plain decoding"
     if any(p.device.type != "cpu" for p in target.parameters()):
         return "no self-draft off the CPU (SelfDraft runs on specdec's CPU kernels): plain decoding"
-    quantized = sorted(_packed_formats(target) - set(FLOATS))
+    quantized = sorted(packed_formats(target) - set(FLOATS))
     if quantized:
         return f"no self-draft for a target on {', '.join(quantized)} weights: plain decoding"
     return None
-
-
-def _packed_formats(target: PreTrainedModel) -> set[str]:
-    """The formats of the target's packed linear layers (`load(weights=...)`; empty: its own layers)."""
-    return {m.weights for m in target.modules() if isinstance(m, PackedLinear)}
 
 
 def _key(target: PreTrainedModel, weights: str, compile: bool | str) -> str:
@@ -132,7 +127,7 @@ def _key(target: PreTrainedModel, weights: str, compile: bool | str) -> str:
     digest.update(embedding[:2, :64].detach().float().numpy().tobytes())
     size = sum(p.numel() for p in target.parameters())
     path = "eager" if not compile else "compiled" if compile is True else str(compile)
-    packed = ",".join(sorted(_packed_formats(target))) or "its own"
+    packed = ",".join(sorted(packed_formats(target))) or "its own"
     return (f"{machine_key()} | {target.config.name_or_path or type(target).__name__} {size} params "
             f"{embedding.dtype} {digest.hexdigest()[:16]} {packed} weights | self-draft {weights} | {path} | "
             f"threads {explicit_threads() or 'chosen per model'}")

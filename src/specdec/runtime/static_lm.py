@@ -63,7 +63,7 @@ LONG_PREFILL_ROWS = 128
 #: On a model compiled one graph per decoder layer (runtime/layer_graphs.py), a pass of at least this many rows runs
 #: a graph whose row count is symbolic: one graph of each kind (prefill, pass, verification) serves every such width,
 #: where each width was a compile of its own (17-20 s at the Qwen2.5-1.5B shape on one Zen 3 core; the symbolic graph
-#: compiled in 20 s and ran each width as fast, docs/fastpath.md). Fewer rows keep static graphs: dynamo fixes a
+#: compiled in 14-20 s and ran each width as fast, docs/fastpath.md). Fewer rows keep static graphs: dynamo fixes a
 #: dimension of size 1, which a verification pass of 2 rows has (its one draft), and one row is plain decoding's
 #: step, which stays as tuned.
 SYMBOLIC_MIN_ROWS = 3

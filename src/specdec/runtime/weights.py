@@ -235,15 +235,20 @@ def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP
     return model
 
 
+def packed_formats(model: nn.Module, *, head: bool = True) -> set[str]:
+    """The formats of `model`'s packed linear layers (`load(weights=...)`; empty: its own layers). head=False leaves
+    its LM head out."""
+    lm_head = model.get_output_embeddings()
+    return {m.weights for m in model.modules() if isinstance(m, PackedLinear) and (head or m is not lm_head)}
+
+
 def quantized_copy(model: nn.Module, weights: str, group: int = DEFAULT_GROUP, *, head: bool = True) -> nn.Module:
     """A second model object whose linear layers are `model`'s packed in format `weights`, sharing every other
     tensor with `model` (embeddings, norms, buffers: no copies); `model` is left as it is. head=False: the copy keeps
     `model`'s LM head as it is (shared). A `model` on packed float weights (load(weights="float32" | "bfloat16")) is
     quantized from those, read back one layer at a time (`PackedLinear.dense_weight`); one on quantized weights
     cannot be: ConfigError."""
-    lm_head = model.get_output_embeddings()
-    quantized = sorted({m.weights for m in model.modules()
-                        if isinstance(m, PackedLinear) and m.weights not in FLOATS and (head or m is not lm_head)})
+    quantized = sorted(packed_formats(model, head=head) - set(FLOATS))
     if quantized:
         raise ConfigError(f"the model's weights are packed as {', '.join(quantized)} already; make the copy from a "
                           "model loaded with weights='float32' or 'bfloat16', or without weights=")
