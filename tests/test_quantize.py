@@ -329,6 +329,35 @@ def test_quantizing_in_blocks_of_rows_gives_the_bits_of_one_block(monkeypatch, b
         assert torch.equal(got.q, whole.q) and torch.equal(got.scales, whole.scales), block
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_weight_is_the_formula_and_leaves_its_input_as_it_was(bits, dtype):
+    """quantize_weight works in place on a buffer of its own: its values are the formula's, spelled out here with
+    fresh tensors (per group of inputs, zero-padded to whole groups: int8's scale the largest magnitude / 127; int4's
+    the first largest-magnitude value / -8; q = round half to even of w / scale, clamped; a zero group's scale 0 and
+    q 0), and its input is unchanged."""
+    from specdec.runtime import weights
+
+    torch.manual_seed(5)
+    for k in (150, 128):  # padded, and whole groups
+        w = torch.randn(37, k).to(dtype)
+        w[3, :64] = 0  # a zero group
+        w[4, 7], w[4, 9] = -2.5, 2.5  # a tie in magnitude: the first decides int4's sign
+        before = w.clone()
+        got = weights.quantize_weight(w, bits, 64)
+        assert torch.equal(w, before)
+        groups = -(-k // 64)
+        padded = torch.nn.functional.pad(w.float(), (0, 64 * groups - k)).view(37, groups, 64)
+        if bits == 8:
+            scales, lo, hi = padded.abs().amax(-1) / 127, -127, 127
+        else:
+            scales, lo, hi = padded.gather(-1, padded.abs().argmax(-1, keepdim=True)).squeeze(-1) / -8, -8, 7
+        q = torch.round(padded / torch.where(scales == 0, 1.0, scales).unsqueeze(-1)).clamp(lo, hi)
+        assert torch.equal(got.scales, scales)
+        assert torch.equal(got.q, q.to(torch.int8).view(37, -1)[:, :k])
+        assert got.scales[3, 0] == 0 and not got.q[3, :64].any()
+
+
 @pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8", "w8a8"])
 def test_packing_in_blocks_of_panels_gives_the_bits_of_one_block(monkeypatch, weights):
     """PackedLinear.pack packs whole panels of outputs a block at a time (QUANTIZE_BLOCK values); any block size,
