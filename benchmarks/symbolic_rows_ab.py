@@ -21,7 +21,7 @@ import torch
 from specdec.core.sampling import SamplingConfig
 from specdec.runtime import layer_graphs, static_lm
 from specdec.runtime.static_lm import StaticCausalLM
-from specdec.runtime.weights import pack_model
+from specdec.runtime.weights import FORMATS, pack_model
 
 PROMPT_TOKENS = 64
 
@@ -30,8 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="qwen2.5-1.5b", help="a shape of benchmarks/size_ladder.py")
     parser.add_argument("--dtype", default="float32", choices=("bfloat16", "float32"))
-    parser.add_argument("--weights", default="bfloat16", choices=("none", "float32", "bfloat16", "int8", "w8a8",
-                                                                   "int4", "w4a8"),
+    parser.add_argument("--weights", default="bfloat16", choices=("none", *FORMATS),
                         help="the target's packed weights (load(weights=...)); none: its own layers")
     parser.add_argument("--widths", default="3,5,8", help="rows per verification pass (γ + 1), each at least 3")
     parser.add_argument("--repeats", type=int, default=7)
