@@ -373,12 +373,13 @@ class StaticCausalLM:
             # q in float64 whatever the drafter's dtype (one graph per shape; the ratio is float64 anyway), and
             # a point mass as its one-hot row: the same ratio p(x) and residual as draft_probs=None. Its last
             # row is not read (`_verify_pass`).
-            width = self.vocab_size if draft_probs is None else draft_probs.shape[-1]
-            q = torch.zeros(m, width, dtype=torch.float64, device=self.device)  # [γ+1, V]
             if draft_probs is None:
+                q = torch.zeros(m, self.vocab_size, dtype=torch.float64, device=self.device)  # [γ+1, V]
                 q[torch.arange(m - 1, device=self.device), drafts] = 1.0
-            else:
+            else:  # one copy of the drafter's rows, no fill of the whole buffer; the unread row zeroed
+                q = torch.empty(m, draft_probs.shape[-1], dtype=torch.float64, device=self.device)  # [γ+1, V]
                 q[:-1] = draft_probs
+                q[-1] = 0.0
         logits, states, decided = self._run(input_ids, None, hidden, pad=True, rule=(q, uniforms, sampling))
         self.forwards += 1
         if decided is None:  # a padded (short) round: the same rule on the scored rows, eagerly
