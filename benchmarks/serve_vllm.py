@@ -1,7 +1,7 @@
 """`specdec serve` and `vllm serve` side by side: the same pair, prompts and concurrency, through the openai client.
 
-Starts each server in turn on 127.0.0.1, both with --threads threads (specdec's with `--drafter draft --gamma G`,
-eager unless --specdec-args say `--compile`; vLLM's CPU build from the
+Starts each server in turn on 127.0.0.1, both with --threads threads and in float32 (specdec's with `--drafter draft
+--gamma G`, eager unless --specdec-args say `--compile`; vLLM's CPU build from the
 vLLM environment with the same checkpoints, exported by `specdec export --format vllm --drafter draft --gamma G`),
 then for each concurrency c in --concurrency sends max(c, --requests) greedy streaming completions, c at a time,
 of held-out prompts (token ids) and reports per server and c: generated tokens/s over the wave, time to first
@@ -118,7 +118,8 @@ def main() -> int:
     parser.add_argument("--servers", default="specdec,vllm")
     parser.add_argument("--threads", type=int, default=1, help="threads of each server (both alike)")
     parser.add_argument("--specdec-args", default="--drafter draft --no-compile",
-                        help="extra `specdec serve` arguments (--gamma and --threads are set from this script's)")
+                        help="extra `specdec serve` arguments (--gamma, --threads and --dtype float32 are set by "
+                             "this script)")
     parser.add_argument("--vllm-env", default=None)
     parser.add_argument("--start-timeout", type=float, default=1800)
     parser.add_argument("--log-dir", default=None, help="servers' logs (default: a temporary directory)")
@@ -148,8 +149,9 @@ def main() -> int:
         port = free_port()
         environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
         if name == "specdec":
+            # float32 as vLLM's and the reference's (`--dtype auto` picks bfloat16 where the CPU computes it)
             command = [sys.executable, "-m", "specdec", "serve", "--port", str(port), "--gamma", str(args.gamma),
-                       "--threads", str(args.threads), *shlex.split(args.specdec_args)]
+                       "--threads", str(args.threads), "--dtype", "float32", *shlex.split(args.specdec_args)]
         else:
             env_dir = Path(args.vllm_env) if args.vllm_env else default_vllm_env()
             bundle = write_vllm_bundle(work / "bundle", drafter="draft", gamma=args.gamma)
