@@ -65,10 +65,44 @@ class _AppendLayer(DynamicLayer):
         return self.keys, self.values
 
 
-def _with_capacity(states: torch.Tensor, capacity: int) -> torch.Tensor:
-    """states [B, H, S, D] copied into the front of a new buffer [B, H, capacity, D]."""
-    buffer = states.new_empty(*states.shape[:2], capacity, states.shape[3])
-    buffer[:, :, : states.shape[2]] = states
+#: Spare slot columns a new cache buffer gets past the states copied into it (the next passes append there).
+SPARE_SLOTS = 64
+
+
+def _with_capacity(states: torch.Tensor, capacity: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """states [B, H, S, D] (rows [B']: only those rows, in that order) copied into the front of a new buffer
+    [B | B', H, capacity, D]: one copy."""
+    count = states.shape[0] if rows is None else rows.shape[0]
+    buffer = states.new_empty(count, states.shape[1], capacity, states.shape[3])
+    if rows is None:
+        buffer[:, :, : states.shape[2]] = states
+    else:
+        torch.index_select(states, 0, rows, out=buffer[:, :, : states.shape[2]])
+    return buffer
+
+
+def _gathered(states: torch.Tensor, index: torch.Tensor, width: int) -> torch.Tensor:
+    """states [B, H, S, D] at slot columns index [B, width], per row, in the front of a new buffer
+    [B, H, width + SPARE_SLOTS, D]: one copy."""
+    buffer = states.new_empty(states.shape[0], states.shape[1], width + SPARE_SLOTS, states.shape[3])
+    torch.gather(states, 2, index[:, None, :, None].expand(*states.shape[:2], width, states.shape[3]),
+                 out=buffer[:, :, :width])
+    return buffer
+
+
+def _stacked(parts: Sequence[tuple[torch.Tensor | None, int]], like: torch.Tensor, width: int) -> torch.Tensor:
+    """Row blocks parts[i] = (states [B_i, H, S_i, D] or None: B_i rows without states) right-aligned in one new
+    buffer [sum B_i, H, width + SPARE_SLOTS, D]; the holes to their left are zeros (a masked slot must hold
+    finite values: 0 * NaN would still spread through attention). One copy."""
+    total = sum(rows for _, rows in parts)
+    buffer = like.new_empty(total, like.shape[1], width + SPARE_SLOTS, like.shape[3])
+    start = 0
+    for states, rows in parts:
+        filled = 0 if states is None else states.shape[2]
+        buffer[start : start + rows, :, : width - filled].zero_()
+        if filled:
+            buffer[start : start + rows, :, width - filled : width] = states
+        start += rows
     return buffer
 
 
@@ -137,19 +171,16 @@ class BatchedCausalLM:
             if hidden:
                 features = [states[i, : x.shape[0]] if x.shape[0] else None for i, x in enumerate(inputs)]
             fresh.forwards, fresh.forward_s = 0, 0.0
-        if fresh.keys and not self.keys:
-            self.keys = [k.new_zeros(self.rows, k.shape[1], 0, k.shape[3]) for k in fresh.keys]
-            self.values = [v.new_zeros(self.rows, v.shape[1], 0, v.shape[3]) for v in fresh.values]
+        # Splice: both blocks right-aligned (holes on the left) in one new buffer per layer with spare columns.
         width = max(self.slots, fresh.slots)
-        self._pad_left(width)
-        fresh._pad_left(width)
-        if self.keys:
-            if not fresh.keys:  # every new row is empty
-                fresh.keys = [k.new_zeros(fresh.rows, k.shape[1], width, k.shape[3]) for k in self.keys]
-                fresh.values = [v.new_zeros(fresh.rows, v.shape[1], width, v.shape[3]) for v in self.values]
-            self.keys = [torch.cat([a, b]) for a, b in zip(self.keys, fresh.keys)]
-            self.values = [torch.cat([a, b]) for a, b in zip(self.values, fresh.values)]
-        self.valid = torch.cat([self.valid, fresh.valid])
+        layers = [None] * len(self.keys or fresh.keys)
+
+        def spliced(own: list, new: list) -> list[torch.Tensor]:
+            return [_stacked([(a, self.rows), (b, fresh.rows)], a if a is not None else b, width)
+                    for a, b in zip(own or layers, new or layers)]
+
+        self._adopt(spliced(self.keys, fresh.keys), spliced(self.values, fresh.values), width)
+        self.valid = torch.cat([self._valid_padded(width), fresh._valid_padded(width)])
         self.prefill_s += time.perf_counter() - start
         return features
 
@@ -157,23 +188,30 @@ class BatchedCausalLM:
         """Nothing to compile: eager passes (`StaticBatchedCausalLM.precompile` compiles its shapes)."""
 
     def remove_rows(self, keep: Sequence[int]) -> None:
-        """Keep only the rows at indices `keep` (in that order); the others' caches are dropped."""
-        index = torch.as_tensor(list(keep), dtype=torch.long, device=self.device)
-        self.valid = self.valid.index_select(0, index)
-        self.keys = [k.index_select(0, index) for k in self.keys]
-        self.values = [v.index_select(0, index) for v in self.values]
-        self.compact()
+        """Keep only the rows at indices `keep` (in that order); the others' caches are dropped.
 
-    def _pad_left(self, width: int) -> None:
-        """Prepend holes so that every row has `width` slots."""
-        extra = width - self.slots
-        if extra <= 0:
-            return
-        self.valid = torch.cat([self.valid.new_zeros(self.rows, extra), self.valid], dim=1)
-        for layer in range(len(self.keys)):
-            k, v = self.keys[layer], self.values[layer]
-            self.keys[layer] = torch.cat([k.new_zeros(*k.shape[:2], extra, k.shape[3]), k], dim=2)
-            self.values[layer] = torch.cat([v.new_zeros(*v.shape[:2], extra, v.shape[3]), v], dim=2)
+        One index copy per layer, of the slot columns the kept rows use, into buffers with spare columns (the
+        next pass appends there); the holes left are compacted away only past `max_holes`, as in `crop`."""
+        index = torch.as_tensor(list(keep), dtype=torch.long, device=self.device)
+        valid = self.valid.index_select(0, index)  # [B', S]
+        used = valid.any(dim=0).nonzero()
+        first, end = (int(used.min()), int(used.max()) + 1) if used.numel() else (0, 0)
+        self.valid, width = valid[:, first:end], end - first
+        self._adopt([_with_capacity(k[:, :, first:end], width + SPARE_SLOTS, index) for k in self.keys],
+                    [_with_capacity(v[:, :, first:end], width + SPARE_SLOTS, index) for v in self.values], width)
+        if self.rows and self.slots and 1 - float(self.valid.sum()) / self.valid.numel() > self.max_holes:
+            self.compact()
+
+    def _adopt(self, key_buffers: list[torch.Tensor], value_buffers: list[torch.Tensor], width: int) -> None:
+        """Make these buffers [B, H, capacity, D] the cache: its states are their first `width` slot columns,
+        and the next pass appends in place after them."""
+        self.key_buffers, self.value_buffers = key_buffers, value_buffers
+        self.keys = [buffer[:, :, :width] for buffer in key_buffers]
+        self.values = [buffer[:, :, :width] for buffer in value_buffers]
+
+    def _valid_padded(self, width: int) -> torch.Tensor:
+        """valid [B, width]: holes prepended up to `width` slots."""
+        return torch.cat([self.valid.new_zeros(self.rows, width - self.slots), self.valid], dim=1)
 
     # -- decoding -------------------------------------------------------------------------------------
     def forward(self, inputs: Sequence[torch.Tensor], last_only: bool = False,
@@ -276,7 +314,7 @@ class BatchedCausalLM:
                 kb = self.key_buffers[i] if i < len(self.key_buffers) else None
                 vb = self.value_buffers[i] if i < len(self.value_buffers) else None
                 if not (_is_prefix_view(k, kb) and _is_prefix_view(v, vb)):
-                    capacity = k.shape[2] + 64
+                    capacity = k.shape[2] + SPARE_SLOTS
                     kb, vb = _with_capacity(k, capacity), _with_capacity(v, capacity)
                 layers.append(_AppendLayer(kb, vb, k.shape[2]))
             cache.layers = layers
@@ -315,8 +353,7 @@ class BatchedCausalLM:
         order = torch.argsort(self.valid.long() * (1 + torch.arange(self.slots, device=self.device)), dim=1, stable=True)
         index = order[:, self.slots - width :]  # [B, width]
         new_valid = torch.arange(width, device=self.device)[None] >= (width - lengths)[:, None]  # [B, width]
-        for layer in range(len(self.keys)):
-            k, v = self.keys[layer], self.values[layer]  # [B, H, S, Dk], [B, H, S, Dv] (MLA: Dv != Dk)
-            self.keys[layer] = k.gather(2, index[:, None, :, None].expand(*k.shape[:2], width, k.shape[3]))
-            self.values[layer] = v.gather(2, index[:, None, :, None].expand(*v.shape[:2], width, v.shape[3]))
+        # keys [B, H, S, Dk], values [B, H, S, Dv] (MLA: Dv != Dk), gathered into buffers with spare columns
+        self._adopt([_gathered(k, index, width) for k in self.keys], [_gathered(v, index, width) for v in self.values],
+                    width)
         self.valid = new_valid

@@ -120,15 +120,15 @@ class StaticBatchedCausalLM(BatchedCausalLM):
     @torch.inference_mode()  # inference tensors always: a compiled pass guards on it (else it recompiles)
     def _allocate(self, rows: int, columns: int) -> None:
         """(Re)allocate the cache with `rows` rows and `columns` slot columns (each layer's heads, head size,
-        dtype and device from `slot_cache.kv_layout`), keeping the first min(rows, old rows) rows' first
-        min(columns, old columns) columns."""
+        dtype and device from `slot_cache.kv_layout`), keeping the first min(rows, old rows) rows' columns in
+        use (`slots`; the others are zeros, as stale columns past `slots` may be)."""
         old = self._layer_states() if self.cache is not None else None
         cache = SlotCache(columns)
         for i, layout in enumerate(kv_layout(self.model)):
             layer = SlotLayer(cache)
             layer.allocate(replace(layout, lead=(rows, *layout.lead[1:])))  # [R, H, L, D]
             if old is not None:
-                r, c = min(rows, old[i][0].shape[0]), min(columns, old[i][0].shape[2])
+                r, c = min(rows, old[i][0].shape[0]), min(columns, old[i][0].shape[2], self.slots)
                 layer.keys[:r, :, :c] = old[i][0][:r, :, :c]
                 layer.values[:r, :, :c] = old[i][1][:r, :, :c]
             cache.layers.append(layer)
@@ -230,13 +230,18 @@ class StaticBatchedCausalLM(BatchedCausalLM):
 
     @torch.inference_mode()
     def remove_rows(self, keep: Sequence[int]) -> None:
-        """Keep only the rows at indices `keep` (in that order), moved to the front of the buffers."""
-        index = torch.as_tensor(list(keep), dtype=torch.long, device=self.device)
+        """Keep only the rows at indices `keep` (in that order), moved to the front of the buffers: an index copy
+        of the rows that move, of the columns in use."""
+        keep = list(keep)
+        index = torch.as_tensor(keep, dtype=torch.long, device=self.device)
+        moved = [(row, source) for row, source in enumerate(keep) if row != source]
+        if self.cache is not None and moved:
+            rows, sources = (torch.as_tensor(x, dtype=torch.long, device=self.device) for x in zip(*moved))
+            for k, v in self._layer_states():  # [R, H, L, D]; the sources are read before any row is written
+                for states in (k[:, :, : self.slots], v[:, :, : self.slots]):
+                    states.index_copy_(0, rows, states.index_select(0, sources))
         self.valid = self.valid.index_select(0, index)
         if self.cache is not None:
-            for k, v in self._layer_states():
-                k[: len(keep)] = k.index_select(0, index)
-                v[: len(keep)] = v.index_select(0, index)
             self._fit_rows(len(keep))
         self.crop(self.lengths)
 
