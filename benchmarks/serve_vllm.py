@@ -6,7 +6,8 @@ vLLM environment with the same checkpoints, exported by `specdec export --format
 then for each concurrency c in --concurrency sends max(c, --requests) greedy streaming completions, c at a time,
 of held-out prompts (token ids) and reports per server and c: generated tokens/s over the wave, time to first
 token and inter-token latency (per request (last chunk - first chunk) / (tokens - 1)), medians and p95, and
-whether each request's text equals specdec's offline plain decoding of the same prompt (float32, greedy).
+whether each request's text equals specdec's offline plain decoding of the same prompt (float32, greedy); for specdec,
+the rounds its goodput policy ran at each γ cap (from its /metrics).
 
     python benchmarks/serve_vllm.py --concurrency 1,8,32 --max-tokens 128 --json serve_vllm.json
 
@@ -95,6 +96,26 @@ def wave(client, model: str, prompts: list[list[int]], concurrency: int, max_tok
     return results, time.perf_counter() - start
 
 
+def gamma_rounds(url: str) -> dict[str, float]:
+    """specdec's server: rounds run so far per chosen γ cap, from its /metrics histogram (cumulative buckets)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    cumulative = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "specdec:gamma_chosen_bucket":
+                cumulative[float(sample.labels["le"])] = sample.value
+    out, below = {}, 0.0
+    for le in sorted(cumulative):
+        if le != float("inf"):
+            out[str(int(le))] = cumulative[le] - below
+            below = cumulative[le]
+    return out
+
+
 def summarize(results: list[dict], wall: float, reference: list[str]) -> dict:
     itls = [r["itl"] for r in results if r["itl"] is not None]
     ttfts = [r["ttft"] for r in results]
@@ -170,8 +191,13 @@ def main() -> int:
                 entry = {"command": command, "startup_s": round(startup, 1), "levels": {}}
                 for c in levels:
                     batch = prompts[: max(c, args.requests)]
+                    before = gamma_rounds(url) if name == "specdec" else {}
                     results, wall = wave(client, model, batch, c, args.max_tokens)
                     entry["levels"][str(c)] = summarize(results, wall, reference)
+                    if name == "specdec":  # which γ cap the goodput policy ran, in rounds
+                        after = gamma_rounds(url)
+                        entry["levels"][str(c)]["rounds_by_gamma"] = {
+                            g: after[g] - before.get(g, 0.0) for g in after if after[g] > before.get(g, 0.0)}
                     entry["levels"][str(c)]["load"] = os.getloadavg()
                     print(name, c, json.dumps({k: v for k, v in entry["levels"][str(c)].items()
                                                if k != "identical_per_request"}), flush=True)
