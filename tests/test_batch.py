@@ -8,7 +8,7 @@ from models import perturbed, tiny
 
 import specdec
 from specdec.drafters.batched import CATCH_UP, WIDTHS, BatchedDraftModel
-from specdec.engine.batch import BatchDecoder, generate_batch
+from specdec.engine.batch import BatchDecoder, fill_from_the_end, generate_batch
 from specdec.runtime.batch_lm import BatchedCausalLM
 from specdec.runtime.batch_static import StaticBatchedCausalLM
 
@@ -110,6 +110,39 @@ def test_rows_join_and_leave_between_rounds(pairs, path):
     assert got[0] == cancelled and lone[0][: len(cancelled)] == cancelled
     for i in range(1, len(PROMPTS)):
         assert got[i] == lone[i]
+
+
+def test_rows_that_leave_are_filled_from_the_end():
+    assert fill_from_the_end(5, [1]) == [0, 4, 2, 3]  # the last row moves into the freed place
+    assert fill_from_the_end(5, [4]) == [0, 1, 2, 3]  # nothing moves
+    assert fill_from_the_end(6, [1, 3, 5]) == [0, 4, 2]
+    assert fill_from_the_end(5, [0, 1]) == [4, 3, 2]
+    assert fill_from_the_end(3, [0, 1, 2]) == []
+
+
+@pytest.mark.parametrize("path", ["eager", "static"])
+@pytest.mark.parametrize("keep", [[0, 4, 2], [4, 0, 3], [2, 3]])  # filled from the end (in place), any order, a tail
+def test_kept_rows_keep_their_cached_states_when_rows_leave(pairs, path, keep):
+    """Every kept row's keys and values at its valid slots, in its token order, are the bits it had before the
+    others left (in place or by an index copy, compacted or not)."""
+    target, _ = pairs["llama"]
+    lm = BatchedCausalLM(target) if path == "eager" else StaticBatchedCausalLM(target, max_len=64, compile=False)
+    lm.add_rows([torch.tensor(p) for p in PROMPTS])
+    lm.forward([torch.tensor([1, 2, 3][: i % 3 + 1]) for i in range(len(PROMPTS))])  # ragged appends
+    lm.crop([n - (i % 2) for i, n in enumerate(lm.lengths.tolist())])  # and holes
+
+    def states(row: int) -> list[torch.Tensor]:
+        slots = lm.valid[row].nonzero().flatten()
+        if path == "eager":
+            return [s[row][:, slots].clone() for s in (*lm.keys, *lm.values)]
+        return [s[row][:, slots].clone() for layer in lm.cache.layers for s in (layer.keys, layer.values)]
+
+    before = {row: states(row) for row in keep}
+    lengths = lm.lengths.tolist()
+    lm.remove_rows(keep)
+    assert lm.lengths.tolist() == [lengths[row] for row in keep]
+    for place, row in enumerate(keep):
+        assert all(torch.equal(a, b) for a, b in zip(states(place), before[row]))
 
 
 def test_gamma_cap_backs_off_to_plain_decoding_and_stays_exact(pairs):

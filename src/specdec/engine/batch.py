@@ -127,11 +127,13 @@ class BatchDecoder:
         return new_row(key, prompt_ids, options, self.engine.target, policy)
 
     def remove(self, keys: Sequence[object]) -> None:
-        """Drop the rows with these keys (finished, cancelled, failed) between rounds."""
+        """Drop the rows with these keys (finished, cancelled, failed) between rounds. The last rows move into
+        the places freed (a row's output does not depend on its place), so the caches copy only those rows."""
         drop = set(keys)
-        keep = [i for i, row in enumerate(self.rows) if row.key not in drop]
-        if len(keep) == len(self.rows):
+        gone = [i for i, row in enumerate(self.rows) if row.key in drop]
+        if not gone:
             return
+        keep = fill_from_the_end(len(self.rows), gone)
         self.rows = [self.rows[i] for i in keep]
         self.engine.remove_rows(keep)
 
@@ -152,6 +154,19 @@ class BatchDecoder:
         self.last_round = self.engine.last_round
         self.remove([event.key for event in events if event.finished])
         return events
+
+
+def fill_from_the_end(count: int, gone: Sequence[int]) -> list[int]:
+    """The rows kept when the rows at indices `gone` of `count` leave: each freed place below the new count
+    takes a kept row from the end; every other row stays where it is."""
+    left = count - len(gone)
+    keep = list(range(left))
+    leaving = set(gone)
+    tail = [i for i in range(left, count) if i not in leaving]  # kept rows past the new end
+    for place in gone:
+        if place < left:
+            keep[place] = tail.pop()
+    return keep
 
 
 def generate_batch(

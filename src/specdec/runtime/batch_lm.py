@@ -187,20 +187,41 @@ class BatchedCausalLM:
     def precompile(self, rows: Sequence[int], widths: Sequence[int]) -> None:
         """Nothing to compile: eager passes (`StaticBatchedCausalLM.precompile` compiles its shapes)."""
 
+    @torch.inference_mode()  # the buffers are inference tensors (written in place)
     def remove_rows(self, keep: Sequence[int]) -> None:
         """Keep only the rows at indices `keep` (in that order); the others' caches are dropped.
 
-        One index copy per layer, of the slot columns the kept rows use, into buffers with spare columns (the
-        next pass appends there); the holes left are compacted away only past `max_holes`, as in `crop`."""
-        index = torch.as_tensor(list(keep), dtype=torch.long, device=self.device)
+        When the rows that move come from past the kept count (`BatchDecoder.remove` orders them so) they are
+        copied in place into their buffers, the slot columns in use only; otherwise one index copy per layer,
+        of the columns the kept rows use, into buffers with spare columns (the next pass appends there). The
+        holes left are compacted away only past `max_holes`, as in `crop`."""
+        keep = list(keep)
+        index = torch.as_tensor(keep, dtype=torch.long, device=self.device)
         valid = self.valid.index_select(0, index)  # [B', S]
         used = valid.any(dim=0).nonzero()
         first, end = (int(used.min()), int(used.max()) + 1) if used.numel() else (0, 0)
-        self.valid, width = valid[:, first:end], end - first
-        self._adopt([_with_capacity(k[:, :, first:end], width + SPARE_SLOTS, index) for k in self.keys],
-                    [_with_capacity(v[:, :, first:end], width + SPARE_SLOTS, index) for v in self.values], width)
+        moved = [(row, source) for row, source in enumerate(keep) if row != source]
+        if all(source >= len(keep) for _, source in moved) and self._appendable():
+            if moved:
+                rows, sources = (torch.as_tensor(x, dtype=torch.long, device=self.device) for x in zip(*moved))
+                for buffer in (*self.key_buffers, *self.value_buffers):  # [B, H, capacity, D]
+                    buffer[:, :, :end].index_copy_(0, rows, buffer[:, :, :end].index_select(0, sources))
+            self.valid = valid[:, :end]
+            self._adopt([b[: len(keep)] for b in self.key_buffers], [b[: len(keep)] for b in self.value_buffers],
+                        end)
+        else:
+            self.valid, width = valid[:, first:end], end - first
+            self._adopt([_with_capacity(k[:, :, first:end], width + SPARE_SLOTS, index) for k in self.keys],
+                        [_with_capacity(v[:, :, first:end], width + SPARE_SLOTS, index) for v in self.values],
+                        width)
         if self.rows and self.slots and 1 - float(self.valid.sum()) / self.valid.numel() > self.max_holes:
             self.compact()
+
+    def _appendable(self) -> bool:
+        """Are the states prefix views of their buffers (as after a pass, a crop or `_adopt`)?"""
+        return len(self.key_buffers) == len(self.keys) and all(
+            _is_prefix_view(k, kb) and _is_prefix_view(v, vb)
+            for k, v, kb, vb in zip(self.keys, self.values, self.key_buffers, self.value_buffers))
 
     def _adopt(self, key_buffers: list[torch.Tensor], value_buffers: list[torch.Tensor], width: int) -> None:
         """Make these buffers [B, H, capacity, D] the cache: its states are their first `width` slot columns,
