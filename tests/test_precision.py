@@ -29,3 +29,38 @@ def test_the_bar_is_the_geometric_mean():
 def test_auto_is_one_of_the_two():
     assert auto_dtype("cpu") in (torch.float32, torch.bfloat16)
     assert auto_dtype("meta") == torch.float32
+
+
+def test_a_server_keeps_bfloat16_only_where_its_batched_kernel_is_no_slower(monkeypatch):
+    """`specdec serve --dtype auto`: the one-row verdict, then the batched passes' linear kernel at 32 rows (the AVX2
+    Zen 3's measured times: eager bfloat16 runs `row_linear`, 7x float32's `F.linear`; compiled, a tie)."""
+    from specdec.runtime import precision
+
+    zen3 = {False: (10.7, 74.6), True: (7.0, 6.7)}
+    monkeypatch.setattr(precision, "batched_linear_ms", lambda compiled: zen3[compiled])
+    monkeypatch.setattr(precision, "auto_dtype", lambda device: torch.bfloat16)
+    assert precision.serving_dtype("cpu", compiled=False) == torch.float32
+    assert precision.serving_dtype("cpu", compiled=True) == torch.bfloat16
+    monkeypatch.setattr(precision, "auto_dtype", lambda device: torch.float32)  # one row already says float32
+    assert precision.serving_dtype("cpu", compiled=True) == torch.float32
+
+
+def test_the_batched_kernels_are_measured_once_per_machine_and_path(monkeypatch, tmp_path):
+    from specdec.runtime import precision
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(precision, "measure_batched", lambda compiled: calls.append(compiled) or [1.0, 2.0 + compiled])
+    assert precision.batched_linear_ms(False) == (1.0, 2.0)
+    assert precision.batched_linear_ms(True) == (1.0, 3.0)
+    assert precision.batched_linear_ms(False) == (1.0, 2.0)
+    assert calls == [False, True]  # the third answer came from the cache file
+    assert "batched_ms" in next(iter(precision.read_cache(tmp_path / "specdec" / "precision.json").values()))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_batched_measurement_times_both_dtypes(compiled):
+    from specdec.runtime.precision import measure_batched
+
+    float32_ms, bfloat16_ms = measure_batched(compiled, repeats=1)
+    assert 0 < float32_ms < 10_000 and 0 < bfloat16_ms < 10_000

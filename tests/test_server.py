@@ -381,6 +381,7 @@ def test_cli_serve_builds_the_default_pair_app():
     from specdec.cli import build_parser
     from specdec.cli.serve import build_app
     from specdec.hub.default_pair import assets_present
+    from specdec.runtime.precision import serving_dtype
 
     if not assets_present():
         pytest.skip("default pair assets not present")
@@ -391,6 +392,8 @@ def test_cli_serve_builds_the_default_pair_app():
     app = build_app(args)
     scheduler = app.state.scheduler
     assert scheduler.speculative and scheduler.max_gamma == 3 and not scheduler.thread.is_alive()
+    # --dtype auto: the batched passes' kernel decides too (float32 where eager bfloat16 rows would run slower)
+    assert scheduler.decoder.target.model.dtype == serving_dtype("cpu", compiled=False)
     args = build_parser().parse_args(["serve", "--drafter", "none"])
     assert not build_app(args).state.scheduler.speculative
 

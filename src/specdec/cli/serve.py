@@ -62,8 +62,9 @@ def register(subparsers) -> None:
                         "the request gets a 400 (default 512)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default="auto",
-                        help="model dtype: auto (bfloat16 where this machine computes it natively, measured once; "
-                             "else float32), float32, bfloat16, float16, float64, checkpoint (the weights' own)")
+                        help="model dtype: auto (bfloat16 where this machine computes it natively and the batched "
+                             "passes' linear kernel is no slower in it at 32 rows, measured once; else float32), "
+                             "float32, bfloat16, float16, float64, checkpoint (the weights' own)")
     parser.set_defaults(func=run)
 
 
@@ -147,6 +148,11 @@ def build_app(args):
     from specdec.server import create_app
 
     template = check_options(args)
+    if args.dtype == "auto":  # the batched passes' kernel at a server's width decides too (runtime/precision.py)
+        from specdec.hub.loading import check_device
+        from specdec.runtime.precision import serving_dtype
+
+        args.dtype = str(serving_dtype(check_device(args.device), compiled=args.compile)).removeprefix("torch.")
     target, draft, tokenizer = load_models(args)
     if args.draft is not None:
         check_draft_tokenizer_at(tokenizer, args.draft, target_name=args.target or "the shipped default target",

@@ -10,6 +10,13 @@ operand in a slow loop fails it; one that widens bfloat16 exactly in registers a
 2.6x and speculative decoding 1.8x float32's tokens/s; BENCHMARKS.md). The timings are cached per CPU model, core
 count, torch version and kernel build in `~/.cache/specdec/precision.json` (`$XDG_CACHE_HOME`), so a machine
 measures once; the verdict is recomputed from them with today's rule.
+
+A batched server's passes are wider, and in bfloat16 its eager passes take another kernel: `specdec serve --dtype
+auto` (`serving_dtype`) keeps bfloat16 only where, besides, the linear kernel of its batched passes is no slower in
+bfloat16 than in float32 at `SERVING_ROWS` rows. Eager, bfloat16 rows run the row-invariant `row_linear` and float32
+rows PyTorch's `F.linear`; compiled, both run `packed_linear`. On the AVX2 Zen 3 at 32 rows: `row_linear` in
+bfloat16 74.6 ms against `F.linear` in float32 10.7 ms (the eager batched server in bfloat16 ran 0.2–0.6x its
+float32 speed), `packed_linear` 6.7 against 7.0 ms.
 """
 
 from __future__ import annotations
@@ -69,6 +76,66 @@ def cpu_computes_bf16() -> bool:
     known[key] = {"bf16": native, "float32_ms": f32, "bfloat16_ms": bf16}
     write_cache(cache, known)
     return native
+
+
+#: Rows of a batched server's pass at which its bfloat16 and float32 linear kernels are compared.
+SERVING_ROWS = 32
+
+
+def serving_dtype(device: str | torch.device, compiled: bool) -> torch.dtype:
+    """What `specdec serve --dtype auto` loads: `auto_dtype`, but float32 on a CPU where the batched passes' linear
+    kernel (compiled: `packed_linear`; eager: `row_linear` for bfloat16, `F.linear` for float32) runs bfloat16
+    slower than float32 at SERVING_ROWS rows (measured once per machine, cached with the one-row verdict)."""
+    dtype = auto_dtype(device)
+    if dtype != torch.bfloat16 or torch.device(device).type != "cpu":
+        return dtype
+    float32_ms, bfloat16_ms = batched_linear_ms(compiled)
+    if bfloat16_ms > float32_ms:
+        log.info("serving in float32: the %s batched passes' linear kernel at %d rows takes %.2f ms in bfloat16, "
+                 "%.2f ms in float32", "compiled" if compiled else "eager", SERVING_ROWS, bfloat16_ms, float32_ms)
+        return torch.float32
+    return dtype
+
+
+def batched_linear_ms(compiled: bool) -> tuple[float, float]:
+    """(float32 ms, bfloat16 ms) of the batched passes' linear kernel at SERVING_ROWS rows (cached per machine)."""
+    path = "compiled" if compiled else "eager"
+    key, cache = machine_key(), cache_file("precision.json")
+    known = read_cache(cache)
+    entry = known.get(key)
+    entry = entry if isinstance(entry, dict) else {}
+    measured = entry.setdefault("batched_ms", {})
+    if path not in measured:
+        measured[path] = measure_batched(compiled)
+        known[key] = entry
+        write_cache(cache, known)
+    float32_ms, bfloat16_ms = measured[path]
+    return float32_ms, bfloat16_ms
+
+
+def measure_batched(compiled: bool, repeats: int = 5) -> list[float]:
+    """Fastest ms of a [SERVING_ROWS, 2048] x [2048, 4096]^T product in float32 and in bfloat16, each through the
+    kernel the batched passes of that dtype run (see `serving_dtype`), interleaved."""
+    from specdec.runtime.rowwise import load_kernel  # noqa: PLC0415 (builds the kernels on first use)
+
+    load_kernel()
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(4096, 2048, generator=gen)
+    x = torch.randn(SERVING_ROWS, 2048, generator=gen)
+    if compiled:
+        cases = [(x.to(dtype), torch.ops.specdec.pack_weight(weight.to(dtype))) for dtype in (torch.float32, torch.bfloat16)]
+        runs = [lambda x=x, w=w: torch.ops.specdec.packed_linear(x, w, None, 4096) for x, w in cases]
+    else:
+        w16, x16 = weight.to(torch.bfloat16), x.to(torch.bfloat16)
+        runs = [lambda: torch.nn.functional.linear(x, weight),
+                lambda: torch.ops.specdec.row_linear(x16, w16, None)]
+    best = [float("inf")] * len(runs)
+    for _ in range(repeats):
+        for i, run in enumerate(runs):
+            start = time.perf_counter()
+            run()
+            best[i] = min(best[i], 1e3 * (time.perf_counter() - start))
+    return best
 
 
 def _measure(repeats: int = 15) -> tuple[list[float], list[float]]:
