@@ -12,11 +12,13 @@ count, torch version and kernel build in `~/.cache/specdec/precision.json` (`$XD
 measures once; the verdict is recomputed from them with today's rule.
 
 A batched server's passes are wider, and in bfloat16 its eager passes take another kernel: `specdec serve --dtype
-auto` (`serving_dtype`) keeps bfloat16 only where, besides, the linear kernel of its batched passes is no slower in
-bfloat16 than in float32 at `SERVING_ROWS` rows. Eager, bfloat16 rows run the row-invariant `row_linear` and float32
-rows PyTorch's `F.linear`; compiled, both run `packed_linear`. On the AVX2 Zen 3 at 32 rows: `row_linear` in
-bfloat16 74.6 ms against `F.linear` in float32 10.7 ms (the eager batched server in bfloat16 ran 0.2–0.6x its
-float32 speed), `packed_linear` 6.7 against 7.0 ms.
+auto` (`serving_dtype`) keeps bfloat16 only where, besides, the linear kernel of its batched passes is at least
+NATIVE_SPEEDUP times faster in bfloat16 than in float32 at `SERVING_ROWS` rows (a margin: the rest of a pass, norms
+and attention, gains less or loses). Eager, bfloat16 rows run the row-invariant `row_linear` and float32 rows
+PyTorch's `F.linear`; compiled, both run `packed_linear`. On the AVX2 Zen 3 at 32 rows: `row_linear` in bfloat16
+74.6 ms against `F.linear` in float32 10.7 ms, and the eager batched decoder ran bfloat16 at 0.25x its float32
+tokens/s; `packed_linear` 6.7 against 7.0 ms, and the compiled one at 0.80x (32 rows, plain, one core). Both serve
+float32 there.
 """
 
 from __future__ import annotations
@@ -84,13 +86,14 @@ SERVING_ROWS = 32
 
 def serving_dtype(device: str | torch.device, compiled: bool) -> torch.dtype:
     """What `specdec serve --dtype auto` loads: `auto_dtype`, but float32 on a CPU where the batched passes' linear
-    kernel (compiled: `packed_linear`; eager: `row_linear` for bfloat16, `F.linear` for float32) runs bfloat16
-    slower than float32 at SERVING_ROWS rows (measured once per machine, cached with the one-row verdict)."""
+    kernel (compiled: `packed_linear`; eager: `row_linear` for bfloat16, `F.linear` for float32) is not at least
+    NATIVE_SPEEDUP times faster in bfloat16 at SERVING_ROWS rows (measured once per machine, cached with the
+    one-row verdict)."""
     dtype = auto_dtype(device)
     if dtype != torch.bfloat16 or torch.device(device).type != "cpu":
         return dtype
     float32_ms, bfloat16_ms = batched_linear_ms(compiled)
-    if bfloat16_ms > float32_ms:
+    if float32_ms < NATIVE_SPEEDUP * bfloat16_ms:
         log.info("serving in float32: the %s batched passes' linear kernel at %d rows takes %.2f ms in bfloat16, "
                  "%.2f ms in float32", "compiled" if compiled else "eager", SERVING_ROWS, bfloat16_ms, float32_ms)
         return torch.float32
