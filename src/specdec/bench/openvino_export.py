@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.runtime.precision import cache_file
 
 log = logging.getLogger("specdec.openvino")
 
@@ -76,8 +77,7 @@ def default_cache_dir() -> Path:
     """`$SPECDEC_OPENVINO_CACHE`, else `$XDG_CACHE_HOME/specdec/openvino` (`~/.cache/specdec/openvino`)."""
     if os.environ.get("SPECDEC_OPENVINO_CACHE"):
         return Path(os.environ["SPECDEC_OPENVINO_CACHE"]).expanduser()
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "specdec" / "openvino"
+    return cache_file("openvino")
 
 
 def default_export_env() -> Path:

