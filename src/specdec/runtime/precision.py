@@ -132,6 +132,11 @@ def measure_batched(compiled: bool, repeats: int = 5) -> list[float]:
         w16, x16 = weight.to(torch.bfloat16), x.to(torch.bfloat16)
         runs = [lambda: torch.nn.functional.linear(x, weight),
                 lambda: torch.ops.specdec.row_linear(x16, w16, None)]
+    return _fastest_ms(runs, repeats)
+
+
+def _fastest_ms(runs: list, repeats: int) -> list[float]:
+    """Each of `runs` (calls) timed `repeats` times, interleaved: the fastest ms of each."""
     best = [float("inf")] * len(runs)
     for _ in range(repeats):
         for i, run in enumerate(runs):
@@ -151,13 +156,9 @@ def _measure(repeats: int = 15) -> tuple[list[float], list[float]]:
     weight = torch.randn(4096, 2048, generator=gen)  # 16 / 32 MB: streamed from memory, as real weights are
     cases = [(dtype, rows, torch.ops.specdec.pack_weight(weight.to(dtype)), torch.randn(rows, 2048, generator=gen).to(dtype))
              for dtype in (torch.float32, torch.bfloat16) for rows in (1, 8)]
-    best = {(dtype, rows): float("inf") for dtype, rows, _, _ in cases}
-    for _ in range(repeats):
-        for dtype, rows, w, x in cases:
-            start = time.perf_counter()
-            torch.ops.specdec.packed_linear(x, w, None, 4096)
-            best[dtype, rows] = min(best[dtype, rows], 1e3 * (time.perf_counter() - start))
-    return ([best[torch.float32, 1], best[torch.float32, 8]], [best[torch.bfloat16, 1], best[torch.bfloat16, 8]])
+    best = _fastest_ms([lambda w=w, x=x: torch.ops.specdec.packed_linear(x, w, None, 4096) for _, _, w, x in cases],
+                       repeats)
+    return best[:2], best[2:]  # float32 at 1 and 8 rows, bfloat16 at 1 and 8 rows (the cases' order)
 
 
 def cpu_model() -> str:
