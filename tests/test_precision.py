@@ -60,6 +60,15 @@ def test_the_batched_kernels_are_measured_once_per_machine_and_path(monkeypatch,
     assert precision.batched_linear_ms(False) == (1.0, 2.0)
     assert calls == [False, True]  # the third answer came from the cache file
     assert "batched_ms" in next(iter(precision.read_cache(tmp_path / "specdec" / "precision.json").values()))
+    # the one-row verdict, measured afterwards, keeps them
+    monkeypatch.setattr(precision, "_measure", lambda: ([2.0, 3.2], [1.0, 1.6]))
+    precision.cpu_computes_bf16.cache_clear()
+    try:
+        assert precision.cpu_computes_bf16()
+    finally:
+        precision.cpu_computes_bf16.cache_clear()
+    entry = next(iter(precision.read_cache(tmp_path / "specdec" / "precision.json").values()))
+    assert entry["float32_ms"] == [2.0, 3.2] and entry["batched_ms"]["eager"] == [1.0, 2.0]
 
 
 @pytest.mark.parametrize("compiled", [False, True])

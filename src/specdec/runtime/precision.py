@@ -75,7 +75,8 @@ def cpu_computes_bf16() -> bool:
     native = bf16_pays(f32, bf16)
     log.info("bfloat16 on this CPU: %s (1 / 8 rows: float32 %.3f / %.3f ms, bfloat16 %.3f / %.3f ms)",
              "native" if native else "emulated", f32[0], f32[1], bf16[0], bf16[1])
-    known[key] = {"bf16": native, "float32_ms": f32, "bfloat16_ms": bf16}
+    entry = known.get(key)  # other timings of this machine (`batched_linear_ms`) stay
+    known[key] = {**(entry if isinstance(entry, dict) else {}), "bf16": native, "float32_ms": f32, "bfloat16_ms": bf16}
     write_cache(cache, known)
     return native
 
