@@ -584,6 +584,27 @@ def test_goodput_cost_model_prior_skips_exploring_a_new_large_batch():
     assert expected_tokens(0.6, 0) == 1.0 and abs(expected_tokens(0.6, 2) - 1.96) < 1e-9
 
 
+def test_goodput_step_seconds_fits_the_plain_rounds_once(monkeypatch):
+    """The per-position cost of speculating subtracts the plain rounds' line from every kept speculative round:
+    that line is fitted once a call, not once per kept round (which cost a full history of fits a round, and
+    slowed a one-stream server's rounds ~3x once plain rounds of two batch sizes were kept); same value."""
+    from specdec.server import goodput
+
+    cost = goodput.CostModel()
+    for i in range(256):
+        rows = (1, 32)[i % 2]
+        cost.observe(rows, 0, 0.001 * rows + 0.002 + 1e-5 * (i % 7), pass_tokens=rows, pass_seconds=0.001 * rows)
+        cost.observe(rows, 4, 0.004 * rows + 0.006 + 1e-5 * (i % 5), pass_tokens=5 * rows,
+                     pass_seconds=0.002 * rows)
+    points = [(r, max(0.0, rest - cost.plain_rest_seconds(r)) / g) for r, g, rest in cost.spec_rest]
+    intercept, slope = goodput._line(points)
+    fits = []
+    line = goodput._line
+    monkeypatch.setattr(goodput, "_line", lambda pts: fits.append(len(pts)) or line(pts))
+    assert cost.step_seconds(8) == intercept + slope * 8
+    assert fits == [256, 256], fits  # the plain rounds' line, then the points' line
+
+
 def test_server_on_the_preallocated_batched_cache(pair, tokenizer):
     """The fast path's server wiring (its cache run eagerly: compiling is the slow test in test_batch.py):
     concurrent rows get the lone greedy tokens; a request that does not fit --max-len gets a 400 naming it."""

@@ -110,17 +110,25 @@ class CostModel:
 
     def plain_rest_seconds(self, rows: float) -> float:
         """The rest of a plain round (everything but the target pass) at `rows` rows."""
+        return self._plain_rest()(rows)
+
+    def _plain_rest(self) -> Callable[[float], float]:
+        """`plain_rest_seconds` as a function of rows, its line fitted once (a fit reads every plain round kept)."""
         line = _line(list(self.plain_rest))
         if line is None:
-            return statistics.median(r for _, r in self.plain_rest) if self.plain_rest else 0.0
-        return line[0] + line[1] * rows
+            median = statistics.median(r for _, r in self.plain_rest) if self.plain_rest else 0.0
+            return lambda rows: median
+        return lambda rows: line[0] + line[1] * rows
 
     def step_seconds(self, rows: int) -> float | None:
         """What each drafted position adds to a round besides the target pass at `rows` rows: the draft
         forward, and the per-row verification, commit and rollback work that grows with γ."""
         if not self.spec_rest:
             return None
-        points = [(r, max(0.0, rest - self.plain_rest_seconds(r)) / g) for r, g, rest in self.spec_rest]
+        # One fit of the plain rounds for every point: a fit per point cost O(history²) a round, 20-25 ms of
+        # each one-row round once plain rounds of two batch sizes were kept (after a 32-stream wave).
+        plain_rest = self._plain_rest()
+        points = [(r, max(0.0, rest - plain_rest(r)) / g) for r, g, rest in self.spec_rest]
         line = _line(points)
         if line is None:  # one batch size so far: its median
             return statistics.median(s for _, s in points)
