@@ -584,10 +584,11 @@ def test_goodput_cost_model_prior_skips_exploring_a_new_large_batch():
     assert expected_tokens(0.6, 0) == 1.0 and abs(expected_tokens(0.6, 2) - 1.96) < 1e-9
 
 
-def test_goodput_step_seconds_fits_the_plain_rounds_once(monkeypatch):
+def test_goodput_fits_each_line_once_per_observation(monkeypatch):
     """The per-position cost of speculating subtracts the plain rounds' line from every kept speculative round:
-    that line is fitted once a call, not once per kept round (which cost a full history of fits a round, and
-    slowed a one-stream server's rounds ~3x once plain rounds of two batch sizes were kept); same value."""
+    that line is fitted once, not once per kept round (which cost a full history of fits a round, and slowed a
+    one-stream server's rounds ~3x once plain rounds of two batch sizes were kept). And a round's choice asks
+    for every line once per candidate γ: each is fitted once until the next round is observed; same values."""
     from specdec.server import goodput
 
     cost = goodput.CostModel()
@@ -596,13 +597,25 @@ def test_goodput_step_seconds_fits_the_plain_rounds_once(monkeypatch):
         cost.observe(rows, 0, 0.001 * rows + 0.002 + 1e-5 * (i % 7), pass_tokens=rows, pass_seconds=0.001 * rows)
         cost.observe(rows, 4, 0.004 * rows + 0.006 + 1e-5 * (i % 5), pass_tokens=5 * rows,
                      pass_seconds=0.002 * rows)
-    points = [(r, max(0.0, rest - cost.plain_rest_seconds(r)) / g) for r, g, rest in cost.spec_rest]
+    plain = goodput._line(list(cost.plain_rest))
+    points = [(r, max(0.0, rest - (plain[0] + plain[1] * r)) / g) for r, g, rest in cost.spec_rest]
     intercept, slope = goodput._line(points)
     fits = []
     line = goodput._line
     monkeypatch.setattr(goodput, "_line", lambda pts: fits.append(len(pts)) or line(pts))
     assert cost.step_seconds(8) == intercept + slope * 8
     assert fits == [256, 256], fits  # the plain rounds' line, then the points' line
+    assert cost.step_seconds(16) == intercept + slope * 16
+    assert cost.plain_rest_seconds(4) == plain[0] + plain[1] * 4
+    assert fits == [256, 256], fits  # nothing observed since: no fit again
+    policy = goodput.GoodputGamma(4, candidates=[0, 2, 4])
+    policy.cost, policy.rounds_in = cost, {1: 1}
+    cost.outcomes.append((30, 10))
+    policy.choose(1)
+    assert fits == [256, 256, 256], fits  # the passes' line, fitted once for the three candidates
+    cost.observe(8, 4, 0.5, pass_tokens=40, pass_seconds=0.1)  # a slow round at a new size: the lines move
+    assert cost.step_seconds(8) > intercept + slope * 8
+    assert fits == [256, 256, 256, 256, 256], fits
 
 
 def test_server_on_the_preallocated_batched_cache(pair, tokenizer):

@@ -83,10 +83,19 @@ class CostModel:
         self.plain_rest: deque[tuple[float, float]] = deque(maxlen=history)  # γ = 0: (rows, round − pass)
         self.spec_rest: deque[tuple[float, int, float]] = deque(maxlen=history)  # γ > 0: (rows, γ, round − pass)
         self.outcomes: deque[tuple[int, int]] = deque(maxlen=history)  # (accepted, rejections) per round
+        # The fitted lines, kept until the next observation: a round's choice asks for them once per candidate γ
+        # (each fit reads every round kept), and they change only when a round is observed.
+        self._fits: dict[str, object] = {}
+
+    def _fitted(self, name: str, fit: Callable[[], object]):
+        if name not in self._fits:
+            self._fits[name] = fit()
+        return self._fits[name]
 
     def observe_pass(self, pass_tokens: int, pass_seconds: float) -> None:
         """A target pass that scored `pass_tokens` tokens (padding included) in `pass_seconds`."""
         self.passes.append((float(pass_tokens), pass_seconds))
+        self._fits.clear()
 
     def observe(self, rows: int, gamma: int, seconds: float, pass_tokens: int, pass_seconds: float) -> None:
         self.observe_pass(pass_tokens, pass_seconds)
@@ -105,7 +114,7 @@ class CostModel:
         return (accepted + 1) / (accepted + rejections + 2)  # a uniform prior: 1/2 before any outcome
 
     def pass_seconds(self, tokens: float) -> float | None:
-        line = _line(list(self.passes))
+        line = self._fitted("pass", lambda: _line(list(self.passes)))
         return None if line is None else line[0] + line[1] * tokens
 
     def plain_rest_seconds(self, rows: float) -> float:
@@ -113,7 +122,10 @@ class CostModel:
         return self._plain_rest()(rows)
 
     def _plain_rest(self) -> Callable[[float], float]:
-        """`plain_rest_seconds` as a function of rows, its line fitted once (a fit reads every plain round kept)."""
+        """`plain_rest_seconds` as a function of rows, its line fitted once per observation."""
+        return self._fitted("plain rest", self._fit_plain_rest)
+
+    def _fit_plain_rest(self) -> Callable[[float], float]:
         line = _line(list(self.plain_rest))
         if line is None:
             median = statistics.median(r for _, r in self.plain_rest) if self.plain_rest else 0.0
@@ -125,14 +137,18 @@ class CostModel:
         forward, and the per-row verification, commit and rollback work that grows with γ."""
         if not self.spec_rest:
             return None
+        return self._fitted("step", self._fit_step)(rows)
+
+    def _fit_step(self) -> Callable[[float], float]:
         # One fit of the plain rounds for every point: a fit per point cost O(history²) a round, 20-25 ms of
         # each one-row round once plain rounds of two batch sizes were kept (after a 32-stream wave).
         plain_rest = self._plain_rest()
         points = [(r, max(0.0, rest - plain_rest(r)) / g) for r, g, rest in self.spec_rest]
         line = _line(points)
         if line is None:  # one batch size so far: its median
-            return statistics.median(s for _, s in points)
-        return line[0] + line[1] * rows
+            median = statistics.median(s for _, s in points)
+            return lambda rows: median
+        return lambda rows: line[0] + line[1] * rows
 
     def goodput(self, rows: int, gamma: int, pass_tokens: float) -> float | None:
         """Predicted tokens/s of a round of `rows` rows at γ whose target pass scores `pass_tokens`."""
