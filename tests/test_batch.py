@@ -375,6 +375,37 @@ def test_compiled_batched_pass_rows_match_lone_requests(pairs):
         assert compiled == widths
 
 
+@pytest.mark.compile
+def test_a_compiled_batch_that_shrinks_and_grows_again_keeps_its_buffers(pairs):
+    """Rows leave until the batch falls to a smaller bucket, then rows join again: the cache stays a view of the
+    first rows of the buffers allocated for the largest bucket (no reallocation, no copy), both buckets' compiled
+    passes serve it without recompiling, and every row is its lone request's tokens."""
+    target, _ = pairs["llama"]
+    decoder = BatchDecoder(target, compile=True)
+    lm = decoder.target
+    lm.batch_buckets, lm.query_buckets = (2, 4), (1,)
+    lm.precompile([1, 4], [1])
+    budget = {0: 4, 1: 12, 2: 4, 3: 12, 4: 6}
+    lone = {i: specdec.generate(target, PROMPTS[i], max_new_tokens=n).tokens for i, n in budget.items()}
+    got = {i: [] for i in budget}
+    decoder.add_many([(i, PROMPTS[i], dict(max_new_tokens=budget[i])) for i in range(4)])
+    buffers = lm.buffers.layers[0].keys
+    assert lm.capacity_rows == 4 and buffers.shape[0] == 4
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        while len(decoder) > 2:
+            for event in decoder.step():
+                got[event.key].extend(event.tokens)
+        assert lm.capacity_rows == 2  # the smaller bucket's passes, over the same memory
+        assert lm.cache.layers[0].keys.data_ptr() == buffers.data_ptr()
+        decoder.add(4, PROMPTS[4], max_new_tokens=budget[4])
+        assert lm.capacity_rows == 4 and lm.buffers.layers[0].keys is buffers
+        while len(decoder):
+            for event in decoder.step():
+                got[event.key].extend(event.tokens)
+    assert lm.buffers.layers[0].keys is buffers  # never reallocated
+    assert got == lone
+
+
 def _padded_pair(target_rows: int, draft_rows: int):
     """A target and a draft whose LM heads differ in width by padding only (the draft is the target on the rows
     both have; extra draft rows are large random padding)."""

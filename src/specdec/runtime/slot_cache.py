@@ -47,6 +47,13 @@ class SlotLayer(CacheLayerMixin):
         self.values = torch.zeros((*shape, layout.value_dim), dtype=layout.dtype, device=layout.device)
         self.is_initialized = True
 
+    def first_rows(self, owner: SlotCache, rows: int) -> SlotLayer:
+        """A layer of `owner` over the first `rows` rows of this one's buffers (the same memory, no copy)."""
+        layer = SlotLayer(owner)
+        layer.keys, layer.values = self.keys[:rows], self.values[:rows]
+        layer.dtype, layer.device, layer.is_initialized = self.dtype, self.device, True
+        return layer
+
     @property
     def layout(self) -> LayerLayout:
         return LayerLayout(tuple(self.keys.shape[:2]), self.keys.shape[-1], self.values.shape[-1], self.dtype,
