@@ -377,20 +377,22 @@ def test_compiled_batched_pass_rows_match_lone_requests(pairs):
 
 @pytest.mark.compile
 def test_a_compiled_batch_that_shrinks_and_grows_again_keeps_its_buffers(pairs):
-    """Rows leave until the batch falls to a smaller bucket, then rows join again: the cache stays a view of the
-    first rows of the buffers allocated for the largest bucket (no reallocation, no copy), both buckets' compiled
-    passes serve it without recompiling, and every row is its lone request's tokens."""
+    """`precompile` reserves the buffers (`reserve_rows`) of the largest bucket; rows join, leave until the batch falls to a
+    smaller bucket, then join again: the cache stays a view of the first rows of those buffers (no allocation,
+    no copy), both buckets' compiled passes serve it without recompiling, and every row is its lone request's
+    tokens."""
     target, _ = pairs["llama"]
     decoder = BatchDecoder(target, compile=True)
     lm = decoder.target
     lm.batch_buckets, lm.query_buckets = (2, 4), (1,)
-    lm.precompile([1, 4], [1])
+    lm.precompile([1, 3], [1])
+    assert lm.reserved_rows == 4 and lm.capacity_rows == 0
+    buffers = lm.buffers.layers[0].keys
     budget = {0: 4, 1: 12, 2: 4, 3: 12, 4: 6}
     lone = {i: specdec.generate(target, PROMPTS[i], max_new_tokens=n).tokens for i, n in budget.items()}
     got = {i: [] for i in budget}
     decoder.add_many([(i, PROMPTS[i], dict(max_new_tokens=budget[i])) for i in range(4)])
-    buffers = lm.buffers.layers[0].keys
-    assert lm.capacity_rows == 4 and buffers.shape[0] == 4
+    assert lm.capacity_rows == 4 and lm.buffers.layers[0].keys is buffers
     with torch._dynamo.config.patch(error_on_recompile=True):
         while len(decoder) > 2:
             for event in decoder.step():

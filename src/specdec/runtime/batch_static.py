@@ -115,26 +115,48 @@ class StaticBatchedCausalLM(BatchedCausalLM):
     def capacity_rows(self) -> int:
         return int(self.cache.layers[0].keys.shape[0]) if self.cache is not None else 0
 
+    @property
+    def reserved_rows(self) -> int:
+        """Rows the buffers hold (the largest bucket the batch has had, or `reserve_rows`)."""
+        return int(self.buffers.layers[0].keys.shape[0]) if self.buffers is not None else 0
+
     def _layer_states(self):
         return [(layer.keys, layer.values) for layer in self.cache.layers]
 
     @torch.inference_mode()  # inference tensors always: a compiled pass guards on it (else it recompiles)
-    def _allocate(self, rows: int, columns: int) -> None:
-        """(Re)allocate the cache with `rows` rows and `columns` slot columns (each layer's heads, head size,
-        dtype and device from `slot_cache.kv_layout`), keeping the first min(rows, old rows) rows' columns in
-        use (`slots`; the others are zeros, as stale columns past `slots` may be)."""
+    def _allocate(self, rows: int, columns: int, capacity: int = 0) -> None:
+        """(Re)allocate the buffers with max(rows, capacity) rows and `columns` slot columns (each layer's heads,
+        head size, dtype and device from `slot_cache.kv_layout`), keeping the first min(rows, old rows) rows'
+        columns in use (`slots`; the others are zeros, as stale columns past `slots` may be); the cache is a view
+        of their first `rows` rows."""
         old = self._layer_states() if self.cache is not None else None
-        cache = SlotCache(columns)
+        buffers = SlotCache(columns)
         for i, layout in enumerate(kv_layout(self.model)):
-            layer = SlotLayer(cache)
-            layer.allocate(replace(layout, lead=(rows, *layout.lead[1:])))  # [R, H, L, D]
+            layer = SlotLayer(buffers)
+            layer.allocate(replace(layout, lead=(max(rows, capacity), *layout.lead[1:])))  # [R, H, L, D]
             if old is not None:
                 r, c = min(rows, old[i][0].shape[0]), min(columns, old[i][0].shape[2], self.slots)
                 layer.keys[:r, :, :c] = old[i][0][:r, :, :c]
                 layer.values[:r, :, :c] = old[i][1][:r, :, :c]
-            cache.layers.append(layer)
-        self.cache = self.buffers = cache
-        self.max_len = columns
+            buffers.layers.append(layer)
+        self.buffers, self.max_len = buffers, columns
+        self.cache = buffers if capacity <= rows else self._first_rows(rows)
+
+    def _first_rows(self, rows: int) -> SlotCache:
+        """A cache over the first `rows` rows of the buffers (the same memory)."""
+        cache = SlotCache(self.max_len)
+        cache.layers = [layer.first_rows(cache, rows) for layer in self.buffers.layers]
+        return cache
+
+    def reserve_rows(self, rows: int) -> None:
+        """Buffers for a batch of up to `rows` rows now (its bucket's), so that the batch grows into them without
+        allocating: a server's largest batch at start-up. Memory a process touches for the first time can cost
+        a second per 300 MB in a virtual machine (measured on a KVM guest), which a growing batch paid mid-round."""
+        want = self._rows_for(rows)
+        if self.cache is None:
+            self._allocate(0, self.max_len or self._columns_for(1), capacity=want)
+        elif self.reserved_rows < want:
+            self._allocate(self.capacity_rows, self.max_len, capacity=want)
 
     def check_fits(self, tokens: int) -> None:
         """With a fixed `max_len` (the server's): raise a PromptError before any work unless a row of `tokens`
@@ -161,12 +183,10 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         want = self._rows_for(rows)
         if self.cache is None or self.capacity_rows == want:
             return
-        if want > int(self.buffers.layers[0].keys.shape[0]):
+        if want > self.reserved_rows:
             self._allocate(want, self.max_len)
-            return
-        cache = SlotCache(self.max_len)
-        cache.layers = [layer.first_rows(cache, want) for layer in self.buffers.layers]
-        self.cache = cache
+        else:
+            self.cache = self._first_rows(want)
 
     def _columns_for(self, tokens: int) -> int:
         size = -(-tokens // CACHE_ROUND) * CACHE_ROUND
@@ -179,7 +199,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
             return
         self.compact()
         if self.slots + width > self.max_len:
-            self._allocate(self.capacity_rows, self._columns_for(self.slots + width))
+            self._allocate(self.capacity_rows, self._columns_for(self.slots + width), capacity=self.reserved_rows)
 
     # -- rows join and leave --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -194,7 +214,8 @@ class StaticBatchedCausalLM(BatchedCausalLM):
             self._allocate(0, self.max_len or self._columns_for(fresh.slots + 2 * DEFAULT_BUCKETS[-1]))
         rows, width = self.rows, fresh.slots
         if width > self.max_len:
-            self._allocate(self.capacity_rows, self._columns_for(width + self.query_buckets[-1]))
+            self._allocate(self.capacity_rows, self._columns_for(width + self.query_buckets[-1]),
+                           capacity=self.reserved_rows)
         if width > self.slots:  # existing rows get holes up to the new rows' end
             self.valid = torch.cat([self.valid, self.valid.new_zeros(rows, width - self.slots)], dim=1)
         self._fit_rows(rows + len(inputs))
@@ -355,18 +376,21 @@ class StaticBatchedCausalLM(BatchedCausalLM):
     @torch.inference_mode()
     def precompile(self, rows: Sequence[int], widths: Sequence[int]) -> None:
         """Compile now the passes of every batch bucket in `rows` x query bucket in `widths` (no later
-        request waits for one). A no-op when eager."""
+        request waits for one), and `reserve_rows` for the largest. A no-op when eager."""
         if not self.compile:
             return
-        if self.cache is None:
-            self._allocate(0, self.max_len or self._columns_for(1))
+        self.reserve_rows(max(rows))
         for r in sorted({self._rows_for(n) for n in rows}):
             for w in sorted({bucket(n, self.query_buckets) for n in widths}):
                 if is_compiled(self.model, ("batch-pass", r, w, self.max_len)):
                     continue
                 scratch = StaticBatchedCausalLM(self.model, max_len=self.max_len, compile=True)
                 scratch.query_buckets = self.query_buckets  # pads as this adapter pads: w stays w
-                scratch._allocate(r, self.max_len)
+                if self.rows:
+                    scratch._allocate(r, self.max_len)
+                else:  # the reserved buffers hold no row yet: the passes may write into them
+                    scratch.buffers = self.buffers
+                    scratch.cache = scratch._first_rows(r)
                 scratch.valid = self.valid.new_zeros(r, 0)
                 scratch.forward([torch.zeros(w, dtype=torch.long, device=self.device)] * r)
 
