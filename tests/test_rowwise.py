@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec.runtime.rowwise import (
+    all_finite,
+    argmax,
     argmax_finite,
     kernel_threads,
     load_kernel,
@@ -370,6 +372,22 @@ def test_argmax_finite_is_torch_argmax_and_isfinite_in_one_read(dtype, width):
             y = x.clone()
             y[row, col] = bad
             assert not bool(argmax_finite(y)[1]), (bad, row, col)
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float64])
+def test_argmax_and_all_finite_answer_as_torch_does_with_or_without_the_kernel(dtype):
+    """`argmax` and `all_finite` (the batched round's greedy argmax and finiteness check) are torch.argmax(-1)
+    and torch.isfinite(...).all() on any input: the kernel's read where it serves, torch's own where a value is
+    not finite (the kernel's indices are unspecified there) or the dtype is not the kernel's; strided input too."""
+    torch.manual_seed(6)
+    x = torch.randn(4, 3, 300).to(dtype)  # [B, W, V]
+    x[1, 2, 7] = x[1, 2].amax() + 1
+    for logits in (x, x[:, :2], x.transpose(0, 1)):
+        assert torch.equal(argmax(logits), logits.argmax(-1)) and all_finite(logits)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        y = x.clone()
+        y[2, 1, 11] = bad  # PyTorch's answers (a NaN is a maximum to torch.argmax), not the kernel's
+        assert torch.equal(argmax(y), y.argmax(-1)) and not all_finite(y)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ import torch
 from specdec.core.sampling import sample
 from specdec.drafters.base import BatchSetting, DraftRow, Proposal
 from specdec.runtime.batch_static import StaticBatchedCausalLM, batched_adapter
+from specdec.runtime.rowwise import argmax
 from specdec.runtime.static_lm import CATCH_UP_ROWS
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class BatchedDraftModel:
         any_greedy = any(row.sampling.greedy for row in rows)
         for step in range(max(gammas)):
             feed = []
-            best = last.argmax(dim=-1, keepdim=True) if any_greedy else None  # [B, 1]: one argmax for all rows
+            best = argmax(last)[:, None] if any_greedy else None  # [B, 1]: one argmax for all rows
             for i, row in enumerate(rows):
                 if step >= gammas[i]:
                     feed.append(row.context[:0])

@@ -22,6 +22,7 @@ from specdec.errors import SpecdecError
 from specdec.runtime.base import ModelAdapter, Scores, check_finite
 from specdec.runtime.batch_static import no_features
 from specdec.runtime.causal_lm import CachedCausalLM, context_length, sliding_window
+from specdec.runtime.rowwise import all_finite
 
 
 class RowTarget(Protocol):
@@ -192,7 +193,7 @@ class ManyRows:
         """One finiteness check for the whole pass; only if it fails, row by row over each row's real columns
         (a non-finite value may sit in padding)."""
         logits = scores.logits  # [B, W, V]
-        if bool(torch.isfinite(logits).all()):
+        if all_finite(logits):
             return [None] * len(rows)
         errors: list[SpecdecError | None] = []
         for i, (row, width) in enumerate(zip(rows, widths)):

@@ -21,6 +21,7 @@ from specdec.core.tree import TreeMask
 from specdec.core.verify import Verdict, greedy_verdict, verify_greedy, verify_sampled, verify_tree
 from specdec.drafters.base import Proposal
 from specdec.errors import SpecdecError
+from specdec.runtime.rowwise import argmax
 
 #: verify_fn(draft_tokens [γ], draft_probs [γ, V] | None, target_logits [γ+1, V], sampling, generator)
 VerifyFn = Callable[
@@ -82,7 +83,7 @@ class Verifier:
         """Each row's verification from the pass's logits [B, W, V] (row i scored its root and drafts at
         [i, :len+1]), or the error that failed the row (errors[i], or one raised verifying it)."""
         greedy = [self.default and tree is None and row.sampling.greedy for row, tree in zip(rows, trees)]
-        best = logits.argmax(dim=-1).tolist() if any(greedy) else None  # [B, W]: one argmax for the pass
+        best = argmax(logits).tolist() if any(greedy) else None  # [B, W]: one argmax for the pass
         out: list[Verified | SpecdecError] = []
         for i, (row, proposal, tree) in enumerate(zip(rows, proposals, trees)):
             if errors[i] is not None:
