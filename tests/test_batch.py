@@ -377,10 +377,10 @@ def test_compiled_batched_pass_rows_match_lone_requests(pairs):
 
 @pytest.mark.compile
 def test_a_compiled_batch_that_shrinks_and_grows_again_keeps_its_buffers(pairs):
-    """`precompile` reserves the buffers (`reserve_rows`) of the largest bucket; rows join, leave until the batch falls to a
-    smaller bucket, then join again: the cache stays a view of the first rows of those buffers (no allocation,
-    no copy), both buckets' compiled passes serve it without recompiling, and every row is its lone request's
-    tokens."""
+    """`precompile` reserves the buffers of the largest bucket (`reserve_rows`); rows join, leave until the batch
+    falls to a smaller bucket, then join again: the cache stays a view of the first rows of those buffers (no
+    allocation, no copy), both buckets' compiled passes serve it without recompiling, and every row is its lone
+    request's tokens."""
     target, _ = pairs["llama"]
     decoder = BatchDecoder(target, compile=True)
     lm = decoder.target
