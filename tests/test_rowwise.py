@@ -2,6 +2,9 @@
 attention and linear layers, and compute every row on its own: the same bits for a row whatever else the pass holds
 (more rows, other batch rows, a longer cache, holes), which library kernels do not guarantee."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +13,7 @@ from specdec.runtime.rowwise import (
     all_finite,
     argmax,
     argmax_finite,
+    kernel_loaded,
     kernel_threads,
     load_kernel,
     openmp_flags,
@@ -379,6 +383,8 @@ def test_argmax_and_all_finite_answer_as_torch_does_with_or_without_the_kernel(d
     """`argmax` and `all_finite` (the batched round's greedy argmax and finiteness check) are torch.argmax(-1)
     and torch.isfinite(...).all() on any input: the kernel's read where it serves, torch's own where a value is
     not finite (the kernel's indices are unspecified there) or the dtype is not the kernel's; strided input too."""
+    load_kernel()
+    assert kernel_loaded()  # so the kernel's read serves the dtypes it takes
     torch.manual_seed(6)
     x = torch.randn(4, 3, 300).to(dtype)  # [B, W, V]
     x[1, 2, 7] = x[1, 2].amax() + 1
@@ -388,6 +394,17 @@ def test_argmax_and_all_finite_answer_as_torch_does_with_or_without_the_kernel(d
         y = x.clone()
         y[2, 1, 11] = bad  # PyTorch's answers (a NaN is a maximum to torch.argmax), not the kernel's
         assert torch.equal(argmax(y), y.argmax(-1)) and not all_finite(y)
+
+
+def test_argmax_and_all_finite_never_build_or_load_the_kernels():
+    """A path that never used the kernels (float32 eager decoding; a machine that cannot build them) keeps
+    PyTorch's reductions: the round's argmax and finiteness check load nothing (a fresh process)."""
+    code = ("import torch\n"
+            "from specdec.runtime.rowwise import all_finite, argmax, kernel_loaded\n"
+            "x = torch.randn(3, 50)\n"
+            "assert torch.equal(argmax(x), x.argmax(-1)) and all_finite(x)\n"
+            "assert not kernel_loaded()\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 @pytest.fixture
