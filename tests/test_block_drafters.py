@@ -228,6 +228,19 @@ def test_block_gamma_is_capped_by_the_block_size_and_options_are_checked(target)
         specdec.DFlashHead.init(tiny("gpt2"))
 
 
+def test_block_head_with_broken_weights_raises_one_numerical_error(target):
+    """A head whose weights are NaN yields NaN logits: the round raises the head's own NumericalError (checked
+    by `rowwise.all_finite`), and the target is left as it was."""
+    head = specdec.DFlashHead.init(target, seed=0, block_size=6)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.fill_(float("nan"))
+    before = [p.clone() for p in target.parameters()]
+    with pytest.raises(specdec.NumericalError, match="DFlash head produced NaN or infinite logits"):
+        specdec.generate(target, PROMPTS[0], drafter=specdec.BlockDraft(target, head), max_new_tokens=4)
+    assert all(torch.equal(a, b) for a, b in zip(before, target.parameters()))
+
+
 def test_dflash_head_saves_loads_and_refuses_another_target(target, tmp_path):
     head = specdec.DFlashHead.init(target, seed=3, num_layers=2, block_size=6)
     head.meta = {"steps": 1}

@@ -36,6 +36,7 @@ from specdec.errors import ConfigError, NumericalError, PromptError
 from specdec.heads.dflash import DFlashHead
 from specdec.heads.static_draft import grow_level
 from specdec.runtime.compiled import compile_head_round
+from specdec.runtime.rowwise import all_finite
 from specdec.runtime.slot_cache import SlotCache
 
 #: The chain length a request drafts when it names no γ (measured on the default pair: BENCHMARKS.md).
@@ -182,7 +183,7 @@ class BlockDraft(FeatureHeadDrafter):
         self.rows = n - 1
         self.pending = self.pending[:0]
         logits = self.head.logits(out[0, 1:], self.lm_head).float()  # [γ, V]
-        if not bool(torch.isfinite(logits).all()):
+        if not all_finite(logits):
             raise self._numerical_error()
         return logits
 
