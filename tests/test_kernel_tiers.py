@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -174,18 +175,18 @@ def test_tiers_follow_the_cpu_flags(cpu, features, tiers, monkeypatch):
 #: The kernel's blocks of rows (packed_core.h), as their mangled names start, and where each tier has them.
 #: (AMX's block, `amx_pairs`, streams without: its tile loads ran faster so.)
 _BLOCKS = {"5BlockIL": "every", "10PairsBlockIL": "avx512_bf16", "8DotBlockIL": "every", "12ByteDotBlockIL": "every"}
-#: Blocks that stream without a software prefetch on these tiers (packed_core.h's DOT_PREFETCH: on AVX-512 a block
-#: reads one panel, the next block the next one in memory, and the hardware's prefetch alone streamed faster).
-_UNPREFETCHED = {"8DotBlockIL": ("avx512_amx", "avx512_bf16", "avx512"),
-                 "12ByteDotBlockIL": ("avx512_amx", "avx512_bf16", "avx512")}
+#: The integer formats' blocks come in two kinds on every tier, by their `Prefetch` template argument (the third,
+#: mangled `Lb1E` or `Lb0E`): with and without a software prefetch, as the core's `DotStreaming` picks at run time.
+_DOT_PREFETCH = re.compile(r"(?:8DotBlock|12ByteDotBlock)ILi\d+ELi\d+ELb([01])E")
 
 
 @pytest.mark.parametrize("tier", list(TIER_FLAGS))
 def test_packed_kernel_blocks_prefetch_on_each_tier(tier, tmp_path: Path):
-    """Every block of the packed kernel, as compiled for each tier, prefetches the weights it streams, and those
-    meant to stream without (`_UNPREFETCHED`) do not. A prefetch has no side effects, and GCC 12 deleted one reached
-    through an always_inline function as dead code: the bfloat16 pairs' block built with no prefetch at all (simd.h's
-    SPECDEC_PREFETCH). Built to assembly only, so every tier is checked on any machine with its compiler."""
+    """Every block of the packed kernel, as compiled for each tier, prefetches the weights it streams, and the
+    integer formats' blocks meant to stream without (`Prefetch` false, `_DOT_PREFETCH`) do not. A prefetch has no
+    side effects, and GCC 12 deleted one reached through an always_inline function as dead code: the bfloat16 pairs'
+    block built with no prefetch at all (simd.h's SPECDEC_PREFETCH). Built to assembly only, so every tier is checked
+    on any machine with its compiler."""
     compile_cmd, _ = _toolchain(tier)
     assembly = tmp_path / f"packed_test_{tier}.s"
     built = subprocess.run([*compile_cmd, *BASE, *_isa_flags(tier), "-S", str(SOURCE), "-o", str(assembly)],
@@ -206,9 +207,12 @@ def test_packed_kernel_blocks_prefetch_on_each_tier(tier, tmp_path: Path):
             assert not runs, f"{tier} has {block} blocks, only {where} should"
             continue
         assert runs, f"{tier}: no {block} block in the assembly"
-        if tier in _UNPREFETCHED.get(block, ()):
-            extra = [n for n, body in runs.items() if any(op.startswith(prefetch) for op in body)]
-            assert not extra, f"{tier}: {len(extra)} of {len(runs)} {block} blocks prefetch, e.g. {extra[0]}"
-            continue
-        missing = [n for n, body in runs.items() if not any(op.startswith(prefetch) for op in body)]
+        kinds = {n: _DOT_PREFETCH.search(n) for n in runs}
+        if "Dot" in block:
+            assert {k.group(1) for k in kinds.values()} == {"0", "1"}, f"{tier}: {block} lacks a prefetch kind"
+            extra = [n for n, body in runs.items()
+                     if kinds[n].group(1) == "0" and any(op.startswith(prefetch) for op in body)]
+            assert not extra, f"{tier}: {len(extra)} unprefetched {block} blocks prefetch, e.g. {extra[0]}"
+        missing = [n for n, body in runs.items() if not any(op.startswith(prefetch) for op in body)
+                   and (kinds[n] is None or kinds[n].group(1) == "1")]
         assert not missing, f"{tier}: {len(missing)} of {len(runs)} {block} blocks never prefetch, e.g. {missing[0]}"

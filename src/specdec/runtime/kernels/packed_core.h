@@ -98,27 +98,51 @@ constexpr int PANEL = PV * LANES;
 // arithmetic, 8 rows was as fast as any. (In cache, one thread, AVX2 Zen 3: 8 rows as one block 1.0-1.1 ms where
 // two blocks of 4 took 1.0-1.3 and 8 rows widening every step 1.3-1.7.)
 //
-// DOT_PREFETCH: whether their streams are prefetched a block ahead (the header comment's loops). On AVX-512 a block
-// reads one panel (MAXP 1), so the next block's is the next in memory, which the hardware's own prefetch streams:
-// without the software prefetch a pass over the Qwen2.5-0.5B / 1.5B shapes' linears took 0.91x / 0.92x the time at
-// one row in W8A8 (20.5-20.9 GB/s, of 23.7 a plain read reaches), 0.81x / 0.72x in W4A8, 0.69-0.71x at 2-4 rows
-// and 0.80-0.86x at 8 (one Zen 4 core, benchmarks/kernel_ab.py; docs/kernels.md). AVX2 reads up to 8 panels side
-// by side, which the header comment's measurements needed prefetched.
+// How W4A8 and W8A8 stream a weight from memory is a property of the core, not of the tier (`DotStreaming`, in
+// Args::dot; the bits are the same either way, as a prefetch or a dropped copy computes nothing a row reads):
 //
-// TWIN_ROW: a one-row W8A8 pass over a weight that streams from memory (Args::stream) is computed as a block of two
-// rows, the row and a copy of it, the copy's outputs dropped. On AVX-512 a block of one row streamed slower than a
-// block of two: over the Qwen2.5-0.5B shape's linears, one row as two took 0.90-0.94x the time of one row alone
-// (0.85x over its MLP weights, 0.82x over its head), 0.88-0.97x at 1.5B, with the same bits (the copy is the row,
-// and each row's sums are its own). In cache the copy cost 14-16%, so only a streamed weight takes it. Measured on
-// one Zen 4 core (benchmarks/kernel_ab.py, docs/kernels.md); why the wider block streams faster is not known. On
-// AVX2 the one-row block reads up to 8 panels side by side and two rows were slower (1.06-1.20x).
+// prefetch: whether their streams are prefetched a block ahead (the header comment's loops). On AVX-512 a block
+// reads one panel (MAXP 1), so the next block's is the next in memory, which the hardware's own prefetch streams:
+// on a Zen 4 core, without the software prefetch a pass over the Qwen2.5-0.5B / 1.5B shapes' linears took 0.91x /
+// 0.92x the time at one row in W8A8 (20.5-20.9 GB/s, of 23.7 a plain read reaches), 0.81x / 0.72x in W4A8,
+// 0.69-0.71x at 2-4 rows and 0.80-0.86x at 8. On a core of the Xeon model 207 (no AMX) it is the other way round:
+// with the prefetch, W8A8's pass over the 0.5B shape's linears took 0.85x / 0.81x / 0.78x / 0.84x the time at 1 / 2
+// / 4 / 8 rows, W4A8's 0.77x / 0.74x / 0.78x / 0.83x (benchmarks/kernel_ab.py; docs/kernels.md). AVX2 reads up to 8
+// panels side by side, which the header comment's measurements needed prefetched.
+//
+// twin_row: a one-row W8A8 pass over a weight that streams from memory (Args::stream) is computed as a block of two
+// rows, the row and a copy of it, the copy's outputs dropped. On a Zen 4 core a block of one row streamed slower
+// than a block of two: over the Qwen2.5-0.5B shape's linears, one row as two took 0.90-0.94x the time of one row
+// alone (0.85x over its MLP weights, 0.82x over its head), 0.88-0.97x at 1.5B, with the same bits (the copy is the
+// row, and each row's sums are its own). In cache the copy cost 14-16%, so only a streamed weight takes it. Why the
+// wider block streams faster there is not known. On the Xeon model 207, with the prefetch, one row alone took 0.93x
+// the time of one row as two; on AVX2 the one-row block reads up to 8 panels side by side and two rows were slower
+// (1.06-1.20x).
+//
+// So on AVX-512 an AMD core streams as the Zen 4 measured best, any other as the Xeon did; elsewhere with the
+// prefetch, and one row alone (the twin block is built on AVX-512 only: TWIN_BUILT). (Zen 5 and the Xeons with AMX
+// are not measured for this: they take their vendor's.)
 #if defined(__AVX512F__)
 constexpr int R_DOT8 = 4, R_DOT4 = 2, ACC_DOT = 24;
-constexpr bool DOT_PREFETCH = false, TWIN_ROW = true;
+constexpr bool TWIN_BUILT = true;  // the block of one row as two exists (DotStreaming::twin_row chooses it)
 #else
 constexpr int R_DOT8 = 8, R_DOT4 = 8, ACC_DOT = ACC;
-constexpr bool DOT_PREFETCH = true, TWIN_ROW = false;
+constexpr bool TWIN_BUILT = false;
 #endif
+struct DotStreaming {
+  bool prefetch = true, twin_row = false;
+};
+inline DotStreaming cpu_dot_streaming() {
+#if defined(__AVX512F__) && (defined(__x86_64__) || defined(__i386__))
+  static const DotStreaming choice = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") ? DotStreaming{false, true} : DotStreaming{true, false};
+  }();
+  return choice;
+#else
+  return DotStreaming{};
+#endif
+}
 constexpr int r_dot(Fmt f) { return f == Fmt::W8A8 ? R_DOT8 : R_DOT4; }
 
 // Panels a block of R rows reads side by side: as many as the accumulators allow, 1, 2, 4 or 8. (An output's sums are
@@ -133,8 +157,9 @@ constexpr int panels_for(int R, Fmt f, bool stream) {
 
 // A weight of at least this many packed bytes is taken to stream from memory (the caller's call: Args::stream, by
 // `streams`): a model's larger matrices. The shipped default pair's (6 MB at most) stay in cache. W8A8's is lower,
-// for TWIN_ROW: streamed in a pass of Qwen2.5 shapes, one row as two took 0.98x the time over 0.8 MB weights, 0.90x
-// over 2.4 MB and 0.85x over 4.6 MB ones; the default pair's largest W8A8 weight, 3.3 MB of 7 MB in all, stays out.
+// for the twin row (DotStreaming): streamed in a pass of Qwen2.5 shapes, one row as two took 0.98x the time over
+// 0.8 MB weights, 0.90x over 2.4 MB and 0.85x over 4.6 MB ones; the default pair's largest W8A8 weight, 3.3 MB of 7 MB
+// in all, stays out.
 constexpr int64_t STREAM_BYTES = int64_t(8) << 20, DOT_STREAM_BYTES = int64_t(4) << 20;
 inline bool streams(Fmt f, int64_t bytes) { return bytes >= (f == Fmt::W8A8 ? DOT_STREAM_BYTES : STREAM_BYTES); }
 
@@ -193,6 +218,7 @@ struct Args {
   const int32_t* xsum = nullptr;
   // BF16_PAIRS on AMX: the rows as bfloat16, zero padded (pad_tile_rows) to whole tiles of rows and of k
   const uint16_t* xa = nullptr;
+  DotStreaming dot = cpu_dot_streaming();  // how W4A8 and W8A8 stream a weight from memory (the same bits)
 };
 
 // BF16_PAIRS on AMX reads its inputs in tiles: xb [M, K] bfloat16 into xa [tile_rows_padded(M), pair_rows(K) * 2],
@@ -468,7 +494,7 @@ __attribute__((always_inline)) inline void keep(const T& v) { asm volatile("" : 
 
 // W4A8: per group, each row's integer sums over the group's k (8 at a time: two words of 4 inputs against the low
 // and high nibbles), then the group's scales into the row's float32 accumulators (packed_core's header comment).
-template <int R, int P>
+template <int R, int P, bool Prefetch>
 struct DotBlock {
   static constexpr int NV = P * PV;
 
@@ -499,7 +525,7 @@ struct DotBlock {
           }
           SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
             const uint8_t* s = q[p] + i / 2 * PANEL;
-            if constexpr (DOT_PREFETCH) prefetch_next_block<4 * PANEL>(s, P * a.panel_stride);
+            if constexpr (Prefetch) prefetch_next_block<4 * PANEL>(s, P * a.panel_stride);
             SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
               simd::VB low, high;
               simd::load_nibbles(s + v * 4 * LANES, low, high);
@@ -519,9 +545,9 @@ struct DotBlock {
 
 // W8A8: per group, each row's int32 sums over the group's k (4 at a time: one word of 4 inputs against 4 weight
 // bytes per output), then the group's scales into the row's float32 accumulators, as W4A8.
-// Twin (TWIN_ROW, R 2): row m0 alone, computed as two rows, the second a copy of the first whose outputs are
-// computed and dropped (the compiler is kept from merging the two: `opaque`, `keep`).
-template <int R, int P, bool Twin = false>
+// Twin (DotStreaming::twin_row, R 2): row m0 alone, computed as two rows, the second a copy of the first whose
+// outputs are computed and dropped (the compiler is kept from merging the two: `opaque`, `keep`).
+template <int R, int P, bool Prefetch, bool Twin = false>
 struct ByteDotBlock {
   static constexpr int NV = P * PV;
   static_assert(!Twin || R == 2, "a twin block is one row computed as two");
@@ -546,7 +572,7 @@ struct ByteDotBlock {
         SPECDEC_UNROLL for (int r = 0; r < R; ++r) std::memcpy(&word[r], x[r] + g * G + i, 4);
         SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
           const uint8_t* s = q[p] + i * PANEL;
-          if constexpr (DOT_PREFETCH) prefetch_next_block<4 * PANEL>(s, P * a.panel_stride);
+          if constexpr (Prefetch) prefetch_next_block<4 * PANEL>(s, P * a.panel_stride);
           SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
             const simd::VB w = simd::load_bytes(s + v * 4 * LANES);
             SPECDEC_UNROLL for (int r = 0; r < R; ++r)
@@ -568,11 +594,11 @@ struct ByteDotBlock {
 template <Fmt F, int R, int P>
 void block(const Args& a, const float* xt, int64_t m0, int64_t p0) {
   if constexpr (F == Fmt::W4A8) {
-    DotBlock<R, P>::run(a, m0, p0);
+    a.dot.prefetch ? DotBlock<R, P, true>::run(a, m0, p0) : DotBlock<R, P, false>::run(a, m0, p0);
     return;
   }
   if constexpr (F == Fmt::W8A8) {
-    ByteDotBlock<R, P>::run(a, m0, p0);
+    a.dot.prefetch ? ByteDotBlock<R, P, true>::run(a, m0, p0) : ByteDotBlock<R, P, false>::run(a, m0, p0);
     return;
   }
 #if defined(__AVX512BF16__)
@@ -611,6 +637,15 @@ void small(int r, const Args& a, const float* xt, int64_t p0, int64_t p1) {
   }
 }
 
+// A one-row W8A8 pass as blocks of two rows, the row and its copy (DotStreaming::twin_row)
+template <bool Prefetch>
+void one_row_as_two(const Args& a, int64_t p0, int64_t p1) {
+  constexpr int P = panels_for(2, Fmt::W8A8, false);
+  int64_t p = p0;
+  for (; p + P <= p1; p += P) ByteDotBlock<2, P, Prefetch, true>::run(a, 0, p);
+  for (; p < p1; ++p) ByteDotBlock<2, 1, Prefetch, true>::run(a, 0, p);
+}
+
 template <Fmt F>
 void run_format(const Args& a, const float* xt, int64_t p0, int64_t p1) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -639,12 +674,9 @@ void run_format(const Args& a, const float* xt, int64_t p0, int64_t p1) {
       return;
     }
   }
-  if constexpr (F == Fmt::W8A8 && TWIN_ROW) {
-    if (a.M == 1 && a.stream) {
-      constexpr int P = panels_for(2, F, false);
-      int64_t p = p0;
-      for (; p + P <= p1; p += P) ByteDotBlock<2, P, true>::run(a, 0, p);
-      for (; p < p1; ++p) ByteDotBlock<2, 1, true>::run(a, 0, p);
+  if constexpr (F == Fmt::W8A8 && TWIN_BUILT) {
+    if (a.dot.twin_row && a.M == 1 && a.stream) {
+      a.dot.prefetch ? one_row_as_two<true>(a, p0, p1) : one_row_as_two<false>(a, p0, p1);
       return;
     }
   }

@@ -8,8 +8,8 @@
 // group).
 // That one check is the kernel's contract on every tier: the same bits whatever the tier, the number of rows,
 // their blocking and the split of the panels among threads (also checked: every pass split into two ranges of
-// panels, and each with the streaming blocking, Args::stream). Exit status 0 and a line "ok <tier> <cases>" when
-// every case passes.
+// panels, and each with the streaming blocking, Args::stream, both ways of DotStreaming). Exit status 0 and a line
+// "ok <tier> <cases>" when every case passes.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -166,13 +166,16 @@ void check(const Case& c) {
   // the kernel: the whole pass, then the same pass as two ranges of panels
   std::vector<float> xt(M * K);
   packed::interleave(x.data(), M, K, xt.data());
-  for (int split = 0; split < 4; ++split) {  // split 2 and 3: the same with the streaming blocking
+  // split 2 and 3: the same with the streaming blocking; 4 and 5: streaming as the other DotStreaming streams
+  // (the software prefetch and the one row as two turned the other way)
+  for (int split = 0; split < 6; ++split) {
     std::vector<float> of(M * N, -7.f);
     std::vector<uint16_t> ob(M * N, 0xBEEF);
     packed::Args a{c.fmt, x.data(), xb.data(), M, K, N, buf.data(), stride, G, c.bias ? bias.data() : nullptr,
                    c.out_bf16 ? static_cast<void*>(ob.data()) : static_cast<void*>(of.data()), c.out_bf16,
                    split >= 2, xq.data(), xs.data(), xsum.data()};
     if (amx) a.xa = xa.data();
+    if (split >= 4) a.dot = packed::DotStreaming{!a.dot.prefetch, !a.dot.twin_row};
     if (split % 2 == 0) {
       packed::run(a, xt.data(), 0, P);
     } else {
