@@ -1,13 +1,15 @@
 """`specdec serve` and `vllm serve` side by side: the same pair, prompts and concurrency, through the openai client.
 
-Starts each server in turn on 127.0.0.1, both with --threads threads and in float32 (specdec's with `--drafter draft
---gamma G`, eager unless --specdec-args say `--compile`; vLLM's CPU build from the
+Starts each server in turn on 127.0.0.1, both with --threads threads and in --dtype (float32 unless asked;
+specdec's with `--drafter draft --gamma G`, eager unless --specdec-args say `--compile`; vLLM's CPU build from the
 vLLM environment with the same checkpoints, exported by `specdec export --format vllm --drafter draft --gamma G`),
 then for each concurrency c in --concurrency sends max(c, --requests) greedy streaming completions, c at a time,
 of held-out prompts (token ids) and reports per server and c: generated tokens/s over the wave, time to first
 token and inter-token latency (per request (last chunk - first chunk) / (tokens - 1)), medians and p95, and
-whether each request's text equals specdec's offline plain decoding of the same prompt (float32, greedy); for specdec,
-the rounds its goodput policy ran at each γ cap (from its /metrics).
+whether each request's text equals specdec's offline plain decoding of the same prompt (greedy, in --dtype; in
+bfloat16 on the fast path, `compile=True`, whose bits the server's compiled passes give); for specdec, the rounds
+its goodput policy ran at each γ cap (from its /metrics). vLLM's bfloat16 is its own arithmetic, so its texts may
+part from specdec's there.
 
     python benchmarks/serve_vllm.py --concurrency 1,8,32 --max-tokens 128 --json serve_vllm.json
 
@@ -138,8 +140,10 @@ def main() -> int:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--servers", default="specdec,vllm")
     parser.add_argument("--threads", type=int, default=1, help="threads of each server (both alike)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="both servers' precision, and the reference's")
     parser.add_argument("--specdec-args", default="--drafter draft --no-compile",
-                        help="extra `specdec serve` arguments (--gamma, --threads and --dtype float32 are set by "
+                        help="extra `specdec serve` arguments (--gamma, --threads and --dtype are set by "
                              "this script)")
     parser.add_argument("--vllm-env", default=None)
     parser.add_argument("--start-timeout", type=float, default=1800)
@@ -155,29 +159,31 @@ def main() -> int:
     from specdec.hub.vllm_bundle import write_vllm_bundle
 
     levels = [int(c) for c in args.concurrency.split(",")]
-    target, _, tokenizer = specdec.load_default()
+    target, _, tokenizer = specdec.load_default(dtype=args.dtype)
     prompts = [list(p.ids) for p in code_prompts(tokenizer, max(max(levels), args.requests), args.prompt_tokens)]
-    # specdec's offline plain decoding, float32, greedy, stopping at end-of-sequence as both servers do
-    reference = [tokenizer.decode(specdec.generate(target, p, max_new_tokens=args.max_tokens,
+    # specdec's offline plain decoding, greedy, stopping at end-of-sequence as both servers do; bfloat16 on the fast
+    # path (float32's eager and compiled passes agree)
+    compile_ = args.dtype == "bfloat16"
+    reference = [tokenizer.decode(specdec.generate(target, p, max_new_tokens=args.max_tokens, compile=compile_,
                                                    eos_token_id=tokenizer.eos_token_id).tokens,
                                   skip_special_tokens=True)
                  for p in prompts]
     work = Path(args.log_dir or tempfile.mkdtemp(prefix="serve-vllm-"))
     work.mkdir(parents=True, exist_ok=True)
-    report = {"levels": levels, "max_tokens": args.max_tokens, "prompt_tokens": args.prompt_tokens,
-              "gamma": args.gamma, "servers": {}, "load_before": os.getloadavg()}
+    report = {"dtype": args.dtype, "levels": levels, "max_tokens": args.max_tokens,
+              "prompt_tokens": args.prompt_tokens, "gamma": args.gamma, "servers": {}, "load_before": os.getloadavg()}
     for name in args.servers.split(","):
         port = free_port()
         environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
         if name == "specdec":
-            # float32 as vLLM's and the reference's (`--dtype auto` picks bfloat16 where the CPU computes it)
+            # the precision of vLLM's and the reference's (`--dtype auto` would pick by the CPU)
             command = [sys.executable, "-m", "specdec", "serve", "--port", str(port), "--gamma", str(args.gamma),
-                       "--threads", str(args.threads), "--dtype", "float32", *shlex.split(args.specdec_args)]
+                       "--threads", str(args.threads), "--dtype", args.dtype, *shlex.split(args.specdec_args)]
         else:
             env_dir = Path(args.vllm_env) if args.vllm_env else default_vllm_env()
             bundle = write_vllm_bundle(work / "bundle", drafter="draft", gamma=args.gamma)
-            command = serve_command(env_dir, bundle.target, bundle.speculative_config, port=port, max_model_len=512,
-                                    max_num_seqs=max(levels))
+            command = serve_command(env_dir, bundle.target, bundle.speculative_config, port=port, dtype=args.dtype,
+                                    max_model_len=512, max_num_seqs=max(levels))
             environ.pop("PYTHONPATH", None)
             environ.update(run_environment(env_dir, threads=args.threads))
         with open(work / f"{name}.log", "w") as log:
