@@ -459,8 +459,9 @@ def test_every_kernel_gives_the_same_bits_on_any_number_of_threads(dtype, thread
 @pytest.mark.parametrize("fmt", ["bfloat16", "float32", "w8a8"])
 def test_a_weight_that_streams_from_memory_gives_the_bits_of_a_small_one(fmt):
     """A packed weight that streams from memory (kernels/packed_core.h, `streams`: 8 MiB or more, W8A8's 4 MiB)
-    reads fewer panels side by side, and a one-row W8A8 pass over it runs as a block of two rows (TWIN_ROW): the
-    same bits as the same outputs packed as a small weight, at every pass width."""
+    reads fewer panels side by side, and a one-row W8A8 pass over it runs as a block of two rows where the core's
+    `DotStreaming` takes the twin row (an AMD core on AVX-512; kernels/test runs it on every AVX-512 tier): the same
+    bits as the same outputs packed as a small weight, at every pass width."""
     from specdec.runtime.weights import quantize_weight
 
     load_kernel()
