@@ -6,10 +6,11 @@
     flock /tmp/specdec-bench.lock taskset -c 1 python benchmarks/ladder_peers.py --dir DIR --models qwen2.5-0.5b \\
         --num-prompts 6 --repeats 2 [--openvino] --out docs/bench/ladder-peers-NAME
 
-Per shape, once: the random model of benchmarks/size_ladder.py (weights from one tiled block of N(0, 0.02), seed 0)
-saved in bfloat16 with the default pair's tokenizer (the converter pads its vocabulary to the shape's with unused
-tokens; the LM head is saved beside the embedding, so both sides read an untied head), converted to GGUF bf16 by
-llama.cpp's converter, then to Q8_0 and Q4_0 by `llama-quantize`. The pairs, each at the same bits:
+Per shape, once: the random model of benchmarks/size_ladder.py (weights from one tiled block of N(0, 0.02), seed 0,
+each parameter from its own place in it) saved under DIR/ladder/NAME-buildBUILD in bfloat16 with the default pair's
+tokenizer (the converter pads its vocabulary to the shape's with unused tokens; the LM head is saved beside the
+embedding, so both sides read an untied head), converted to GGUF bf16 by llama.cpp's converter, then to Q8_0 and
+Q4_0 by `llama-quantize`. The pairs, each at the same bits:
 
 | specdec `load(weights=...)` | llama.cpp |
 |:---|:---|
@@ -57,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts 
 
 import specdec  # noqa: E402
 from llamacpp_peer import VERSION, convert, llamacpp_run, per_prompt_medians, rotated, source_dir  # noqa: E402
-from size_ladder import SHAPES, build  # noqa: E402
+from size_ladder import BUILD, SHAPES, build  # noqa: E402
 from specdec.bench.report import machine_info  # noqa: E402
 from specdec.bench.workloads import code_prompts  # noqa: E402
 from specdec.hub.default_pair import default_assets_dir  # noqa: E402
@@ -70,8 +71,9 @@ OV_PAIRS = {"bfloat16": "fp32", "int8": "int8", "int4": "int4", "w4a8": "int4", 
 
 
 def prepare(root: Path, name: str) -> dict[str, Path]:
-    """The shape's HF checkpoint and one GGUF per llama.cpp type, made once under root/ladder/NAME."""
-    folder = root / "ladder" / name
+    """The shape's HF checkpoint and one GGUF per llama.cpp type, made once under root/ladder/NAME-buildBUILD (a
+    folder of an older build is not read)."""
+    folder = root / "ladder" / f"{name}-build{BUILD}"
     checkpoint = folder / "hf"
     if not (checkpoint / "config.json").exists():
         checkpoint.mkdir(parents=True, exist_ok=True)

@@ -41,12 +41,20 @@ WIDTHS = (1, 2, 4, 6, 8)
 #: Values in the one random block every weight is filled from (tiled): drawing 3B values one by one on torch's
 #: single-threaded CPU generator took 114 s on 16 cores; copying a block runs at memory speed.
 RANDOM_BLOCK = 1 << 24
+#: Where in the block parameter i's values start: i * OFFSET_STEP (mod the block), so no two parameters hold the same
+#: values. (Started at the block's first value, every layer's weights were the same: OpenVINO's INT8 export of the
+#: 0.5B shape kept one copy of each, 143 MB where distinct weights take 606, and its CPU plugin ran all 24 layers on
+#: that copy from cache, where specdec and llama.cpp read 24.)
+OFFSET_STEP = 1_000_003
+#: The build's version, in the names of the checkpoints saved from it (ladder_peers.py): 2 = distinct parameters.
+BUILD = 2
 
 
 def build(name: str, dtype):
     """A randomly initialised model of shape `name`, built in `dtype` (no float32 copy first: 8B in bfloat16 is
-    16 GB, in float32 32), every weight filled from one block of N(0, 0.02) values (seed 0), tiled. Its speed and
-    memory are a trained model's; its outputs mean nothing."""
+    16 GB, in float32 32), every weight filled from one block of N(0, 0.02) values (seed 0), tiled, each parameter
+    from its own place in the block (OFFSET_STEP). Its speed and memory are a trained model's; its outputs mean
+    nothing."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     from transformers.initialization import no_init_weights
@@ -66,11 +74,12 @@ def build(name: str, dtype):
     gen = torch.Generator().manual_seed(0)
     block = torch.empty(RANDOM_BLOCK).normal_(0.0, 0.02, generator=gen).to(dtype)
     with torch.no_grad():
-        for p in model.parameters():
-            flat = p.view(-1)
-            for start in range(0, flat.numel(), RANDOM_BLOCK):
-                part = flat[start : start + RANDOM_BLOCK]
-                part.copy_(block[: part.numel()])
+        for i, p in enumerate(model.parameters()):
+            flat, done, source = p.view(-1), 0, i * OFFSET_STEP % RANDOM_BLOCK
+            while done < flat.numel():
+                n = min(flat.numel() - done, RANDOM_BLOCK - source)
+                flat[done : done + n].copy_(block[source : source + n])
+                done, source = done + n, 0
     return model.eval()
 
 

@@ -134,3 +134,19 @@ def test_benchmark_script_starts(name, monkeypatch, capsys, tmp_path):
         finally:
             specdec.set_threads("auto")  # a script may fix specdec's thread count for the process
         assert expected in capsys.readouterr().out
+
+
+def test_ladder_models_hold_no_two_parameters_alike():
+    """The ladder's random weights start each parameter at its own place in the random block: a runtime that keeps
+    one copy of identical constants (OpenVINO's export does) would otherwise run every layer on one layer's weights."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from size_ladder import build
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    import torch
+
+    params = list(build("llama-tiny", torch.float32).parameters())
+    same_shape = [(a, b) for i, a in enumerate(params) for b in params[i + 1 :] if a.shape == b.shape]
+    assert len(same_shape) >= 10  # the layers' weights, norms included
+    assert not any(torch.equal(a, b) for a, b in same_shape)
