@@ -3,6 +3,8 @@ OpenVINO's, on one checkpoint, at float32 and bfloat16, one thread.
 
     taskset -c 1 python benchmarks/op_classes.py                      # default target (takes the lock itself)
     taskset -c 1 python benchmarks/op_classes.py --random-llama 0.5b --dtypes bfloat16   # ~0.5B Llama
+    taskset -c 1 python benchmarks/op_classes.py --model-dir CHECKPOINT --weights w8a8 --dtypes bfloat16 \
+        --sides specdec --name NAME       # a packed format against OpenVINO's weights of the same bits
     python benchmarks/op_classes.py --table-from docs/bench/op-classes/default-target.json   # tables only
 
 After a prefill of `--prompt-len` tokens, passes of 1 row and of γ+1 rows (γ from `--gamma`) are run on each side,
@@ -33,7 +35,12 @@ or profiled section holds it. The sides:
 side's own profiler, on a second build: for specdec the same passes compiled without `cpp_wrapper` (the C++ wrapper
 hides inductor's kernels from `torch.profiler`) and with inductor's kernel profiling on, under `torch.profiler`; for
 OpenVINO a compiled model with `PERF_COUNT`, read with `get_profiling_info()` before and after the profiled passes
-(its counters are running means). Classes:
+(its counters are running means).
+
+`--weights` loads specdec's side on packed weights of that format (`load_model(weights=...)`, runtime/weights.py;
+the specdec side only: the HF-kernel sides run the model's own layers) and exports OpenVINO's at the same bits
+(`OV_WEIGHTS`, as `benchmarks/ladder_peers.py` pairs them: int8 / w8a8 against INT8, int4 / w4a8 against INT4). The
+bytes a one-row pass reads are then the packed weights' own. Classes:
 
 | class | specdec | specdec, HF kernels (both) | OpenVINO |
 |---|---|---|---|
@@ -80,8 +87,11 @@ RANDOM_LLAMA = {
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 SHORT = {"float32": "f32", "bfloat16": "bf16"}
+#: specdec's weight format (--weights) -> OpenVINO's export format at the same bits (openvino_export.WEIGHT_FORMATS).
+OV_WEIGHTS = {None: "fp32", "float32": "fp32", "bfloat16": "fp32", "int8": "int8", "w8a8": "int8", "int4": "int4",
+              "w4a8": "int4"}
 OV_PRECISION = {"float32": "f32", "bfloat16": "bf16"}
-OV_LINEAR = ("FullyConnected", "MatMul", "LLMMLP", "QKVProjection")
+OV_LINEAR = ("FullyConnected", "FullyConnectedCompressed", "MatMul", "LLMMLP", "QKVProjection")
 OV_POINTWISE = ("RMS", "MVN", "RoPE", "Eltwise", "Subgraph", "Multiply", "Add", "Subtract", "Divide", "Power",
                 "Sqrt", "Swish", "SwishCPU", "Sigmoid", "Cos", "Sin", "ReduceMean", "Convert")
 #: torch.profiler op names of the HF-kernels build: GEMMs and attention (anything else inside a pass that is not
@@ -136,10 +146,10 @@ def random_llama_dir(name: str, root: Path) -> Path:
     return out
 
 
-def load(model_dir: Path, dtype: torch.dtype):
+def load(model_dir: Path, dtype: torch.dtype, weights: str | None = None):
     from specdec.hub.loading import load_model
 
-    return load_model(model_dir, "cpu", dtype)
+    return load_model(model_dir, "cpu", dtype, weights=weights)
 
 
 def weight_numel(model) -> int:
@@ -153,6 +163,31 @@ def weight_numel(model) -> int:
             continue
         seen.add(p.data_ptr())
         total += p.numel()
+    return total
+
+
+def parameter_count(model) -> int:
+    """Parameters, packed linears' weights included (they are buffers)."""
+    from specdec.runtime.weights import PackedLinear
+
+    packed = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, PackedLinear))
+    return sum(p.numel() for p in model.parameters()) + packed
+
+
+def bytes_read(model) -> int:
+    """Bytes a one-row pass reads of a model on packed weights: every parameter and buffer once (packed linears
+    are buffers), less the input embedding unless the LM head is the same tensor (a pass gathers a few rows)."""
+    from specdec.runtime.weights import PackedLinear
+
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tied = not isinstance(head, PackedLinear) and head.weight.data_ptr() == embed.data_ptr()
+    seen, total = set(), 0
+    for t in (*model.parameters(), *model.buffers()):
+        if t.data_ptr() in seen or (t.data_ptr() == embed.data_ptr() and not tied):
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
     return total
 
 
@@ -230,9 +265,10 @@ def torch_class(name: str, input_shapes, vocab: int) -> str | None:
     if name == "specdec::row_linear" or name in TORCH_LINEAR:
         lm_head = any(len(s) == 2 and vocab in s for s in input_shapes[1:])  # [V, H], or [H, V] unfrozen
         return "LM head" if lm_head else "linear"
-    if name == "specdec::packed_linear":  # packed weights: [N/64, K, 64] (float32) or [N/64, K/2, 64, 2]
+    if name == "specdec::packed_linear":  # packed weights: [N / panel, ...] in every format
+        panel = torch.ops.specdec.panel_width()
         packed = input_shapes[1]
-        lm_head = len(packed) >= 3 and vocab <= packed[0] * packed[2] < vocab + 64
+        lm_head = len(packed) >= 2 and vocab <= packed[0] * panel < vocab + panel
         return "LM head" if lm_head else "linear"
     if name == "specdec::row_attention" or name in TORCH_ATTENTION:
         return "attention"
@@ -418,9 +454,15 @@ def table(results: dict) -> str:
             if run is not None:
                 gb = results["weight_bytes"][d] / run["wall"]["median_s"] / 1e9
                 bandwidth.append(f"{SIDE_LABELS[s]} {SHORT[d]} {gb:.1f} GB/s")
-    text += (f"\nWeights read by a one-row pass: {results['weight_bytes']['float32'] / 1e6:.1f} MB in float32, "
-             f"{results['weight_bytes']['bfloat16'] / 1e6:.1f} MB in bfloat16; achieved (weights ÷ median "
-             f"one-row wall time): {', '.join(bandwidth)}.\n")
+    if results.get("weights"):
+        read = ", ".join(f"{b / 1e6:.1f} MB in {d}" for d, b in results["weight_bytes"].items())
+        text += f"\nBytes a one-row pass reads on {results['weights']} weights (packed, with the norms): {read}"
+    else:
+        text += (f"\nWeights read by a one-row pass: {results['weight_bytes']['float32'] / 1e6:.1f} MB in float32, "
+                 f"{results['weight_bytes']['bfloat16'] / 1e6:.1f} MB in bfloat16")
+    ov = (f"; OpenVINO's {results['openvino_weights']} export reads its own bytes, counted here as specdec's"
+          if results.get("weights") and results.get("openvino_weights") else "")
+    text += f"; achieved (these bytes ÷ median one-row wall time{ov}): {', '.join(bandwidth)}.\n"
     ratios = []
     for d in results["dtypes"]:
         for r in results["rows"]:
@@ -485,6 +527,9 @@ def main() -> None:
     parser.add_argument("--profile-steps", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-openvino", action="store_true", help="specdec's sides only")
+    parser.add_argument("--weights", choices=[f for f in OV_WEIGHTS if f], default=None,
+                        help="specdec's side on packed weights of this format, OpenVINO's at the same bits (--sides "
+                             "specdec only)")
     parser.add_argument("--sides", default="specdec,hf,hf-unfrozen",
                         help="specdec sides (comma-separated): specdec, hf (HF kernels), hf-unfrozen (HF kernels, "
                              "weights not frozen: the fast path as the issue measured it)")
@@ -518,6 +563,8 @@ def main() -> None:
     sides = tuple(args.sides.split(","))
     if "specdec" not in sides or not set(sides) <= set(DROPPED_OPTIONS):
         parser.error(f"--sides: specdec and any of {sorted(set(DROPPED_OPTIONS) - {'specdec'})}")
+    if args.weights and sides != ("specdec",):
+        parser.error("--weights packs specdec's side only: add --sides specdec")
     ir_dir, ov_version = None, None
     timings = {}
     if not args.no_openvino:
@@ -527,12 +574,14 @@ def main() -> None:
 
         ov_version = openvino.__version__
         start = time.perf_counter()
-        export = exported(model_dir, args.openvino_cache, args.openvino_export_env)
+        export = exported(model_dir, args.openvino_cache, args.openvino_export_env, OV_WEIGHTS[args.weights])
         ir_dir = export.path
         timings["openvino export (s)"] = time.perf_counter() - start
     load_before = os.getloadavg()
     g = torch.Generator().manual_seed(0)
     command = "python benchmarks/op_classes.py" + (f" --random-llama {args.random_llama}" if args.random_llama else "")
+    command += f" --model-dir {args.model_dir}" if args.model_dir else ""
+    command += f" --weights {args.weights}" if args.weights else ""
     command += f" --dtypes {args.dtypes} --gamma {args.gamma} --sides {args.sides}" + (
         " --no-openvino" if args.no_openvino else "")
     results = {"name": name, "command": command, "when": time.strftime("%Y-%m-%d %H:%M"),
@@ -540,21 +589,25 @@ def main() -> None:
                "torch": torch.__version__, "openvino": ov_version, "lock": args.lock or None, "rows": list(rows),
                "dtypes": dtypes, "prompt_len": args.prompt_len, "steps": args.steps, "blocks": args.blocks,
                "profile_steps": args.profile_steps, "threads": args.threads, "runs": {}, "weight_bytes": {},
+               "weights": args.weights, "openvino_weights": None if args.no_openvino else OV_WEIGHTS[args.weights],
                "timings_s": timings, "openvino_ir": str(ir_dir) if ir_dir else None, "op_names": {}}
     capacity = args.prompt_len + max(args.steps, args.profile_steps + 2) * max(rows) + max(rows)
     for dtype in dtypes:
-        models = {"specdec": load(model_dir, DTYPES[dtype])}
+        models = {"specdec": load(model_dir, DTYPES[dtype], args.weights)}
         model = models["specdec"]
         for s in sides[1:]:
             models[s] = copy.deepcopy(model)  # compiled graphs are cached per model object
         config = model.config
         vocab = config.vocab_size
         prompt = torch.randint(8, vocab, (args.prompt_len,), generator=g)
-        results["model"] = {"source": source, "parameters": sum(p.numel() for p in model.parameters()),
+        results["model"] = {"source": source, "parameters": parameter_count(model),
                             "layers": config.num_hidden_layers, "hidden": config.hidden_size,
                             "intermediate": config.intermediate_size, "heads": config.num_attention_heads,
                             "kv_heads": config.num_key_value_heads, "vocab": vocab}
-        results["weight_bytes"] = {"float32": 4 * weight_numel(model), "bfloat16": 2 * weight_numel(model)}
+        if args.weights:
+            results["weight_bytes"][dtype] = bytes_read(model)
+        else:
+            results["weight_bytes"] = {"float32": 4 * weight_numel(model), "bfloat16": 2 * weight_numel(model)}
         built = {}
         for s in sides:
             built[s] = SpecdecSide(models[s], s, prompt, rows, capacity)
