@@ -23,6 +23,7 @@ from specdec.runtime.compute_once import ComputeOnce
 from specdec.runtime.fuse_linears import FuseRowLinears, weights_fingerprint
 from specdec.runtime.layer_graphs import LayerRegions
 from specdec.runtime.rowwise import row_invariant
+from specdec.runtime.shared_kv_heads import ShareKVHeads
 
 log = logging.getLogger("specdec.fastpath")
 
@@ -84,15 +85,17 @@ class Compiled:
     def options(self) -> dict:
         """Inductor options for this model's passes: COMPILE_OPTIONS, the graph pass that fuses and packs their
         linears (runtime/fuse_linears.py), its copies of the weights shared by all of them and named in inductor's
-        cache key by their values (hashed once per model object), and the one that computes each rotary table
-        once per pass (runtime/compute_once.py). A model whose layer is one region runs a Python wrapper, which
+        cache key by their values (hashed once per model object), the one that hands grouped-query attention its
+        key/value heads unrepeated (runtime/shared_kv_heads.py), and the one that computes each rotary table once
+        per pass (runtime/compute_once.py). A model whose layer is one region runs a Python wrapper, which
         inductor's C++ wrapper would be for nested regions (runtime/layer_graphs.py)."""
         if self._weights is None:
             self._weights = weights_fingerprint(self._model())
         wrapper = {"cpp_wrapper": False, "cpp_wrapper_build_separate": False} if self.layers else {}
         return {**COMPILE_OPTIONS, **wrapper, "joint_custom_pre_pass": FuseRowLinears(shared=self.copies,
                                                                                 weights=self._weights),
-                "post_grad_custom_post_pass": ComputeOnce(), "guard_filter_fn": argument_guards}
+                "post_grad_custom_pre_pass": ShareKVHeads(), "post_grad_custom_post_pass": ComputeOnce(),
+                "guard_filter_fn": argument_guards}
 
 
 #: Where a guard's name passes through what a compiled pass has frozen: a module's submodules, parameters, buffers
