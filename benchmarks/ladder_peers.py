@@ -185,7 +185,7 @@ def main() -> None:
     machine = {**machine_info(), "llama_cpp": f"llama-cpp-python {VERSION}", "load_average_at_end": os.getloadavg()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({
-        "machine": machine, "new_tokens": NEW, "openvino_dtype": str(ov_dtype).replace("torch.", "") if ov_dtype
+        "machine": machine, "build": BUILD, "new_tokens": NEW, "openvino_dtype": str(ov_dtype).replace("torch.", "") if ov_dtype
         else None, "openvino": peers, "rows": rows, "runs": runs}, indent=1))
     ov_note = (f", OpenVINO at {str(ov_dtype).replace('torch.', '')}" if ov_dtype else "")
     lines = [f"# specdec plain vs llama.cpp{' and OpenVINO' if args.openvino else ''} plain at the same bits: "
@@ -194,7 +194,8 @@ def main() -> None:
              f"{args.num_prompts} --repeats {args.repeats} --threads {args.threads}"
              f"{' --openvino' if args.openvino else ''}` (started {started}; {machine['cpu']}, "
              f"{machine['cpu_family_model']}, kernels {machine['kernel_tier']}, {platform.machine()}{ov_note}; load "
-             f"average {' '.join(f'{x:.2f}' for x in machine['load_average_at_end'])} at the end)", ""]
+             f"average {' '.join(f'{x:.2f}' for x in machine['load_average_at_end'])} at the end; the random models "
+             f"of size_ladder.py's build {BUILD})", ""]
     header = "| shape | specdec | llama.cpp | specdec tok/s | llama.cpp tok/s | specdec ÷ llama.cpp (median, range) |"
     rule = "|:---|:---|:---|---:|---:|---:|"
     if args.openvino:
