@@ -92,3 +92,21 @@ def test_a_compiled_gqa_pass_reads_the_cache_heads_with_the_same_bits(dtype, row
     torch._dynamo.reset()
     assert counting.unrepeated == [6]  # every layer's key and value: 3 layers x 2
     assert torch.equal(logits["shared"], logits["repeated"])
+
+
+@pytest.mark.filterwarnings("error")  # fx warns when a node is erased twice
+def test_a_key_and_value_from_one_repeat_are_both_handed_the_heads_and_the_repeat_dropped_once():
+    load_kernel()
+    q, kv = torch.randn(1, 4, 2, 8), torch.randn(1, 2, 5, 8)
+
+    def attend(q, kv):
+        repeated = repeat_kv(kv, 2)
+        return row_attention(q, repeated, repeated, None, 0.5)
+
+    graph_module = make_fx(attend)(q, kv)
+    before = graph_module(q, kv)
+    ShareKVHeads()(graph_module.graph)
+    graph_module.recompile()
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    assert attention_inputs(graph_module.graph) == [(placeholders[1], placeholders[1])]
+    assert torch.equal(graph_module(q, kv), before)

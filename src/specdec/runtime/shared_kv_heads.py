@@ -45,10 +45,12 @@ def repeated(node: torch.fx.Node) -> torch.fx.Node | None:
     if not _call(expanded, (aten.expand.default,)):
         return None
     unsqueezed = expanded.args[0]
-    if not _call(unsqueezed, (aten.unsqueeze.default,)) or unsqueezed.args[1] != 2:
+    if not _call(unsqueezed, (aten.unsqueeze.default,)) or unsqueezed.args[1] % 5 != 2:  # dim 2 (or -3) of 5
         return None
     source = unsqueezed.args[0]
-    if not isinstance(source, torch.fx.Node) or "val" not in source.meta or "val" not in node.meta:
+    if not isinstance(source, torch.fx.Node) or any("val" not in n.meta for n in (source, expanded, node)):
+        return None
+    if source.meta["val"].dim() != 4 or expanded.meta["val"].dim() != 5:
         return None
     b, hkv, length, d = source.meta["val"].shape
     b5, hkv5, r, length5, d5 = expanded.meta["val"].shape
@@ -74,7 +76,7 @@ class ShareKVHeads(CustomGraphPass):
                     dropped.append(args[i])
                     args[i] = source
             call.args = tuple(args)
-        for node in dropped:  # the repeats no call reads any more: the reshape, clone, expand and unsqueeze
+        for node in dict.fromkeys(dropped):  # the repeats no call reads now: the reshape, clone, expand, unsqueeze
             while isinstance(node, torch.fx.Node) and not node.users and node.op == "call_function":
                 source = node.args[0]
                 graph.erase_node(node)
