@@ -67,6 +67,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -74,6 +75,10 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script below
+
+from ladder_peers import OV_PAIRS  # noqa: E402
 
 CLASSES = ("linear", "LM head", "attention", "norm + rope + pointwise", "rest")
 SIDES = ("specdec", "hf", "hf-unfrozen", "openvino")
@@ -87,9 +92,8 @@ RANDOM_LLAMA = {
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 SHORT = {"float32": "f32", "bfloat16": "bf16"}
-#: specdec's weight format (--weights) -> OpenVINO's export format at the same bits (openvino_export.WEIGHT_FORMATS).
-OV_WEIGHTS = {None: "fp32", "float32": "fp32", "bfloat16": "fp32", "int8": "int8", "w8a8": "int8", "int4": "int4",
-              "w4a8": "int4"}
+#: specdec's weight format (--weights) -> OpenVINO's export format at the same bits: ladder_peers.py's pairs.
+OV_WEIGHTS = {None: "fp32", "float32": "fp32", **OV_PAIRS}
 OV_PRECISION = {"float32": "f32", "bfloat16": "bf16"}
 OV_LINEAR = ("FullyConnected", "FullyConnectedCompressed", "MatMul", "LLMMLP", "QKVProjection")
 OV_POINTWISE = ("RMS", "MVN", "RoPE", "Eltwise", "Subgraph", "Multiply", "Add", "Subtract", "Divide", "Power",
