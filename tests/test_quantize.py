@@ -211,6 +211,72 @@ def test_self_draft_with_a_reduced_vocabulary_quantizes_its_reduced_head():
     assert specdec.generate(target, PROMPTS[2], drafter=drafter, gamma=3, max_new_tokens=16).tokens == plain.tokens
 
 
+@pytest.mark.parametrize("weights", ["int8", "int4", "w4a8", "w8a8"])
+def test_quantized_weight_reads_every_integer_layout_back(weights):
+    """Outputs that fill no whole last panel and inputs that fill no whole last group: the layer's q and scales read
+    back from its panels are those it was packed from."""
+    from specdec.runtime.weights import QUANTIZED, quantize_weight
+
+    torch.manual_seed(6)
+    linear = nn.Linear(70, 203, bias=False)
+    want = quantize_weight(linear.weight, QUANTIZED[weights], 16)
+    got = PackedLinear.pack(linear, weights, 16).quantized_weight()
+    assert (got.bits, got.group) == (want.bits, want.group)
+    assert torch.equal(got.q, want.q) and torch.equal(got.scales, want.scales)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8", "w8a8"])
+def test_a_layer_of_some_outputs_computes_each_as_the_whole_layer_does(weights, dtype):
+    """PackedLinear.outputs(ids): the same bits as the whole layer's outputs at ids, at 1 and 5 rows (a bfloat16
+    model's bfloat16 weights in the pairs layout where the CPU has it)."""
+    torch.manual_seed(7)
+    linear = nn.Linear(70, 203).to(dtype)
+    layer = PackedLinear.pack(linear, weights, 16)
+    ids = torch.tensor([0, 5, 63, 64, 130, 131, 202])
+    part = layer.outputs(ids)
+    assert (part.out_features, part.weights, part.group) == (7, weights, layer.group)
+    assert part.packed.dtype == layer.packed.dtype and part.packed.dim() == layer.packed.dim()
+    for rows in (1, 5):
+        x = torch.randn(rows, 70).to(dtype)
+        assert torch.equal(part(x), layer(x)[:, ids]), rows
+
+
+@pytest.mark.parametrize("weights", ["bfloat16", "int8", "w4a8"])
+def test_a_draft_on_packed_weights_drafts_from_a_reduced_vocabulary(weights):
+    """DraftModel(draft_vocab=...) of a draft loaded with weights=: its reduced head is the packed head's rows; its
+    logits over them are the whole head's, and speculative decoding with it is plain decoding."""
+    target = tiny("llama", hidden=64, layers=2, seed=1, dtype=torch.float32)
+    draft = pack_model(perturbed(tiny("llama", hidden=64, layers=2, dtype=torch.float32), 0.2), weights, group=16)
+    ids = list(range(0, 96, 2))
+    drafter = specdec.DraftModel(draft, draft_vocab=ids)
+    head = drafter.model.get_output_embeddings()
+    assert isinstance(head, PackedLinear) and head.out_features == len(ids) and head.weights == draft.lm_head.weights
+    prompt = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        assert torch.equal(drafter.model(prompt).logits, draft(prompt).logits[..., ids])
+    for mode in (False, "static"):
+        plain = specdec.generate(target, PROMPTS[2], max_new_tokens=16, compile=mode)
+        spec = specdec.generate(target, PROMPTS[2], drafter=drafter, gamma=3, max_new_tokens=16, compile=mode)
+        assert spec.tokens == plain.tokens, mode
+
+
+def test_a_self_draft_of_a_packed_target_quantizes_its_reduced_head_from_the_packed_rows():
+    """SelfDraft(draft_vocab=...) of a target on packed bfloat16 weights: its head is the rows of the whole
+    self-draft's head, packed alike; it drafts in the target's cache with plain decoding's tokens."""
+    target = pack_model(tiny("qwen2", hidden=64, layers=2, seed=3, dtype=torch.bfloat16), "bfloat16")
+    ids = torch.arange(1, 96, 3)
+    drafter = specdec.SelfDraft(target, weights="w4a8", group=16, draft_vocab=ids)
+    whole = specdec.SelfDraft(target, weights="w4a8", group=16).model.get_output_embeddings()
+    head = drafter.model.get_output_embeddings()
+    assert head.weights == whole.weights == "int8"  # the head of a w4a8 copy (LM_HEAD_BITS)
+    assert torch.equal(head.packed, whole.outputs(ids).packed)
+    plain = specdec.generate(target, PROMPTS[0], max_new_tokens=20, compile="static")
+    decoder = specdec.SpeculativeDecoder(target, drafter, gamma=4, max_new_tokens=20, compile="static")
+    assert list(decoder.stream(PROMPTS[0])) == plain.tokens
+    assert drafter.shares_cache and decoder.stats.accepted > 0
+
+
 def test_refusals_name_the_fix():
     target = tiny("llama", hidden=64, layers=2, dtype=torch.float32)
     with pytest.raises(ConfigError, match="choose 'int8', 'int4', 'w4a8', 'w8a8'"):
@@ -223,6 +289,8 @@ def test_refusals_name_the_fix():
         quantized_copy(quantized, "int4")
     with pytest.raises(ConfigError, match="float weights are not kept"):
         quantized.model.layers[0].mlp.up_proj.dense_weight()
+    with pytest.raises(ConfigError, match="not quantized: read them with dense_weight"):
+        pack_model(tiny("llama", hidden=64, layers=2, dtype=torch.float32), "bfloat16").lm_head.quantized_weight()
     with pytest.raises(ConfigError, match="CPU kernels only"):
         specdec.load("unused", device="meta", weights="int8")
 

@@ -27,6 +27,7 @@ from specdec.hub.vocab import check_tokenizer_fits, padded_widths_match, same_vo
 from specdec.runtime.causal_lm import CachedCausalLM, vocab_size
 from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
 from specdec.runtime.static_lm import StaticCausalLM, fast_adapter
+from specdec.runtime.weights import PackedLinear
 
 #: DraftModel(method=...) for a draft with another tokenizer: pick by the shared vocabulary, token-level
 #: intersection (TLI), or string-level exact match (SLEM).
@@ -253,17 +254,20 @@ def reduced_head(model: PreTrainedModel, token_ids: torch.Tensor) -> PreTrainedM
     if key in known:
         return known[key]
     head = model.get_output_embeddings()
-    if not isinstance(head, torch.nn.Linear):
+    if isinstance(head, PackedLinear):  # load(weights=...): those rows packed as the head's are
+        rows = head.outputs(token_ids.cpu())
+    elif isinstance(head, torch.nn.Linear):
+        ids = token_ids.to(head.weight.device)
+        rows = torch.nn.Linear(head.in_features, ids.numel(), bias=head.bias is not None, device=head.weight.device,
+                               dtype=head.weight.dtype)
+        with torch.no_grad():
+            rows.weight.copy_(head.weight.index_select(0, ids))
+            if head.bias is not None:
+                rows.bias.copy_(head.bias.index_select(0, ids))
+        rows.requires_grad_(False)
+    else:
         raise ConfigError(f"draft_vocab needs a draft whose LM head is a linear layer; "
                           f"{type(model).__name__} has {type(head).__name__}")
-    ids = token_ids.to(head.weight.device)
-    rows = torch.nn.Linear(head.in_features, ids.numel(), bias=head.bias is not None, device=head.weight.device,
-                           dtype=head.weight.dtype)
-    with torch.no_grad():
-        rows.weight.copy_(head.weight.index_select(0, ids))
-        if head.bias is not None:
-            rows.bias.copy_(head.bias.index_select(0, ids))
-    rows.requires_grad_(False)
     reduced = copy.copy(model)
     reduced._modules = dict(model._modules)  # its own module table: replacing the head leaves `model` untouched
     reduced.set_output_embeddings(rows)

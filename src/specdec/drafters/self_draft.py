@@ -59,8 +59,9 @@ class SelfDraft(DraftModel):
         super().__init__(twin, compile=compile, draft_vocab=draft_vocab)
         if draft_vocab is not None:  # the reduced head (DraftModel made it from the shared float head): quantize it
             head = self.model.get_output_embeddings()
-            self.model.set_output_embeddings(
-                PackedLinear.pack(head, head_format(weights), group))
+            if isinstance(head, PackedLinear):  # a target on packed float weights: its rows' weights read back
+                head = head.as_linear()
+            self.model.set_output_embeddings(PackedLinear.pack(head, head_format(weights), group))
 
     #: Its step is a pass of the target's size: one compiled graph per step serves every γ (γ-step graphs compiled
     #: 94 s for γ 4 and 7 on the default target, and grow with γ and the layers).

@@ -195,6 +195,53 @@ class PackedLinear(nn.Module):
             w = p.permute(0, 2, 1).reshape(p.shape[0] * p.shape[2], p.shape[1])
         return w[: self.out_features, : self.in_features].contiguous()
 
+    def as_linear(self) -> nn.Linear:
+        """An nn.Linear of the weights as packed (`dense_weight`'s, in their dtype) and the bias: float formats
+        only."""
+        weight = self.dense_weight()
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        linear.weight = nn.Parameter(weight, requires_grad=False)
+        if self.bias is not None:
+            linear.bias = nn.Parameter(self.bias.to(weight.dtype), requires_grad=False)
+        return linear
+
+    def quantized_weight(self) -> QuantizedWeight:
+        """The quantized weights q [N, K] and scales as packed (copies), read back from the panels' layout
+        (kernels/packed_core.h): quantized formats only; a float format's weights are `dense_weight`'s."""
+        if self.weights not in QUANTIZED:
+            raise ConfigError(f"this layer's weights are {self.weights}, not quantized: read them with dense_weight()")
+        p, bits = self.packed, QUANTIZED[self.weights]
+        panels, groups, panel = p.shape[0], p.shape[1], torch.ops.specdec.panel_width()
+        if self.weights in INT8_INPUTS:  # [panels, groups, 1 + G / step, 4 * PANEL]: the scales' row, then the steps'
+            scale_bytes, body = p[:, :, 0], p[:, :, 1:].reshape(panels, groups, -1, panel, 4)
+            if bits == 8:  # byte j of output n, step s: q[4s + j]
+                q = body.permute(0, 3, 1, 2, 4)  # [panels, PANEL, groups, steps, 4]
+            else:  # byte j of output n, step s: q[8s + j] + 8 (low nibble), q[8s + 4 + j] + 8 (high)
+                q = torch.stack((body & 15, body >> 4), dim=-2).permute(0, 3, 1, 2, 4, 5).to(torch.int8) - 8
+        else:  # [panels, groups, 4 * PANEL + bytes of the group's weights]: scales[PANEL], then the weights
+            scale_bytes, body = p[:, :, : 4 * panel], p[:, :, 4 * panel :].reshape(panels, groups, -1, panel)
+            if bits == 8:  # q[G][PANEL]
+                q = body.permute(0, 3, 1, 2)  # [panels, PANEL, groups, G]
+            else:  # [G / 2][PANEL]: q[2i] + 8 in the low nibble, q[2i + 1] + 8 in the high
+                q = torch.stack((body & 15, body >> 4), dim=-1).permute(0, 3, 1, 2, 4).to(torch.int8) - 8
+        n, k = self.out_features, self.in_features
+        scales = scale_bytes.contiguous().view(torch.float32).permute(0, 2, 1).reshape(panels * panel, groups)
+        q = q.reshape(panels * panel, -1)
+        return QuantizedWeight(q[:n, :k].contiguous(), scales[:n].contiguous(), bits, q.shape[1] // groups)
+
+    def outputs(self, ids: torch.Tensor) -> PackedLinear:
+        """A layer of this one's outputs `ids` [M] only, in this format, each output packed with the bits it has
+        here: its values for an input are this layer's at `ids` (every output is computed on its own)."""
+        if self.weights in FLOATS:
+            w = self.dense_weight().index_select(0, ids)
+            packed = torch.ops.specdec.pack_weight(w, self.packed.dim() == 4)
+        else:
+            qw = self.quantized_weight()
+            packed = torch.ops.specdec.pack_quantized(qw.q.index_select(0, ids), qw.scales.index_select(0, ids),
+                                                      qw.bits, qw.group, self.weights in INT8_INPUTS)
+        bias = None if self.bias is None else self.bias.index_select(0, ids)
+        return PackedLinear(packed, bias, self.in_features, ids.numel(), self.weights, self.group)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed.dtype == torch.bfloat16 and self.packed.dim() == 4 and x.dtype != torch.bfloat16:
             raise ConfigError(f"this layer's weights are packed for bfloat16 passes (a bfloat16 model with "
@@ -222,7 +269,8 @@ def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ConfigError(f"weights={weights!r} runs on the CPU kernels only; load the model with device='cpu'")
     lm_head = model.get_output_embeddings()
-    tied = lm_head is not None and any(lm_head.weight is p for p in model.get_input_embeddings().parameters())
+    embedding = model.get_input_embeddings()
+    tied = isinstance(lm_head, nn.Linear) and any(lm_head.weight is p for p in embedding.parameters())
     for name, module in [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]:
         if module is lm_head and not head:
             continue
