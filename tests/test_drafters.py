@@ -393,6 +393,11 @@ def test_make_drafter_builds_every_kind(targets, tmp_path):
     for weights in ("int8", "int4", "w4a8", "w8a8"):
         self_draft = make_drafter(f"self-draft-{weights}", target=float_target)
         assert isinstance(self_draft, specdec.SelfDraft) and self_draft.weights == weights
+        assert self_draft.draft_vocab is None  # the whole vocabulary unless --draft-vocab says otherwise
+    reduced = make_drafter("self-draft-w4a8", target=float_target, draft_vocab=[3, 1, 40])
+    assert reduced.draft_vocab.tolist() == [1, 3, 40] and reduced.model.get_output_embeddings().out_features == 3
+    with pytest.raises(specdec.ConfigError, match="96 token rows"):  # the default ranking fits no 96-token model
+        make_drafter("self-draft-int8", target=float_target, draft_vocab=64)
     bigram = make_drafter("bigram", target=target)
     bigram.save(tmp_path / "t.safetensors")
     loaded = make_drafter("bigram", bigram_path=str(tmp_path / "t.safetensors"))

@@ -147,7 +147,8 @@ def register(subparsers) -> None:
     parser.add_argument("--bigram", default=None, metavar="PATH",
                         help="bigram: a table saved with specdec.Bigram.save (default: built from the target)")
     parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                        help="draft-vocab: draft from the default pair's N most frequent tokens (default 2048)")
+                        help="draft-vocab, self-draft-*: draft from the default pair's N most frequent tokens "
+                             "(draft-vocab's default 2048; the self-drafts' the whole vocabulary)")
     parser.add_argument("--head", default=None, metavar="DIR",
                         help="eagle / medusa / dflash: a head saved by `specdec train-head` (default: the shipped one)")
     parser.add_argument("--prompt", required=True, help="the text to continue (an encoder-decoder target such as "

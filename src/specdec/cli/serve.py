@@ -35,8 +35,8 @@ def register(subparsers) -> None:
     parser.add_argument("--draft-layers", type=int, default=None,
                         help="--drafter layer-skip: the target's first N layers draft (default: half of them)")
     parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                        help="--drafter draft-vocab: draft from the default pair's N most frequent tokens "
-                        "(default 2048)")
+                        help="--drafter draft-vocab, self-draft-*: draft from the default pair's N most frequent "
+                        "tokens (draft-vocab's default 2048; the self-drafts' the whole vocabulary)")
     parser.add_argument("--suffix-cache-tokens", type=int, default=None, metavar="N",
                         help="--drafter suffix: the most tokens of earlier requests' outputs the server keeps to "
                         "draft from (one cache for all requests; least recently used requests leave first; "

@@ -64,7 +64,8 @@ def register(subparsers) -> None:
                         help="layer-skip: draft with the target's first K decoder layers")
     parser.add_argument("--bigram", default=None, metavar="PATH", help="bigram: a table saved with Bigram.save")
     parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                        help="draft-vocab: draft from the default pair's N most frequent tokens (default 2048)")
+                        help="draft-vocab, self-draft-*: draft from the default pair's N most frequent tokens "
+                             "(draft-vocab's default 2048; the self-drafts' the whole vocabulary)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default=None,

@@ -69,10 +69,10 @@ DRAFTER_OPTIONS = {
     "prompt-lookup": {"ngram_max": "--ngram-max", "ngram_min": "--ngram-min", "lookup_branches": "--lookup-branches"},
     "bigram": {"bigram_path": "--bigram"},
     "layer-skip": {"draft_layers": "--draft-layers"},
-    "self-draft-int8": {},
-    "self-draft-int4": {},
-    "self-draft-w4a8": {},
-    "self-draft-w8a8": {},
+    "self-draft-int8": {"draft_vocab": "--draft-vocab"},
+    "self-draft-int4": {"draft_vocab": "--draft-vocab"},
+    "self-draft-w4a8": {"draft_vocab": "--draft-vocab"},
+    "self-draft-w8a8": {"draft_vocab": "--draft-vocab"},
     "draft-tree": {"tree_top_k": "--tree-top-k", "tree_depth": "--tree-depth", "max_nodes": "--max-nodes"},
     "multi-draft": {"num_drafts": "--num-drafts", "replacement": "--replacement", "scheme": "--scheme",
                     "widths": "--widths"},
@@ -168,7 +168,7 @@ def _draft_vocab_ids(draft, draft_vocab):
     if width != ranked:
         raise ConfigError(f"--draft-vocab {draft_vocab} picks the default pair's most frequent tokens, but this draft "
                           f"has {width} token rows, not the default tokenizer's {ranked}: pass the "
-                          "token ids (DraftModel(draft, draft_vocab=ids)), e.g. the most frequent ones of your data")
+                          "token ids (draft_vocab=ids: DraftModel, SelfDraft), e.g. the most frequent ones of your data")
     return ids
 
 
@@ -193,7 +193,8 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     "bigram": a bigram table loaded from bigram_path (a file saved by Bigram.save), or else built from the
     target's own one-token predictions (Bigram.from_model). "layer-skip": the target's first draft_layers
     decoder layers (default half of them). "self-draft-int8" / "self-draft-int4" / "self-draft-w4a8" /
-    "self-draft-w8a8": the target's own weights quantized (SelfDraft). "mtp" / "mtp-tree": the target's own MTP
+    "self-draft-w8a8": the target's own weights quantized (SelfDraft; with draft_vocab, over those tokens as
+    "draft-vocab" reads it). "mtp" / "mtp-tree": the target's own MTP
     layer, read from the checkpoint the target was loaded from (a chain, or an EAGLE_TREE-shaped tree). Options
     given as None are ignored; an option that does not apply to `kind` is an error.
     """
@@ -264,7 +265,9 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     if kind.startswith("self-draft-"):
         from specdec.drafters.self_draft import SelfDraft
 
-        return SelfDraft(target, weights=kind.rsplit("-", 1)[1])
+        draft_vocab = options.get("draft_vocab")  # none: the whole vocabulary
+        return SelfDraft(target, weights=kind.rsplit("-", 1)[1],
+                         draft_vocab=None if draft_vocab is None else _draft_vocab_ids(target, draft_vocab))
     if kind in ("mtp", "mtp-tree"):
         from specdec.drafters.mtp import Mtp
 
