@@ -4,7 +4,8 @@ A model of a published shape with random weights (benchmarks/size_ladder.py buil
 meaningful, so a real drafter's acceptance there says nothing. Here the drafter is an oracle: it knows the target's
 greedy continuation (decoded beforehand) and proposes it with each token replaced by a wrong one with probability
 1 - α, so acceptance is what we set. It pays a real drafter's cost: each round it runs `SelfDraft` (the target's own
-int8 or int4 copy) for the same γ steps and throws its tokens away. Everything else is the library's own loop on the
+int8 or int4 copy; with --draft-vocab, also over a reduced vocabulary) for the same γ steps and throws its tokens
+away. Everything else is the library's own loop on the
 fast path's slot cache and kernels (`compile="static"`: no inductor, whose compile at these sizes takes tens of
 minutes on a 2-core CPU), greedy, and every output is checked to be the target's greedy continuation.
 
@@ -94,6 +95,9 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-1.5b", choices=sorted(SHAPES))
     parser.add_argument("--target-weights", default="bfloat16", help="the target's packed format")
     parser.add_argument("--drafts", default="int8,int4", help="SelfDraft formats")
+    parser.add_argument("--draft-vocab", default="0",
+                        help="comma list of draft vocabulary sizes N (0: the whole vocabulary): each SelfDraft format "
+                             "also over N tokens (ids 0..N-1; the oracle's proposals do not depend on them)")
     parser.add_argument("--alphas", default="0.919,0.977,0.99")
     parser.add_argument("--gammas", default="3,5")
     parser.add_argument("--prompts", type=int, default=3)
@@ -107,7 +111,11 @@ def main() -> None:
 
     start = time.perf_counter()
     target = build(args.model, torch.float32)
-    drafts = {fmt: specdec.SelfDraft(target, fmt) for fmt in args.drafts.split(",")}  # copied before packing
+    drafts = {}  # copied before packing
+    for fmt in args.drafts.split(","):
+        for n in (int(v) for v in args.draft_vocab.split(",")):
+            drafts[fmt if n == 0 else f"{fmt}/vocab{n}"] = specdec.SelfDraft(
+                target, fmt, draft_vocab=None if n == 0 else torch.arange(n))
     pack_model(target, args.target_weights)
     vocab = target.config.vocab_size
     report = {"model": args.model, "target_weights": args.target_weights, "threads": args.threads,

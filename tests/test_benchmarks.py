@@ -67,7 +67,8 @@ def _op_classes_run(tmp_path: Path) -> list[str]:
 
 
 def _oracle_speedup_run(tmp_path: Path) -> list[str]:
-    return ["--model", "llama-tiny", "--target-weights", "float32", "--drafts", "int8", "--alphas", "0,1",
+    return ["--model", "llama-tiny", "--target-weights", "float32", "--drafts", "int8", "--draft-vocab", "0,48",
+            "--alphas", "0,1",
             "--gammas", "3", "--prompts", "1", "--prompt-len", "8", "--new-tokens", "12"]
 
 
@@ -96,8 +97,12 @@ TINY_RUNS = {
     "class_row": (_class_row_run, "  ÷ OpenVINO speculative best (ov-speculative@6): 1.75x (1.50–2.00); "
                                   "ov-speculative@6 at 151.5 tokens/s"),
     "identity_table": (_identity_table_run, "| bfloat16 | eager draft γ=4 | eager plain | 1/1 | 100.0% | 4 |"),
-    # α 1: every oracle token accepted, γ+1 tokens a round (and each output is checked against plain decoding)
-    "oracle_speedup": (_oracle_speedup_run, "SelfDraft int8 γ 3 α 1.000 (realized 1.000): τ 4.00"),
+    # α 1: every oracle token accepted, γ+1 tokens a round (and each output is checked against plain decoding); the
+    # draft over 48 tokens runs after the whole vocabulary's
+    "oracle_speedup": (_oracle_speedup_run, "SelfDraft int8/vocab48 γ 3 α 1.000 (realized 1.000): τ 4.00"),
+    # each output at T = 0 is checked against plain decoding; the reduced vocabulary's line comes last
+    "self_draft_vocab": (lambda tmp_path: ["--formats", "w4a8", "--vocabs", "0,2048", "--prompts", "1",
+                                           "--new-tokens", "8"], "SelfDraft w4a8 vocab 2048 edit T=1: α"),
     "server_identity": (_server_identity_run, "| bfloat16 | eager | 2 | 2/2 | 2/2 | 8 |"),
     # a checkpoint saved, then loaded both ways in processes of their own (each line printed only when it ran)
     "load_memory": (_load_memory_run, "   whole     int8: load"),
