@@ -7,7 +7,9 @@ benchmarks/oracle_speedup.py's --draft-vocab at the ladder's sizes.
 
 Per format, vocabulary, workload and temperature (T = 0; T = 1 with top-k 50 / top-p 0.9, seed = prompt index):
 pooled α (accepted ÷ drafted tokens that were tested), τ (new tokens ÷ target passes) and, at T = 0, the share of the
-target's own greedy tokens inside the vocabulary (the most a reduced draft can propose). γ 4, 128 new tokens, EOS
+target's own greedy tokens inside the vocabulary (the most a reduced draft can propose), and inside the N lowest
+token ids instead (a BPE tokenizer numbers its tokens in merge order, roughly by frequency: a vocabulary for a model
+that ships no ranking). γ 4, 128 new tokens, EOS
 ignored, the eager path in the default target's dtype; each speculative output at T = 0 is checked against plain
 decoding.
 """
@@ -46,11 +48,12 @@ def main() -> None:
             ids = None if n == 0 else frequent_tokens(n)
             drafter = specdec.SelfDraft(target, fmt, draft_vocab=ids)
             for w, prompts in workloads.items():
-                inside = None
+                inside = lowest = None
                 if ids is not None:
                     kept = set(ids.tolist())
                     greedy = [t for out in plain[w] for t in out]
                     inside = sum(t in kept for t in greedy) / len(greedy)
+                    lowest = sum(t < n for t in greedy) / len(greedy)  # a BPE tokenizer's ids: its merge order
                 for temperature in (0.0, 1.0):
                     accepted = tested = tokens = passes = 0
                     for i, p in enumerate(prompts):
@@ -65,9 +68,11 @@ def main() -> None:
                         tokens, passes = tokens + s.new_tokens, passes + s.target_forwards
                     row = {"format": fmt, "vocab": n or None, "workload": w, "temperature": temperature,
                            "alpha": accepted / tested, "tau": tokens / passes,
-                           "greedy_inside": inside if not temperature else None}
+                           "greedy_inside": inside if not temperature else None,
+                           "greedy_in_lowest_ids": lowest if not temperature else None}
                     rows.append(row)
-                    share = "" if row["greedy_inside"] is None else f", greedy tokens inside {inside:.3f}"
+                    share = ("" if row["greedy_inside"] is None else
+                             f", greedy tokens inside {inside:.3f} (in the {n} lowest ids {lowest:.3f})")
                     print(f"SelfDraft {fmt} vocab {n or 'whole'} {w} T={temperature:g}: α {row['alpha']:.3f} "
                           f"τ {row['tau']:.2f}{share}", flush=True)
     if args.json:
