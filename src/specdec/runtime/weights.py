@@ -227,7 +227,7 @@ class PackedLinear(nn.Module):
         n, k = self.out_features, self.in_features
         scales = scale_bytes.contiguous().view(torch.float32).permute(0, 2, 1).reshape(panels * panel, groups)
         q = q.reshape(panels * panel, -1)
-        return QuantizedWeight(q[:n, :k].contiguous(), scales[:n].contiguous(), bits, q.shape[1] // groups)
+        return QuantizedWeight(q[:n, :k].contiguous(), scales[:n].contiguous(), bits, self.group)
 
     def outputs(self, ids: torch.Tensor) -> PackedLinear:
         """A layer of this one's outputs `ids` [M] only, in this format, each output packed with the bits it has
