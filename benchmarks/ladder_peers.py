@@ -100,10 +100,18 @@ def openvino_side(checkpoint: Path, fmt: str, dtype: torch.dtype, threads: int, 
                                 export_env=args.openvino_export_env, weights=OV_PAIRS[fmt])
     peer = OpenVINOPeer(settings, dtype=dtype, threads=threads, speculative=False)
 
-    def run(prompt) -> float:
-        return peer.run("ov-plain", None, prompt.ids, max_new_tokens=NEW).wall_s
+    def run(prompt, new: int = NEW) -> float:
+        return peer.run("ov-plain", None, prompt.ids, max_new_tokens=new).wall_s
 
     return run, peer.describe()
+
+
+def openvino_dtype(choice: str | None = None) -> torch.dtype:
+    """OpenVINO's compute and KV precision: `choice`, else bfloat16 where its CPU plugin has it, else float32."""
+    import openvino as ov  # noqa: PLC0415 (the openvino extra)
+
+    default = "bfloat16" if "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES") else "float32"
+    return getattr(torch, choice or default)
 
 
 def main() -> None:
@@ -128,12 +136,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M")
     specdec.set_threads(args.threads)
-    ov_dtype = None
-    if args.openvino:
-        import openvino as ov  # noqa: PLC0415 (the openvino extra)
-
-        default = "bfloat16" if "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES") else "float32"
-        ov_dtype = getattr(torch, args.openvino_dtype or default)
+    ov_dtype = openvino_dtype(args.openvino_dtype) if args.openvino else None
     scratch = args.dir / "scratch"
     scratch.mkdir(exist_ok=True)
     tokenizer = specdec.load_default()[2]

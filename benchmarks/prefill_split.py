@@ -6,7 +6,7 @@ same bits, each request timed at 1 and at NEW new tokens (ladder_peers.py's requ
         --format w8a8 --openvino-export-env ENV --openvino-cache CACHE
 
 On the checkpoint ladder_peers.py saved (DIR/ladder/NAME-buildBUILD/hf) and OpenVINO's export of it at the same bits
-(ladder_peers.py's OV_PAIRS), one thread each: after a warm-up request per side, --repeats rounds over --num-prompts
+(ladder_peers.py's OV_PAIRS and its OpenVINO side), one thread each: after a warm-up request per side, --repeats rounds over --num-prompts
 held-out `code` prompts, the sides and the two lengths alternated. Per side the median wall time of a one-token
 request (the prefill and one token) and of a NEW-token one, and from them the time per decoded token
 ((NEW-token request - one-token request) / (NEW - 1)); for specdec also `DecodeStats.prefill_s`. Greedy, EOS ignored,
@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import specdec  # noqa: E402
-from ladder_peers import NEW, OV_PAIRS  # noqa: E402
+from ladder_peers import NEW, OV_PAIRS, openvino_dtype, openvino_side  # noqa: E402
 from size_ladder import BUILD, SHAPES  # noqa: E402
 from specdec.bench.report import machine_info  # noqa: E402
 from specdec.bench.workloads import code_prompts  # noqa: E402
@@ -42,8 +42,6 @@ def main() -> None:
     parser.add_argument("--openvino-export-env", default=None, metavar="DIR")
     parser.add_argument("--openvino-cache", default=None, metavar="DIR")
     args = parser.parse_args()
-    from specdec.bench.openvino_peer import OpenVINOPeer, OpenVINOSettings  # noqa: PLC0415 (the openvino extra)
-
     checkpoint = args.dir / "ladder" / f"{args.model}-build{BUILD}" / "hf"
     if not (checkpoint / "config.json").exists():
         raise SystemExit(f"prefill_split: no checkpoint at {checkpoint}; run ladder_peers.py --models {args.model} "
@@ -51,9 +49,7 @@ def main() -> None:
     specdec.set_threads(1)
     prompts = code_prompts(specdec.load_default()[2], args.num_prompts)
     model = specdec.load(checkpoint, dtype=torch.bfloat16, weights=args.format)[0]
-    peer = OpenVINOPeer(OpenVINOSettings(target_dir=str(checkpoint), cache_dir=args.openvino_cache,
-                                         export_env=args.openvino_export_env, weights=OV_PAIRS[args.format]),
-                        dtype=torch.bfloat16, threads=1, speculative=False)
+    openvino_run, _ = openvino_side(checkpoint, args.format, openvino_dtype(), 1, args)
     prefills: list[float] = []
 
     def specdec_run(prompt, new: int) -> float:
@@ -61,9 +57,6 @@ def main() -> None:
         out = specdec.generate(model, prompt.ids, max_new_tokens=new, temperature=0.0, eos_token_id=[], compile=True)
         prefills.append(out.stats.prefill_s)
         return time.perf_counter() - start
-
-    def openvino_run(prompt, new: int) -> float:
-        return peer.run("ov-plain", None, prompt.ids, max_new_tokens=new).wall_s
 
     sides = {"specdec": specdec_run, "OpenVINO": openvino_run}
     for run in sides.values():
