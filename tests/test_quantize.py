@@ -229,17 +229,18 @@ def test_quantized_weight_reads_every_integer_layout_back(weights):
 @pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8", "w8a8"])
 def test_a_layer_of_some_outputs_computes_each_as_the_whole_layer_does(weights, dtype):
     """PackedLinear.outputs(ids): the same bits as the whole layer's outputs at ids, at 1 and 5 rows (a bfloat16
-    model's bfloat16 weights in the pairs layout where the CPU has it)."""
+    model's bfloat16 weights in the pairs layout where the CPU has it); ids in every panel, and ids out of order
+    that leave panels out (only the panels holding ids are read back)."""
     torch.manual_seed(7)
     linear = nn.Linear(70, 203).to(dtype)
     layer = PackedLinear.pack(linear, weights, 16)
-    ids = torch.tensor([0, 5, 63, 64, 130, 131, 202])
-    part = layer.outputs(ids)
-    assert (part.out_features, part.weights, part.group) == (7, weights, layer.group)
-    assert part.packed.dtype == layer.packed.dtype and part.packed.dim() == layer.packed.dim()
-    for rows in (1, 5):
-        x = torch.randn(rows, 70).to(dtype)
-        assert torch.equal(part(x), layer(x)[:, ids]), rows
+    for ids in (torch.tensor([0, 5, 63, 64, 130, 131, 202]), torch.tensor([202, 3, 131, 130])):
+        part = layer.outputs(ids)
+        assert (part.out_features, part.weights, part.group) == (ids.numel(), weights, layer.group)
+        assert part.packed.dtype == layer.packed.dtype and part.packed.dim() == layer.packed.dim()
+        for rows in (1, 5):
+            x = torch.randn(rows, 70).to(dtype)
+            assert torch.equal(part(x), layer(x)[:, ids]), (ids, rows)
 
 
 @pytest.mark.parametrize("weights", ["bfloat16", "int8", "w4a8"])

@@ -231,13 +231,19 @@ class PackedLinear(nn.Module):
 
     def outputs(self, ids: torch.Tensor) -> PackedLinear:
         """A layer of this one's outputs `ids` [M] only, in this format, each output packed with the bits it has
-        here: its values for an input are this layer's at `ids` (every output is computed on its own)."""
+        here: its values for an input are this layer's at `ids` (every output is computed on its own). Only the
+        panels that hold `ids` are read back, not the whole layer (an LM head's would be gigabytes)."""
+        panel = torch.ops.specdec.panel_width()
+        used = torch.unique(ids // panel)  # [P] the panels holding ids, sorted
+        held = PackedLinear(self.packed.index_select(0, used), None, self.in_features, used.numel() * panel,
+                            self.weights, self.group)
+        rows = torch.searchsorted(used, ids // panel) * panel + ids % panel  # [M] each id's row in `held`
         if self.weights in FLOATS:
-            w = self.dense_weight().index_select(0, ids)
+            w = held.dense_weight().index_select(0, rows)
             packed = torch.ops.specdec.pack_weight(w, self.packed.dim() == 4)
         else:
-            qw = self.quantized_weight()
-            packed = torch.ops.specdec.pack_quantized(qw.q.index_select(0, ids), qw.scales.index_select(0, ids),
+            qw = held.quantized_weight()
+            packed = torch.ops.specdec.pack_quantized(qw.q.index_select(0, rows), qw.scales.index_select(0, rows),
                                                       qw.bits, qw.group, self.weights in INT8_INPUTS)
         bias = None if self.bias is None else self.bias.index_select(0, ids)
         return PackedLinear(packed, bias, self.in_features, ids.numel(), self.weights, self.group)
