@@ -1,6 +1,6 @@
 // kernel_ab.py's harness: two variants of packed_core.h (kernel_a.h, kernel_b.h: namespaces specdec::kernel_a and
 // specdec::kernel_b) over the same packed weights, passes alternated in one process. argv: rows, repeats, bits (8:
-// W8A8, 4: W4A8), then the linears as N K pairs. Prints one line per side: median ms and GB/s; then B / A.
+// W8A8, 4: W4A8, 16: BF16_PAIRS, bfloat16 inputs), then the linears as N K pairs. Prints one line per side: median ms and GB/s; then B / A.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,13 +25,14 @@ struct Linear {
 };
 
 template <typename NS_Args, typename Fmt, typename Quantize, typename Run>
-double pass(std::vector<Linear>& ls, int64_t M, int64_t G, Fmt fmt, std::vector<float>& x, std::vector<int8_t>& xq,
-            std::vector<float>& xs, std::vector<int32_t>& xsum, std::vector<float>& out, Quantize quantize, Run run,
-            int64_t panel) {
+double pass(std::vector<Linear>& ls, int64_t M, int64_t G, Fmt fmt, std::vector<float>& x,
+            const std::vector<uint16_t>& xb, std::vector<int8_t>& xq, std::vector<float>& xs,
+            std::vector<int32_t>& xsum, std::vector<float>& out, Quantize quantize, Run run, int64_t panel) {
   const auto t = std::chrono::steady_clock::now();
   for (Linear& l : ls) {
-    quantize(x.data(), M, l.K, G, xq.data(), xs.data(), xsum.data());
-    NS_Args a{fmt, x.data(), nullptr, M, l.K, l.N, l.packed.data(), l.stride, G, nullptr, out.data(), false, l.stream,
+    if (xb.empty()) quantize(x.data(), M, l.K, G, xq.data(), xs.data(), xsum.data());
+    NS_Args a{fmt, x.data(), xb.data(), M, l.K, l.N, l.packed.data(), l.stride, G, nullptr, out.data(), false,
+              l.stream,
               xq.data(), xs.data(), xsum.data()};
     run(a, nullptr, 0, (l.N + panel - 1) / panel);
   }
@@ -53,8 +54,14 @@ int main(int argc, char** argv) {
   std::vector<Linear> ls;
   double bytes = 0;
   int64_t widest = 0;
-  const auto fa = bits == 8 ? kernel_a::Fmt::W8A8 : kernel_a::Fmt::W4A8;
-  const auto fb = bits == 8 ? kernel_b::Fmt::W8A8 : kernel_b::Fmt::W4A8;
+  const bool pairs = bits == 16;
+  const auto fa = pairs ? kernel_a::Fmt::BF16_PAIRS : bits == 8 ? kernel_a::Fmt::W8A8 : kernel_a::Fmt::W4A8;
+  const auto fb = pairs ? kernel_b::Fmt::BF16_PAIRS : bits == 8 ? kernel_b::Fmt::W8A8 : kernel_b::Fmt::W4A8;
+  auto bf16 = [](float v) {  // v's top 16 bits (a bfloat16 of v, truncated)
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    return static_cast<uint16_t>(u >> 16);
+  };
   for (int i = 4; i + 1 < argc; i += 2) {
     const int64_t N = std::atoll(argv[i]), K = std::atoll(argv[i + 1]), groups = (K + G - 1) / G;
     std::vector<int8_t> q(N * K);
@@ -64,22 +71,31 @@ int main(int argc, char** argv) {
     Linear l{N, K, kernel_a::panel_bytes(fa, K, G), {}, false};
     l.packed.resize(kernel_a::panels(N) * l.stride + 64);
     l.stream = kernel_a::streams(fa, kernel_a::panels(N) * l.stride);
-    kernel_a::pack_quantized(q.data(), scales.data(), N, K, G, bits, l.packed.data(), true);  // one layout for both
+    if (pairs) {  // weights in (-0.05, 0.05)
+      std::vector<uint16_t> w(N * K);
+      for (size_t j = 0; j < w.size(); ++j) w[j] = bf16(static_cast<float>(q[j]) * 4e-4f);
+      kernel_a::pack_pairs(w.data(), N, K, reinterpret_cast<uint16_t*>(l.packed.data()));  // one layout for both
+    } else {
+      kernel_a::pack_quantized(q.data(), scales.data(), N, K, G, bits, l.packed.data(), true);
+    }
     bytes += static_cast<double>(l.packed.size());
     widest = std::max({widest, N, K});
     ls.push_back(std::move(l));
   }
   std::vector<float> x(M * widest), out(M * widest);
   for (float& v : x) v = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 1000.f;
+  std::vector<uint16_t> xb;
+  if (pairs)
+    for (float v : x) xb.push_back(bf16(v));
   std::vector<int8_t> xq(M * (widest + G));
   std::vector<float> xs(M * (widest / G + 2));
   std::vector<int32_t> xsum(M * (widest / G + 2));
   auto run_a = [&] {
-    return pass<kernel_a::Args>(ls, M, G, fa, x, xq, xs, xsum, out, kernel_a::quantize_inputs, kernel_a::run,
+    return pass<kernel_a::Args>(ls, M, G, fa, x, xb, xq, xs, xsum, out, kernel_a::quantize_inputs, kernel_a::run,
                                 kernel_a::PANEL);
   };
   auto run_b = [&] {
-    return pass<kernel_b::Args>(ls, M, G, fb, x, xq, xs, xsum, out, kernel_b::quantize_inputs, kernel_b::run,
+    return pass<kernel_b::Args>(ls, M, G, fb, x, xb, xq, xs, xsum, out, kernel_b::quantize_inputs, kernel_b::run,
                                 kernel_b::PANEL);
   };
   run_a();
