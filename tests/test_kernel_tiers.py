@@ -175,15 +175,17 @@ def test_tiers_follow_the_cpu_flags(cpu, features, tiers, monkeypatch):
 #: The kernel's blocks of rows (packed_core.h), as their mangled names start, and where each tier has them.
 #: (AMX's block, `amx_pairs`, streams without: its tile loads ran faster so.)
 _BLOCKS = {"5BlockIL": "every", "10PairsBlockIL": "avx512_bf16", "8DotBlockIL": "every", "12ByteDotBlockIL": "every"}
-#: The integer formats' blocks come in two kinds on every tier, by their `Prefetch` template argument (the third,
-#: mangled `Lb1E` or `Lb0E`): with and without a software prefetch, as the core's `DotStreaming` picks at run time.
-_DOT_PREFETCH = re.compile(r"(?:8DotBlock|12ByteDotBlock)ILi\d+ELi\d+ELb([01])E")
+#: The integer formats' blocks and the bfloat16 pairs' come in two kinds, by their `Prefetch` template argument
+#: (mangled `Lb1E` or `Lb0E`): with and without a software prefetch, as the core's `DotStreaming` picks at run time.
+_DOT_PREFETCH = re.compile(r"(?:8DotBlock|12ByteDotBlock)ILi\d+ELi\d+ELb([01])E|10PairsBlockILi\d+ELb([01])E")
+#: The blocks that come in both kinds.
+_TWO_KINDS = ("8DotBlockIL", "12ByteDotBlockIL", "10PairsBlockIL")
 
 
 @pytest.mark.parametrize("tier", list(TIER_FLAGS))
 def test_packed_kernel_blocks_prefetch_on_each_tier(tier, tmp_path: Path):
     """Every block of the packed kernel, as compiled for each tier, prefetches the weights it streams, and the
-    integer formats' blocks meant to stream without (`Prefetch` false, `_DOT_PREFETCH`) do not. A prefetch has no
+    integer formats' and the pairs' blocks meant to stream without (`Prefetch` false, `_DOT_PREFETCH`) do not. A prefetch has no
     side effects, and GCC 12 deleted one reached through an always_inline function as dead code: the bfloat16 pairs'
     block built with no prefetch at all (simd.h's SPECDEC_PREFETCH). Built to assembly only, so every tier is checked
     on any machine with its compiler."""
@@ -208,11 +210,11 @@ def test_packed_kernel_blocks_prefetch_on_each_tier(tier, tmp_path: Path):
             continue
         assert runs, f"{tier}: no {block} block in the assembly"
         kinds = {n: _DOT_PREFETCH.search(n) for n in runs}
-        if "Dot" in block:
-            assert {k.group(1) for k in kinds.values()} == {"0", "1"}, f"{tier}: {block} lacks a prefetch kind"
-            extra = [n for n, body in runs.items()
-                     if kinds[n].group(1) == "0" and any(op.startswith(prefetch) for op in body)]
+        kind = {n: None if k is None else k.group(1) or k.group(2) for n, k in kinds.items()}
+        if block in _TWO_KINDS:
+            assert set(kind.values()) == {"0", "1"}, f"{tier}: {block} lacks a prefetch kind"
+            extra = [n for n, body in runs.items() if kind[n] == "0" and any(op.startswith(prefetch) for op in body)]
             assert not extra, f"{tier}: {len(extra)} unprefetched {block} blocks prefetch, e.g. {extra[0]}"
         missing = [n for n, body in runs.items() if not any(op.startswith(prefetch) for op in body)
-                   and (kinds[n] is None or kinds[n].group(1) == "1")]
+                   and kind[n] in (None, "1")]
         assert not missing, f"{tier}: {len(missing)} of {len(runs)} {block} blocks never prefetch, e.g. {missing[0]}"

@@ -98,8 +98,9 @@ constexpr int PANEL = PV * LANES;
 // arithmetic, 8 rows was as fast as any. (In cache, one thread, AVX2 Zen 3: 8 rows as one block 1.0-1.1 ms where
 // two blocks of 4 took 1.0-1.3 and 8 rows widening every step 1.3-1.7.)
 //
-// How W4A8 and W8A8 stream a weight from memory is a property of the core, not of the tier (`DotStreaming`, in
-// Args::dot; the bits are the same either way, as a prefetch or a dropped copy computes nothing a row reads):
+// How W4A8, W8A8 and BF16_PAIRS stream a weight from memory is a property of the core, not of the tier
+// (`DotStreaming`, in Args::dot; the bits are the same either way, as a prefetch or a dropped copy computes nothing
+// a row reads):
 //
 // prefetch: whether their streams are prefetched a block ahead (the header comment's loops). On AVX-512 a block
 // reads one panel (MAXP 1), so the next block's is the next in memory, which the hardware's own prefetch streams:
@@ -118,6 +119,10 @@ constexpr int PANEL = PV * LANES;
 // wider block streams faster there is not known. On the Xeon model 207, with the prefetch, one row alone took 0.93x
 // the time of one row as two; on AVX2 the one-row block reads up to 8 panels side by side and two rows were slower
 // (1.06-1.20x).
+//
+// BF16_PAIRS (AVX512_BF16's dot product) takes the same prefetch choice: on a Zen 4 core, without its prefetch 8 KB
+// ahead, a pass over the Qwen2.5-0.5B shape's linears took 0.96-0.99x the time at one row, 0.87x at 4 to 8 rows
+// (a verification pass's widths), 1.00x at 16 (benchmarks/kernel_ab.py --bits 16; docs/kernels.md).
 //
 // So on AVX-512 an AMD core streams as the Zen 4 measured best, any other as the Xeon did; elsewhere with the
 // prefetch, and one row alone (the twin block is built on AVX-512 only: TWIN_BUILT). (Zen 5 and the Xeons with AMX
@@ -218,7 +223,7 @@ struct Args {
   const int32_t* xsum = nullptr;
   // BF16_PAIRS on AMX: the rows as bfloat16, zero padded (pad_tile_rows) to whole tiles of rows and of k
   const uint16_t* xa = nullptr;
-  DotStreaming dot = cpu_dot_streaming();  // how W4A8 and W8A8 stream a weight from memory (the same bits)
+  DotStreaming dot = cpu_dot_streaming();  // how W4A8, W8A8, BF16_PAIRS stream a weight from memory (the same bits)
 };
 
 // BF16_PAIRS on AMX reads its inputs in tiles: xb [M, K] bfloat16 into xa [tile_rows_padded(M), pair_rows(K) * 2],
@@ -375,8 +380,9 @@ struct Block {
 };
 
 #if defined(__AVX512BF16__)
-// BF16_PAIRS: AVX512_BF16's dot product, 64 outputs x one pair of k per step (the tier's own arithmetic).
-template <int R>
+// BF16_PAIRS: AVX512_BF16's dot product, 64 outputs x one pair of k per step (the tier's own arithmetic). Prefetch:
+// each step asks for the line 8 KB on in its panel (DotStreaming::prefetch chooses, as for W4A8 and W8A8).
+template <int R, bool Prefetch>
 struct PairsBlock {
   static void run(const Args& a, const float*, int64_t m0, int64_t p0) {
     static_assert(PV == 4);
@@ -390,7 +396,7 @@ struct PairsBlock {
       __m512bh wv[PV];
       for (int v = 0; v < PV; ++v) {
         wv[v] = (__m512bh)_mm512_loadu_si512(ws + v * 64);
-        simd::prefetch(ws + 8192 + v * 64);
+        if constexpr (Prefetch) simd::prefetch(ws + 8192 + v * 64);
       }
       for (int r = 0; r < R; ++r) {
         int32_t pair = 0;  // (k, k + 1); the last of an odd K: (k, 0)
@@ -603,7 +609,7 @@ void block(const Args& a, const float* xt, int64_t m0, int64_t p0) {
   }
 #if defined(__AVX512BF16__)
   if constexpr (F == Fmt::BF16_PAIRS && !AMX) {  // (on AMX, run_format sends every BF16_PAIRS pass to amx_pairs)
-    PairsBlock<R>::run(a, xt, m0, p0);
+    a.dot.prefetch ? PairsBlock<R, true>::run(a, xt, m0, p0) : PairsBlock<R, false>::run(a, xt, m0, p0);
     return;
   }
 #endif
