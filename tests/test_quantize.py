@@ -10,6 +10,9 @@ is exact at T > 0 through tests/methods.py (the statistical suite); here its con
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from faulty import FAULTY_VERIFIERS
@@ -20,6 +23,7 @@ from torch import nn
 import specdec
 from specdec.errors import ConfigError
 from specdec.exactness import check_exactness
+from specdec.runtime.heap import HUGE_PAGE
 from specdec.runtime.weights import FLOATS, PackedLinear, pack_model, quantized_copy
 
 PROMPTS = [[5, 17, 3, 40, 8], [1, 2, 3], [60, 61, 62, 63, 64, 65, 66]]
@@ -547,3 +551,32 @@ def test_a_bfloat16_models_bfloat16_weights_use_the_cpus_bfloat16_dot_product():
     torch.testing.assert_close(pairs(x.bfloat16()).float(), plain(x.bfloat16()).float(), atol=5e-2, rtol=2e-2)
     with pytest.raises(ConfigError, match="packed for bfloat16 passes"):
         pairs(x)
+
+
+def _vm_flags(address: int) -> set[str]:
+    """The VmFlags of the mapping of this process that holds `address` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            start, end = (int(v, 16) for v in head.split("-"))
+            inside = start <= address < end
+        elif inside and head == "VmFlags:":
+            return set(line.split()[1:])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_HUGEPAGE is Linux's")
+def test_a_packed_weight_of_a_huge_page_or_more_asks_for_huge_pages():
+    """PackedLinear.pack puts a weight of HUGE_PAGE bytes or more on a mapping of its own advised MADV_HUGEPAGE (its
+    VmFlags say `hg`, and it is private: a shared mapping is shmem's, whose huge pages are a setting of their own), a
+    smaller one where torch's allocator puts it; the layer computes what it did."""
+    torch.manual_seed(0)
+    linear = nn.Linear(1024, 2048)  # 8 MB of float32 weights
+    big = PackedLinear.pack(linear, "float32")
+    flags = _vm_flags(big.packed.data_ptr())
+    assert big.packed.nbytes >= HUGE_PAGE and "hg" in flags and "sh" not in flags  # (shared memory gets none)
+    small = PackedLinear.pack(nn.Linear(64, 64), "float32")
+    assert small.packed.nbytes < HUGE_PAGE and "hg" not in _vm_flags(small.packed.data_ptr())
+    x = torch.randn(3, 1024)
+    assert torch.equal(big(x), torch.ops.specdec.packed_linear(x, big.packed.clone(), big.bias, 2048))

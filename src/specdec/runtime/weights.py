@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from specdec.errors import ConfigError
-from specdec.runtime.heap import release_free_memory
+from specdec.runtime.heap import empty_on_huge_pages, release_free_memory
 
 #: `weights=` values: the quantized formats' bits, the float formats' dtype.
 QUANTIZED = {"int8": 8, "int4": 4, "w4a8": 4, "w8a8": 8}
@@ -159,7 +159,8 @@ class PackedLinear(nn.Module):
     def pack(cls, linear: nn.Linear, weights: str, group: int = DEFAULT_GROUP) -> PackedLinear:
         """`linear`'s weights packed in format `weights` (its original is left as it is), a block of whole panels
         of outputs at a time: each panel is packed on its own, so the blocks give the bits of one pass, and the
-        temporaries (float32 copies, quantized values) are one block's, not the layer's."""
+        temporaries (float32 copies, quantized values) are one block's, not the layer's. The packed weights get a
+        mapping of their own on huge pages where Linux gives them (runtime/heap.py: the one-row pass streams them)."""
         from specdec.runtime.rowwise import load_kernel  # noqa: PLC0415 (builds the kernels on first use)
 
         load_kernel()
@@ -172,7 +173,7 @@ class PackedLinear(nn.Module):
         for r0 in range(0, n, rows):
             block = _pack_rows(weight[r0 : r0 + rows], weights, group)  # [panels of the block, ...]
             if packed is None:
-                packed = block.new_empty((-(-n // panel), *block.shape[1:]))
+                packed = empty_on_huge_pages((-(-n // panel), *block.shape[1:]), block.dtype)
             packed[r0 // panel : r0 // panel + block.shape[0]] = block
         return cls(packed, bias, linear.in_features, linear.out_features, weights,
                    group if weights in QUANTIZED else None)
