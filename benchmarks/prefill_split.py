@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     checkpoint = args.dir / "ladder" / f"{args.model}-build{BUILD}" / "hf"
     peers = args.peers.split(",")
-    if not peers or not set(peers) <= {"OpenVINO", "llama.cpp"}:
+    if not set(peers) <= {"OpenVINO", "llama.cpp"}:  # ("" included: --peers "" names no peer)
         raise SystemExit(f"prefill_split: --peers takes OpenVINO and llama.cpp, got {args.peers!r}")
     if not (checkpoint / "config.json").exists():
         raise SystemExit(f"prefill_split: no checkpoint at {checkpoint}; run ladder_peers.py --models {args.model} "

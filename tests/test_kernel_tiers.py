@@ -186,9 +186,9 @@ _TWO_KINDS = ("8DotBlockIL", "12ByteDotBlockIL", "10PairsBlockIL")
 def test_packed_kernel_blocks_prefetch_on_each_tier(tier, tmp_path: Path):
     """Every block of the packed kernel, as compiled for each tier, prefetches the weights it streams, and the
     integer formats' and the pairs' blocks meant to stream without (`Prefetch` false, `_DOT_PREFETCH`) do not. A
-    prefetch has no side effects, and GCC 12 deleted one reached through an always_inline function as dead code: the bfloat16 pairs'
-    block built with no prefetch at all (simd.h's SPECDEC_PREFETCH). Built to assembly only, so every tier is checked
-    on any machine with its compiler."""
+    prefetch has no side effects, and GCC 12 deleted one reached through an always_inline function as dead code: the
+    bfloat16 pairs' block built with no prefetch at all (simd.h's SPECDEC_PREFETCH). Built to assembly only, so every
+    tier is checked on any machine with its compiler."""
     compile_cmd, _ = _toolchain(tier)
     assembly = tmp_path / f"packed_test_{tier}.s"
     built = subprocess.run([*compile_cmd, *BASE, *_isa_flags(tier), "-S", str(SOURCE), "-o", str(assembly)],
