@@ -421,7 +421,8 @@ def test_cli_generate_with_each_drafter(tmp_path, capsys):
             "--max-new-tokens", "6"]
     for extra in (["--drafter", "prompt-lookup", "--ngram-max", "2"], ["--drafter", "bigram"], ["--drafter", "suffix"],
                   ["--drafter", "layer-skip", "--draft-layers", "2", "--gamma", "auto"],
-                  ["--drafter", "self-draft-int8"], ["--drafter", "prompt-lookup", "--weights", "int4"]):
+                  ["--drafter", "self-draft-int8"], ["--drafter", "self-draft-w4a8", "--draft-vocab", "64"],
+                  ["--drafter", "prompt-lookup", "--weights", "int4"]):
         assert cli_main(base + extra) == 0, extra
         assert "τ=" in capsys.readouterr().err
     assert cli_main(base + ["--drafter", "bigram", "--draft-layers", "2"]) == 2
@@ -581,6 +582,44 @@ def test_draft_vocab_kind_reads_the_default_ranking_and_refuses_other_widths(sma
     assert drafter.draft_vocab.tolist() == VOCAB_IDS
     with pytest.raises(specdec.ConfigError, match="--draft-vocab does not apply to --drafter draft"):
         make_drafter("draft", draft=small_draft, draft_vocab=8)
+
+
+def test_frequent_tokens_ranks_any_tokenizer_by_text_and_keeps_its_special_tokens():
+    from collections import Counter
+
+    from models import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    texts = ["for i in range(10):\n"] * 3 + ["def add(a, b):\n    return a + b\n"]
+    counts = Counter(i for text in texts for i in tok(text, add_special_tokens=False)["input_ids"])
+    eos = tok.eos_token_id
+    assert eos not in counts and len(counts) > 6
+    ids = specdec.frequent_tokens(tok, 6, texts=texts)
+    ranked = sorted(counts, key=lambda i: (-counts[i], i))  # most frequent first, ties by id
+    assert ids.tolist() == sorted([eos, *ranked[:5]])  # ascending; the end-of-sequence token kept
+    offline = specdec.frequent_tokens(tok, 100)  # the interpreter's stdlib source and pydoc's topics
+    assert offline.shape == (100,) and torch.all(offline[1:] > offline[:-1]) and int(offline[-1]) < len(tok)
+    assert eos in offline.tolist()
+    for bad in (0, len(tok) + 1, True):
+        with pytest.raises(specdec.ConfigError, match=f"1..{len(tok)}"):
+            specdec.frequent_tokens(tok, bad, texts=texts)
+    with pytest.raises(specdec.ConfigError, match="no text"):
+        specdec.frequent_tokens(tok, 6, texts=[])
+
+
+def test_a_self_draft_of_another_tokenizer_drafts_from_its_frequent_tokens_with_plain_decodings_tokens():
+    from models import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    target = tiny("llama", hidden=64, layers=2, vocab=len(tok), dtype=torch.float32)
+    with pytest.raises(specdec.ConfigError, match="target_tokenizer=tokenizer"):  # no ranking without a tokenizer
+        make_drafter("self-draft-w4a8", target=target, draft_vocab=64)
+    drafter = make_drafter("self-draft-w4a8", target=target, draft_vocab=64, target_tokenizer=tok)
+    assert drafter.draft_vocab.tolist() == specdec.frequent_tokens(tok, 64).tolist()
+    assert drafter.model.get_output_embeddings().out_features == 64
+    prompt = tok("def add(a, b):\n")["input_ids"]
+    out = specdec.generate(target, prompt, drafter=drafter, gamma=3, max_new_tokens=16)
+    assert out.tokens == hf_greedy(target, prompt, 16)
 
 
 def test_a_reduced_vocabulary_with_another_tokenizer_is_refused(small_draft):

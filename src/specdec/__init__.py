@@ -56,6 +56,7 @@ _EXPORTS = {
     "SpecdecError": "specdec.errors",
     "UnsupportedModelError": "specdec.errors",
     "load": "specdec.hub.loading",
+    "frequent_tokens": "specdec.hub.frequency",
     "SamplingConfig": "specdec.core.sampling",
     "DecodeStats": "specdec.core.stats",
     "expected_speedup": "specdec.core.stats",

@@ -58,6 +58,14 @@ def _draft_tokenizer_found(args):
 TREE_DRAFT_KINDS = ("draft-tree", "multi-draft", "multi-draft-specinfer", "multi-draft-spectr")
 
 
+def vocab_tokenizer_options(kind: str | None, target_tokenizer) -> dict:
+    """make_drafter's tokenizer for a reduced draft vocabulary (--drafter draft-vocab, self-draft-*): the
+    target's, which ranks --draft-vocab N's tokens when the model is not of the default tokenizer."""
+    from specdec.drafters import DRAFTER_OPTIONS
+
+    return {"target_tokenizer": target_tokenizer} if "draft_vocab" in DRAFTER_OPTIONS.get(kind, {}) else {}
+
+
 def draft_tokenizer_options(args, kind: str, target_tokenizer) -> dict:
     """make_drafter's tokenizer options for --drafter `kind`: the draft's own tokenizer (--draft-tokenizer, else
     the one saved with --draft) and the target's, when the draft drafts across tokenizers. A refusal names flags."""
@@ -147,7 +155,8 @@ def register(subparsers) -> None:
     parser.add_argument("--bigram", default=None, metavar="PATH",
                         help="bigram: a table saved with specdec.Bigram.save (default: built from the target)")
     parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                        help="draft-vocab, self-draft-*: draft from the default pair's N most frequent tokens "
+                        help="draft-vocab, self-draft-*: draft from the N most frequent tokens (the default pair's "
+                             "training data; another model's tokenizer ranks its own in offline text) "
                              "(draft-vocab's default 2048; the self-drafts' the whole vocabulary)")
     parser.add_argument("--head", default=None, metavar="DIR",
                         help="eagle / medusa / dflash: a head saved by `specdec train-head` (default: the shipped one)")
@@ -239,6 +248,7 @@ def run(args) -> int:
     options = {"ngram_max": args.ngram_max, "ngram_min": args.ngram_min, "draft_layers": args.draft_layers,
                "bigram_path": args.bigram, "head_path": args.head, "draft_vocab": args.draft_vocab}
     options.update(draft_tokenizer_options(args, kind, tokenizer))
+    options.update(vocab_tokenizer_options(kind, tokenizer))
     if kind in (None, "auto") and any(v is not None for v in options.values()):
         from specdec.errors import ConfigError
 

@@ -35,8 +35,9 @@ def register(subparsers) -> None:
     parser.add_argument("--draft-layers", type=int, default=None,
                         help="--drafter layer-skip: the target's first N layers draft (default: half of them)")
     parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                        help="--drafter draft-vocab, self-draft-*: draft from the default pair's N most frequent "
-                        "tokens (draft-vocab's default 2048; the self-drafts' the whole vocabulary)")
+                        help="--drafter draft-vocab, self-draft-*: draft from the N most frequent tokens (the default "
+                        "pair's training data; another model's tokenizer ranks its own in offline text) "
+                        "(draft-vocab's default 2048; the self-drafts' the whole vocabulary)")
     parser.add_argument("--suffix-cache-tokens", type=int, default=None, metavar="N",
                         help="--drafter suffix: the most tokens of earlier requests' outputs the server keeps to "
                         "draft from (one cache for all requests; least recently used requests leave first; "
@@ -141,7 +142,7 @@ def build_app(args):
     """The app for these options (checked first, then the models load)."""
     from pathlib import Path
 
-    from specdec.cli.generate import load_models
+    from specdec.cli.generate import load_models, vocab_tokenizer_options
     from specdec.drafters import make_drafter
     from specdec.hub.tokenizer_check import check_draft_tokenizer_at
     from specdec.runtime.threads import decode_threads, explicit_threads, last_choice
@@ -170,6 +171,7 @@ def build_app(args):
     if kind == "auto":
         drafter = choose_self_draft_at_start(target, tokenizer, args)
     else:
+        options.update(vocab_tokenizer_options(kind, tokenizer))
         drafter = None if kind in (None, "none") else make_drafter(kind, target=target, draft=draft, **options)
     model_name = args.model_name or ("specdec-default" if args.target is None else Path(args.target.rstrip("/")).name)
     if args.compile:

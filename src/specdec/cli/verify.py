@@ -129,7 +129,7 @@ def _eos(args) -> list[int] | None:
 def _drafters(args, target, draft, tokenizer):
     """(kind, drafter) for each --drafter once (None for "plain"), each built with the options that apply to it
     (several kinds may be checked in one run)."""
-    from specdec.cli.generate import draft_tokenizer_options
+    from specdec.cli.generate import draft_tokenizer_options, vocab_tokenizer_options
     from specdec.drafters import DRAFTER_OPTIONS, make_drafter
 
     kinds = args.drafter or (["draft"] if draft is not None else ["plain"])
@@ -139,6 +139,7 @@ def _drafters(args, target, draft, tokenizer):
         applicable = {k: v for k, v in options.items() if k in DRAFTER_OPTIONS.get(kind, {})}
         if draft is not None:
             applicable.update(draft_tokenizer_options(args, kind, tokenizer))
+        applicable.update(vocab_tokenizer_options(kind, tokenizer))
         yield kind, None if kind == "plain" else make_drafter(kind, target=target, draft=draft, **applicable)
 
 

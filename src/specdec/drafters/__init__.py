@@ -59,20 +59,23 @@ DRAFTER_KINDS = ("draft", "prompt-lookup", "bigram", "layer-skip", "draft-tree",
 DRAFT_VOCAB = 2048
 
 _TOKENIZERS = {"draft_tokenizer": "--draft-tokenizer", "target_tokenizer": "the target's tokenizer"}
+#: A reduced draft vocabulary: its size or ids, and the tokenizer that ranks a size's tokens for a model that is
+#: not of the default tokenizer (hub/frequency.py).
+_VOCAB = {"draft_vocab": "--draft-vocab", "target_tokenizer": "the target's tokenizer"}
 
 #: Options each kind accepts (make_drafter keyword -> CLI flag, for error messages).
 DRAFTER_OPTIONS = {
     "draft": dict(_TOKENIZERS),
-    "draft-vocab": {"draft_vocab": "--draft-vocab"},
+    "draft-vocab": _VOCAB,
     "draft-tli": dict(_TOKENIZERS),
     "draft-slem": dict(_TOKENIZERS),
     "prompt-lookup": {"ngram_max": "--ngram-max", "ngram_min": "--ngram-min", "lookup_branches": "--lookup-branches"},
     "bigram": {"bigram_path": "--bigram"},
     "layer-skip": {"draft_layers": "--draft-layers"},
-    "self-draft-int8": {"draft_vocab": "--draft-vocab"},
-    "self-draft-int4": {"draft_vocab": "--draft-vocab"},
-    "self-draft-w4a8": {"draft_vocab": "--draft-vocab"},
-    "self-draft-w8a8": {"draft_vocab": "--draft-vocab"},
+    "self-draft-int8": _VOCAB,
+    "self-draft-int4": _VOCAB,
+    "self-draft-w4a8": _VOCAB,
+    "self-draft-w8a8": _VOCAB,
     "draft-tree": {"tree_top_k": "--tree-top-k", "tree_depth": "--tree-depth", "max_nodes": "--max-nodes"},
     "multi-draft": {"num_drafts": "--num-drafts", "replacement": "--replacement", "scheme": "--scheme",
                     "widths": "--widths"},
@@ -155,21 +158,28 @@ def _parallel_drafter(target, draft, parallel_draft=None) -> Drafter:
     return ParallelDraft(load_default_parallel(target))
 
 
-def _draft_vocab_ids(draft, draft_vocab):
-    """draft_vocab as token ids: an int N names the default pair's N most frequent tokens (its ranking fits only a
-    draft of the default tokenizer's width); anything else is taken as the ids themselves."""
+def _draft_vocab_ids(model, draft_vocab, tokenizer=None):
+    """draft_vocab as token ids. An int N names N most frequent tokens: the default pair's (its training data's
+    ranking) for a model of the default tokenizer's width, else those of `tokenizer` (the model's own) in offline
+    text (hub/frequency.py). Anything else is taken as the ids themselves."""
     if isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int):
         return draft_vocab
     from specdec.hub.default_pair import frequent_tokens, token_ranking
     from specdec.runtime.causal_lm import vocab_size
 
-    ids = frequent_tokens(draft_vocab)
-    width, ranked = vocab_size(draft), len(token_ranking())
-    if width != ranked:
-        raise ConfigError(f"--draft-vocab {draft_vocab} picks the default pair's most frequent tokens, but this draft "
-                          f"has {width} token rows, not the default tokenizer's {ranked}: pass the "
-                          "token ids (draft_vocab=ids: DraftModel, SelfDraft), e.g. the most frequent ones of your data")
-    return ids
+    width, ranked = vocab_size(model), len(token_ranking())
+    if width == ranked:
+        return frequent_tokens(draft_vocab)
+    if tokenizer is None:
+        raise ConfigError(f"--draft-vocab {draft_vocab} ranks the tokens of the model's own tokenizer when it is not "
+                          f"the default pair's ({width} token rows, not {ranked}): pass target_tokenizer=tokenizer, "
+                          "or the ids themselves (draft_vocab=specdec.frequent_tokens(tokenizer, N, texts=...))")
+    from specdec.hub.frequency import frequent_tokens as offline_frequent_tokens
+
+    if len(tokenizer) > width:
+        raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model only {width} token rows: "
+                          "pass the model's own tokenizer")
+    return offline_frequent_tokens(tokenizer, draft_vocab)
 
 
 def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
@@ -183,8 +193,8 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     "draft-tli" / "draft-slem": the draft model with its own tokenizer (draft_tokenizer, and the target's
     target_tokenizer); "draft" with both tokenizers picks the method itself (same tokenizer: plain).
     "draft-vocab": the draft model drafting from a reduced vocabulary (FR-Spec): draft_vocab = N, the N most
-    frequent tokens of the default pair's training data (default DRAFT_VOCAB; a draft of the default pair's width
-    only), or a sequence of token ids (any draft).
+    frequent tokens (default DRAFT_VOCAB) of the default pair's training data, or for a model of another tokenizer
+    those of target_tokenizer in offline text (specdec.frequent_tokens); or a sequence of token ids.
     "suffix": SuffixDecoding (max_nodes, tree_depth, min_token_prob, max_spec_factor), its cache of earlier requests
     holding at most suffix_cache_tokens tokens (its forks, e.g. a server's rows, share that one cache).
     "dflash" / "dflash-tree": a DFlash block head (head_path, or the one shipped for the default target) drafting
@@ -228,7 +238,8 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
     if kind == "draft-vocab":
         if draft is None:
             raise ConfigError("--drafter draft-vocab needs a draft model: pass --draft PATH (or draft=model)")
-        return DraftModel(draft, draft_vocab=_draft_vocab_ids(draft, options.get("draft_vocab", DRAFT_VOCAB)))
+        return DraftModel(draft, draft_vocab=_draft_vocab_ids(draft, options.get("draft_vocab", DRAFT_VOCAB),
+                                                              options.get("target_tokenizer")))
     if kind in ("multi-draft-specinfer", "multi-draft-spectr"):
         if draft is None:
             raise ConfigError(f"--drafter {kind} needs a draft model: pass --draft PATH (or draft=model)")
@@ -267,7 +278,8 @@ def make_drafter(kind: str, target=None, draft=None, **options) -> Drafter:
 
         draft_vocab = options.get("draft_vocab")  # none: the whole vocabulary
         return SelfDraft(target, weights=kind.rsplit("-", 1)[1],
-                         draft_vocab=None if draft_vocab is None else _draft_vocab_ids(target, draft_vocab))
+                         draft_vocab=None if draft_vocab is None else _draft_vocab_ids(
+                             target, draft_vocab, options.get("target_tokenizer")))
     if kind in ("mtp", "mtp-tree"):
         from specdec.drafters.mtp import Mtp
 
