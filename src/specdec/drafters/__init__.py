@@ -164,16 +164,17 @@ def _draft_vocab_ids(model, draft_vocab, tokenizer=None):
     text (hub/frequency.py). Anything else is taken as the ids themselves."""
     if isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int):
         return draft_vocab
-    from specdec.hub.default_pair import frequent_tokens, token_ranking
+    from specdec.hub.default_pair import assets_present, frequent_tokens, token_ranking
     from specdec.runtime.causal_lm import vocab_size
 
-    width, ranked = vocab_size(model), len(token_ranking())
+    width, ranked = vocab_size(model), len(token_ranking()) if assets_present() else None
     if width == ranked:
         return frequent_tokens(draft_vocab)
     if tokenizer is None:
-        raise ConfigError(f"--draft-vocab {draft_vocab} ranks the tokens of the model's own tokenizer when it is not "
-                          f"the default pair's ({width} token rows, not {ranked}): pass target_tokenizer=tokenizer, "
-                          "or the ids themselves (draft_vocab=specdec.frequent_tokens(tokenizer, N, texts=...))")
+        rows = f"{width} token rows" + (f", not the default tokenizer's {ranked}" if ranked else "")
+        raise ConfigError(f"--draft-vocab {draft_vocab} ranks the model's own tokenizer's tokens when the model is not "
+                          f"of the default tokenizer ({rows}): pass target_tokenizer=tokenizer, or the ids "
+                          "themselves (draft_vocab=specdec.frequent_tokens(tokenizer, N, texts=...))")
     from specdec.hub.frequency import frequent_tokens as offline_frequent_tokens
 
     if len(tokenizer) > width:

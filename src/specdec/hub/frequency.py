@@ -62,7 +62,7 @@ def frequent_tokens(tokenizer, n: int, texts: list[str] | None = None) -> torch.
     if not texts:
         raise ConfigError("no text to rank the tokens by: pass texts=[...] (e.g. samples of your prompts), or the "
                           "draft vocabulary's ids themselves")
-    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    encoded = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]  # no warning on long texts
     counts = np.zeros(width, dtype=np.int64)  # [V]
     for ids in encoded:
         counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=width)[:width]
