@@ -324,6 +324,19 @@ def test_pack_model_drops_the_float_weights_it_packed():
     assert sum(isinstance(m, PackedLinear) for m in model.modules()) == len(linears)
 
 
+def test_pack_model_returns_the_packings_temporaries_after_every_layer_a_tied_head_too(monkeypatch):
+    import specdec.runtime.weights as weights_module
+
+    model = tiny("qwen2", hidden=64, layers=2, dtype=torch.float32, tie_word_embeddings=True)
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+    linears = sum(isinstance(m, nn.Linear) for m in model.modules())
+    released = []
+    monkeypatch.setattr(weights_module, "release_free_memory", lambda: released.append(True))
+    pack_model(model, "int4", group=16)
+    assert len(released) == linears  # the tied head, packed last, too: its blocks' float32 copies
+    assert model.get_input_embeddings().weight is not None  # the embedding the tied head read stays
+
+
 def _saved(tmp_path, arch: str, dtype: torch.dtype, **save):
     """A tiny model of `arch` saved to tmp_path (safetensors unless save says otherwise), with an EOS in its
     generation config (so that the streamed load is seen to read it)."""

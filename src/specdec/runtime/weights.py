@@ -287,9 +287,10 @@ def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP
         replacement = PackedLinear.pack(module, layer, group)
         parent_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attr, replacement)
-        if free and not (module is lm_head and tied):  # a tied head's weight is the embedding's: it stays
-            module.weight = None
-            release_free_memory()  # the freed float weights leave the process (runtime/heap.py)
+        if free:
+            if not (module is lm_head and tied):  # a tied head's weight is the embedding's: it stays
+                module.weight = None
+            release_free_memory()  # the freed float weights and the packing's temporaries leave the process
     return model
 
 
