@@ -56,13 +56,6 @@ def held_out(limit_chars: int) -> dict[str, list[str]]:
     return out
 
 
-def count(tokenizer, texts: list[str], width: int) -> np.ndarray:
-    counts = np.zeros(width, dtype=np.int64)
-    for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-        counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=width)[:width]
-    return counts
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--vocab-dir", required=True, help="llama.cpp's models/ folder (ggml-vocab-*.gguf)")
@@ -75,7 +68,7 @@ def main() -> int:
     from transformers.utils import logging as hf_logging  # noqa: PLC0415
 
     hf_logging.disable_progress_bar()
-    from specdec.hub.frequency import frequent_tokens  # noqa: PLC0415
+    from specdec.hub.frequency import frequent_tokens, token_counts  # noqa: PLC0415
 
     texts = held_out(args.limit_chars)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -96,7 +89,7 @@ def main() -> int:
             rankings[n] = frequent_tokens(tokenizer, n).numpy()
             entry.setdefault("ranking_s", {})[n] = round(time.perf_counter() - start, 2)
         for kind, scored in texts.items():
-            counts = count(tokenizer, scored, width)
+            counts = token_counts(tokenizer, scored)
             total = counts.sum()
             entry["kinds"][kind] = {"tokens": int(total), "distinct": int((counts > 0).sum()), "coverage": {
                 n: {"ids": float(counts[:n].sum() / total), "offline": float(counts[ranking].sum() / total),

@@ -50,6 +50,20 @@ def offline_texts(code_chars: int = CODE_CHARS) -> list[str]:
     return texts
 
 
+def token_counts(tokenizer, texts: list[str]) -> np.ndarray:
+    """How often each id of `tokenizer` occurs in `texts` [V] (no special tokens added)."""
+    width = len(tokenizer)
+    counts = np.zeros(width, dtype=np.int64)  # [V]
+    for ids in tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]:  # no warning on long texts
+        counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=width)[:width]
+    return counts
+
+
+def most_frequent(counts: np.ndarray, n: int) -> torch.Tensor:
+    """The `n` ids of the highest counts, as ascending ids [n] (equal counts: the lower id first)."""
+    return torch.from_numpy(np.sort(np.argsort(-counts, kind="stable")[:n]))
+
+
 def frequent_tokens(tokenizer, n: int, texts: list[str] | None = None) -> torch.Tensor:
     """The `n` most frequent ids of `tokenizer` in `texts` (default: `offline_texts()`), its special tokens always
     among them, as ascending ids [n]: a draft vocabulary for a model of that tokenizer
@@ -62,11 +76,7 @@ def frequent_tokens(tokenizer, n: int, texts: list[str] | None = None) -> torch.
     if not texts:
         raise ConfigError("no text to rank the tokens by: pass texts=[...] (e.g. samples of your prompts), or the "
                           "draft vocabulary's ids themselves")
-    encoded = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]  # no warning on long texts
-    counts = np.zeros(width, dtype=np.int64)  # [V]
-    for ids in encoded:
-        counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=width)[:width]
+    counts = token_counts(tokenizer, texts)
     special = [i for i in tokenizer.all_special_ids if 0 <= i < width]
     counts[special] = counts.max() + 1  # kept whatever the text holds
-    ranked = np.argsort(-counts, kind="stable")[:n]  # most frequent first; equal counts by id
-    return torch.from_numpy(np.sort(ranked))
+    return most_frequent(counts, n)

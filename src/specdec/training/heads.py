@@ -40,6 +40,7 @@ from transformers import DynamicCache
 from specdec.core.masks import additive_mask
 from specdec.errors import ConfigError
 from specdec.heads import DFlashHead, EagleHead, MedusaHeads
+from specdec.hub.frequency import most_frequent
 from specdec.training.data import cached_tokens, sample_batch, sequential_batches
 from specdec.training.loop import LoopConfig, run_loop
 from specdec.training.train import hardware_summary, resolve_device
@@ -217,8 +218,7 @@ def draft_vocabulary(tokens: np.ndarray, size: int, vocab_size: int) -> torch.Te
     id first). Feed it to `EagleHead.with_draft_vocab`."""
     if not 0 < size <= vocab_size:
         raise ConfigError(f"a draft vocabulary needs 1..{vocab_size} tokens, got {size}")
-    counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_size)  # [V]
-    return torch.from_numpy(np.sort(np.argsort(-counts, kind="stable")[:size]))
+    return most_frequent(np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_size), size)  # of [V]
 
 
 def chain_tau(metrics: dict[str, float]) -> float:
