@@ -9,6 +9,8 @@ machine with no GPU (docs/testing.md).
   (`SelfDraft`, whose int8/int4 kernels are CPU kernels, refuses a GPU target with one clear error); and every
   MTP_METHODS entry on a target with a native MTP layer (refused with one error under a transformers older than
   `Mtp` needs, as a GPU image's own can be).
+- Compiled (compile=True) on the device, plain decoding, the draft model, a tree and an EAGLE head give
+  transformers' greedy tokens; on a GPU every pass runs as a CUDA graph, none skipped.
 - Batched rows on the device give what each row gives alone.
 - Sampled (T > 0 with top-k and top-p): the statistical exactness check of tests/test_exactness.py for a chain, a
   token tree, a multi-draft tree and the slot cache on the device, at their own level (counted in the suite's
@@ -26,6 +28,8 @@ from faulty import FAULTY_VERIFIERS
 from methods import DEVICE_STATISTICAL, METHODS, MTP_METHODS, build, build_mtp
 from models import hf_greedy, perturbed, tiny, tiny_mtp
 from packaging.version import Version
+from torch._dynamo.utils import counters
+from torch._inductor import cudagraph_trees
 
 import specdec
 from specdec.engine.batch import generate_batch
@@ -85,6 +89,29 @@ def test_greedy_output_is_plain_decoding_on_the_device(pair, references, name):
     assert out.tokens == on_cpu  # float64: the device computes the CPU's tokens
     if drafter is not None:
         assert out.stats.drafted > 0  # proposals were scored and verified on the device
+
+
+#: The fast path compiled (compile=True): the target's passes and the draft model's steps, a tree's verification
+#: and an EAGLE head's fixed-shape round.
+COMPILED = ("plain-static", "draft-model-static", "suffix-static", "eagle-static")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", COMPILED)
+def test_compiled_greedy_output_on_the_device_is_plain_decoding(pair, references, name):
+    """Compiled on a GPU, every pass runs as a CUDA graph (runtime/compiled.py, CUDA_GRAPHS): inductor skips none
+    (a pass that wrote an input not at a static address would be skipped) and records them, and the tokens are
+    transformers' greedy ones in float64."""
+    target, draft = pair
+    drafter, extra = build(name, target, draft)
+    skips = counters["inductor"]["cudagraph_skips"]
+    out = specdec.generate(target, PROMPT, drafter=drafter, gamma=3, max_new_tokens=NEW_TOKENS, temperature=0.0,
+                           **(extra | {"compile": True}))
+    assert out.tokens == references[0]
+    if torch.device(DEVICE).type == "cuda":
+        assert counters["inductor"]["cudagraph_skips"] == skips
+        manager = cudagraph_trees.get_manager(torch.device(DEVICE).index or 0, create_if_none_exists=False)
+        assert manager is not None and manager.roots, "no pass was recorded as a CUDA graph"
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,15 @@ CACHE_ROUND = 256
 COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True,
                    "emulate_precision_casts": True, "cpp_wrapper_build_separate": True}
 
+#: A CUDA model's passes run as CUDA graphs (inductor's graph trees): one replay per pass instead of a launch per
+#: kernel, which is what bounds a small model's pass on a GPU. They need the Python wrapper, and inputs that a pass
+#: writes (the cache's keys and values) at static addresses (`slot_cache.static_address`); the weights stay the
+#: graph's inputs, not frozen constants, since freezing would make the static cache a constant of the graph too.
+#: Off, a CUDA pass compiles as a CPU one does (the C++ wrapper, frozen weights).
+CUDA_GRAPHS = True
+CUDA_GRAPH_OPTIONS = {"triton.cudagraphs": True, "freezing": False, "cpp_wrapper": False,
+                      "cpp_wrapper_build_separate": False}
+
 
 def static_cache_problem(model: PreTrainedModel) -> str | None:
     """Why `model` cannot run on the static cache, or None when it can."""
@@ -81,6 +90,7 @@ class Compiled:
         self._model = weakref.ref(model)
         self._weights: str | None = None
         self.layers = LayerRegions(model)  # traced as one region (runtime/layer_graphs.py), or none: whole
+        self.cuda_graphs = CUDA_GRAPHS and any(p.device.type == "cuda" for p in model.parameters())
 
     def options(self) -> dict:
         """Inductor options for this model's passes: COMPILE_OPTIONS, the graph pass that fuses and packs their
@@ -88,10 +98,13 @@ class Compiled:
         cache key by their values (hashed once per model object), the one that hands grouped-query attention its
         key/value heads unrepeated (runtime/shared_kv_heads.py), and the one that computes each rotary table once
         per pass (runtime/compute_once.py). A model whose layer is one region runs a Python wrapper, which
-        inductor's C++ wrapper would be for nested regions (runtime/layer_graphs.py)."""
+        inductor's C++ wrapper would be for nested regions (runtime/layer_graphs.py). A CUDA model's passes run as
+        CUDA graphs (CUDA_GRAPH_OPTIONS)."""
         if self._weights is None:
             self._weights = weights_fingerprint(self._model())
         wrapper = {"cpp_wrapper": False, "cpp_wrapper_build_separate": False} if self.layers else {}
+        if self.cuda_graphs:
+            wrapper = CUDA_GRAPH_OPTIONS
         return {**COMPILE_OPTIONS, **wrapper, "joint_custom_pre_pass": FuseRowLinears(shared=self.copies,
                                                                                 weights=self._weights),
                 "post_grad_custom_pre_pass": ShareKVHeads(), "post_grad_custom_post_pass": ComputeOnce(),
@@ -197,6 +210,18 @@ class Timed:
         self.done = False
 
     def __call__(self, *args):
+        if self.entry.cuda_graphs:
+            return self._replay(*args)
+        return self._call(*args)
+
+    def _replay(self, *args):
+        """A call of a pass that runs as a CUDA graph: each call its own step of inductor's graph trees (which may
+        then reuse the previous step's output memory), its outputs copied out of the graph's memory pool, so that a
+        caller may keep them across the next pass (a draft's probabilities across the target's)."""
+        torch.compiler.cudagraph_mark_step_begin()
+        return _copied(self._call(*args))
+
+    def _call(self, *args):
         if self.done:
             # The key already chose the graph (its own code object, `_entry_point`, with the guards on its
             # arguments alone, `argument_guards`), so dynamo need not re-check every guard. A call that matches
@@ -230,12 +255,23 @@ class Timed:
     def _compiling(self):
         """What a call that compiles runs under. Whole: dynamo traces the model's parameters as constants, for
         inductor to freeze them (`options` reaches inductor only, so this one flag is set for the compile alone).
-        One region per layer: the layers called through it, their parameters inputs (runtime/layer_graphs.py)."""
-        with torch._dynamo.config.patch(prepare_freezing=not self.entry.layers), self.entry.layers.routed(), \
+        One region per layer: the layers called through it, their parameters inputs (runtime/layer_graphs.py).
+        As CUDA graphs: the parameters inputs, at static addresses (CUDA_GRAPH_OPTIONS)."""
+        freeze = not self.entry.layers and not self.entry.cuda_graphs
+        with torch._dynamo.config.patch(prepare_freezing=freeze), self.entry.layers.routed(), \
                 warnings.catch_warnings():
             # torch.fx's note on the symbolic row count (runtime/static_lm.py), about inductor's own nodes
             warnings.filterwarnings("ignore", message="Raw SymInt value", category=UserWarning)
             yield
+
+
+def _copied(out):
+    """`out` (a pass's tensors, in tuples or lists) with each tensor copied."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, (tuple, list)):
+        return type(out)(_copied(item) for item in out)
+    return out
 
 
 def _freeze_heap() -> None:

@@ -43,14 +43,15 @@ class SlotLayer(CacheLayerMixin):
         """Zeroed keys [*lead, max_len, key_dim] and values [*lead, max_len, value_dim]."""
         shape = (*layout.lead, self.owner.max_len)
         self.dtype, self.device = layout.dtype, layout.device
-        self.keys = torch.zeros((*shape, layout.key_dim), dtype=layout.dtype, device=layout.device)
-        self.values = torch.zeros((*shape, layout.value_dim), dtype=layout.dtype, device=layout.device)
+        self.keys = static_address(torch.zeros((*shape, layout.key_dim), dtype=layout.dtype, device=layout.device))
+        self.values = static_address(torch.zeros((*shape, layout.value_dim), dtype=layout.dtype,
+                                                 device=layout.device))
         self.is_initialized = True
 
     def first_rows(self, owner: SlotCache, rows: int) -> SlotLayer:
         """A layer of `owner` over the first `rows` rows of this one's buffers (the same memory, no copy)."""
         layer = SlotLayer(owner)
-        layer.keys, layer.values = self.keys[:rows], self.values[:rows]
+        layer.keys, layer.values = static_address(self.keys[:rows]), static_address(self.values[:rows])
         layer.dtype, layer.device, layer.is_initialized = self.dtype, self.device, True
         return layer
 
@@ -72,6 +73,15 @@ class SlotLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return self.owner.max_len
+
+
+def static_address(buffer: torch.Tensor) -> torch.Tensor:
+    """`buffer`, marked for compiled passes as living at one address across their calls when it is a CUDA tensor:
+    a pass that writes it can then run as a CUDA graph (runtime/compiled.py, CUDA_GRAPHS), writing it where it is
+    instead of skipping the graph. On a CPU the mark would make it a constant that freezing folds, so none there."""
+    if buffer.device.type == "cuda":
+        torch._dynamo.mark_static_address(buffer)
+    return buffer
 
 
 def write_slots(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, key_states: torch.Tensor,
