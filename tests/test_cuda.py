@@ -114,6 +114,22 @@ def test_compiled_greedy_output_on_the_device_is_plain_decoding(pair, references
         assert manager is not None and manager.roots, "no pass was recorded as a CUDA graph"
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("name", ["plain", "draft-model"])
+def test_compiled_batched_rows_on_the_device_are_plain_decoding(pair, references, name):
+    """The batched fast path compiled on the device (`StaticBatchedCausalLM`, whose rows are views of one cache's
+    buffers): as CUDA graphs on a GPU, none skipped, each row transformers' greedy tokens in float64."""
+    target, draft = pair
+    prompts = [PROMPT, PROMPT[:7], PROMPT[5:17]]
+    skips = counters["inductor"]["cudagraph_skips"]
+    batched = generate_batch(target, prompts, drafter=build(name, target, draft)[0], gamma=3,
+                             max_new_tokens=NEW_TOKENS, compile=True)
+    assert batched[0].tokens == references[0]
+    assert [o.tokens for o in batched[1:]] == [hf_greedy(target, p, NEW_TOKENS) for p in prompts[1:]]
+    if torch.device(DEVICE).type == "cuda":
+        assert counters["inductor"]["cudagraph_skips"] == skips
+
+
 @pytest.fixture(scope="module")
 def mtp_pair(tmp_path_factory):
     """A float64 target with a native MTP layer (DeepSeek-V3 family, saved as a release is and loaded back) on the
