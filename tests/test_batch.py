@@ -379,8 +379,8 @@ def test_compiled_batched_pass_rows_match_lone_requests(pairs):
 def test_a_compiled_batch_that_shrinks_and_grows_again_keeps_its_buffers(pairs):
     """`precompile` reserves the buffers of the largest bucket (`reserve_rows`); rows join, leave until the batch
     falls to a smaller bucket, then join again: the cache stays a view of the first rows of those buffers (no
-    allocation, no copy), both buckets' compiled passes serve it without recompiling, and every row is its lone
-    request's tokens."""
+    allocation, no copy), one compiled pass (its rows symbolic) serves both buckets without recompiling, and every
+    row is its lone request's tokens."""
     target, _ = pairs["llama"]
     decoder = BatchDecoder(target, compile=True)
     lm = decoder.target
@@ -406,6 +406,8 @@ def test_a_compiled_batch_that_shrinks_and_grows_again_keeps_its_buffers(pairs):
                 got[event.key].extend(event.tokens)
     assert lm.buffers.layers[0].keys is buffers  # never reallocated
     assert got == lone
+    # both buckets ran one graph, its row count symbolic (`SYMBOLIC_MIN_ROWS`): none was compiled per bucket
+    assert {k[1] for k in specdec.runtime.compiled.COMPILED[target].fns if k[0] == "batch-pass"} <= {1, "2+"}
 
 
 def _padded_pair(target_rows: int, draft_rows: int):

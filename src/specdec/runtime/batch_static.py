@@ -10,9 +10,9 @@ columns need no clearing and a rollback is a flip of `valid` plus a move of S.
 
 Shapes are fixed per pass: rows padded to a batch bucket (1, 2, 4, 8, 16, 32, 64: padding rows see only
 their own inputs), inputs padded to a query bucket (`compiled.DEFAULT_BUCKETS`; padding columns become
-holes), L fixed per adapter. Each (rows, inputs, L) shape is compiled once per model object and process
-(`compiled.compile_once`: the fast path's compile options and registry) with a log line and its time;
-`precompile` does them up front.
+holes), L fixed per adapter. Each (inputs, L) shape is compiled once for a lone row and once for every batch of
+`SYMBOLIC_MIN_ROWS` rows or more (its row count symbolic), per model object and process (`compiled.compile_once`:
+the fast path's compile options and registry) with a log line and its time; `precompile` does them up front.
 
 Rows join by a prefill whose states are copied into the buffers: compiled, each new row alone through the
 single-row fast path's compiled prefill chunks (`StaticCausalLM.prefill`, so a row's keys and values are the bits
@@ -53,6 +53,14 @@ from specdec.runtime.static_lm import StaticCausalLM
 
 #: Row counts a pass is padded to.
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+#: A compiled pass of at least this many rows runs the one graph per width whose row count is symbolic
+#: (`torch._dynamo.mark_dynamic` on the rows of its inputs and of the cache's views): one compile serves every
+#: batch bucket, where a graph per bucket made a server's start-up compile each of them. A lone row keeps its
+#: static graph (dynamo fixes a dimension of size 1). The rows' kernels are row-invariant, so a row's bits do not
+#: depend on the graph that computed them.
+SYMBOLIC_MIN_ROWS = 2
+#: The symbolic row count's upper bound (dynamo's range for it; a batch past the largest bucket runs unpadded).
+MAX_ROWS = 4096
 
 
 def _batched_pass(model, input_ids, position_ids, slots, mask, cache):
@@ -140,12 +148,21 @@ class StaticBatchedCausalLM(BatchedCausalLM):
                 layer.values[:r, :, :c] = old[i][1][:r, :, :c]
             buffers.layers.append(layer)
         self.buffers, self.max_len = buffers, columns
-        self.cache = buffers if capacity <= rows else self._first_rows(rows)
+        self.cache = self._rows_marked(buffers) if capacity <= rows else self._first_rows(rows)
 
     def _first_rows(self, rows: int) -> SlotCache:
         """A cache over the first `rows` rows of the buffers (the same memory)."""
         cache = SlotCache(self.max_len)
         cache.layers = [layer.first_rows(cache, rows) for layer in self.buffers.layers]
+        return self._rows_marked(cache)
+
+    def _rows_marked(self, cache: SlotCache) -> SlotCache:
+        """`cache`, its keys' and values' rows marked symbolic for the compiled passes when it has enough of them
+        (`SYMBOLIC_MIN_ROWS`): the pass's inputs are marked alike, so one graph serves every bucket."""
+        if cache.layers and self._symbolic(int(cache.layers[0].keys.shape[0])):
+            for layer in cache.layers:
+                torch._dynamo.mark_dynamic(layer.keys, 0, min=SYMBOLIC_MIN_ROWS, max=MAX_ROWS)
+                torch._dynamo.mark_dynamic(layer.values, 0, min=SYMBOLIC_MIN_ROWS, max=MAX_ROWS)
         return cache
 
     def reserve_rows(self, rows: int) -> None:
@@ -320,6 +337,9 @@ class StaticBatchedCausalLM(BatchedCausalLM):
                 position_ids[i, m:] = lengths[i] + depths.max()
         mask = additive_mask(allowed, self.model.dtype)[:, None]  # [R, 1, w, L]
         slots = torch.arange(used, used + w, device=self.device)  # [w]
+        if self._symbolic(r):
+            for tensor in (input_ids, position_ids, mask):
+                torch._dynamo.mark_dynamic(tensor, 0, min=SYMBOLIC_MIN_ROWS, max=MAX_ROWS)
         logits = self._fn(r, w)(self.model, input_ids, position_ids, slots, mask, self.cache)  # [R, w, V]
         self.valid = torch.cat([self.valid, steps[None] < count[:rows, None]], dim=1)  # [B, S + w]
         self.last_start = used
@@ -332,7 +352,15 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         """The pass for this shape: compiled once per model object (shared by its adapters), or eager."""
         if not self.compile:
             return _batched_pass
-        return compile_once(self.model, ("batch-pass", rows, width, self.max_len), _batched_pass)
+        return compile_once(self.model, self._key(rows, width), _batched_pass)
+
+    def _symbolic(self, rows: int) -> bool:
+        """Whether a compiled pass of `rows` rows (a bucket) runs the graph whose row count is symbolic."""
+        return self.compile and rows >= SYMBOLIC_MIN_ROWS
+
+    def _key(self, rows: int, width: int) -> tuple:
+        """The compiled pass's shape key: its rows (`SYMBOLIC_MIN_ROWS`+ for the symbolic graph), width and L."""
+        return ("batch-pass", f"{SYMBOLIC_MIN_ROWS}+" if self._symbolic(rows) else rows, width, self.max_len)
 
     # -- rolling back ---------------------------------------------------------------------------------
     def keep_new(self, row: int, width: int, keep: Sequence[int]) -> None:
@@ -382,7 +410,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         self.reserve_rows(max(rows))
         for r in sorted({self._rows_for(n) for n in rows}):
             for w in sorted({bucket(n, self.query_buckets) for n in widths}):
-                if is_compiled(self.model, ("batch-pass", r, w, self.max_len)):
+                if is_compiled(self.model, self._key(r, w)):  # the symbolic graph: once, at its smallest bucket
                     continue
                 scratch = StaticBatchedCausalLM(self.model, max_len=self.max_len, compile=True)
                 scratch.query_buckets = self.query_buckets  # pads as this adapter pads: w stays w
