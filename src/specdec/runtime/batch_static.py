@@ -63,6 +63,12 @@ SYMBOLIC_MIN_ROWS = 2
 MAX_ROWS = 4096
 
 
+def _rows_symbolic(*tensors: torch.Tensor) -> None:
+    """Mark the rows (dimension 0) of `tensors` symbolic for dynamo, from SYMBOLIC_MIN_ROWS to MAX_ROWS."""
+    for tensor in tensors:
+        torch._dynamo.mark_dynamic(tensor, 0, min=SYMBOLIC_MIN_ROWS, max=MAX_ROWS)
+
+
 def _batched_pass(model, input_ids, position_ids, slots, mask, cache):
     """input_ids [R, W] at position_ids [R, W], written to cache columns slots [W]; mask [R, 1, W, L]
     additive. Returns logits [R, W, V]."""
@@ -160,9 +166,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         """`cache`, its keys' and values' rows marked symbolic for the compiled passes when it has enough of them
         (`SYMBOLIC_MIN_ROWS`): the pass's inputs are marked alike, so one graph serves every bucket."""
         if cache.layers and self._symbolic(int(cache.layers[0].keys.shape[0])):
-            for layer in cache.layers:
-                torch._dynamo.mark_dynamic(layer.keys, 0, min=SYMBOLIC_MIN_ROWS, max=MAX_ROWS)
-                torch._dynamo.mark_dynamic(layer.values, 0, min=SYMBOLIC_MIN_ROWS, max=MAX_ROWS)
+            _rows_symbolic(*(t for layer in cache.layers for t in (layer.keys, layer.values)))
         return cache
 
     def reserve_rows(self, rows: int) -> None:
@@ -338,8 +342,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         mask = additive_mask(allowed, self.model.dtype)[:, None]  # [R, 1, w, L]
         slots = torch.arange(used, used + w, device=self.device)  # [w]
         if self._symbolic(r):
-            for tensor in (input_ids, position_ids, mask):
-                torch._dynamo.mark_dynamic(tensor, 0, min=SYMBOLIC_MIN_ROWS, max=MAX_ROWS)
+            _rows_symbolic(input_ids, position_ids, mask)
         logits = self._fn(r, w)(self.model, input_ids, position_ids, slots, mask, self.cache)  # [R, w, V]
         self.valid = torch.cat([self.valid, steps[None] < count[:rows, None]], dim=1)  # [B, S + w]
         self.last_start = used
@@ -352,7 +355,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
         """The pass for this shape: compiled once per model object (shared by its adapters), or eager."""
         if not self.compile:
             return _batched_pass
-        return compile_once(self.model, self._key(rows, width), _batched_pass)
+        return compile_once(self.model, self._key(rows, width), _batched_pass, dynamic=self._symbolic(rows))
 
     def _symbolic(self, rows: int) -> bool:
         """Whether a compiled pass of `rows` rows (a bucket) runs the graph whose row count is symbolic."""
