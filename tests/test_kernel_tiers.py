@@ -172,6 +172,33 @@ def test_tiers_follow_the_cpu_flags(cpu, features, tiers, monkeypatch):
         rowwise.cpu_tiers.cache_clear()
 
 
+@pytest.mark.parametrize(("cpu", "features", "tier", "proven"), [
+    ("Zen 3", "avx2 fma f16c", "avx2", True),
+    ("Intel client", "avx2 fma f16c avx_vnni", "avx2_vnni", True),
+    ("Zen 4", "avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16", "avx512_bf16", True),
+    ("Zen 4, SPECDEC_KERNEL_TIER=avx2", "avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16",
+     "avx2", False),
+    ("Xeon with AMX", "avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16 amx_tile amx_bf16",
+     "avx512_amx", True),
+    ("Xeon with AMX, tiles refused by Linux", "avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni "
+     "avx512_bf16 amx_tile amx_bf16", "avx512_bf16", False),  # inductor probes AMX, whose flags the build lacked
+    ("Cascade Lake", "avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni", "avx512", False),
+    ("Skylake-X", "avx2 fma f16c avx512f avx512bw avx512vl avx512dq", "avx512", True),
+    ("Graviton 2 (aarch64)", "fp asimd asimddp", "neon_dotprod", False),
+])
+def test_inductors_isa_probe_is_skipped_only_where_the_kernels_build_proved_it(cpu, features, tier, proven,
+                                                                               monkeypatch):
+    """Inductor's probe builds and loads code for each vector ISA the CPU reports; the fast path skips it
+    (`cpp.vec_isa_ok`) only where the kernels were built with every one of those ISAs' flags."""
+    from specdec.runtime import cpuinfo, rowwise  # noqa: PLC0415
+
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64" if "asimd" in features else "x86_64")
+    monkeypatch.setattr(cpuinfo, "flags", lambda: set(features.split()))
+    monkeypatch.setattr(rowwise, "kernel_tier", lambda: tier)
+    monkeypatch.setattr(rowwise, "load_kernel", lambda: None)
+    assert rowwise.vector_isa_proven() is proven, cpu
+
+
 #: The kernel's blocks of rows (packed_core.h), as their mangled names start, and where each tier has them.
 #: (AMX's block, `amx_pairs`, streams without: its tile loads ran faster so.)
 _BLOCKS = {"5BlockIL": "every", "10PairsBlockIL": "avx512_bf16", "8DotBlockIL": "every", "12ByteDotBlockIL": "every"}

@@ -22,7 +22,7 @@ from specdec.runtime.causal_lm import context_length
 from specdec.runtime.compute_once import ComputeOnce
 from specdec.runtime.fuse_linears import FuseRowLinears, weights_fingerprint
 from specdec.runtime.layer_graphs import LayerRegions
-from specdec.runtime.rowwise import row_invariant
+from specdec.runtime.rowwise import row_invariant, vector_isa_proven
 from specdec.runtime.shared_kv_heads import ShareKVHeads
 
 log = logging.getLogger("specdec.fastpath")
@@ -99,12 +99,15 @@ class Compiled:
         key/value heads unrepeated (runtime/shared_kv_heads.py), and the one that computes each rotary table once
         per pass (runtime/compute_once.py). A model whose layer is one region runs a Python wrapper, which
         inductor's C++ wrapper would be for nested regions (runtime/layer_graphs.py). A CUDA model's passes run as
-        CUDA graphs (CUDA_GRAPH_OPTIONS)."""
+        CUDA graphs (CUDA_GRAPH_OPTIONS). On a CPU whose vector ISAs the kernels' own build has proven, inductor
+        skips probing them (`rowwise.vector_isa_proven`)."""
         if self._weights is None:
             self._weights = weights_fingerprint(self._model())
         wrapper = {"cpp_wrapper": False, "cpp_wrapper_build_separate": False} if self.layers else {}
         if self.cuda_graphs:
             wrapper = CUDA_GRAPH_OPTIONS
+        elif vector_isa_proven():  # inductor's own probe of the CPU's vector ISAs would find what the kernels did
+            wrapper = {**wrapper, "cpp.vec_isa_ok": True}
         return {**COMPILE_OPTIONS, **wrapper, "joint_custom_pre_pass": FuseRowLinears(shared=self.copies,
                                                                                 weights=self._weights),
                 "post_grad_custom_pre_pass": ShareKVHeads(), "post_grad_custom_post_pass": ComputeOnce(),
