@@ -12,7 +12,7 @@ from seq2seq_models import tiny_seq2seq
 import specdec
 from specdec.core.sampling import SamplingConfig
 from specdec.exactness import check_exactness
-from specdec.runtime import compiled, layer_graphs
+from specdec.runtime import compiled, layer_graphs, static_lm
 from specdec.runtime.layer_graphs import LayerRegions
 from specdec.runtime.static_lm import StaticCausalLM
 
@@ -49,11 +49,22 @@ def test_layers_are_routed_only_inside_the_block_and_run_their_own_forward_eager
 @pytest.mark.compile
 def test_compiled_by_layer_is_hf_greedy_and_speculative_gives_its_tokens(every_model_by_layer, monkeypatch):
     monkeypatch.setattr(compiled, "UNPLANNED_RECOMPILES", [])
+    monkeypatch.setattr(static_lm, "ONE_ROW_GRAPH_AFTER", 1)
     target = tiny("llama", hidden=32, layers=3, seed=5)
     draft = perturbed(target, 0.1)
     entry_layers = LayerRegions(target).layers
     assert entry_layers
     expected = hf_greedy(target, PROMPT, 24)
+    # Before the model has a one-row graph, a drafted request's rounds that draft nothing run padded on the graph of
+    # symbolic row count; once one has (ONE_ROW_GRAPH_AFTER), the next request compiles it up front.
+    auto = specdec.DraftModel(draft)
+    first = specdec.generate(target, PROMPT, drafter=auto, gamma="auto", max_new_tokens=24, compile=True)
+    assert first.tokens == expected and 0 in first.stats.gammas
+    assert not {key for key in compiled.COMPILED[target].fns if key[1] == 1}
+    assert compiled.COMPILED[target].padded_one_rows >= 1
+    second = specdec.generate(target, PROMPT, drafter=auto, gamma="auto", max_new_tokens=24, compile=True)
+    assert second.tokens == expected and second.stats.prefill_compile_s > 0
+    assert {key[:2] for key in compiled.COMPILED[target].fns if key[1] == 1} == {("verify", 1)}
     assert specdec.generate(target, PROMPT, max_new_tokens=24, compile=True).tokens == expected
     assert compiled.COMPILED[target].layers.layers == entry_layers
     drafters = {3: specdec.DraftModel(draft), "auto": specdec.DraftModel(draft),  # "auto": widths 1, 3, 5 and 8
@@ -91,6 +102,10 @@ def test_compiled_by_layer_gives_each_row_the_bits_of_a_one_row_pass(every_model
         many.crop(12)
         scores, _ = many.score_and_verify(rows[:width], None, SamplingConfig(), None)
         assert torch.equal(scores.logits, alone[:width])
+    many.crop(12)
+    many.buckets = (3, 4, 5, 8)  # a one-row pass padded onto the graph of symbolic row count (ONE_ROW_GRAPH_AFTER)
+    scores, _ = many.score_and_verify(rows[:1], None, SamplingConfig(), None)
+    assert torch.equal(scores.logits, alone[:1])
     assert {key[:2] for key in compiled.COMPILED[target].fns} == {
         ("prefill", "3+"), ("pass", 1), ("pass", "3+"), ("verify", "3+")}
     assert not compiled.UNPLANNED_RECOMPILES

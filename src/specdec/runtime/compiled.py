@@ -90,6 +90,7 @@ class Compiled:
         self._model = weakref.ref(model)
         self._weights: str | None = None
         self.layers = LayerRegions(model)  # traced as one region (runtime/layer_graphs.py), or none: whole
+        self.padded_one_rows = 0  # one-row passes run padded on a graph of symbolic row count (static_lm.py)
         self.cuda_graphs = CUDA_GRAPHS and any(p.device.type == "cuda" for p in model.parameters())
 
     def options(self) -> dict:
@@ -153,7 +154,7 @@ def compile_once(model: PreTrainedModel, key: tuple, fn, dynamic: bool = False):
     """`fn` compiled for the shape `key` (fullgraph, static shapes, COMPILE_OPTIONS): once per model object and
     process, shared by every adapter of that model; its first call is timed and logged. The shapes are static but
     for the dimensions its caller marked symbolic (`torch._dynamo.mark_dynamic`), which dynamic=True says it does."""
-    entry = _entry(model)
+    entry = entry_for(model)
     compiled = entry.fns.get(key)
     if compiled is None:
         raise_recompile_limit()
@@ -163,7 +164,8 @@ def compile_once(model: PreTrainedModel, key: tuple, fn, dynamic: bool = False):
     return compiled
 
 
-def _entry(model: PreTrainedModel) -> Compiled:
+def entry_for(model: PreTrainedModel) -> Compiled:
+    """`model`'s registry of compiled callables (made on first use)."""
     entry = COMPILED.get(model)
     if entry is None:
         entry = COMPILED[model] = Compiled(model)
@@ -195,7 +197,7 @@ def _row_invariant_call(fn, *args, **static):
 
 def by_layer(model: PreTrainedModel) -> bool:
     """Whether `model`'s passes compile one graph per decoder layer (runtime/layer_graphs.py)."""
-    return bool(_entry(model).layers)
+    return bool(entry_for(model).layers)
 
 
 def is_compiled(model: PreTrainedModel, key: tuple) -> bool:

@@ -45,6 +45,7 @@ from specdec.runtime.compiled import (
     FastPathWarning,
     by_layer,
     compile_once,
+    entry_for,
     fast_path_problem,
     is_compiled,
 )
@@ -67,6 +68,15 @@ LONG_PREFILL_ROWS = 128
 #: dimension of size 1, which a verification pass of 2 rows has (its one draft), and one row is plain decoding's
 #: step, which stays as tuned.
 SYMBOLIC_MIN_ROWS = 3
+#: On a model compiled by layer, a request whose passes include that symbolic graph (a drafted request's
+#: verification) runs its one-row passes (a round that drafts nothing) on it too, padded, and compiles no one-row
+#: graph: at the Qwen2.5-1.5B shape in bfloat16 on one Zen 4 core, the first request of a self-drafted target took
+#: 57-58 s instead of 73 (with inductor's ISA probe skipped, `rowwise.vector_isa_proven`), and a padded one-row pass
+#: took what its own graph's took (medians 107.0 / 113.1 against 107.3 / 113.7 ms in two interleaved runs; minimums
+#: 1-3% more; docs/bench/layer-graphs-zen4-1.5b). Once this many padded one-row passes of the model have run in the
+#: process (the policy found speculation not paying), the next request compiles the one-row graph up front and runs
+#: them on it, as every request does once the model has a one-row graph (plain decoding's).
+ONE_ROW_GRAPH_AFTER = 16
 
 
 def _verify_pass(model, input_ids, position_ids, slots, cache, hidden, draft_probs, uniforms, sampling: SamplingConfig):
@@ -133,6 +143,7 @@ class StaticCausalLM:
         self.compile = compile
         self.fixed_max_len = max_len
         self.buckets: tuple[int, ...] = DEFAULT_BUCKETS
+        self.pad_one_row = False  # this request's one-row passes run padded (`prepare`, ONE_ROW_GRAPH_AFTER)
         self.draft_gammas: set[int] = set()
         self._graphs: dict[tuple, object] = {}  # shape key -> its compiled callable (`compile_once`'s), once found
         self.cache: SlotCache | None = None
@@ -160,8 +171,13 @@ class StaticCausalLM:
         return context_length(self.model)
 
     def prepare(self, tokens: int, buckets: tuple[int, ...]) -> None:
-        """Before a request: pad its passes to `buckets`, and make room for `tokens` slots (or raise)."""
-        self.buckets = buckets
+        """Before a request: pad its passes to `buckets` (its one-row passes to the next one up where they run on
+        the graph of symbolic row count, `ONE_ROW_GRAPH_AFTER`), and make room for `tokens` slots (or raise)."""
+        entry = entry_for(self.model)
+        one_row_graph = any(key[0] in ("pass", "verify") and key[1] == 1 and fn.done for key, fn in entry.fns.items())
+        self.pad_one_row = (1 in buckets and len(buckets) > 1 and self._symbolic(max(buckets)) and not one_row_graph
+                            and entry.padded_one_rows < ONE_ROW_GRAPH_AFTER)
+        self.buckets = tuple(b for b in buckets if b != 1) if self.pad_one_row else buckets
         self.ensure_capacity(tokens)
 
     def supports_tree(self, num_rows: int, warn: bool = True) -> bool:
@@ -273,6 +289,8 @@ class StaticCausalLM:
         instead of a bucket."""
         m = input_ids.shape[0]
         b = rows if rows is not None else self._bucket(m) if pad else m
+        if self.pad_one_row and m == 1 and rows is None and pad:  # on the symbolic graph (`prepare`)
+            entry_for(self.model).padded_one_rows += 1
         if self.length + b > self.max_len:
             raise PromptError(
                 f"the static cache of {self.max_len} slots is full (length {self.length} + {b} new rows); "
@@ -510,6 +528,7 @@ class StaticCausalLM:
         if not self.compile or self.cache is None or not self.cache.ready:
             return
         length, forwards, forward_s = self.length, self.forwards, self.forward_s
+        sizes = sorted({self._bucket(b) for b in sizes})  # a one-row pass may run padded (`prepare`)
         try:
             for b in sizes if verify is not None else ():
                 if not self._compiled(("verify", b, self.max_len, False, verify)) and length + b <= self.max_len:
