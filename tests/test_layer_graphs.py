@@ -111,6 +111,38 @@ def test_compiled_by_layer_gives_each_row_the_bits_of_a_one_row_pass(every_model
     assert not compiled.UNPLANNED_RECOMPILES
 
 
+class _Alternating:
+    """A γ policy that drafts 2, nothing, 4, nothing, ...: rounds that draft nothing at fixed places."""
+
+    gammas = (2, 4)
+
+    def choose(self, stats) -> int:
+        return (2, 0, 4, 0)[stats.rounds % 4]
+
+    def update(self, stats) -> None:
+        pass
+
+
+@pytest.mark.compile
+def test_a_padded_one_row_pass_samples_what_the_one_row_graph_samples(every_model_by_layer, monkeypatch):
+    """At T > 0 a round that drafts nothing, run padded on the graph of symbolic row count (ONE_ROW_GRAPH_AFTER),
+    draws its token with the same uniforms from the same logits as on the one-row graph: a seeded request gives the
+    same tokens either way."""
+    monkeypatch.setattr(compiled, "UNPLANNED_RECOMPILES", [])
+    target = tiny("llama", hidden=32, layers=3, seed=5)
+    sampled = dict(drafter=specdec.DraftModel(perturbed(target, 0.1)), gamma=_Alternating(), max_new_tokens=24,
+                   temperature=1.0, top_k=20, top_p=0.9, seed=7, compile=True)
+    monkeypatch.setattr(static_lm, "ONE_ROW_GRAPH_AFTER", 1 << 30)
+    padded = specdec.generate(target, PROMPT, **sampled)
+    assert padded.stats.gammas.count(0) >= 4
+    assert not {key for key in compiled.COMPILED[target].fns if key[1] == 1}
+    monkeypatch.setattr(static_lm, "ONE_ROW_GRAPH_AFTER", 0)
+    own = specdec.generate(target, PROMPT, **sampled)
+    assert {key[:2] for key in compiled.COMPILED[target].fns if key[1] == 1} == {("verify", 1)}
+    assert own.stats.gammas == padded.stats.gammas
+    assert own.tokens == padded.tokens
+
+
 @pytest.mark.compile
 @pytest.mark.exactness_positive(checks=1, alpha=1e-4)
 def test_compiled_by_layer_sampling_is_exact(every_model_by_layer):
