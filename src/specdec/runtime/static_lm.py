@@ -174,7 +174,8 @@ class StaticCausalLM:
         """Before a request: pad its passes to `buckets` (its one-row passes to the next one up where they run on
         the graph of symbolic row count, `ONE_ROW_GRAPH_AFTER`), and make room for `tokens` slots (or raise)."""
         entry = entry_for(self.model)
-        one_row_graph = any(key[0] in ("pass", "verify") and key[1] == 1 and fn.done for key, fn in entry.fns.items())
+        one_row_graph = any(is_compiled(self.model, key) for key in entry.fns
+                            if key[0] in ("pass", "verify") and key[1] == 1)  # plain decoding's, say
         self.pad_one_row = (1 in buckets and len(buckets) > 1 and self._symbolic(max(buckets)) and not one_row_graph
                             and entry.padded_one_rows < ONE_ROW_GRAPH_AFTER)
         self.buckets = tuple(b for b in buckets if b != 1) if self.pad_one_row else buckets
