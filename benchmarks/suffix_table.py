@@ -3,7 +3,8 @@
     python benchmarks/suffix_table.py RESULTS_JSON [RESULTS_JSON ...]
 
 Drafting per round is the drafter's whole time (its reset with the prompt's indexing, proposals and commits) over
-the rounds; target per round is the target's passes after the prefill over the same rounds.
+the rounds; target per round is the target's passes after the prefill over the same rounds (neither is split out
+for a vLLM method: 0). Where the run has `vllm-suffix`, a last line compares specdec's `suffix-compiled` with it.
 """
 
 import argparse
@@ -47,6 +48,12 @@ def main() -> None:
             print(f"| {r['label']} | {r['tau']:.2f} | {r['drafted']:.1f} | {r['tps']:.1f} ({r['tps_range'][0]:.0f}–"
                   f"{r['tps_range'][1]:.0f}) | {ratio} | {r['draft_ms']:.3f} ms | {r['target_ms']:.2f} ms | "
                   f"{r['identical']} |")
+        by_label = {r["label"]: r for r in table}
+        ours, peer = by_label.get("suffix-compiled"), by_label.get("vllm-suffix")
+        if ours and peer:
+            per = [v / peer["per_prompt"][p] for p, v in ours["per_prompt"].items() if p in peer["per_prompt"]]
+            print(f"\nsuffix-compiled ÷ vllm-suffix: {ours['tps'] / peer['tps']:.2f}x (per prompt {min(per):.2f}–"
+                  f"{max(per):.2f}, median {statistics.median(per):.2f}x); τ {ours['tau']:.2f} against {peer['tau']:.2f}")
 
 
 if __name__ == "__main__":

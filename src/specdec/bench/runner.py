@@ -40,7 +40,10 @@ HF_METHODS = ("hf-plain", "hf-plain-f32", "hf-assisted", "hf-assisted-heuristic"
               "hf-plain-compiled")
 #: Methods whose γ is not set by --gamma (run once, not once per γ).
 GAMMA_FREE = ("plain", "hf-plain", "hf-plain-f32", "hf-assisted-heuristic", "hf-plain-compiled", "draft-tree", "draft-tree-auto",
-              "ov-plain", "vllm-plain", "suffix")
+              "ov-plain", "vllm-plain", "vllm-suffix", "suffix")
+#: The longest prompt vLLM's engines take when the bench is not told its prompts, and the room past a request's
+#: last token left for a round's drafts (tokens).
+VLLM_PROMPT_TOKENS, VLLM_DRAFT_ROOM = 512, 64
 #: A run slower than this many times the fastest run of the same config and prompt is reported as stalled.
 SLOW_RUN_FACTOR = 3.0
 #: Methods that need the draft model.
@@ -83,6 +86,16 @@ def is_vllm(method: str) -> bool:
 def is_peer(method: str) -> bool:
     """A method of an engine other than specdec and transformers (OpenVINO GenAI, vLLM)."""
     return is_openvino(method) or is_vllm(method)
+
+
+def plain_on_path(method: str) -> str:
+    """The plain decoding `method`'s greedy output is held to: the peer's own (ov-plain, vllm-plain), else
+    specdec's on the same path (plain-compiled for a compiled method, plain for an eager one)."""
+    if is_openvino(method):
+        return "ov-plain"
+    if is_vllm(method):
+        return "vllm-plain"
+    return "plain-compiled" if is_compiled(method) else "plain"
 
 
 def _base(method: str) -> str:
@@ -344,7 +357,7 @@ class Bench:
     """The models, drafters and settings; `run(config, prompt_ids, seed)` does one generation."""
 
     def __init__(self, target, draft, settings: BenchSettings, pad_token_id: int | None = None,
-                 tokenizers: tuple | None = None):
+                 tokenizers: tuple | None = None, longest_prompt: int | None = None):
         from specdec.runtime.causal_lm import CachedCausalLM
         from specdec.runtime.seq2seq_lm import CachedSeq2SeqLM, is_encoder_decoder
 
@@ -352,6 +365,7 @@ class Bench:
         # drafters and HF's universal assisted generation translate between them.
         self.tokenizers = tokenizers
         self.target, self.draft, self.settings = target, draft, settings
+        self.longest_prompt = longest_prompt  # tokens: what vLLM's engines are sized for (max_model_len)
         self.device = str(next(target.parameters()).device)
         cpu_only = [m for m in settings.methods if m.startswith(CPU_ONLY_PREFIX)]
         if cpu_only and not self.device.startswith("cpu"):
@@ -410,9 +424,12 @@ class Bench:
         if self.settings.vllm is None:
             raise ConfigError(f"{', '.join(methods)} serve the bench's checkpoints: give their directories "
                               "(BenchSettings(vllm=VLLMSettings(target_dir=..., draft_dir=...)))")
+        longest = self.longest_prompt if self.longest_prompt is not None else VLLM_PROMPT_TOKENS
         return VLLMPeer(self.settings.vllm, dtype=next(self.target.parameters()).dtype,
                         threads=torch.get_num_threads(), gammas=self.settings.gammas,
-                        plain="vllm-plain" in methods, speculative="vllm-speculative" in methods)
+                        plain="vllm-plain" in methods, speculative="vllm-speculative" in methods,
+                        suffix="vllm-suffix" in methods,
+                        max_model_len=longest + self.settings.max_new_tokens + VLLM_DRAFT_ROOM)
 
     def close(self) -> None:
         """Stop the peers' engines (the vLLM workers)."""
@@ -643,7 +660,8 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
         raise ConfigError(f"--warmup must be >= 0, got {settings.warmup}")
     configs = make_configs(settings.methods, settings.gammas)
     _check_lengths(target, prompts, settings.max_new_tokens)
-    bench = Bench(target, draft, settings, pad_token_id, tokenizers)
+    bench = Bench(target, draft, settings, pad_token_id, tokenizers,
+                  longest_prompt=max((len(p.ids) for p in prompts), default=0))
     reference_config = Config("hf-plain", None)
     need_reference = settings.greedy and reference_config not in configs
     per_prompt = settings.warmup + settings.repeats
@@ -680,13 +698,11 @@ def run_benchmark(target, draft, prompts, settings: BenchSettings, *, pad_token_
             if settings.greedy and reference is None:
                 reference = outputs[reference_config.label][prompt.name]
             # Plain decoding on each path: a compiled method is held to plain-compiled, an eager one to plain
-            # (bit-identity in low precision is promised per path: docs/exactness.md).
-            plains = {path: outputs.get(label, {}).get(prompt.name) if settings.greedy else None
-                      for path, label in ((False, "plain"), (True, "plain-compiled"))}
+            # (bit-identity in low precision is promised per path: docs/exactness.md), a peer's to its own plain.
             for record in prompt_runs:
                 tokens = record.pop("_tokens")
                 record["identical_to_hf_plain"] = tokens == reference if settings.greedy else None
-                plain = plains[is_compiled(record["method"])]
+                plain = outputs.get(plain_on_path(record["method"]), {}).get(prompt.name) if settings.greedy else None
                 record["identical_to_plain"] = tokens == plain if plain is not None else None
             runs.extend(prompt_runs)
     finally:

@@ -3,7 +3,12 @@
 - `vllm-plain`: `vllm.LLM(target)`, one request at a time;
 - `vllm-speculative`: the same with a speculative config of γ = --gamma drafts per round: the bench's draft
   model (`draft_model`), or, when `VLLMSettings.head` names an EAGLE / EAGLE-3 head, that head exported in
-  vLLM's layout (`eagle` / `eagle3`).
+  vLLM's layout (`eagle` / `eagle3`);
+- `vllm-suffix`: vLLM's suffix decoding (`suffix`, through the arctic-inference package in vLLM's
+  environment) at vLLM's defaults: as many drafts a round as its match earns, at most 24; γ is not used. Its
+  cache keeps earlier requests' responses, as specdec's `suffix` does; a rerun of a prompt first has its
+  earlier runs' responses evicted (`vllm_worker.py`), as in specdec's cache, so repeats are drafted as the first
+  run was.
 
 vLLM runs in its own environment (`specdec.bench.vllm_env`), so its engines live in a worker process
 (`vllm_worker.py`, run by that environment's python) that `VLLMWorker` starts and talks to through JSON lines.
@@ -14,7 +19,9 @@ before any timing; their start-up is reported apart (`describe()["engines"]`).
 
 Counts come from vLLM's own spec-decode counters, read before and after each request: drafts (rounds), draft
 tokens and accepted tokens, per position. vLLM drafts γ every round, also in the last rounds whose drafts
-exceed `max_new_tokens`; its counters count them as drafted.
+exceed `max_new_tokens`; its counters count them as drafted. Suffix decoding's rounds come from vLLM's
+per-request metrics instead: the drafted and accepted count of each round that drafted; every other target
+pass after the prompt's is a round that drafted nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import torch
 from specdec.bench.openvino_peer import PeerRun
 from specdec.errors import ConfigError, SpecdecError
 
-VLLM_METHODS = ("vllm-plain", "vllm-speculative")
+VLLM_METHODS = ("vllm-plain", "vllm-speculative", "vllm-suffix")
 WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
@@ -91,10 +98,14 @@ class VLLMWorker:
                             seed=seed)["start_s"]
 
     def generate(self, name: str, prompts: Sequence[Sequence[int]], max_tokens: int, *, temperature: float = 0.0,
-                 top_k: int | None = None, top_p: float | None = None, seed: int = 0) -> dict[str, Any]:
-        """{"outputs": [[ids]], "wall_s", "prefill_s": [...], "spec": counter changes} for one batch."""
+                 top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+                 forget: bool = True) -> dict[str, Any]:
+        """{"outputs": [[ids]], "wall_s", "prefill_s": [...], "spec": counter changes} for one batch (and
+        "steps" from a suffix decoding engine: per prompt, [drafted, accepted] of each round that drafted).
+        `forget`: a suffix decoding engine first evicts the responses of these prompts' earlier runs."""
         return self.request("generate", name=name, prompts=[list(map(int, p)) for p in prompts],
-                            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+                            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                            forget=forget)
 
     def stop(self, name: str) -> None:
         self.request("stop", name=name)
@@ -122,11 +133,23 @@ def acceptance_by_position(spec: dict[str, Any]) -> list[float]:
     return [a / drafts for a in spec["accepted_per_pos"]] if drafts else []
 
 
-def decode_stats(spec: dict[str, Any], gamma: int | None, new_tokens: int, wall_s: float, prefill_s: float | None):
-    """A DecodeStats from one request's counter changes: each draft is a round of γ drafted tokens."""
+def decode_stats(spec: dict[str, Any], gamma: int | None, new_tokens: int, wall_s: float, prefill_s: float | None,
+                 steps: Sequence[Sequence[int]] | None = None):
+    """A DecodeStats from one request's counter changes: each draft is a round of γ drafted tokens; or, given
+    `steps` (suffix decoding: [drafted, accepted] of each round that drafted), those rounds, and one that
+    drafted nothing for each other target pass after the prompt's."""
     from specdec.core.stats import DecodeStats
 
     s = DecodeStats(new_tokens=new_tokens, wall_s=wall_s, prefill_s=prefill_s or 0.0)
+    if steps is not None:
+        for drafted, accepted in steps:
+            s.record_round(drafted, accepted, "recovered" if accepted < drafted else "bonus")
+        committed = sum(1 + accepted for _, accepted in steps)  # tokens those rounds committed
+        for _ in range(max(0, new_tokens - 1 - committed)):
+            s.record_round(0, 0, "target_only")
+        s.target_forwards = s.rounds
+        s.draft_forwards = 0  # model-free
+        return s
     if gamma is None:  # plain: one target pass per token after the prompt's
         s.target_forwards = max(0, new_tokens - 1)
         return s
@@ -161,7 +184,7 @@ class VLLMPeer:
     """The worker and its engines: `vllm-plain`, and `vllm-speculative@γ` for each γ; `run` does one request."""
 
     def __init__(self, settings: VLLMSettings, *, dtype: torch.dtype, threads: int, gammas: Sequence[int],
-                 plain: bool, speculative: bool, max_model_len: int = 512):
+                 plain: bool, speculative: bool, suffix: bool = False, max_model_len: int = 512):
         from specdec.hub.vllm_bundle import write_vllm_bundle
 
         if dtype not in DTYPES:
@@ -187,6 +210,13 @@ class VLLMPeer:
         specs = {name: None if name == "vllm-plain" else
                  dict(self.bundle.speculative_config, num_speculative_tokens=int(name.rsplit("@", 1)[1]))
                  for name in names}
+        if suffix:
+            from specdec.bench.vllm_env import require_suffix_decoding
+            from specdec.hub.vllm_bundle import SUFFIX_MAX_TOKENS
+
+            require_suffix_decoding(settings.env_dir)
+            names.append("vllm-suffix")
+            specs["vllm-suffix"] = {"method": "suffix", "num_speculative_tokens": SUFFIX_MAX_TOKENS}
         self.workers: dict[str, VLLMWorker] = {}
         self.engines: dict[str, dict[str, Any]] = {}
         try:
@@ -211,7 +241,7 @@ class VLLMPeer:
     def run(self, method: str, gamma: int | None, prompt_ids: Sequence[int], *, max_new_tokens: int,
             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
             seed: int = 0) -> PeerRun:
-        name = method if method == "vllm-plain" else f"{method}@{gamma}"
+        name = f"{method}@{gamma}" if method == "vllm-speculative" else method
         if name not in self.engines:
             raise ConfigError(f"no vLLM engine for {name} (started: {', '.join(self.engines)})")
         reply = self.workers[name].generate(name, [prompt_ids], max_new_tokens, temperature=temperature, top_k=top_k,
@@ -219,7 +249,7 @@ class VLLMPeer:
         tokens = reply["outputs"][0]
         prefill = reply["prefill_s"][0]
         stats = decode_stats(reply["spec"], gamma if method == "vllm-speculative" else None, len(tokens),
-                             reply["wall_s"], prefill)
+                             reply["wall_s"], prefill, reply["steps"][0] if "steps" in reply else None)
         return PeerRun(tokens, reply["wall_s"], stats, prefill or 0.0,
                        {"vllm_drafts": reply["spec"]["drafts"], "vllm_accepted": reply["spec"]["accepted"]})
 

