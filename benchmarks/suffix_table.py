@@ -53,7 +53,8 @@ def main() -> None:
         if ours and peer:
             per = [v / peer["per_prompt"][p] for p, v in ours["per_prompt"].items() if p in peer["per_prompt"]]
             print(f"\nsuffix-compiled ÷ vllm-suffix: {ours['tps'] / peer['tps']:.2f}x (per prompt {min(per):.2f}–"
-                  f"{max(per):.2f}, median {statistics.median(per):.2f}x); τ {ours['tau']:.2f} against {peer['tau']:.2f}")
+                  f"{max(per):.2f}, median {statistics.median(per):.2f}x); τ {ours['tau']:.2f} against "
+                  f"{peer['tau']:.2f}")
 
 
 if __name__ == "__main__":
