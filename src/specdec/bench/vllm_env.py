@@ -154,7 +154,12 @@ def create_vllm_env(env_dir: str | Path | None = None, *, python: str = sys.exec
 def installed(env: Path) -> set[str]:
     """The names of the packages a finished environment's marker lists (normalized: lower case, "-" between words)."""
     packages = json.loads((env / ENV_MARKER).read_text())["packages"]
-    return {re.sub(r"[-_.]+", "-", line.split("==")[0]).lower() for line in packages}
+    return {_name(line) for line in packages}
+
+
+def _name(line: str) -> str:
+    """The normalized package name of a `pip freeze` line ("Name==1.0" or "Name @ url")."""
+    return re.sub(r"[-_.]+", "-", re.split(r"==| @ ", line)[0]).strip().lower()
 
 
 def _install_from_source(env: Path, names, quiet: bool) -> None:
@@ -163,8 +168,8 @@ def _install_from_source(env: Path, names, quiet: bool) -> None:
     py = str(env / "bin" / "python")
     _run([py, "-m", "pip", "install", *(["-q"] if quiet else []), "-c", str(CONSTRAINTS), "--no-deps", *names],
          PIP_CONSTRAINT=str(BUILD_CONSTRAINTS))
-    freeze = _run([py, "-m", "pip", "freeze"]).split()
-    dragged = [line for line in freeze if line.split("==")[0].lower() in LEFT_OUT]
+    freeze = _run([py, "-m", "pip", "freeze"]).splitlines()  # a line per package ("name @ url" has spaces)
+    dragged = [line for line in freeze if _name(line) in LEFT_OUT]
     if dragged:
         raise VLLMEnvError(f"a pinned package pulled in {', '.join(dragged)}, which the vLLM environment leaves out "
                            f"(LEFT_OUT); fix {CONSTRAINTS.name}")
