@@ -1,10 +1,12 @@
 """`specdec serve` and `vllm serve` side by side: the same pair, prompts and concurrency, through the openai client.
 
 Starts each server in turn on 127.0.0.1, both with --threads threads and in --dtype (float32 unless asked;
-specdec's with `--drafter draft --gamma G`, eager unless --specdec-args say `--compile`; vLLM's CPU build from the
-vLLM environment with the same checkpoints, exported by `specdec export --format vllm --drafter draft --gamma G`),
+specdec's with `--drafter D --gamma G`, eager unless --specdec-args say `--compile`; vLLM's CPU build from the
+vLLM environment with the same checkpoints, exported by `specdec export --format vllm --drafter D --gamma G`;
+D = --drafter: the draft model, or suffix decoding, each engine's own with its defaults unless --gamma is given),
 then for each concurrency c in --concurrency sends max(c, --requests) greedy streaming completions, c at a time,
-of held-out prompts (token ids) and reports per server and c: generated tokens/s over the wave, time to first
+of held-out prompts of the --prompts workload (token ids; `agent`'s in session order) and reports per server and
+c: generated tokens/s over the wave, time to first
 token and inter-token latency (per request (last chunk - first chunk) / (tokens - 1)), medians and p95, and
 whether each request's text equals specdec's offline plain decoding of the same prompt (greedy, in --dtype; in
 bfloat16 on the fast path, `compile=True`, whose bits the server's compiled passes give); for specdec, the rounds
@@ -62,13 +64,17 @@ def wait_healthy(url: str, server: subprocess.Popen, timeout: float) -> float:
 
 
 def wave(client, model: str, prompts: list[list[int]], concurrency: int, max_tokens: int) -> tuple[list[dict], float]:
-    """Every prompt once, `concurrency` requests in flight; per request: text, tokens, ttft, itl."""
+    """Every prompt once, `concurrency` requests in flight; per request: text, tokens, ttft, itl. A refused request
+    ends the wave (SystemExit with the server's message)."""
+    import openai
+
     results: list[dict] = [{} for _ in prompts]
     next_index = iter(range(len(prompts)))
     lock = threading.Lock()
+    errors: list[Exception] = []
 
     def worker() -> None:
-        while True:
+        while not errors:
             with lock:
                 i = next(next_index, None)
             if i is None:
@@ -76,8 +82,12 @@ def wave(client, model: str, prompts: list[list[int]], concurrency: int, max_tok
             sent = time.perf_counter()
             first = last = None
             text, tokens = [], 0
-            stream = client.completions.create(model=model, prompt=prompts[i], max_tokens=max_tokens, temperature=0,
-                                               stream=True, stream_options={"include_usage": True})
+            try:
+                stream = client.completions.create(model=model, prompt=prompts[i], max_tokens=max_tokens,
+                                                   temperature=0, stream=True, stream_options={"include_usage": True})
+            except openai.APIError as exc:  # the server refused it: end the wave with its message
+                errors.append(exc)
+                return
             for chunk in stream:
                 now = time.perf_counter()
                 if chunk.choices and chunk.choices[0].text:
@@ -95,6 +105,8 @@ def wave(client, model: str, prompts: list[list[int]], concurrency: int, max_tok
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise SystemExit(f"the server refused a request: {errors[0]}")
     return results, time.perf_counter() - start
 
 
@@ -137,14 +149,23 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=8, help="requests per wave at least (held-out prompts)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--gamma", type=int, default=None,
+                        help="γ of both servers (default: 4 for the draft model; each engine's own for suffix)")
+    parser.add_argument("--drafter", choices=("draft", "suffix"), default="draft",
+                        help="what both servers draft with: the draft model, or suffix decoding")
+    parser.add_argument("--prompts", choices=("code", "edit", "agent"), default="code",
+                        help="the held-out workload (specdec bench's; --prompt-tokens sizes `code`'s)")
+    parser.add_argument("--warmup-prompts", choices=("code", "edit", "agent"), default=None,
+                        help="before the waves, one unmeasured wave of this workload at the highest concurrency "
+                             "(--requests prompts), so that shapes compiled on first use are compiled before "
+                             "timing (default: two short requests)")
     parser.add_argument("--servers", default="specdec,vllm")
     parser.add_argument("--threads", type=int, default=1, help="threads of each server (both alike)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="both servers' precision, and the reference's")
-    parser.add_argument("--specdec-args", default="--drafter draft --no-compile",
-                        help="extra `specdec serve` arguments (--gamma, --threads and --dtype are set by "
-                             "this script)")
+    parser.add_argument("--specdec-args", default="--no-compile",
+                        help="extra `specdec serve` arguments (--drafter, --gamma, --threads and --dtype are set "
+                             "by this script)")
     parser.add_argument("--vllm-env", default=None)
     parser.add_argument("--start-timeout", type=float, default=1800)
     parser.add_argument("--log-dir", default=None, help="servers' logs (default: a temporary directory)")
@@ -155,12 +176,18 @@ def main() -> int:
 
     import specdec
     from specdec.bench.vllm_env import default_vllm_env, run_environment, serve_command
-    from specdec.bench.workloads import code_prompts
+    from specdec.bench.workloads import load_workload
     from specdec.hub.vllm_bundle import write_vllm_bundle
 
     levels = [int(c) for c in args.concurrency.split(",")]
     target, _, tokenizer = specdec.load_default(dtype=args.dtype)
-    prompts = [list(p.ids) for p in code_prompts(tokenizer, max(max(levels), args.requests), args.prompt_tokens)]
+    prompts = [list(p.ids) for p in load_workload(args.prompts, tokenizer, max(max(levels), args.requests),
+                                                  prompt_tokens=args.prompt_tokens)]
+    warmup = prompts[:2] if args.warmup_prompts is None else [
+        list(p.ids) for p in load_workload(args.warmup_prompts, tokenizer, args.requests, seed=1,
+                                           prompt_tokens=args.prompt_tokens)]
+    gamma = args.gamma if args.gamma is not None or args.drafter == "suffix" else 4
+    gamma_args = ["--gamma", str(gamma)] if gamma is not None else []
     # specdec's offline plain decoding, greedy, stopping at end-of-sequence as both servers do; bfloat16 on the fast
     # path (float32's eager and compiled passes agree)
     compile_ = args.dtype == "bfloat16"
@@ -171,19 +198,23 @@ def main() -> int:
     work = Path(args.log_dir or tempfile.mkdtemp(prefix="serve-vllm-"))
     work.mkdir(parents=True, exist_ok=True)
     report = {"dtype": args.dtype, "levels": levels, "max_tokens": args.max_tokens,
-              "prompt_tokens": args.prompt_tokens, "gamma": args.gamma, "servers": {}, "load_before": os.getloadavg()}
+              "prompt_tokens": args.prompt_tokens, "gamma": gamma, "drafter": args.drafter, "prompts": args.prompts,
+              "warmup_prompts": args.warmup_prompts,
+              "servers": {}, "load_before": os.getloadavg()}
     for name in args.servers.split(","):
         port = free_port()
         environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
         if name == "specdec":
             # the precision of vLLM's and the reference's (`--dtype auto` would pick by the CPU)
-            command = [sys.executable, "-m", "specdec", "serve", "--port", str(port), "--gamma", str(args.gamma),
-                       "--threads", str(args.threads), "--dtype", args.dtype, *shlex.split(args.specdec_args)]
+            command = [sys.executable, "-m", "specdec", "serve", "--port", str(port), "--drafter", args.drafter,
+                       *gamma_args, "--threads", str(args.threads), "--dtype", args.dtype,
+                       *shlex.split(args.specdec_args)]
         else:
             env_dir = Path(args.vllm_env) if args.vllm_env else default_vllm_env()
-            bundle = write_vllm_bundle(work / "bundle", drafter="draft", gamma=args.gamma)
+            bundle = write_vllm_bundle(work / "bundle", drafter=args.drafter, gamma=gamma)
+            longest = max(len(p) for p in prompts + warmup)  # and room past the last token for a round's drafts
             command = serve_command(env_dir, bundle.target, bundle.speculative_config, port=port, dtype=args.dtype,
-                                    max_model_len=512, max_num_seqs=max(levels))
+                                    max_model_len=max(512, longest + args.max_tokens + 64), max_num_seqs=max(levels))
             environ.pop("PYTHONPATH", None)
             environ.update(run_environment(env_dir, threads=args.threads))
         with open(work / f"{name}.log", "w") as log:
@@ -193,7 +224,8 @@ def main() -> int:
                 startup = wait_healthy(url, server, args.start_timeout)
                 client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=1800)
                 model = client.models.list().data[0].id
-                wave(client, model, prompts[:2], 2, 8)  # warm-up, not measured
+                wave(client, model, warmup, max(levels) if args.warmup_prompts else 2,
+                     args.max_tokens if args.warmup_prompts else 8)  # not measured
                 entry = {"command": command, "startup_s": round(startup, 1), "levels": {}}
                 for c in levels:
                     batch = prompts[: max(c, args.requests)]
