@@ -6,8 +6,8 @@ vLLM environment with the same checkpoints, exported by `specdec export --format
 D = --drafter: the draft model, or suffix decoding, each engine's own with its defaults unless --gamma is given),
 then for each concurrency c in --concurrency sends max(c, --requests) greedy streaming completions, c at a time,
 of held-out prompts of the --prompts workload (token ids; `agent`'s in session order) and reports per server and
-c: generated tokens/s over the wave, time to first
-token and inter-token latency (per request (last chunk - first chunk) / (tokens - 1)), medians and p95, and
+c: generated tokens/s over the wave, time to first token and inter-token latency (per request (last chunk -
+first chunk) / (tokens - 1)), medians and p95, and
 whether each request's text equals specdec's offline plain decoding of the same prompt (greedy, in --dtype; in
 bfloat16 on the fast path, `compile=True`, whose bits the server's compiled passes give); for specdec, the rounds
 its goodput policy ran at each γ cap (from its /metrics). vLLM's bfloat16 is its own arithmetic, so its texts may
