@@ -175,6 +175,7 @@ def main() -> int:
     import openai
 
     import specdec
+    from specdec.bench.runner import VLLM_DRAFT_ROOM
     from specdec.bench.vllm_env import default_vllm_env, run_environment, serve_command
     from specdec.bench.workloads import load_workload
     from specdec.hub.vllm_bundle import write_vllm_bundle
@@ -214,7 +215,8 @@ def main() -> int:
             bundle = write_vllm_bundle(work / "bundle", drafter=args.drafter, gamma=gamma)
             longest = max(len(p) for p in prompts + warmup)  # and room past the last token for a round's drafts
             command = serve_command(env_dir, bundle.target, bundle.speculative_config, port=port, dtype=args.dtype,
-                                    max_model_len=max(512, longest + args.max_tokens + 64), max_num_seqs=max(levels))
+                                    max_model_len=max(512, longest + args.max_tokens + VLLM_DRAFT_ROOM),
+                                    max_num_seqs=max(levels))
             environ.pop("PYTHONPATH", None)
             environ.update(run_environment(env_dir, threads=args.threads))
         with open(work / f"{name}.log", "w") as log:

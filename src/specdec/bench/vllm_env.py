@@ -179,7 +179,7 @@ def _install_from_source(env: Path, names, quiet: bool) -> None:
 def require_suffix_decoding(env_dir: str | Path | None = None) -> None:
     """A VLLMEnvError unless the vLLM environment has arctic-inference (vLLM's `suffix` method needs it)."""
     env = vllm_python(env_dir).parent.parent
-    if "arctic-inference" not in installed(env):
+    if not set(FROM_SOURCE) <= installed(env):
         raise VLLMEnvError(f"the vLLM environment at {env} has no arctic-inference, which vLLM's suffix decoding "
                            f"needs (the environment predates it): run `specdec bench --vllm-setup --vllm-env {env}` "
                            "once more, which adds it")

@@ -212,11 +212,11 @@ class VLLMPeer:
                  for name in names}
         if suffix:
             from specdec.bench.vllm_env import require_suffix_decoding
-            from specdec.hub.vllm_bundle import SUFFIX_MAX_TOKENS
+            from specdec.hub.vllm_bundle import speculative_config
 
             require_suffix_decoding(settings.env_dir)
             names.append("vllm-suffix")
-            specs["vllm-suffix"] = {"method": "suffix", "num_speculative_tokens": SUFFIX_MAX_TOKENS}
+            specs["vllm-suffix"] = speculative_config("suffix")  # vLLM's defaults
         self.workers: dict[str, VLLMWorker] = {}
         self.engines: dict[str, dict[str, Any]] = {}
         try:

@@ -71,6 +71,22 @@ def copy_checkpoint(source: Path, out: Path, tokenizer_dir: Path | None) -> Path
     return out
 
 
+def speculative_config(drafter: str, gamma: int | None = None, model: str | Path | None = None) -> dict:
+    """vLLM's `speculative_config` for `drafter` (a key of DRAFTERS) with γ = `gamma` (None: DEFAULT_GAMMA, or
+    SUFFIX_MAX_TOKENS for suffix decoding), drafting with the checkpoint in `model` where the method has one."""
+    return {"method": DRAFTERS[drafter][0], **({"model": str(model)} if model is not None else {}),
+            "num_speculative_tokens": _gamma(drafter, gamma)}
+
+
+def _gamma(drafter: str | None, gamma: int | None) -> int:
+    """`gamma`, or its default for `drafter`; a ConfigError below 1."""
+    if gamma is None:
+        gamma = SUFFIX_MAX_TOKENS if drafter == "suffix" else DEFAULT_GAMMA
+    if gamma < 1:
+        raise ConfigError(f"--gamma must be >= 1 (vLLM's num_speculative_tokens), got {gamma}")
+    return gamma
+
+
 def write_vllm_bundle(out: str | Path, *, drafter: str | None = "draft", target: str | Path = "default",
                       draft: str | Path = "default", head: str | Path = "default",
                       gamma: int | None = None) -> VLLMBundle:
@@ -82,10 +98,7 @@ def write_vllm_bundle(out: str | Path, *, drafter: str | None = "draft", target:
 
     if drafter is not None and drafter not in DRAFTERS:
         raise ConfigError(f"unknown drafter {drafter!r} for vLLM; choose one of {', '.join(DRAFTERS)} or none")
-    if gamma is None:
-        gamma = SUFFIX_MAX_TOKENS if drafter == "suffix" else DEFAULT_GAMMA
-    if gamma < 1:
-        raise ConfigError(f"--gamma must be >= 1 (vLLM's num_speculative_tokens), got {gamma}")
+    gamma = _gamma(drafter, gamma)  # a bad γ is refused before anything is written
     tokenizer_dir = default_assets_dir() / "tokenizer"
     target_dir = default_assets_dir() / "target" if str(target) == "default" else Path(target)
     out = Path(out).resolve()
@@ -98,15 +111,13 @@ def write_vllm_bundle(out: str | Path, *, drafter: str | None = "draft", target:
             draft_dir = default_assets_dir() / "draft" if str(draft) == "default" else Path(draft)
             copy_checkpoint(draft_dir, tmp / "draft", tokenizer_dir)
             drafter_dir = out / "draft"
-        elif drafter is not None and drafter != "suffix":
+        elif drafter is not None and DRAFTERS[drafter][1] is not None:  # a head, exported in vLLM's layout
             kind, fmt = drafter, DRAFTERS[drafter][1]
             head_dir = ASSETS_DIR / HEAD_DIRS[kind] if str(head) == "default" else Path(head)
             _export_head(kind, fmt, head_dir, target_dir, str(target) == "default", tmp / kind)
             drafter_dir = out / kind
         if drafter is not None:
-            spec = {"method": DRAFTERS[drafter][0], "model": str(drafter_dir), "num_speculative_tokens": gamma}
-            if drafter_dir is None:
-                del spec["model"]
+            spec = speculative_config(drafter, gamma, drafter_dir)
         (tmp / SPEC_FILE).write_text(json.dumps(spec, indent=1) + "\n")
         from specdec.heads.common import replace_dir
 
