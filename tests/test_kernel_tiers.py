@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -50,13 +51,33 @@ def _toolchain(tier: str) -> tuple[list[str], list[str]]:
     return [compiler], []
 
 
+@pytest.fixture(scope="module")
+def assembly(tmp_path_factory) -> Callable[[str], Path]:
+    """assembly(tier): the tier's program compiled to assembly with the tier's flags, once a module (skipped where
+    `_toolchain` skips). The bits test assembles, links and runs it; the prefetch test reads it. The compile is most
+    of each test's time: 10-20 s a tier on a 2-core machine."""
+    directory, built = tmp_path_factory.mktemp("tiers"), {}
+
+    def compiled(tier: str) -> Path:
+        compile_cmd, _ = _toolchain(tier)
+        if tier not in built:
+            path = directory / f"packed_test_{tier}.s"
+            ran = subprocess.run([*compile_cmd, *BASE, *_isa_flags(tier), "-S", str(SOURCE), "-o", str(path)],
+                                 capture_output=True, text=True, timeout=600)
+            assert ran.returncode == 0, f"{tier} does not build:\n{ran.stderr[-3000:]}"
+            built[tier] = path
+        return built[tier]
+
+    return compiled
+
+
 @pytest.mark.parametrize("tier", list(TIER_FLAGS))
-def test_packed_kernel_bits_on_each_tier(tier, tmp_path: Path):
+def test_packed_kernel_bits_on_each_tier(tier, assembly, tmp_path: Path):
     compile_cmd, run_prefix = _toolchain(tier)
     binary = tmp_path / f"packed_test_{tier}"
-    built = subprocess.run([*compile_cmd, *BASE, *_isa_flags(tier), str(SOURCE), "-o", str(binary)],
+    built = subprocess.run([*compile_cmd, str(assembly(tier)), "-o", str(binary)],
                            capture_output=True, text=True, timeout=600)
-    assert built.returncode == 0, f"{tier} does not build:\n{built.stderr[-3000:]}"
+    assert built.returncode == 0, f"{tier} does not assemble and link:\n{built.stderr[-3000:]}"
     if tier not in cpu_tiers() and not (tier.startswith("neon") and run_prefix):  # qemu-aarch64 emulates both
         pytest.skip(f"{tier}: built; this CPU cannot run it (it runs {', '.join(cpu_tiers())})")
     ran = subprocess.run([*run_prefix, str(binary)], capture_output=True, text=True, timeout=600)
@@ -210,20 +231,15 @@ _TWO_KINDS = ("8DotBlockIL", "12ByteDotBlockIL", "10PairsBlockIL")
 
 
 @pytest.mark.parametrize("tier", list(TIER_FLAGS))
-def test_packed_kernel_blocks_prefetch_on_each_tier(tier, tmp_path: Path):
+def test_packed_kernel_blocks_prefetch_on_each_tier(tier, assembly):
     """Every block of the packed kernel, as compiled for each tier, prefetches the weights it streams, and the
     integer formats' and the pairs' blocks meant to stream without (`Prefetch` false, `_DOT_PREFETCH`) do not. A
     prefetch has no side effects, and GCC 12 deleted one reached through an always_inline function as dead code: the
     bfloat16 pairs' block built with no prefetch at all (simd.h's SPECDEC_PREFETCH). Built to assembly only, so every
     tier is checked on any machine with its compiler."""
-    compile_cmd, _ = _toolchain(tier)
-    assembly = tmp_path / f"packed_test_{tier}.s"
-    built = subprocess.run([*compile_cmd, *BASE, *_isa_flags(tier), "-S", str(SOURCE), "-o", str(assembly)],
-                           capture_output=True, text=True, timeout=600)
-    assert built.returncode == 0, f"{tier} does not build:\n{built.stderr[-3000:]}"
     functions: dict[str, list[str]] = {}
     name = None
-    for line in assembly.read_text().splitlines():
+    for line in assembly(tier).read_text().splitlines():
         if line.startswith("_Z") and line.endswith(":"):
             name = line[:-1]
             functions[name] = []
