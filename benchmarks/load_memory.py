@@ -7,8 +7,11 @@ The size ladder's random model of the shape (benchmarks/size_ladder.py) is saved
 (safetensors, shards of at most 2 GB), by a process of its own (a child's ru_maxrss counts its parent's memory).
 Then, per format and way, in a fresh process each (so that the peak is that load's own): the load's wall time, the
 process's peak resident memory (ru_maxrss: file pages mapped and read count too), the bytes the loaded model holds
-(packed weights and every other tensor, each once), and their ratio. The baseline is a process that imports torch,
-transformers and specdec and loads nothing.
+(packed weights and every other tensor, each once), and their ratio. Two baselines, each a process that loads
+nothing: `baseline` imports torch, transformers and specdec; `stack` also imports what every load of the
+checkpoint's architecture imports (transformers' modeling module of its model type, and with it modeling_utils,
+torch._dynamo and torch.distributed's tensor modules; specdec's kernels). A load's peak less the stack's is what
+the model itself and its loading cost.
 """
 
 from __future__ import annotations
@@ -49,6 +52,17 @@ def one(way: str, path: str, weights: str) -> dict:
     start = time.perf_counter()
     if way == "baseline":
         model = None
+    elif way == "stack":
+        import importlib
+
+        from transformers import AutoConfig
+
+        from specdec.runtime.rowwise import load_kernel
+
+        model_type = AutoConfig.from_pretrained(path).model_type
+        importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+        load_kernel()
+        model = None
     elif way == "streamed":
         model = load_model(path, dtype=torch.bfloat16, weights=weights)
     else:
@@ -80,7 +94,8 @@ def main() -> None:
 
         save_checkpoint(args.model, str(path))
     runs = []
-    ways = [("baseline", "-")] + [(way, w) for w in args.weights.split(",") for way in args.ways.split(",")]
+    ways = [("baseline", "-"), ("stack", "-")]
+    ways += [(way, w) for w in args.weights.split(",") for way in args.ways.split(",")]
     for way, weights in ways:
         proc = subprocess.run([sys.executable, __file__, "--one", way, str(path), weights],
                               capture_output=True, text=True)
@@ -89,9 +104,11 @@ def main() -> None:
             continue
         run = json.loads(proc.stdout.strip().splitlines()[-1])
         runs.append(run)
-        ratio = run["peak_rss_gb"] / run["model_gb"] if run["model_gb"] else float("nan")
+        stack = next((r["peak_rss_gb"] for r in runs if r["way"] == "stack"), float("nan"))
+        ratio, above = (run["peak_rss_gb"] / run["model_gb"], (run["peak_rss_gb"] - stack) / run["model_gb"]) \
+            if run["model_gb"] else (float("nan"), float("nan"))
         print(f"{way:>8} {weights:>8}: load {run['load_s']:6.1f} s, peak RSS {run['peak_rss_gb']:5.2f} GB, "
-              f"model {run['model_gb']:5.2f} GB, peak / model {ratio:.2f}", flush=True)
+              f"model {run['model_gb']:5.2f} GB, peak / model {ratio:.2f}, less the stack's {above:.2f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "runs": runs}, f, indent=1)
