@@ -22,8 +22,8 @@ demo: install
 	$(PYTHON) -m specdec demo
 
 # The suite CI runs: every test but the `slow` ones (statistical and compile tiers included), two workers, each
-# test file on one worker (module fixtures built once), the files handed out longest first (tests/conftest.py).
-TEST_ALL := -q -m "not slow" -n 2 --dist loadfile --no-loadscope-reorder
+# test file on one worker (module fixtures built once).
+TEST_ALL := -q -m "not slow" -n 2 --dist loadfile
 PYTEST_EXTRA ?=
 test: install
 	$(PYTHON) -m pytest $(TEST_ALL) $(PYTEST_EXTRA)

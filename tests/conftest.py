@@ -11,8 +11,6 @@ torch.set_num_threads(1)
 
 
 def pytest_configure(config):
-    if hasattr(config, "workerinput"):  # a pytest-xdist worker (`make test`)
-        config.pluginmanager.register(FilesLongestFirst(), "specdec-files-longest-first")
     config.addinivalue_line(
         "markers", "exactness_positive(checks, alpha): runs statistical exactness checks a correct "
         "implementation must pass (tests/test_exactness.py counts them in its family-wise bound); implies "
@@ -25,34 +23,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("exactness_positive") is not None:
             item.add_marker(pytest.mark.statistical)
-
-
-#: Rough seconds a test takes on a 2-core CPU, by its first marker here; a test with neither takes OTHER_S
-#: (docs/testing.md, "Where make test's time goes").
-EXPECTED_S = {"compile": 20.0, "statistical": 5.0}
-OTHER_S = 0.25
-
-
-class FilesLongestFirst:
-    """Under pytest-xdist with `--dist loadfile --no-loadscope-reorder` (`make test`), each worker takes the next
-    test file in collection order when it runs out of work. Ordered by the number of tests (xdist's default), a file
-    of few long tests came last and ran alone on one worker while the other idled: test_layer_graphs.py's 7 tests
-    take 200 s. So the files are collected longest first by EXPECTED_S, each file's own tests in their order."""
-
-    @pytest.hookimpl(trylast=True)  # after `-m` has deselected what will not run
-    def pytest_collection_modifyitems(self, items):
-        files: dict[str, list] = {}
-        for item in items:
-            files.setdefault(item.nodeid.split("::")[0], []).append(item)
-        cost = {name: sum(_expected_s(item) for item in tests) for name, tests in files.items()}
-        items[:] = [item for name in sorted(files, key=lambda name: -cost[name]) for item in files[name]]
-
-
-def _expected_s(item) -> float:
-    for marker, seconds in EXPECTED_S.items():
-        if item.get_closest_marker(marker) is not None:
-            return seconds
-    return OTHER_S
 
 
 @pytest.fixture(autouse=True)
