@@ -105,8 +105,8 @@ def main() -> None:
         run = json.loads(proc.stdout.strip().splitlines()[-1])
         runs.append(run)
         stack = next((r["peak_rss_gb"] for r in runs if r["way"] == "stack"), float("nan"))
-        ratio, above = (run["peak_rss_gb"] / run["model_gb"], (run["peak_rss_gb"] - stack) / run["model_gb"]) \
-            if run["model_gb"] else (float("nan"), float("nan"))
+        model = run["model_gb"] or float("nan")  # a baseline holds no model
+        ratio, above = run["peak_rss_gb"] / model, (run["peak_rss_gb"] - stack) / model
         print(f"{way:>8} {weights:>8}: load {run['load_s']:6.1f} s, peak RSS {run['peak_rss_gb']:5.2f} GB, "
               f"model {run['model_gb']:5.2f} GB, peak / model {ratio:.2f}, less the stack's {above:.2f}", flush=True)
     if args.json:

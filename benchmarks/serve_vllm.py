@@ -178,7 +178,7 @@ def main() -> int:
     from specdec.bench.runner import VLLM_DRAFT_ROOM
     from specdec.bench.vllm_env import default_vllm_env, run_environment, serve_command
     from specdec.bench.workloads import load_workload
-    from specdec.hub.vllm_bundle import write_vllm_bundle
+    from specdec.hub.vllm_bundle import DEFAULT_GAMMA, write_vllm_bundle
 
     levels = [int(c) for c in args.concurrency.split(",")]
     target, _, tokenizer = specdec.load_default(dtype=args.dtype)
@@ -187,7 +187,7 @@ def main() -> int:
     warmup = prompts[:2] if args.warmup_prompts is None else [
         list(p.ids) for p in load_workload(args.warmup_prompts, tokenizer, args.requests, seed=1,
                                            prompt_tokens=args.prompt_tokens)]
-    gamma = args.gamma if args.gamma is not None or args.drafter == "suffix" else 4
+    gamma = args.gamma if args.gamma is not None or args.drafter == "suffix" else DEFAULT_GAMMA
     gamma_args = ["--gamma", str(gamma)] if gamma is not None else []
     # specdec's offline plain decoding, greedy, stopping at end-of-sequence as both servers do; bfloat16 on the fast
     # path (float32's eager and compiled passes agree)
