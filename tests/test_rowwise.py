@@ -456,12 +456,13 @@ def test_every_kernel_gives_the_same_bits_on_any_number_of_threads(dtype, thread
             assert all(torch.equal(a, b) for a, b in zip(alone, run(rows), strict=True)), (rows, count)
 
 
-@pytest.mark.parametrize("fmt", ["bfloat16", "float32", "w8a8"])
+@pytest.mark.parametrize("fmt", ["bfloat16", "bfloat16-pairs", "float32", "w8a8"])
 def test_a_weight_that_streams_from_memory_gives_the_bits_of_a_small_one(fmt):
     """A packed weight that streams from memory (kernels/packed_core.h, `streams`: 8 MiB or more, W8A8's 4 MiB)
-    reads fewer panels side by side, and a one-row W8A8 pass over it runs as a block of two rows where the core's
-    `DotStreaming` takes the twin row (an AMD core on AVX-512; kernels/test runs it on every AVX-512 tier): the same
-    bits as the same outputs packed as a small weight, at every pass width."""
+    reads fewer panels side by side, and a one-row W8A8 or BF16_PAIRS pass over it runs as a block of two rows where
+    the core's `DotStreaming` takes the twin row (an AMD core on AVX-512; kernels/test runs it on every AVX-512 tier):
+    the same bits as the same outputs packed as a small weight, at every pass width. ("bfloat16-pairs": AVX512_BF16's
+    pairs layout where the tier has it, else the plain bfloat16 one.)"""
     from specdec.runtime.weights import quantize_weight
 
     load_kernel()
@@ -474,7 +475,8 @@ def test_a_weight_that_streams_from_memory_gives_the_bits_of_a_small_one(fmt):
         big = torch.ops.specdec.pack_quantized(qw.q, qw.scales, 8, 64, True)
         small = torch.ops.specdec.pack_quantized(qw.q[:96], qw.scales[:96], 8, 64, True)
     else:
-        big, small = torch.ops.specdec.pack_weight(w, False), torch.ops.specdec.pack_weight(w[:96], False)
+        pairs = fmt == "bfloat16-pairs"
+        big, small = torch.ops.specdec.pack_weight(w, pairs), torch.ops.specdec.pack_weight(w[:96], pairs)
     least = 4 << 20 if fmt == "w8a8" else 8 << 20
     assert big.numel() * big.element_size() >= least > small.numel() * small.element_size()
     for rows in (1, 2, 5, 12, 13):

@@ -122,7 +122,10 @@ constexpr int PANEL = PV * LANES;
 //
 // BF16_PAIRS (AVX512_BF16's dot product) takes the same prefetch choice: on a Zen 4 core, without its prefetch 8 KB
 // ahead, a pass over the Qwen2.5-0.5B shape's linears took 0.96-0.99x the time at one row, 0.87x at 4 to 8 rows
-// (a verification pass's widths), 1.00x at 16 (benchmarks/kernel_ab.py --bits 16; docs/kernels.md).
+// (a verification pass's widths), 1.00x at 16 (benchmarks/kernel_ab.py --bits 16; docs/kernels.md). It takes the
+// twin row too: on a Zen 4 core a one-row pass over the Qwen2.5-1.5B shape's linears took 0.94x the time with its
+// streamed weights' blocks run as two rows (28.3 against 26.6 GB/s), 0.985x over the 0.5B shape's, whose streamed
+// weights are fewer (the same A/B, 15 and 21 alternated rounds).
 //
 // So on AVX-512 an AMD core streams as the Zen 4 measured best, any other as the Xeon did; elsewhere with the
 // prefetch, and one row alone (the twin block is built on AVX-512 only: TWIN_BUILT). (Zen 5 and the Xeons with AMX
@@ -379,11 +382,20 @@ struct Block {
   }
 };
 
+// A value the compiler must take as unknown (`opaque`) or must compute though nothing reads it (`keep`).
+template <typename T>
+__attribute__((always_inline)) inline void opaque(T& v) { asm("" : "+r"(v)); }
+template <typename T>
+__attribute__((always_inline)) inline void keep(const T& v) { asm volatile("" : : "v"(v)); }
+
 #if defined(__AVX512BF16__)
 // BF16_PAIRS: AVX512_BF16's dot product, 64 outputs x one pair of k per step (the tier's own arithmetic). Prefetch:
 // each step asks for the line 8 KB on in its panel (DotStreaming::prefetch chooses, as for W4A8 and W8A8).
-template <int R, bool Prefetch>
+// Twin (DotStreaming::twin_row, R 2): row m0 alone, computed as two rows, as ByteDotBlock's twin.
+template <int R, bool Prefetch, bool Twin = false>
 struct PairsBlock {
+  static_assert(!Twin || R == 2, "a twin block is one row computed as two");
+
   static void run(const Args& a, const float*, int64_t m0, int64_t p0) {
     static_assert(PV == 4);
     __m512 acc[R][PV];
@@ -391,6 +403,9 @@ struct PairsBlock {
       for (int v = 0; v < PV; ++v) acc[r][v] = _mm512_setzero_ps();
     const uint8_t* w = a.packed + p0 * a.panel_stride;
     const int64_t K = a.K, whole = K / 2;
+    const uint16_t* x[R];  // each row's bfloat16 inputs
+    for (int r = 0; r < R; ++r) x[r] = a.xb + (m0 + (Twin ? 0 : r)) * K;
+    if constexpr (Twin) opaque(x[1]);
     auto step = [&](int64_t s, bool last) __attribute__((always_inline)) {
       const uint8_t* ws = w + s * PANEL * 4;
       __m512bh wv[PV];
@@ -400,14 +415,19 @@ struct PairsBlock {
       }
       for (int r = 0; r < R; ++r) {
         int32_t pair = 0;  // (k, k + 1); the last of an odd K: (k, 0)
-        std::memcpy(&pair, a.xb + (m0 + r) * K + 2 * s, last ? 2 : 4);
+        std::memcpy(&pair, x[r] + 2 * s, last ? 2 : 4);
         const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
         for (int v = 0; v < PV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xv, wv[v]);
       }
     };
     for (int64_t s = 0; s < whole; ++s) step(s, false);
     if (K % 2) step(whole, true);
-    Block<Fmt::F32, R, 1>::store(a, acc, m0, p0);
+    if constexpr (Twin) {
+      for (int v = 0; v < PV; ++v) keep(acc[1][v]);
+      Block<Fmt::F32, 1, 1>::store(a, reinterpret_cast<__m512 (&)[1][PV]>(acc), m0, p0);
+    } else {
+      Block<Fmt::F32, R, 1>::store(a, acc, m0, p0);
+    }
   }
 };
 #endif
@@ -491,12 +511,6 @@ __attribute__((always_inline)) inline void add_group(const Args& a, V (&acc)[R][
     }
   }
 }
-
-// A value the compiler must take as unknown (`opaque`) or must compute though nothing reads it (`keep`).
-template <typename T>
-__attribute__((always_inline)) inline void opaque(T& v) { asm("" : "+r"(v)); }
-template <typename T>
-__attribute__((always_inline)) inline void keep(const T& v) { asm volatile("" : : "v"(v)); }
 
 // W4A8: per group, each row's integer sums over the group's k (8 at a time: two words of 4 inputs against the low
 // and high nibbles), then the group's scales into the row's float32 accumulators (packed_core's header comment).
@@ -686,6 +700,15 @@ void run_format(const Args& a, const float* xt, int64_t p0, int64_t p1) {
       return;
     }
   }
+#if defined(__AVX512BF16__)
+  if constexpr (F == Fmt::BF16_PAIRS && !AMX) {  // the same for AVX512_BF16's pairs, a panel a block
+    if (a.dot.twin_row && a.M == 1 && a.stream) {
+      for (int64_t p = p0; p < p1; ++p)
+        a.dot.prefetch ? PairsBlock<2, true, true>::run(a, xt, 0, p) : PairsBlock<2, false, true>::run(a, xt, 0, p);
+      return;
+    }
+  }
+#endif
   if (a.M <= RMAX) {
     if constexpr (MAXP_STREAM != MAXP) {  // (a tier without a streaming blocking compiles one)
       if (a.stream) {
