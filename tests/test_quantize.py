@@ -274,7 +274,7 @@ def test_a_self_draft_of_a_packed_target_quantizes_its_reduced_head_from_the_pac
     drafter = specdec.SelfDraft(target, weights="w4a8", group=16, draft_vocab=ids)
     whole = specdec.SelfDraft(target, weights="w4a8", group=16).model.get_output_embeddings()
     head = drafter.model.get_output_embeddings()
-    assert head.weights == whole.weights == "int8"  # the head of a w4a8 copy (LM_HEAD_BITS)
+    assert head.weights == whole.weights == "w8a8"  # the head of a w4a8 copy (LM_HEAD_BITS, `head_format`)
     assert torch.equal(head.packed, whole.outputs(ids).packed)
     plain = specdec.generate(target, PROMPTS[0], max_new_tokens=20, compile="static")
     decoder = specdec.SpeculativeDecoder(target, drafter, gamma=4, max_new_tokens=20, compile="static")

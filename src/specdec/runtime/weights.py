@@ -17,11 +17,11 @@ stay in the model's dtype; the weights are in `weights`:
   The model computes with w = q · scale, made float32 in the kernel's inner loop. Under int4 the LM head is int8
   (`LM_HEAD_BITS`): the logits' rounding matters most there, and llama.cpp keeps its output layer at higher
   precision for the same reason.
-- "w4a8": int4's weights (and its int8 LM head), computed as llama.cpp's Q4_0 and OpenVINO's INT4 compute on a CPU:
-  each row of a layer's input is rounded to int8 per group of `group` inputs (scale max|x| / 127) and the products
-  are summed in integers, one float32 multiply-add per group. Several times less arithmetic per weight than int4's
-  float32 one, at the cost of rounding the activations too: a format of its own, with its own outputs (its quality
-  in docs/quantization.md). `group` must be a multiple of 8.
+- "w4a8": int4's weights (its LM head w8a8's: `LM_HEAD_BITS`), computed as llama.cpp's Q4_0 and OpenVINO's INT4
+  compute on a CPU: each row of a layer's input is rounded to int8 per group of `group` inputs (scale max|x| / 127)
+  and the products are summed in integers, one float32 multiply-add per group. Several times less arithmetic per
+  weight than int4's float32 one, at the cost of rounding the activations too: a format of its own, with its own
+  outputs (its quality in docs/quantization.md). `group` must be a multiple of 8.
 - "w8a8": int8's weights computed the same way, as llama.cpp's Q8_0 and OpenVINO's INT8 compute on a CPU: the
   inputs rounded to int8 per group, the products summed in integers (its LM head w8a8 too). "int8" widens each
   weight to float32 and multiplies in float, which can cost more than reading it (docs/quantization.md measures
@@ -59,8 +59,12 @@ LM_HEAD_BITS = 8
 
 
 def head_format(weights: str) -> str:
-    """The LM head's format in a model whose other linear layers are `weights`."""
-    return f"int{LM_HEAD_BITS}" if QUANTIZED.get(weights) == 4 else weights
+    """The LM head's format in a model whose other linear layers are `weights`: LM_HEAD_BITS under the 4-bit formats
+    (int8 under int4; w8a8 under w4a8, whose rows are rounded to int8 already: a one-row int8 pass, float32 in its
+    inner loop, read at about half w8a8's rate, and was a third of a w4a8 pass at 1.5B), else `weights`."""
+    if QUANTIZED.get(weights) != 4:
+        return weights
+    return f"w{LM_HEAD_BITS}a8" if weights in INT8_INPUTS else f"int{LM_HEAD_BITS}"
 
 
 def check_format(weights: str | None) -> str | None:
@@ -267,10 +271,10 @@ class PackedLinear(nn.Module):
 def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP, *, head: bool = True,
                free: bool = True, fill: Callable[[str, nn.Linear], None] | None = None) -> nn.Module:
     """Replace every nn.Linear of `model` (a CPU model) by its PackedLinear in format `weights`, in place, one layer
-    at a time; the LM head at LM_HEAD_BITS under int4 and w4a8 (head=False: left as it is). free=True drops each original
-    weight once packed (a tied head's weight is the embedding's and stays). fill(name, linear): called just before
-    a layer (not a tied head) is packed, to give it its weights then (hub/streamed.py reads them from the
-    checkpoint). weights=None: nothing. Returns the model."""
+    at a time; the LM head at LM_HEAD_BITS under int4 and w4a8 (`head_format`; head=False: left as it is). free=True
+    drops each original weight once packed (a tied head's weight is the embedding's and stays). fill(name, linear):
+    called just before a layer (not a tied head) is packed, to give it its weights then (hub/streamed.py reads them
+    from the checkpoint). weights=None: nothing. Returns the model."""
     if check_format(weights) is None:
         return model
     if any(p.device.type != "cpu" for p in model.parameters()):
