@@ -657,13 +657,30 @@ void small(int r, const Args& a, const float* xt, int64_t p0, int64_t p1) {
   }
 }
 
-// A one-row W8A8 pass as blocks of two rows, the row and its copy (DotStreaming::twin_row)
-template <bool Prefetch>
+// The formats whose one-row pass over a streamed weight can run as two rows (DotStreaming::twin_row): W8A8, and
+// AVX512_BF16's pairs (on AMX, run_format sends every BF16_PAIRS pass to amx_pairs)
+constexpr bool has_twin(Fmt f) {
+#if defined(__AVX512BF16__)
+  if (f == Fmt::BF16_PAIRS) return !AMX;
+#endif
+  return f == Fmt::W8A8 && TWIN_BUILT;
+}
+
+// A one-row W8A8 or BF16_PAIRS pass as blocks of two rows, the row and its copy (DotStreaming::twin_row)
+template <Fmt F, bool Prefetch>
 void one_row_as_two(const Args& a, int64_t p0, int64_t p1) {
-  constexpr int P = panels_for(2, Fmt::W8A8, false);
-  int64_t p = p0;
-  for (; p + P <= p1; p += P) ByteDotBlock<2, P, Prefetch, true>::run(a, 0, p);
-  for (; p < p1; ++p) ByteDotBlock<2, 1, Prefetch, true>::run(a, 0, p);
+#if defined(__AVX512BF16__)
+  if constexpr (F == Fmt::BF16_PAIRS) {  // a panel a block
+    for (int64_t p = p0; p < p1; ++p) PairsBlock<2, Prefetch, true>::run(a, nullptr, 0, p);
+    return;
+  }
+#endif
+  if constexpr (F == Fmt::W8A8) {
+    constexpr int P = panels_for(2, Fmt::W8A8, false);
+    int64_t p = p0;
+    for (; p + P <= p1; p += P) ByteDotBlock<2, P, Prefetch, true>::run(a, 0, p);
+    for (; p < p1; ++p) ByteDotBlock<2, 1, Prefetch, true>::run(a, 0, p);
+  }
 }
 
 template <Fmt F>
@@ -694,21 +711,12 @@ void run_format(const Args& a, const float* xt, int64_t p0, int64_t p1) {
       return;
     }
   }
-  if constexpr (F == Fmt::W8A8 && TWIN_BUILT) {
+  if constexpr (has_twin(F)) {
     if (a.dot.twin_row && a.M == 1 && a.stream) {
-      a.dot.prefetch ? one_row_as_two<true>(a, p0, p1) : one_row_as_two<false>(a, p0, p1);
+      a.dot.prefetch ? one_row_as_two<F, true>(a, p0, p1) : one_row_as_two<F, false>(a, p0, p1);
       return;
     }
   }
-#if defined(__AVX512BF16__)
-  if constexpr (F == Fmt::BF16_PAIRS && !AMX) {  // the same for AVX512_BF16's pairs, a panel a block
-    if (a.dot.twin_row && a.M == 1 && a.stream) {
-      for (int64_t p = p0; p < p1; ++p)
-        a.dot.prefetch ? PairsBlock<2, true, true>::run(a, xt, 0, p) : PairsBlock<2, false, true>::run(a, xt, 0, p);
-      return;
-    }
-  }
-#endif
   if (a.M <= RMAX) {
     if constexpr (MAXP_STREAM != MAXP) {  // (a tier without a streaming blocking compiles one)
       if (a.stream) {
