@@ -162,7 +162,7 @@ def llamacpp_run(root: Path, model: Path, prompt_text: str, scratch: Path, new: 
                                "--top-k", "1", "--ignore-eos", "-t", str(threads), "-tb", str(threads), "-no-cnv",
                                "--no-display-prompt",
                                "-c", "1024", "--seed", "0"], capture_output=True, text=True, check=True,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, errors="replace")  # a random model's bytes need not be UTF-8
         log = proc.stderr
         matches = {name: pattern.search(log) for name, pattern in PERF.items()}
         if all(matches.values()):
