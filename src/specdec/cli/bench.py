@@ -260,19 +260,21 @@ def _vllm_settings(args):
 
 
 def _vllm_setup(args) -> int:
-    from specdec.bench.vllm_env import create_vllm_env, default_vllm_env
+    from specdec.bench.vllm_env import ENV_MARKER, create_vllm_env, default_vllm_env
 
-    env = args.vllm_env or default_vllm_env()
-    print(f"creating the vLLM environment in {env} (several minutes) ...", flush=True)
+    env = Path(args.vllm_env or default_vllm_env())
+    if not (env / ENV_MARKER).is_file():  # a finished environment is only checked
+        print(f"creating the vLLM environment in {env} (several minutes) ...", flush=True)
     print(f"ready: {create_vllm_env(env)}")
     return 0
 
 
 def _openvino_setup(args) -> int:
-    from specdec.bench.openvino_export import create_export_env, default_export_env
+    from specdec.bench.openvino_export import ENV_MARKER, create_export_env, default_export_env
 
-    env = args.openvino_export_env or default_export_env()
-    print(f"creating the OpenVINO export environment in {env} (about a minute) ...", flush=True)
+    env = Path(args.openvino_export_env or default_export_env())
+    if not (env / ENV_MARKER).is_file():  # a finished environment is only checked
+        print(f"creating the OpenVINO export environment in {env} (about a minute) ...", flush=True)
     print(f"ready: {create_export_env(env)}")
     return 0
 
