@@ -93,6 +93,18 @@ def test_other_methods_never_need_openvino(no_openvino):
     assert results["openvino"] is None and all(s["identical_to_hf_plain"] for s in results["configs"])
 
 
+def test_setup_on_a_finished_export_environment_says_it_is_ready_and_creates_nothing(tmp_path, capsys):
+    from specdec.bench.openvino_export import ENV_MARKER
+    from specdec.cli import main
+
+    env = tmp_path / "env"
+    env.mkdir()
+    (env / ENV_MARKER).write_text("{}")
+    assert main(["bench", "--openvino-setup", "--openvino-export-env", str(env)]) == 0
+    assert capsys.readouterr().out == f"ready: {env}\n"
+    assert sorted(p.name for p in env.iterdir()) == [ENV_MARKER]
+
+
 def test_ov_methods_parse_like_the_others():
     assert parse_methods("ov-plain,ov-speculative") == ["ov-plain", "ov-speculative"]
     labels = [c.label for c in make_configs(["ov-plain", "ov-speculative"], [2, 4])]
