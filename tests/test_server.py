@@ -584,6 +584,60 @@ def test_goodput_cost_model_prior_skips_exploring_a_new_large_batch():
     assert expected_tokens(0.6, 0) == 1.0 and abs(expected_tokens(0.6, 2) - 1.96) < 1e-9
 
 
+def test_goodput_cost_model_charges_a_pass_per_row_as_well_as_per_token():
+    """A pass's cost has a per-token part (the linears) and a per-row part (each row's attention over its own
+    cache): on the default pair in float32 at 32 rows, one pass of 32 x 1 inputs takes longer than one of 8 x 5
+    (docs/bench/goodput-pass-plane-zen4). Priced by its scored tokens alone, the 32-row plain pass looked 1.25x
+    cheaper than it was, and a server started every 32-row batch plain where γ 2 was ahead. Here the machine is
+    that shape (2 ms + 0.26 ms a token + 0.2 ms a row, α 0.8): after rounds at 1 and 8 rows only, the prior prices
+    32 rows within 6% and picks γ 2, the best; the line through the same passes mispriced plain by >25%."""
+    import random
+
+    from specdec.server.goodput import CostModel, GoodputGamma, expected_tokens
+
+    def pass_ms(rows: int, width: int) -> float:
+        return 2.0 + 0.26 * rows * width + 0.2 * rows
+
+    def round_ms(rows: int, gamma: int) -> float:  # + the rest of a round, + the draft's steps
+        return pass_ms(rows, gamma + 1) + 0.5 + 0.02 * rows + gamma * (0.3 + 0.05 * rows)
+
+    rng = random.Random(3)
+    policy = GoodputGamma(4, candidates=[0, 2, 4])
+
+    def run(rows: int, gamma: int) -> None:  # one round, reported as the scheduler reports it
+        noise = rng.uniform(0.9, 1.1)
+        accepted = rejections = 0
+        for _ in range(rows):
+            k = 0
+            while k < gamma and rng.random() < 0.8:
+                k += 1
+            accepted, rejections = accepted + k, rejections + (k < gamma)
+        policy.update(rows, gamma, round_ms(rows, gamma) / 1000 * noise, rows + accepted,
+                      pass_tokens=rows * (gamma + 1), pass_seconds=pass_ms(rows, gamma + 1) / 1000 * noise,
+                      accepted=accepted, rejections=rejections)
+
+    for rows in (1, 8):
+        for _ in range(20):
+            for gamma in (0, 2, 4):
+                run(rows, gamma)
+    run(8, policy.choose(8))  # the re-run of the γ that followed plain rounds (not measured the first time)
+    truth = {g: 32 * expected_tokens(0.8, g) / round_ms(32, g) for g in (0, 2, 4)}  # tokens per ms
+    assert max(truth, key=truth.get) == 2 and truth[2] > 1.1 * max(truth[0], truth[4])
+    cost = policy.cost
+    for width in (1, 3, 5):
+        assert cost.pass_seconds(32 * width, 32) * 1000 == pytest.approx(pass_ms(32, width), rel=0.06)
+    assert cost.pass_seconds(32) * 1000 < 0.75 * pass_ms(32, 1)  # the line through tokens alone
+    predicted = {g: policy.predicted(32, g) for g in (0, 2, 4)}
+    assert max(predicted, key=predicted.get) == 2, predicted
+    assert policy.choose(32) == 2
+    # one row count seen, or one pass width at each: no plane, the line in tokens as before
+    alone = CostModel()
+    for width in (1, 3, 5):
+        for _ in range(3):
+            alone.observe_pass(8 * width, 8, pass_ms(8, width) / 1000)
+    assert alone.pass_seconds(32, 32) == alone.pass_seconds(32)
+
+
 def test_goodput_fits_each_line_once_per_observation(monkeypatch):
     """The per-position cost of speculating subtracts the plain rounds' line from every kept speculative round:
     that line is fitted once, not once per kept round (which cost a full history of fits a round, and slowed a

@@ -12,9 +12,12 @@ Two sources, blended:
   random as its drafts' acceptance (1 to γ + 1 a row; at α = 0.5 half of one row's rounds commit 1), so they
   come from α pooled over every speculative round (rows · τ(α, γ)), or their mean before any; a round's time is
   steady but for outliers (a neighbour's burst, a compile), so it is a median;
-- **predicted** (`CostModel`, the prior): rows · τ(α, γ) / (t_pass(N) + t_rest(B) + γ · t_step(B)), with
-  the target pass time t_pass(N) = a + c·N fitted over the padded tokens N that each round's pass scored (at
-  B rows a speculative round scores (γ+1)·B), t_rest(B) the rest of a plain round and t_step(B) what each
+- **predicted** (`CostModel`, the prior): rows · τ(α, γ) / (t_pass(N, R) + t_rest(B) + γ · t_step(B)), with
+  the target pass time t_pass(N, R) = a + c·N + d·R fitted over the padded tokens N that each round's pass scored
+  (at B rows a speculative round scores (γ+1)·B) and its padded rows R: the linears cost per token, and each row
+  also reads its own cache (at 32 rows of the default pair in float32, a row's attention and host work cost ~0.1
+  ms, and one pass of 32 x 1 inputs takes longer than one of 8 x 5). Until two row counts have each been seen at
+  two widths (three passes each) it is a line in N alone. t_rest(B) is the rest of a plain round and t_step(B) what each
   drafted position adds besides the pass (draft forward, per-row verification and rollback), both lines
   over rows, and α the per-token acceptance (accepted / (accepted + rejections), the estimate of a
   geometric acceptance truncated at γ). Its inputs are pooled over every round of every bucket, so a bucket
@@ -41,6 +44,8 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Callable
+
+import numpy as np
 
 
 def batch_bucket(batch: int) -> int:
@@ -75,11 +80,38 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
     return max(0.0, my - slope * mx), slope
 
 
+def _plane(points: list[tuple[float, float, float]], min_group: int = 3) -> tuple[float, float, float] | None:
+    """Intercept a and slopes c, d of the least-squares plane y = a + c·x + d·z through the per-(x, z) medians of
+    (x, z, y) points, each median weighted by its group's size. None until two z values have each been seen with
+    two x values in `min_group` points or more each (so that c is measured at each z, and d between them: a slope
+    taken from one z alone, or from one noisy point, is noise), or when a coefficient comes out negative."""
+    groups: dict[tuple[float, float], list[float]] = {}
+    for x, z, y in points:
+        groups.setdefault((x, z), []).append(y)
+    xs_at: dict[float, set[float]] = {}
+    for (x, z), ys in groups.items():
+        if len(ys) >= min_group:
+            xs_at.setdefault(z, set()).add(x)
+    if sum(len(xs) >= 2 for xs in xs_at.values()) < 2:
+        return None
+    keys = list(groups)
+    design = np.array([(1.0, x, z) for x, z in keys])  # [G, 3]
+    if np.linalg.matrix_rank(design) < 3:
+        return None
+    weights = np.sqrt([len(groups[key]) for key in keys])  # [G]
+    medians = np.array([statistics.median(groups[key]) for key in keys])  # [G]
+    coef = np.linalg.lstsq(design * weights[:, None], medians * weights, rcond=None)[0]  # [3]
+    if (coef < 0).any():
+        return None
+    a, c, d = (float(v) for v in coef)
+    return a, c, d
+
+
 class CostModel:
     """A round's cost and yield from measurements pooled over the last `history` rounds (see module doc)."""
 
     def __init__(self, history: int = 256):
-        self.passes: deque[tuple[float, float]] = deque(maxlen=history)  # (tokens scored, seconds)
+        self.passes: deque[tuple[float, float, float]] = deque(maxlen=history)  # (tokens scored, rows, seconds)
         self.plain_rest: deque[tuple[float, float]] = deque(maxlen=history)  # γ = 0: (rows, round − pass)
         self.spec_rest: deque[tuple[float, int, float]] = deque(maxlen=history)  # γ > 0: (rows, γ, round − pass)
         self.outcomes: deque[tuple[int, int]] = deque(maxlen=history)  # (accepted, rejections) per round
@@ -92,13 +124,17 @@ class CostModel:
             self._fits[name] = fit()
         return self._fits[name]
 
-    def observe_pass(self, pass_tokens: int, pass_seconds: float) -> None:
-        """A target pass that scored `pass_tokens` tokens (padding included) in `pass_seconds`."""
-        self.passes.append((float(pass_tokens), pass_seconds))
+    def observe_pass(self, pass_tokens: int, pass_rows: int, pass_seconds: float) -> None:
+        """A target pass of `pass_rows` rows that scored `pass_tokens` tokens (padding included of both) in
+        `pass_seconds`."""
+        self.passes.append((float(pass_tokens), float(pass_rows), pass_seconds))
         self._fits.clear()
 
-    def observe(self, rows: int, gamma: int, seconds: float, pass_tokens: int, pass_seconds: float) -> None:
-        self.observe_pass(pass_tokens, pass_seconds)
+    def observe(self, rows: int, gamma: int, seconds: float, pass_tokens: int, pass_seconds: float,
+                pass_rows: int | None = None) -> None:
+        """A round of `rows` rows at γ took `seconds`, its target pass (`pass_rows` rows, default `rows`, and
+        `pass_tokens` tokens, padding included) `pass_seconds` of them."""
+        self.observe_pass(pass_tokens, rows if pass_rows is None else pass_rows, pass_seconds)
         rest = max(0.0, seconds - pass_seconds)
         if gamma > 0:
             self.spec_rest.append((float(rows), gamma, rest))
@@ -113,8 +149,13 @@ class CostModel:
             return None
         return (accepted + 1) / (accepted + rejections + 2)  # a uniform prior: 1/2 before any outcome
 
-    def pass_seconds(self, tokens: float) -> float | None:
-        line = self._fitted("pass", lambda: _line(list(self.passes)))
+    def pass_seconds(self, tokens: float, rows: float | None = None) -> float | None:
+        """A target pass's predicted seconds: a + c·tokens + d·rows where the passes seen fit that plane (and
+        `rows` is given), else a + c·tokens on the line through them; None before two pass sizes."""
+        plane = self._fitted("pass plane", lambda: _plane(list(self.passes)))
+        if plane is not None and rows is not None:
+            return plane[0] + plane[1] * tokens + plane[2] * rows
+        line = self._fitted("pass", lambda: _line([(n, seconds) for n, _, seconds in self.passes]))
         return None if line is None else line[0] + line[1] * tokens
 
     def plain_rest_seconds(self, rows: float) -> float:
@@ -150,9 +191,10 @@ class CostModel:
             return lambda rows: median
         return lambda rows: line[0] + line[1] * rows
 
-    def goodput(self, rows: int, gamma: int, pass_tokens: float) -> float | None:
-        """Predicted tokens/s of a round of `rows` rows at γ whose target pass scores `pass_tokens`."""
-        target = self.pass_seconds(pass_tokens)
+    def goodput(self, rows: int, gamma: int, pass_tokens: float, pass_rows: float | None = None) -> float | None:
+        """Predicted tokens/s of a round of `rows` rows at γ whose target pass scores `pass_tokens` over `pass_rows`
+        rows (padding included of both; default `rows`)."""
+        target = self.pass_seconds(pass_tokens, rows if pass_rows is None else pass_rows)
         if target is None:
             return None
         tokens, extra = rows * 1.0, 0.0
@@ -196,9 +238,13 @@ class GoodputGamma:
                   else statistics.fmean(t for t, _ in samples))
         return tokens / max(statistics.median(s for _, s in samples), 1e-9)
 
+    def pass_rows(self, batch: int) -> int:
+        """The rows a target pass over `batch` rows runs, padding included (`pass_tokens` at one input a row)."""
+        return self.pass_tokens(batch, 1)
+
     def predicted(self, batch: int, gamma: int) -> float | None:
         """The cost model's goodput for `batch` rows at γ, normalised to the bucket's size as `measured`."""
-        rate = self.cost.goodput(batch, gamma, self.pass_tokens(batch, gamma + 1))
+        rate = self.cost.goodput(batch, gamma, self.pass_tokens(batch, gamma + 1), self.pass_rows(batch))
         return None if rate is None else rate * batch_bucket(batch) / max(batch, 1)
 
     def estimate(self, bucket: int, gamma: int, batch: int | None = None) -> float | None:
@@ -253,14 +299,14 @@ class GoodputGamma:
         if resumed:  # a draft model first caught up on the plain rounds' tokens: not this γ's cost; run it again
             self.again = gamma
             if pass_tokens is not None and pass_seconds is not None:  # the target's pass is as any other
-                self.cost.observe_pass(pass_tokens, pass_seconds)
+                self.cost.observe_pass(pass_tokens, self.pass_rows(batch), pass_seconds)
             return
         key = (bucket, gamma)
         # Normalise to the bucket's size: within a bucket a round's cost grows about linearly with rows.
         self.samples.setdefault(key, deque(maxlen=self.window)).append((tokens * bucket / max(batch, 1), seconds))
         self.measured_at[key] = self.rounds
         if pass_tokens is not None and pass_seconds is not None:
-            self.cost.observe(batch, gamma, seconds, pass_tokens, pass_seconds)
+            self.cost.observe(batch, gamma, seconds, pass_tokens, pass_seconds, self.pass_rows(batch))
 
     def table(self) -> dict[str, dict[int, float]]:
         """Measured goodput (tokens/s) per batch bucket and γ: what `specdec serve` logs."""
