@@ -6,24 +6,10 @@ six layers, and the tied 384x8192 head) against `F.linear`, and `specdec::row_at
     flock /tmp/specdec-bench.lock taskset -c 1 python docs/bench/serve-vllm-zen4-f32-3/pass_parts.py
 """
 
-import statistics
-import time
-
 import torch
 
+from specdec.bench.timing import median_ms
 from specdec.runtime import rowwise
-
-
-def median_ms(fn, n: int) -> float:
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
 
 rowwise.load_kernel()
 torch.set_num_threads(1)
@@ -33,8 +19,8 @@ for rows in (1, 8, 32):
     for k, n, count in LINEARS:
         weight, x = torch.randn(n, k), torch.randn(rows, k)
         panels = torch.ops.specdec.pack_weight(weight)
-        packed += count * median_ms(lambda: torch.ops.specdec.packed_linear(x, panels, None, n), 300)
-        library += count * median_ms(lambda: torch.nn.functional.linear(x, weight), 300)
+        packed += count * median_ms(lambda: torch.ops.specdec.packed_linear(x, panels, None, n), 300, warmup=10)
+        library += count * median_ms(lambda: torch.nn.functional.linear(x, weight), 300, warmup=10)
         flop += count * 2 * rows * k * n
     print(f"linears, {rows} rows: packed_linear {packed:.2f} ms ({flop / packed / 1e6:.0f} GFLOP/s), "
           f"F.linear {library:.2f} ms ({flop / library / 1e6:.0f} GFLOP/s)", flush=True)
@@ -43,10 +29,10 @@ for visible in (130, 256, 500):
     k, v = torch.randn(32, 6, 512, 64), torch.randn(32, 6, 512, 64)
     mask = torch.full((32, 1, 1, 512), float("-inf"))
     mask[..., :visible] = 0
-    ms = median_ms(lambda: rowwise.row_attention(q, k, v, mask), 200)
+    ms = median_ms(lambda: rowwise.row_attention(q, k, v, mask), 200, warmup=10)
     read = 2 * 32 * 6 * visible * 64 * 4  # the visible keys and values, bytes
     print(f"attention, 32 rows, S = {visible}: {1e3 * ms:.0f} us a layer, {6 * ms:.2f} ms for six "
           f"({read / ms / 1e6:.1f} GB/s of keys and values)", flush=True)
 a = torch.randn(2048, 2048)
-roof = 2 * 2048 ** 3 / median_ms(lambda: a @ a, 20) / 1e6
+roof = 2 * 2048 ** 3 / median_ms(lambda: a @ a, 20, warmup=10) / 1e6
 print(f"float32 2048x2048 matmul (torch): {roof:.0f} GFLOP/s")
