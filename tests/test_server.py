@@ -630,7 +630,7 @@ def test_goodput_cost_model_charges_a_pass_per_row_as_well_as_per_token():
     predicted = {g: policy.predicted(32, g) for g in (0, 2, 4)}
     assert max(predicted, key=predicted.get) == 2, predicted
     assert policy.choose(32) == 2
-    # one row count seen, or one pass width at each: no plane, the line in tokens as before
+    # one row count seen (at three widths): no plane, the line in tokens as before
     alone = CostModel()
     for width in (1, 3, 5):
         for _ in range(3):
