@@ -10,18 +10,11 @@ scored tokens N, a + c·N, and the plane in tokens and rows R, a + c·N + d·R (
 
 import statistics
 
-import torch
-
-import specdec
-from specdec.bench.workloads import load_workload
-from specdec.engine.batch import BatchDecoder
 from specdec.server.goodput import CostModel
 
-torch.set_num_threads(1)
-target, draft, tokenizer = specdec.load_default(dtype="float32")
-prompts = [list(p.ids) for p in load_workload("code", tokenizer, 32, prompt_tokens=64)]
-decoder = BatchDecoder(target, specdec.DraftModel(draft), compile=True, max_len=512)
-decoder.target.query_buckets = (1, 3, 5)
+from server_decoder import server_decoder
+
+decoder, prompts = server_decoder()
 grid = {}
 for sweep in range(2):
     for rows in (1, 2, 4, 8, 16, 32):

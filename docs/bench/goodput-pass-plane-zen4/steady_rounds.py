@@ -9,17 +9,9 @@ all 32 rows count (a wave's tail, where rows have finished, is left out). Each Î
 import statistics
 import time
 
-import torch
+from server_decoder import server_decoder
 
-import specdec
-from specdec.bench.workloads import load_workload
-from specdec.engine.batch import BatchDecoder
-
-torch.set_num_threads(1)
-target, draft, tokenizer = specdec.load_default(dtype="float32")
-prompts = [list(p.ids) for p in load_workload("code", tokenizer, 32, prompt_tokens=64)]
-decoder = BatchDecoder(target, specdec.DraftModel(draft), compile=True, max_len=512)
-decoder.target.query_buckets = (1, 3, 5)
+decoder, prompts = server_decoder()
 for repeat in range(2):
     for gamma in (0, 2, 4):
         decoder.add_many([(i, p, dict(max_new_tokens=400, gamma=4, eos_token_id=[])) for i, p in enumerate(prompts)])
