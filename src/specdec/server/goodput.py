@@ -92,12 +92,11 @@ def _plane(points: list[tuple[float, float, float]], min_group: int = 3) -> tupl
     for (x, z), ys in groups.items():
         if len(ys) >= min_group:
             xs_at.setdefault(z, set()).add(x)
+    # Past this the design has rank 3: (1, x1, z1), (1, x2, z1), (1, x3, z2) are independent when x1 != x2, z1 != z2.
     if sum(len(xs) >= 2 for xs in xs_at.values()) < 2:
         return None
     keys = list(groups)
     design = np.array([(1.0, x, z) for x, z in keys])  # [G, 3]
-    if np.linalg.matrix_rank(design) < 3:
-        return None
     weights = np.sqrt([len(groups[key]) for key in keys])  # [G]
     medians = np.array([statistics.median(groups[key]) for key in keys])  # [G]
     coef = np.linalg.lstsq(design * weights[:, None], medians * weights, rcond=None)[0]  # [3]
