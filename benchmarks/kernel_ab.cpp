@@ -1,6 +1,7 @@
 // kernel_ab.py's harness: two variants of packed_core.h (kernel_a.h, kernel_b.h: namespaces specdec::kernel_a and
-// specdec::kernel_b) over the same packed weights, passes alternated in one process. argv: rows, repeats, bits (8:
-// W8A8, 4: W4A8, 16: BF16_PAIRS, bfloat16 inputs), then the linears as N K pairs. Prints one line per side: median ms and GB/s; then B / A.
+// specdec::kernel_b) over the same packed weights, passes alternated in one process. argv: rows, repeats, format
+// (W8A8, W4A8, BF16_PAIRS on bfloat16 inputs, or the weight-only INT8, INT4 on float32 inputs), then the linears as
+// N K pairs. Prints one line per side: median ms and GB/s; then B / A.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "simd.h"
@@ -24,17 +26,19 @@ struct Linear {
   bool stream;  // as the op takes it (packed_core.h's `streams`)
 };
 
-template <typename NS_Args, typename Fmt, typename Quantize, typename Run>
-double pass(std::vector<Linear>& ls, int64_t M, int64_t G, Fmt fmt, std::vector<float>& x,
+template <typename NS_Args, typename Fmt, typename Quantize, typename Interleave, typename Run>
+double pass(std::vector<Linear>& ls, int64_t M, int64_t G, Fmt fmt, std::vector<float>& x, std::vector<float>& xt,
             const std::vector<uint16_t>& xb, std::vector<int8_t>& xq, std::vector<float>& xs,
-            std::vector<int32_t>& xsum, std::vector<float>& out, Quantize quantize, Run run, int64_t panel) {
+            std::vector<int32_t>& xsum, std::vector<float>& out, Quantize quantize, Interleave interleave, Run run,
+            int64_t panel) {
   const auto t = std::chrono::steady_clock::now();
   for (Linear& l : ls) {
-    if (xb.empty()) quantize(x.data(), M, l.K, G, xq.data(), xs.data(), xsum.data());
+    if (xq.size()) quantize(x.data(), M, l.K, G, xq.data(), xs.data(), xsum.data());
+    if (xt.size()) interleave(x.data(), M, l.K, xt.data());  // the float formats' inputs, as the op gives them
     NS_Args a{fmt, x.data(), xb.data(), M, l.K, l.N, l.packed.data(), l.stride, G, nullptr, out.data(), false,
               l.stream,
               xq.data(), xs.data(), xsum.data()};
-    run(a, nullptr, 0, (l.N + panel - 1) / panel);
+    run(a, xt.size() ? xt.data() : nullptr, 0, (l.N + panel - 1) / panel);
   }
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
@@ -49,14 +53,22 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   using namespace specdec;
   const int64_t M = std::atoll(argv[1]), G = 64;
-  const int repeats = std::atoi(argv[2]), bits = std::atoi(argv[3]);
+  const int repeats = std::atoi(argv[2]);
+  const std::string format = argv[3];
+  const char* names[] = {"F32", "BF16", "BF16_PAIRS", "INT8", "INT4", "W4A8", "W8A8"};
+  const int code = static_cast<int>(std::find(names, names + 7, format) - names);
+  if (code < 2 || code > 6) {
+    std::fprintf(stderr, "kernel_ab: format %s is not one of BF16_PAIRS, INT8, INT4, W4A8, W8A8\n", argv[3]);
+    return 2;
+  }
+  const auto fa = static_cast<kernel_a::Fmt>(code);
+  const auto fb = static_cast<kernel_b::Fmt>(code);
+  const bool pairs = fa == kernel_a::Fmt::BF16_PAIRS, dot = kernel_a::int8_inputs(fa);
+  const int bits = fa == kernel_a::Fmt::INT4 || fa == kernel_a::Fmt::W4A8 ? 4 : 8;
   std::mt19937 rng(0);
   std::vector<Linear> ls;
   double bytes = 0;
   int64_t widest = 0;
-  const bool pairs = bits == 16;
-  const auto fa = pairs ? kernel_a::Fmt::BF16_PAIRS : bits == 8 ? kernel_a::Fmt::W8A8 : kernel_a::Fmt::W4A8;
-  const auto fb = pairs ? kernel_b::Fmt::BF16_PAIRS : bits == 8 ? kernel_b::Fmt::W8A8 : kernel_b::Fmt::W4A8;
   auto bf16 = [](float v) {  // v's top 16 bits (a bfloat16 of v, truncated)
     uint32_t u;
     std::memcpy(&u, &v, 4);
@@ -76,7 +88,7 @@ int main(int argc, char** argv) {
       for (size_t j = 0; j < w.size(); ++j) w[j] = bf16(static_cast<float>(q[j]) * 4e-4f);
       kernel_a::pack_pairs(w.data(), N, K, reinterpret_cast<uint16_t*>(l.packed.data()));  // one layout for both
     } else {
-      kernel_a::pack_quantized(q.data(), scales.data(), N, K, G, bits, l.packed.data(), true);
+      kernel_a::pack_quantized(q.data(), scales.data(), N, K, G, bits, l.packed.data(), dot);
     }
     bytes += static_cast<double>(l.packed.size());
     widest = std::max({widest, N, K});
@@ -87,16 +99,17 @@ int main(int argc, char** argv) {
   std::vector<uint16_t> xb;
   if (pairs)
     for (float v : x) xb.push_back(bf16(v));
-  std::vector<int8_t> xq(M * (widest + G));
+  std::vector<int8_t> xq(dot ? M * (widest + G) : 0);  // the integer formats' quantized inputs (none: float32's)
+  std::vector<float> xt(dot || pairs ? 0 : M * widest);  // the weight-only formats' interleaved float32 inputs
   std::vector<float> xs(M * (widest / G + 2));
   std::vector<int32_t> xsum(M * (widest / G + 2));
   auto run_a = [&] {
-    return pass<kernel_a::Args>(ls, M, G, fa, x, xb, xq, xs, xsum, out, kernel_a::quantize_inputs, kernel_a::run,
-                                kernel_a::PANEL);
+    return pass<kernel_a::Args>(ls, M, G, fa, x, xt, xb, xq, xs, xsum, out, kernel_a::quantize_inputs,
+                                kernel_a::interleave, kernel_a::run, kernel_a::PANEL);
   };
   auto run_b = [&] {
-    return pass<kernel_b::Args>(ls, M, G, fb, x, xb, xq, xs, xsum, out, kernel_b::quantize_inputs, kernel_b::run,
-                                kernel_b::PANEL);
+    return pass<kernel_b::Args>(ls, M, G, fb, x, xt, xb, xq, xs, xsum, out, kernel_b::quantize_inputs,
+                                kernel_b::interleave, kernel_b::run, kernel_b::PANEL);
   };
   run_a();
   run_b();
