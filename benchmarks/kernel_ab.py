@@ -8,9 +8,9 @@ timed in runs of their own cannot be told apart.
 Each variant is packed_core.h as it is, with --a's (and --b's) substitutions (OLD=>NEW, exact text, each must
 match); they are compiled side by side (namespaces kernel_a and kernel_b) with the tier's flags into one program
 (kernel_ab.cpp), which packs every linear of a ladder shape once in W8A8, W4A8 or BF16_PAIRS, or with --weight-only
-in the weight-only INT8 or INT4 (the layout does not depend on the blocking), then times passes over all of them, A and B in turn, for --repeats rounds: per width, each
-side's median pass time and GB/s, and B / A. Random weights and inputs; one thread. Nothing here checks bits: the
-kernel tests do (tests/test_kernel_tiers.py).
+in the weight-only INT8 or INT4 (the layout does not depend on the blocking), then times passes over all of them, A
+and B in turn, for --repeats rounds: per width, each side's median pass time and GB/s, and B / A. Random weights and
+inputs; one thread. Nothing here checks bits: the kernel tests do (tests/test_kernel_tiers.py).
 """
 
 from __future__ import annotations
