@@ -99,7 +99,7 @@ inline V load_i8(const int8_t* p) {
 // LANES bytes at p, each (low nibble, high nibble) = two int4 weights q stored as q + 8: both q as floats, exactly.
 // A nibble indexes a table of the 16 values (vpermps reads an index's low 4 bits): one instruction a half where a
 // mask, a subtraction and a conversion took three. (A one-row weight-only INT4 pass over the Qwen2.5-1.5B shape's
-// linears, one Zen 4 core: 0.86x the time, 0.90x at 2 rows, 0.96-0.99x at 4-8; the same at 0.5B;
+// linears, one Zen 4 core: 0.86-0.89x the time, 0.90x at 2 rows, 0.96-0.99x at 4-8; the same at 0.5B;
 // benchmarks/kernel_ab.py --weight-only --bits 4, docs/kernels.md.)
 inline void load_q4(const uint8_t* p, V& low, V& high) {
   const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
