@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "simd.h"
@@ -55,14 +57,17 @@ int main(int argc, char** argv) {
   const int64_t M = std::atoll(argv[1]), G = 64;
   const int repeats = std::atoi(argv[2]);
   const std::string format = argv[3];
-  const char* names[] = {"F32", "BF16", "BF16_PAIRS", "INT8", "INT4", "W4A8", "W8A8"};
-  const int code = static_cast<int>(std::find(names, names + 7, format) - names);
-  if (code < 2 || code > 6) {
+  using F = kernel_a::Fmt;
+  const std::pair<const char*, F> formats[] = {
+      {"BF16_PAIRS", F::BF16_PAIRS}, {"INT8", F::INT8}, {"INT4", F::INT4}, {"W4A8", F::W4A8}, {"W8A8", F::W8A8}};
+  const auto* found = std::find_if(std::begin(formats), std::end(formats),
+                                   [&](const auto& entry) { return format == entry.first; });
+  if (found == std::end(formats)) {
     std::fprintf(stderr, "kernel_ab: format %s is not one of BF16_PAIRS, INT8, INT4, W4A8, W8A8\n", argv[3]);
     return 2;
   }
-  const auto fa = static_cast<kernel_a::Fmt>(code);
-  const auto fb = static_cast<kernel_b::Fmt>(code);
+  const F fa = found->second;
+  const auto fb = static_cast<kernel_b::Fmt>(fa);  // the same enum in both variants' namespaces
   const bool pairs = fa == kernel_a::Fmt::BF16_PAIRS, dot = kernel_a::int8_inputs(fa);
   const int bits = fa == kernel_a::Fmt::INT4 || fa == kernel_a::Fmt::W4A8 ? 4 : 8;
   std::mt19937 rng(0);
