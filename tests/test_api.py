@@ -30,6 +30,7 @@ def gen(target, prompt=(1, 2, 3), **kw):
         ({"gamma": 0}, specdec.ConfigError, "gamma"),
         ({"gamma": -2}, specdec.ConfigError, ">= 1"),
         ({"gamma": 2.5}, specdec.ConfigError, "integer"),
+        ({"gamma": "fast"}, specdec.ConfigError, "or 'auto'"),
         ({"temperature": -0.1}, specdec.ConfigError, "temperature"),
         ({"temperature": float("nan")}, specdec.ConfigError, "finite"),
         ({"top_p": 0.0}, specdec.ConfigError, "top_p"),

@@ -96,7 +96,8 @@ def _check_gamma(gamma: object) -> None:
     if gamma is None or isinstance(gamma, GammaPolicy) or gamma == "auto":
         return  # the drafter's default, the adaptive policy, or a policy object
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ConfigError(f"gamma (draft tokens per round) must be an integer >= 1, got {gamma!r}")
+        raise ConfigError(f"gamma (draft tokens per round) must be an integer >= 1 or 'auto' (chosen as acceptance "
+                          f"is measured), got {gamma!r}")
 
 
 def _int_list(value: object, name: str, expected: str) -> list[int]:
