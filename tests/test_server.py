@@ -216,6 +216,27 @@ def test_n_choices_are_rows_of_the_batch(live, pair, tokenizer):
     assert texts[0] == texts[1] and texts[0] and finishes == {0: "length", 1: "length"}
 
 
+def test_a_list_of_prompts_gets_each_prompt_s_choices_in_order(live, pair, tokenizer):
+    """OpenAI's batched prompts (strings and token-id lists alike): choice p·n + i is prompt p's row i, the lone
+    request of prompt p seeded with seed + i; usage counts each prompt once; streamed, the same texts."""
+    target, draft = pair
+    prompts = [prompt_ids(3), "def add(a, b):", prompt_ids(4)]
+    ids = [prompts[0], tokenizer("def add(a, b):", add_special_tokens=True)["input_ids"], prompts[2]]
+    kw = dict(model="tiny", prompt=prompts, max_tokens=10, temperature=1.0, top_p=0.9, seed=11, n=2)
+    out = live.client.completions.create(**kw)
+    assert [c.index for c in out.choices] == list(range(6))
+    lone = [lone_text(tokenizer, target, ids[p], specdec.DraftModel(draft), gamma=4, max_new_tokens=10,
+                      temperature=1.0, top_p=0.9, seed=11 + i) for p in range(3) for i in range(2)]
+    assert [c.text for c in out.choices] == [text for text, _ in lone]
+    assert out.usage.prompt_tokens == sum(map(len, ids))
+    assert out.usage.completion_tokens == sum(len(tokens) for _, tokens in lone)
+    texts: dict[int, str] = {}
+    for chunk in live.client.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+    assert texts == {c.index: c.text for c in out.choices}
+
+
 def test_32_concurrent_streams_each_get_the_lone_greedy_tokens(live, pair, tokenizer):
     target, draft = pair
     n = 32
@@ -309,6 +330,10 @@ BAD = {
     "max_tokens zero": ({"model": "tiny", "prompt": "x", "max_tokens": 0}, "max_tokens"),
     "past the context": ({"model": "tiny", "prompt": "x", "max_tokens": 100_000}, "max_tokens"),
     "token id outside the vocabulary": ({"model": "tiny", "prompt": [1, 2, 10_000]}, "prompt"),
+    "token id outside the vocabulary, second prompt": ({"model": "tiny", "prompt": [[1, 2], [10_000]]}, "prompt"),
+    "strings and ids mixed in one prompt": ({"model": "tiny", "prompt": ["x", 5]}, "prompt"),
+    "an empty prompt in a list": ({"model": "tiny", "prompt": ["x", ""]}, "prompt"),
+    "too many prompts": ({"model": "tiny", "prompt": ["x"] * 257}, "prompt"),
     "n out of range": ({"model": "tiny", "prompt": "x", "n": 17}, "n"),
     "logprobs out of range": ({"model": "tiny", "prompt": "x", "logprobs": 50}, "logprobs"),
     "chat field in completions": ({"model": "tiny", "prompt": "x", "top_logprobs": 2}, "top_logprobs"),

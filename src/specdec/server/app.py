@@ -28,6 +28,7 @@ from specdec.server.scheduler import Failed, Finished, Request, Scheduler, Token
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 512
+MAX_PROMPTS = 256  # prompts in one /v1/completions request (each decodes as n rows of the batch)
 
 
 class TextAssembler:
@@ -104,6 +105,10 @@ class LogprobsFormatter:
         if not parts:
             return None
         return {key: (None if key == "refusal" else [x for part in parts for x in part[key]]) for key in parts[0]}
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _usage(prompt_tokens: int, request: Request) -> dict:
@@ -186,17 +191,17 @@ def create_app(target, tokenizer, drafter=None, *, model_name: str = "specdec", 
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
         body = await service.read_body(http)
-        ids = service.check_ids(service.prompt_ids(body), "prompt")
+        prompts = [service.check_ids(ids, "prompt") for ids in service.prompts_ids(body)]
         sampling = parse_sampling(body, chat=False)
-        return await service.respond(ids, sampling, service.budget(len(ids), sampling, DEFAULT_MAX_TOKENS),
-                                     chat=False)
+        return await service.respond([(ids, service.budget(len(ids), sampling, DEFAULT_MAX_TOKENS))
+                                      for ids in prompts], sampling, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http: HTTPRequest):
         body = await service.read_body(http)
         ids = service.check_ids(service.chat_ids(body), "messages")
         sampling = parse_sampling(body, chat=True)
-        return await service.respond(ids, sampling, service.budget(len(ids), sampling, DEFAULT_CHAT_MAX_TOKENS),
+        return await service.respond([(ids, service.budget(len(ids), sampling, DEFAULT_CHAT_MAX_TOKENS))], sampling,
                                      chat=True)
 
     return app
@@ -236,26 +241,35 @@ class _Service:
                            param="model", code="model_not_found")
         return body
 
-    def prompt_ids(self, body: dict) -> list[int]:
-        """/v1/completions: the token ids of the request's one prompt (a string or a list of ids)."""
-        tokenizer = self.tokenizer
+    def prompts_ids(self, body: dict) -> list[list[int]]:
+        """/v1/completions: the token ids of each prompt of the request, in order: one prompt (a string or a list of
+        token ids) or a list of them (OpenAI's batched prompts; choices p·n .. p·n + n − 1 are prompt p's)."""
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
         if prompt is None or prompt == "" or prompt == []:
-            raise APIError("'prompt' is required: a string or a list of token ids", param="prompt")
-        if isinstance(prompt, str):
-            ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-            if not ids and tokenizer.bos_token_id is not None:
-                ids = [tokenizer.bos_token_id]
-        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = list(prompt)
-        elif isinstance(prompt, list):
-            raise APIError("only one prompt per request is supported; send a string or one list of token ids",
-                           param="prompt")
+            raise APIError("'prompt' is required: a string or a list of token ids (or a list of those)", param="prompt")
+        if isinstance(prompt, str) or (isinstance(prompt, list) and all(map(_is_token_id, prompt))):
+            prompts = [prompt]
+        elif isinstance(prompt, list) and all(isinstance(p, str) or (isinstance(p, list) and all(map(_is_token_id, p)))
+                                              for p in prompt):
+            prompts = prompt
         else:
-            raise APIError("'prompt' must be a string or a list of token ids", param="prompt")
-        return ids
+            raise APIError("'prompt' must be a string, a list of token ids, or a list of strings or of token-id lists",
+                           param="prompt")
+        if len(prompts) > MAX_PROMPTS:
+            raise APIError(f"{len(prompts)} prompts in one request; send at most {MAX_PROMPTS}, or split the request",
+                           param="prompt")
+        out = []
+        for i, one in enumerate(prompts):
+            if one == "" or one == []:
+                raise APIError(f"prompt {i} of the request is empty; send at least one token of text", param="prompt")
+            if isinstance(one, str):
+                ids = self.tokenizer(one, add_special_tokens=True)["input_ids"]
+                if not ids and self.tokenizer.bos_token_id is not None:
+                    ids = [self.tokenizer.bos_token_id]
+                out.append(ids)
+            else:
+                out.append(list(one))
+        return out
 
     def chat_ids(self, body: dict) -> list[int]:
         """/v1/chat/completions: the token ids of the messages through the chat template."""
@@ -318,10 +332,13 @@ class _Service:
         self.scheduler.submit(request)
         return request
 
-    async def respond(self, ids: list[int], sampling: Sampling, max_new: int, chat: bool):
-        """n rows of the same prompt decode in the batch like independent requests; choice i is row i."""
-        requests = [self.submit(ids, sampling, max_new, i) for i in range(sampling.n)]
-        reply = _Reply(self, ids, sampling, requests, chat)
+    async def respond(self, prompts: list[tuple[list[int], int]], sampling: Sampling, chat: bool):
+        """Each prompt (token ids, max new tokens) decodes as n rows of the batch, like independent requests; choice
+        p·n + i is prompt p's row i (which equals the lone request of that prompt with seed + i)."""
+        # Every prompt was checked and budgeted before this, and what `submit` checks is the same for every row: a
+        # request is refused before its first row is queued, or not at all.
+        requests = [self.submit(ids, sampling, max_new, i) for ids, max_new in prompts for i in range(sampling.n)]
+        reply = _Reply(self, sum(len(ids) for ids, _ in prompts), sampling, requests, chat)
         try:  # wait for every row's first tokens, so a request failing in its first round is a real HTTP error
             firsts = [await r.events.get() for r in requests]
         except asyncio.CancelledError:
@@ -341,8 +358,10 @@ class _Service:
 class _Reply:
     """One response: the rows of one request (choice i is row i) and their events as a JSON body or SSE chunks."""
 
-    def __init__(self, service: _Service, ids: list[int], sampling: Sampling, requests: list[Request], chat: bool):
-        self.service, self.ids, self.sampling, self.requests, self.chat = service, ids, sampling, requests, chat
+    def __init__(self, service: _Service, prompt_tokens: int, sampling: Sampling, requests: list[Request],
+                 chat: bool):
+        self.service, self.sampling, self.requests, self.chat = service, sampling, requests, chat
+        self.prompt_tokens = prompt_tokens  # each prompt's tokens, counted once
         tokenizer = service.tokenizer
         self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.assemblers = [TextAssembler(tokenizer, sampling.stop) for _ in requests]
@@ -364,8 +383,8 @@ class _Reply:
         return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
 
     def usage(self) -> dict:
-        """The prompt counted once (as OpenAI does for n > 1), completions and draft accounting summed."""
-        prompt_tokens = len(self.ids)
+        """Each prompt counted once (as OpenAI does for n > 1), completions and draft accounting summed."""
+        prompt_tokens = self.prompt_tokens
         parts = [_usage(prompt_tokens, r) for r in self.requests]
         completion = sum(p["completion_tokens"] for p in parts)
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
