@@ -26,7 +26,8 @@ def register(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "demo",
-        help="see speculative decoding work on the shipped default model pair (offline, under a minute)",
+        help="see speculative decoding work on the shipped default model pair (offline; 1.5–5 minutes, the "
+             "first run the longest: it compiles)",
         description="Chooses the fastest exact method on this machine (a short timing on held-out prompts "
         "that are not shown), streams a sampled continuation coloured by where each token came from, then "
         "times plain Hugging Face generate, specdec's plain decoding and the method on held-out Python "
