@@ -402,7 +402,7 @@ def test_graceful_shutdown_finishes_in_flight_requests(pair, tokenizer):
     assert not server.app.state.scheduler.thread.is_alive()
 
 
-def test_cli_serve_builds_the_default_pair_app():
+def test_cli_serve_builds_the_default_pair_app(capsys):
     from specdec.cli import build_parser
     from specdec.cli.serve import build_app
     from specdec.hub.default_pair import assets_present
@@ -417,6 +417,7 @@ def test_cli_serve_builds_the_default_pair_app():
     app = build_app(args)
     scheduler = app.state.scheduler
     assert scheduler.speculative and scheduler.max_gamma == 3 and not scheduler.thread.is_alive()
+    assert "serving eagerly: --compile serves faster" in capsys.readouterr().err  # the faster option, said
     # --dtype auto: the batched passes' kernel decides too (float32 where eager bfloat16 rows would run slower)
     assert scheduler.decoder.target.model.dtype == serving_dtype("cpu", compiled=False)
     args = build_parser().parse_args(["serve", "--drafter", "none"])
