@@ -664,11 +664,12 @@ def test_goodput_cost_model_charges_a_pass_per_row_as_well_as_per_token():
     assert alone.pass_seconds(32, 32) == alone.pass_seconds(32)
 
 
-def test_goodput_fits_each_line_once_per_observation(monkeypatch):
+def test_goodput_fits_each_line_once_per_refit(monkeypatch):
     """The per-position cost of speculating subtracts the plain rounds' line from every kept speculative round:
     that line is fitted once, not once per kept round (which cost a full history of fits a round, and slowed a
     one-stream server's rounds ~3x once plain rounds of two batch sizes were kept). And a round's choice asks
-    for every line once per candidate γ: each is fitted once until the next round is observed; same values."""
+    for every line once per candidate γ: each is fitted once until it is refitted; same values. In a full window
+    that is every 8 rounds of shapes already seen, and at once for a round of a new batch size."""
     from specdec.server import goodput
 
     cost = goodput.CostModel()
@@ -690,12 +691,17 @@ def test_goodput_fits_each_line_once_per_observation(monkeypatch):
     assert fits == [256, 256], fits  # nothing observed since: no fit again
     policy = goodput.GoodputGamma(4, candidates=[0, 2, 4])
     policy.cost, policy.rounds_in = cost, {1: 1}
-    cost.outcomes.append((30, 10))
+    cost.observe_outcome(30, 10)
     policy.choose(1)
     assert fits == [256, 256, 256], fits  # the passes' line, fitted once for the three candidates
     cost.observe(8, 4, 0.5, pass_tokens=40, pass_seconds=0.1)  # a slow round at a new size: the lines move
     assert cost.step_seconds(8) > intercept + slope * 8
     assert fits == [256, 256, 256, 256, 256], fits
+    moved = cost.step_seconds(8)
+    for i in range(8):  # rounds of sizes seen: the lines are kept for 7, refitted at the 8th
+        cost.observe(8, 4, 1.5, pass_tokens=40, pass_seconds=0.1)
+        assert (cost.step_seconds(8) == moved) == (i < 7), i
+    assert fits == [256] * 7, fits
 
 
 def test_server_on_the_preallocated_batched_cache(pair, tokenizer):

@@ -114,38 +114,63 @@ class CostModel:
         self.plain_rest: deque[tuple[float, float]] = deque(maxlen=history)  # γ = 0: (rows, round − pass)
         self.spec_rest: deque[tuple[float, int, float]] = deque(maxlen=history)  # γ > 0: (rows, γ, round − pass)
         self.outcomes: deque[tuple[int, int]] = deque(maxlen=history)  # (accepted, rejections) per round
-        # The fitted lines, kept until the next observation: a round's choice asks for them once per candidate γ
-        # (each fit reads every round kept), and they change only when a round is observed.
+        self._outcome_sums = [0, 0]  # accepted and rejections over `outcomes` (kept by `observe_outcome`)
+        # The fitted lines: a round's choice asks for them once per candidate γ, and each fit reads every round kept
+        # (~0.2 ms for all of them at 256 rounds, of a one-stream round of ~6 ms). They are refitted after every round
+        # until the window is full, then every 8 rounds (1/32 of the window: one round moves them little), and at
+        # once when a round brings a pass shape or a batch size the last fit had not seen.
         self._fits: dict[str, object] = {}
+        self._fit_keys: set[tuple] = set()  # the pass shapes and batch sizes the fits were made with
+        self._since_fit = 0  # rounds observed since then
 
     def _fitted(self, name: str, fit: Callable[[], object]):
         if name not in self._fits:
             self._fits[name] = fit()
         return self._fits[name]
 
+    def observe_outcome(self, accepted: int, rejections: int) -> None:
+        """A speculative round's accepted drafts and rejections (rows whose drafts were not all accepted)."""
+        if len(self.outcomes) == self.outcomes.maxlen:  # the oldest leaves the window
+            old_accepted, old_rejections = self.outcomes[0]
+            self._outcome_sums[0] -= old_accepted
+            self._outcome_sums[1] -= old_rejections
+        self.outcomes.append((accepted, rejections))
+        self._outcome_sums[0] += accepted
+        self._outcome_sums[1] += rejections
+
+    def _observed(self, *keys: tuple) -> None:
+        """A round was kept: drop the fits when it is time to refit them (see __init__)."""
+        self._since_fit += 1
+        full = len(self.passes) == self.passes.maxlen
+        if not full or self._since_fit * 32 >= len(self.passes) or not self._fit_keys.issuperset(keys):
+            self._fits.clear()
+            self._fit_keys.update(keys)
+            self._since_fit = 0
+
     def observe_pass(self, pass_tokens: int, pass_rows: int, pass_seconds: float) -> None:
         """A target pass of `pass_rows` rows that scored `pass_tokens` tokens (padding included of both) in
         `pass_seconds`."""
         self.passes.append((float(pass_tokens), float(pass_rows), pass_seconds))
-        self._fits.clear()
+        self._observed(("pass", float(pass_tokens), float(pass_rows)))
 
     def observe(self, rows: int, gamma: int, seconds: float, pass_tokens: int, pass_seconds: float,
                 pass_rows: int | None = None) -> None:
         """A round of `rows` rows at γ took `seconds`, its target pass (`pass_rows` rows, default `rows`, and
         `pass_tokens` tokens, padding included) `pass_seconds` of them."""
-        self.observe_pass(pass_tokens, rows if pass_rows is None else pass_rows, pass_seconds)
+        pass_rows = rows if pass_rows is None else pass_rows
+        self.passes.append((float(pass_tokens), float(pass_rows), pass_seconds))
         rest = max(0.0, seconds - pass_seconds)
         if gamma > 0:
             self.spec_rest.append((float(rows), gamma, rest))
         else:
             self.plain_rest.append((float(rows), rest))
+        self._observed(("pass", float(pass_tokens), float(pass_rows)), ("rest", float(rows), gamma > 0))
 
     @property
     def alpha(self) -> float | None:
-        accepted = sum(a for a, _ in self.outcomes)
-        rejections = sum(r for _, r in self.outcomes)
         if not self.outcomes:
             return None
+        accepted, rejections = self._outcome_sums  # sums kept as outcomes come and go: asked several times a round
         return (accepted + 1) / (accepted + rejections + 2)  # a uniform prior: 1/2 before any outcome
 
     def pass_seconds(self, tokens: float, rows: float | None = None) -> float | None:
@@ -162,7 +187,7 @@ class CostModel:
         return self._plain_rest()(rows)
 
     def _plain_rest(self) -> Callable[[float], float]:
-        """`plain_rest_seconds` as a function of rows, its line fitted once per observation."""
+        """`plain_rest_seconds` as a function of rows, its line fitted once per refit (see __init__)."""
         return self._fitted("plain rest", self._fit_plain_rest)
 
     def _fit_plain_rest(self) -> Callable[[float], float]:
@@ -183,7 +208,8 @@ class CostModel:
         # One fit of the plain rounds for every point: a fit per point cost O(history²) a round, 20-25 ms of
         # each one-row round once plain rounds of two batch sizes were kept (after a 32-stream wave).
         plain_rest = self._plain_rest()
-        points = [(r, max(0.0, rest - plain_rest(r)) / g) for r, g, rest in self.spec_rest]
+        at = {r: plain_rest(r) for r in {r for r, _, _ in self.spec_rest}}  # a few batch sizes, each evaluated once
+        points = [(r, max(0.0, rest - at[r]) / g) for r, g, rest in self.spec_rest]
         line = _line(points)
         if line is None:  # one batch size so far: its median
             median = statistics.median(s for _, s in points)
@@ -293,7 +319,7 @@ class GoodputGamma:
         bucket = batch_bucket(batch)
         self.rounds_in[bucket] = self.rounds_in.get(bucket, 0) + 1
         if gamma > 0 and accepted + rejections:
-            self.cost.outcomes.append((accepted, rejections))
+            self.cost.observe_outcome(accepted, rejections)
         resumed, self.previous = gamma > 0 and self.previous == 0, gamma
         if resumed:  # a draft model first caught up on the plain rounds' tokens: not this γ's cost; run it again
             self.again = gamma
