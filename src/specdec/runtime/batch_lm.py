@@ -122,6 +122,7 @@ class BatchedCausalLM:
         self.model = model
         self.vocab_size = vocab_size(model)
         self.device = next(model.parameters()).device
+        self.dtype = model.dtype  # asked by every pass; HF's `model.dtype` walks the model's parameters each time
         self.keys: list[torch.Tensor] = []  # per layer [B, H, S, D]
         self.values: list[torch.Tensor] = []
         # Per layer, the buffers self.keys / self.values are prefix views of when they are (appends go there).
@@ -268,7 +269,7 @@ class BatchedCausalLM:
         # they stay visible to themselves so that no query row is fully masked (NaNs would spread via V).
         # bfloat16 / float16: an explicit 4-D mask and the row-invariant attention, so each row's logits are the
         # ones the same tokens get alone (causal_lm.EAGER_INVARIANT_DTYPES).
-        invariant = self.model.dtype in EAGER_INVARIANT_DTYPES
+        invariant = self.dtype in EAGER_INVARIANT_DTYPES
         if invariant or (trees is not None and any(tree is not None for tree in trees)):
             attention_mask = self._tree_mask(trees or [None] * rows, width, position_ids)  # [B, 1, W, S + W]
         else:
@@ -314,7 +315,7 @@ class BatchedCausalLM:
             depths = tree.depths.to(self.device)  # [M]
             position_ids[i, :m] = lengths[i] + depths
             position_ids[i, m:] = lengths[i] + depths.max()
-        return additive_mask(allowed, self.model.dtype)[:, None]
+        return additive_mask(allowed, self.dtype)[:, None]
 
     def keep_new(self, row: int, width: int, keep: Sequence[int]) -> None:
         """Of row `row`'s inputs in the last pass (the cache's last `width` slots), keep only the columns in

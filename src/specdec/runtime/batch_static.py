@@ -339,7 +339,7 @@ class StaticBatchedCausalLM(BatchedCausalLM):
                 depths = tree.depths.to(self.device)  # [M]
                 position_ids[i, :m] = lengths[i] + depths
                 position_ids[i, m:] = lengths[i] + depths.max()
-        mask = additive_mask(allowed, self.model.dtype)[:, None]  # [R, 1, w, L]
+        mask = additive_mask(allowed, self.dtype)[:, None]  # [R, 1, w, L]
         slots = torch.arange(used, used + w, device=self.device)  # [w]
         if self._symbolic(r):
             _rows_symbolic(input_ids, position_ids, mask)
