@@ -291,7 +291,7 @@ class _Service:
         vocab = self.vocab
         if not ids:
             raise APIError(f"'{param}' is empty; send at least one token of text", param=param)
-        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+        bad = [t for t in ids if not _is_token_id(t) or not 0 <= t < vocab]
         if bad:
             raise APIError(f"token id {bad[0]!r} in '{param}' is outside the vocabulary [0, {vocab}); "
                            "tokenize with this model's tokenizer", param=param, code="invalid_token_id")

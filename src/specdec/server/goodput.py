@@ -147,24 +147,27 @@ class CostModel:
             self._fit_keys.update(keys)
             self._since_fit = 0
 
+    def _keep_pass(self, pass_tokens: int, pass_rows: int, pass_seconds: float) -> tuple:
+        """Keep a target pass; its shape's key for `_observed`."""
+        self.passes.append((float(pass_tokens), float(pass_rows), pass_seconds))
+        return ("pass", float(pass_tokens), float(pass_rows))
+
     def observe_pass(self, pass_tokens: int, pass_rows: int, pass_seconds: float) -> None:
         """A target pass of `pass_rows` rows that scored `pass_tokens` tokens (padding included of both) in
         `pass_seconds`."""
-        self.passes.append((float(pass_tokens), float(pass_rows), pass_seconds))
-        self._observed(("pass", float(pass_tokens), float(pass_rows)))
+        self._observed(self._keep_pass(pass_tokens, pass_rows, pass_seconds))
 
     def observe(self, rows: int, gamma: int, seconds: float, pass_tokens: int, pass_seconds: float,
                 pass_rows: int | None = None) -> None:
         """A round of `rows` rows at γ took `seconds`, its target pass (`pass_rows` rows, default `rows`, and
         `pass_tokens` tokens, padding included) `pass_seconds` of them."""
-        pass_rows = rows if pass_rows is None else pass_rows
-        self.passes.append((float(pass_tokens), float(pass_rows), pass_seconds))
+        shape = self._keep_pass(pass_tokens, rows if pass_rows is None else pass_rows, pass_seconds)
         rest = max(0.0, seconds - pass_seconds)
         if gamma > 0:
             self.spec_rest.append((float(rows), gamma, rest))
         else:
             self.plain_rest.append((float(rows), rest))
-        self._observed(("pass", float(pass_tokens), float(pass_rows)), ("rest", float(rows), gamma > 0))
+        self._observed(shape, ("rest", float(rows), gamma > 0))
 
     @property
     def alpha(self) -> float | None:
