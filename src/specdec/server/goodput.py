@@ -113,8 +113,8 @@ class CostModel:
         self.passes: deque[tuple[float, float, float]] = deque(maxlen=history)  # (tokens scored, rows, seconds)
         self.plain_rest: deque[tuple[float, float]] = deque(maxlen=history)  # γ = 0: (rows, round − pass)
         self.spec_rest: deque[tuple[float, int, float]] = deque(maxlen=history)  # γ > 0: (rows, γ, round − pass)
-        self.outcomes: deque[tuple[int, int]] = deque(maxlen=history)  # (accepted, rejections) per round
-        self._outcome_sums = [0, 0]  # accepted and rejections over `outcomes` (kept by `observe_outcome`)
+        self._outcomes: deque[tuple[int, int]] = deque(maxlen=history)  # (accepted, rejections) per round
+        self._outcome_sums = [0, 0]  # accepted and rejections over `_outcomes` (kept by `observe_outcome`)
         # The fitted lines: a round's choice asks for them once per candidate γ, and each fit reads every round kept
         # (~0.2 ms for all of them at 256 rounds, of a one-stream round of ~6 ms). They are refitted after every round
         # until the window is full, then every 8 rounds (1/32 of the window: one round moves them little), and at
@@ -130,11 +130,11 @@ class CostModel:
 
     def observe_outcome(self, accepted: int, rejections: int) -> None:
         """A speculative round's accepted drafts and rejections (rows whose drafts were not all accepted)."""
-        if len(self.outcomes) == self.outcomes.maxlen:  # the oldest leaves the window
-            old_accepted, old_rejections = self.outcomes[0]
+        if len(self._outcomes) == self._outcomes.maxlen:  # the oldest leaves the window
+            old_accepted, old_rejections = self._outcomes[0]
             self._outcome_sums[0] -= old_accepted
             self._outcome_sums[1] -= old_rejections
-        self.outcomes.append((accepted, rejections))
+        self._outcomes.append((accepted, rejections))
         self._outcome_sums[0] += accepted
         self._outcome_sums[1] += rejections
 
@@ -171,7 +171,7 @@ class CostModel:
 
     @property
     def alpha(self) -> float | None:
-        if not self.outcomes:
+        if not self._outcomes:
             return None
         accepted, rejections = self._outcome_sums  # sums kept as outcomes come and go: asked several times a round
         return (accepted + 1) / (accepted + rejections + 2)  # a uniform prior: 1/2 before any outcome
