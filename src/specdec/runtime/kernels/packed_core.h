@@ -74,18 +74,23 @@ constexpr bool int8_inputs(Fmt f) { return f == Fmt::W4A8 || f == Fmt::W8A8; }
 
 // The tier's blocking: vectors per panel (PV), the accumulator vectors a block may hold (ACC), the most panels a
 // block reads side by side (MAXP; MAXP_STREAM for a float weight streamed from memory: `Args::stream`), the widest
-// pass that is one block of rows (RMAX), and a prefill's blocks.
+// pass that is one block of rows (RMAX), the widest block of float inputs that reads more than one panel (RSIDE),
+// and a prefill's blocks.
 #if defined(__AVX512F__)
-constexpr int PV = 4, ACC = 32, MAXP = 1, MAXP_STREAM = 1, RMAX = 8, R_PF = 6, P_PF = 1;
+constexpr int PV = 4, ACC = 32, MAXP = 1, MAXP_STREAM = 1, RMAX = 8, RSIDE = RMAX, R_PF = 6, P_PF = 1;
 #elif defined(__AVX2__)
 // MAXP_STREAM 4: a one-row bfloat16 pass over weights streamed from memory ran 7-18% slower on 8 panels side by
 // side than on 4; in cache 8 are 7-10% faster, and int8 / int4 (bound by their arithmetic) 5-20% faster on 8
 // wherever their weights are. A prefill as 12 x 1 blocks: 2.4x 6 x 2's.
-constexpr int PV = 1, ACC = 12, MAXP = 8, MAXP_STREAM = 4, RMAX = 12, R_PF = 12, P_PF = 1;
+// RSIDE 5: a block of 6 rows reads one panel, not the two its 12 accumulators allow. With two, its 6 rows' inputs and
+// 12 sums outgrow AVX2's 16 vector registers: over the Qwen2.5-1.5B shape's linears a 6-row INT8 pass took 444 ms,
+// more than 8 rows' 410; on one panel 339 (0.76x; one Zen 2 core, benchmarks/kernel_ab.py, both in one process,
+// alternated), 1 to 5, 7 and 8 rows level within 2.5%. BF16 and F32 passes showed the same hump at 6 rows.
+constexpr int PV = 1, ACC = 12, MAXP = 8, MAXP_STREAM = 4, RMAX = 12, RSIDE = 5, R_PF = 12, P_PF = 1;
 #elif defined(__aarch64__) && defined(__ARM_NEON)
-constexpr int PV = 1, ACC = 24, MAXP = 8, MAXP_STREAM = 8, RMAX = 12, R_PF = 6, P_PF = 4;
+constexpr int PV = 1, ACC = 24, MAXP = 8, MAXP_STREAM = 8, RMAX = 12, RSIDE = RMAX, R_PF = 6, P_PF = 4;
 #else
-constexpr int PV = 1, ACC = 8, MAXP = 8, MAXP_STREAM = 8, RMAX = 8, R_PF = 4, P_PF = 2;
+constexpr int PV = 1, ACC = 8, MAXP = 8, MAXP_STREAM = 8, RMAX = 8, RSIDE = RMAX, R_PF = 4, P_PF = 2;
 #endif
 constexpr int PANEL = PV * LANES;
 // The integer formats' widest block of rows (W8A8's, W4A8's) and the accumulator vectors such a block may hold: a
@@ -158,7 +163,7 @@ constexpr int r_dot(Fmt f) { return f == Fmt::W8A8 ? R_DOT8 : R_DOT4; }
 // `stream`: fewer (MAXP_STREAM) for a float weight that streams from memory.
 constexpr int panels_for(int R, Fmt f, bool stream) {
   // W4A8: 16-bit, int32 and float32 sums each; W8A8: int32 and float32
-  const int p = int8_inputs(f) ? ACC_DOT / (R * PV * (f == Fmt::W4A8 ? 3 : 2)) : ACC / (R * PV);
+  const int p = int8_inputs(f) ? ACC_DOT / (R * PV * (f == Fmt::W4A8 ? 3 : 2)) : R > RSIDE ? 1 : ACC / (R * PV);
   const int most = stream && (f == Fmt::F32 || f == Fmt::BF16) ? MAXP_STREAM : MAXP;
   return std::min(most, p >= 8 ? 8 : p >= 4 ? 4 : p >= 2 ? 2 : 1);
 }
