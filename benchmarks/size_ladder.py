@@ -179,8 +179,8 @@ def machine(threads: int) -> dict:
     and a float32 matrix-vector product (BLAS: a weight read once, as a one-row pass reads it). An integer maximum
     costs one instruction a vector, so the memory bounds it where the loop keeps enough loads in flight; a float32
     sum (numpy's pairwise one included) is bound by its adds on one AVX2 core, and read 8.5-10.9 GB/s where this
-    reads 10-12. On one Zen 2 core torch's maximum read 12.1 GB/s, numpy's 16.6 and the matrix-vector product
-    17.3, and specdec's one-row passes 18: one reader alone understates what the core can read."""
+    reads 10-12. On one Zen 2 core torch's maximum read 12.1-12.8 GB/s, numpy's 12.6-16.6 and the matrix-vector
+    product 17.3-18.5, and specdec's one-row passes 18: one reader alone understates what the core can read."""
     import numpy as np
     import torch
 
