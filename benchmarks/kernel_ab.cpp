@@ -1,7 +1,7 @@
 // kernel_ab.py's harness: two variants of packed_core.h (kernel_a.h, kernel_b.h: namespaces specdec::kernel_a and
 // specdec::kernel_b) over the same packed weights, passes alternated in one process. argv: rows, repeats, format
-// (W8A8, W4A8, BF16_PAIRS on bfloat16 inputs, or the weight-only INT8, INT4 on float32 inputs), then the linears as
-// N K pairs. Prints one line per side: median ms and GB/s; then B / A.
+// (W8A8, W4A8, BF16_PAIRS on bfloat16 inputs, or on float32 inputs the weight-only INT8, INT4 and the float formats
+// F32, BF16), then the linears as N K pairs. Prints one line per side: median ms and GB/s; then B / A.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -59,11 +59,13 @@ int main(int argc, char** argv) {
   const std::string format = argv[3];
   using F = kernel_a::Fmt;
   const std::pair<const char*, F> formats[] = {
-      {"BF16_PAIRS", F::BF16_PAIRS}, {"INT8", F::INT8}, {"INT4", F::INT4}, {"W4A8", F::W4A8}, {"W8A8", F::W8A8}};
+      {"BF16_PAIRS", F::BF16_PAIRS}, {"INT8", F::INT8}, {"INT4", F::INT4}, {"W4A8", F::W4A8}, {"W8A8", F::W8A8},
+      {"F32", F::F32},       {"BF16", F::BF16}};
   const auto* found = std::find_if(std::begin(formats), std::end(formats),
                                    [&](const auto& entry) { return format == entry.first; });
   if (found == std::end(formats)) {
-    std::fprintf(stderr, "kernel_ab: format %s is not one of BF16_PAIRS, INT8, INT4, W4A8, W8A8\n", argv[3]);
+    std::fprintf(stderr, "kernel_ab: format %s is not one of BF16_PAIRS, INT8, INT4, W4A8, W8A8, F32, BF16\n",
+                 argv[3]);
     return 2;
   }
   const F fa = found->second;
@@ -88,7 +90,15 @@ int main(int argc, char** argv) {
     Linear l{N, K, kernel_a::panel_bytes(fa, K, G), {}, false};
     l.packed.resize(kernel_a::panels(N) * l.stride + 64);
     l.stream = kernel_a::streams(fa, kernel_a::panels(N) * l.stride);
-    if (pairs) {  // weights in (-0.05, 0.05)
+    if (fa == kernel_a::Fmt::F32) {  // weights in (-0.05, 0.05)
+      std::vector<float> w(N * K);
+      for (size_t j = 0; j < w.size(); ++j) w[j] = static_cast<float>(q[j]) * 4e-4f;
+      kernel_a::pack_plain(w.data(), N, K, reinterpret_cast<float*>(l.packed.data()));
+    } else if (fa == kernel_a::Fmt::BF16) {
+      std::vector<uint16_t> w(N * K);
+      for (size_t j = 0; j < w.size(); ++j) w[j] = bf16(static_cast<float>(q[j]) * 4e-4f);
+      kernel_a::pack_plain(w.data(), N, K, reinterpret_cast<uint16_t*>(l.packed.data()));
+    } else if (pairs) {
       std::vector<uint16_t> w(N * K);
       for (size_t j = 0; j < w.size(); ++j) w[j] = bf16(static_cast<float>(q[j]) * 4e-4f);
       kernel_a::pack_pairs(w.data(), N, K, reinterpret_cast<uint16_t*>(l.packed.data()));  // one layout for both
@@ -105,7 +115,7 @@ int main(int argc, char** argv) {
   if (pairs)
     for (float v : x) xb.push_back(bf16(v));
   std::vector<int8_t> xq(dot ? M * (widest + G) : 0);  // the integer formats' quantized inputs (none: float32's)
-  std::vector<float> xt(dot || pairs ? 0 : M * widest);  // the weight-only formats' interleaved float32 inputs
+  std::vector<float> xt(dot || pairs ? 0 : M * widest);  // the float32 inputs, interleaved (weight-only and float formats)
   std::vector<float> xs(M * (widest / G + 2));
   std::vector<int32_t> xsum(M * (widest / G + 2));
   auto run_a = [&] {

@@ -7,10 +7,11 @@ timed in runs of their own cannot be told apart.
 
 Each variant is packed_core.h as it is, with --a's (and --b's) substitutions (OLD=>NEW, exact text, each must
 match); they are compiled side by side (namespaces kernel_a and kernel_b) with the tier's flags into one program
-(kernel_ab.cpp), which packs every linear of a ladder shape once in W8A8, W4A8 or BF16_PAIRS, or with --weight-only
-in the weight-only INT8 or INT4 (the layout does not depend on the blocking), then times passes over all of them, A
-and B in turn, for --repeats rounds: per width, each side's median pass time and GB/s, and B / A. Random weights and
-inputs; one thread. Nothing here checks bits: the kernel tests do (tests/test_kernel_tiers.py).
+(kernel_ab.cpp), which packs every linear of a ladder shape once in W8A8, W4A8 or BF16_PAIRS, with --weight-only
+in INT8, INT4 or BF16 weights on float32 inputs, or with --bits 32 in F32 (the layout does not depend on the
+blocking), then times passes over all of them, A and B in turn, for --repeats rounds: per width, each side's median
+pass time and GB/s, and B / A. Random weights and inputs; one thread. Nothing here checks bits: the kernel tests
+do (tests/test_kernel_tiers.py).
 """
 
 from __future__ import annotations
@@ -46,10 +47,11 @@ def main() -> None:
     parser.add_argument("--a", action="append", default=[], metavar="OLD=>NEW", help="variant A's substitution")
     parser.add_argument("--b", action="append", default=[], metavar="OLD=>NEW", help="variant B's substitution")
     parser.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))
-    parser.add_argument("--bits", type=int, choices=(8, 4, 16), default=8,
-                        help="8: W8A8, 4: W4A8, 16: BF16_PAIRS on bfloat16 inputs (every linear)")
+    parser.add_argument("--bits", type=int, choices=(8, 4, 16, 32), default=8,
+                        help="8: W8A8, 4: W4A8, 16: BF16_PAIRS on bfloat16 inputs (every linear); 32: F32 weights "
+                             "on float32 inputs")
     parser.add_argument("--weight-only", action="store_true",
-                        help="--bits 8 / 4 as the weight-only INT8 / INT4 on float32 inputs instead")
+                        help="--bits 8 / 4 / 16 as INT8 / INT4 / BF16 weights on float32 inputs instead")
     parser.add_argument("--rows", default="1,4,8,128")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--tier", default=None, help="a tier this CPU runs (default: the kernels' tier here)")
@@ -57,11 +59,9 @@ def main() -> None:
     tier = args.tier or rowwise.kernel_tier()
     if tier not in rowwise.cpu_tiers():
         raise SystemExit(f"kernel_ab: this CPU does not run {tier} (it runs {', '.join(rowwise.cpu_tiers())})")
-    if args.bits == 16 and tier not in ("avx512_bf16", "avx512_amx"):
+    if args.bits == 16 and not args.weight_only and tier not in ("avx512_bf16", "avx512_amx"):
         raise SystemExit(f"kernel_ab: --bits 16 (BF16_PAIRS by AVX512_BF16's dot product) needs the avx512_bf16 tier, "
                          f"not {tier}")
-    if args.weight_only and args.bits == 16:
-        raise SystemExit("kernel_ab: --weight-only takes --bits 8 or 4 (INT8, INT4), not 16")
     compiler = shutil.which("c++") or shutil.which("g++")
     if compiler is None:
         raise SystemExit("kernel_ab: needs a C++ compiler (c++ or g++)")
@@ -74,7 +74,8 @@ def main() -> None:
                         f"-I{folder}", f"-I{rowwise.KERNELS}", str(Path(__file__).with_suffix(".cpp")), "-o",
                         str(binary)], check=True)
         shapes = [str(v) for pair in linears(args.shape) for v in pair]
-        formats = {8: "INT8", 4: "INT4"} if args.weight_only else {8: "W8A8", 4: "W4A8", 16: "BF16_PAIRS"}
+        formats = ({8: "INT8", 4: "INT4", 16: "BF16"} if args.weight_only else
+                   {8: "W8A8", 4: "W4A8", 16: "BF16_PAIRS"}) | {32: "F32"}
         fmt = formats[args.bits]
         print(f"{args.shape}, {fmt}, tier {tier}, one thread; A: {args.a or 'as is'}; "
               f"B: {args.b or 'as is'}")
