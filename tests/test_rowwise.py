@@ -246,7 +246,7 @@ def test_packed_linear_computes_x_wt_plus_b_with_rows_that_do_not_depend_on_the_
     torch.testing.assert_close(full.double(), expected, atol=tol * k ** 0.5, rtol=tol)
     no_bias = torch.ops.specdec.packed_linear(x, packed, None, n)
     torch.testing.assert_close(no_bias.double(), expected - b.double(), atol=tol * k ** 0.5, rtol=tol)
-    for rows in (1, 3, 6, 7, 8, 9, 12, 13, 17):  # 6: one panel a block on AVX2 (RSIDE), two at 5
+    for rows in (1, 3, 6, 7, 8, 9, 12, 13, 17):  # AVX2: 6 rows on two panels, weights first (W_FIRST); 7 on one
         parts = torch.cat([torch.ops.specdec.packed_linear(x[s : s + rows], packed, b, n) for s in range(0, 45, rows)])
         assert torch.equal(parts, full), f"in passes of {rows} rows"
     shifted = torch.ops.specdec.packed_linear(torch.cat([torch.randn(5, k).to(dtype), x]), packed, b, n)

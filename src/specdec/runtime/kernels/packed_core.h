@@ -74,23 +74,35 @@ constexpr bool int8_inputs(Fmt f) { return f == Fmt::W4A8 || f == Fmt::W8A8; }
 
 // The tier's blocking: vectors per panel (PV), the accumulator vectors a block may hold (ACC), the most panels a
 // block reads side by side (MAXP; MAXP_STREAM for a float weight streamed from memory: `Args::stream`), the widest
-// pass that is one block of rows (RMAX), the widest block of float inputs that reads more than one panel (RSIDE),
+// pass that is one block of rows (RMAX), the widest block of float inputs that reads more than one panel (RSIDE; INT4's
+// RSIDE_INT4), the fewest rows of a block that loads each step's weight vectors before its rows' inputs (W_FIRST),
 // and a prefill's blocks.
 #if defined(__AVX512F__)
-constexpr int PV = 4, ACC = 32, MAXP = 1, MAXP_STREAM = 1, RMAX = 8, RSIDE = RMAX, R_PF = 6, P_PF = 1;
+constexpr int PV = 4, ACC = 32, MAXP = 1, MAXP_STREAM = 1, RMAX = 8, RSIDE = RMAX, RSIDE_INT4 = RSIDE,
+              W_FIRST = RMAX + 1, R_PF = 6, P_PF = 1;
 #elif defined(__AVX2__)
 // MAXP_STREAM 4: a one-row bfloat16 pass over weights streamed from memory ran 7-18% slower on 8 panels side by
 // side than on 4; in cache 8 are 7-10% faster, and int8 / int4 (bound by their arithmetic) 5-20% faster on 8
 // wherever their weights are. A prefill as 12 x 1 blocks: 2.4x 6 x 2's.
-// RSIDE 5: a block of 6 rows reads one panel, not the two its 12 accumulators allow. With two, its 6 rows' inputs and
-// 12 sums outgrow AVX2's 16 vector registers: over the Qwen2.5-1.5B shape's linears a 6-row INT8 pass took 444 ms,
-// more than 8 rows' 410; on one panel 339 (0.76x; one Zen 2 core, benchmarks/kernel_ab.py, both in one process,
-// alternated), 1 to 5, 7 and 8 rows level within 2.5%. BF16 and F32 passes showed the same hump at 6 rows.
-constexpr int PV = 1, ACC = 12, MAXP = 8, MAXP_STREAM = 4, RMAX = 12, RSIDE = 5, R_PF = 12, P_PF = 1;
+// RSIDE 6, W_FIRST 6: a block of 6 rows reads two panels, each step's two weight vectors loaded into registers first
+// (W_FIRST) and then each row's input broadcast once against both. Loaded as used instead, a vector against every
+// row, the block kept all 6 rows' inputs beside its 12 sums, outgrew AVX2's 16 vector registers and spilled: a 6-row
+// pass on two panels that way was slower than on one (over the Qwen2.5-1.5B shape's linears, INT8 444 ms against
+// 339), and on one panel it is bound by its loads (a weight vector and 6 inputs a step for 6 multiply-adds). Weights
+// first, a 6-row pass over that shape's linears took 0.82x the time of one panel's in F32 (18 GB/s, the core's
+// read), 0.74x in BF16 and 0.83x in INT8; 1 to 5 rows are faster loaded as used (BF16 at 3 rows: 1.41x the time
+// weights first, whose 4 panels' vectors and 12 sums spill), and 7 rows or more read one panel either way (8 rows as
+// a block of 6 and one of 2 over each pair of panels: 1.08-1.15x). INT4's step is two k, twice the weight vectors:
+// on two panels its 6 rows took 1.20-1.22x one panel's time either way (RSIDE_INT4 5). One Zen 2 core,
+// benchmarks/kernel_ab.py, both variants in one process, alternated.
+constexpr int PV = 1, ACC = 12, MAXP = 8, MAXP_STREAM = 4, RMAX = 12, RSIDE = 6, RSIDE_INT4 = 5, W_FIRST = 6,
+              R_PF = 12, P_PF = 1;
 #elif defined(__aarch64__) && defined(__ARM_NEON)
-constexpr int PV = 1, ACC = 24, MAXP = 8, MAXP_STREAM = 8, RMAX = 12, RSIDE = RMAX, R_PF = 6, P_PF = 4;
+constexpr int PV = 1, ACC = 24, MAXP = 8, MAXP_STREAM = 8, RMAX = 12, RSIDE = RMAX, RSIDE_INT4 = RSIDE,
+              W_FIRST = RMAX + 1, R_PF = 6, P_PF = 4;
 #else
-constexpr int PV = 1, ACC = 8, MAXP = 8, MAXP_STREAM = 8, RMAX = 8, RSIDE = RMAX, R_PF = 4, P_PF = 2;
+constexpr int PV = 1, ACC = 8, MAXP = 8, MAXP_STREAM = 8, RMAX = 8, RSIDE = RMAX, RSIDE_INT4 = RSIDE,
+              W_FIRST = RMAX + 1, R_PF = 4, P_PF = 2;
 #endif
 constexpr int PANEL = PV * LANES;
 // The integer formats' widest block of rows (W8A8's, W4A8's) and the accumulator vectors such a block may hold: a
@@ -163,7 +175,8 @@ constexpr int r_dot(Fmt f) { return f == Fmt::W8A8 ? R_DOT8 : R_DOT4; }
 // `stream`: fewer (MAXP_STREAM) for a float weight that streams from memory.
 constexpr int panels_for(int R, Fmt f, bool stream) {
   // W4A8: 16-bit, int32 and float32 sums each; W8A8: int32 and float32
-  const int p = int8_inputs(f) ? ACC_DOT / (R * PV * (f == Fmt::W4A8 ? 3 : 2)) : R > RSIDE ? 1 : ACC / (R * PV);
+  const int side = f == Fmt::INT4 ? RSIDE_INT4 : RSIDE;
+  const int p = int8_inputs(f) ? ACC_DOT / (R * PV * (f == Fmt::W4A8 ? 3 : 2)) : R > side ? 1 : ACC / (R * PV);
   const int most = stream && (f == Fmt::F32 || f == Fmt::BF16) ? MAXP_STREAM : MAXP;
   return std::min(most, p >= 8 ? 8 : p >= 4 ? 4 : p >= 2 ? 2 : 1);
 }
@@ -307,19 +320,13 @@ struct Block {
     const int64_t K = a.K;
     if constexpr (F == Fmt::F32 || F == Fmt::BF16) {
       constexpr int64_t STEP = PANEL * (F == Fmt::F32 ? 4 : 2);  // bytes of one k
-      for (int64_t k = 0; k < K; ++k) {
-        SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
+      for (int64_t k = 0; k < K; ++k)
+        step(acc, xt + k * R, [&](int p, int v) {
           const uint8_t* s = base[p] + k * STEP;
-          prefetch_next_block<STEP>(s, P * a.panel_stride);
-          SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {  // each vector used as soon as it is loaded (registers)
-            if constexpr (F == Fmt::F32) {
-              fma_one(acc, xt + k * R, p * PV + v, simd::load(reinterpret_cast<const float*>(s) + v * LANES));
-            } else {
-              fma_one(acc, xt + k * R, p * PV + v, simd::load_bf16(reinterpret_cast<const uint16_t*>(s) + v * LANES));
-            }
-          }
-        }
-      }
+          if (v == 0) prefetch_next_block<STEP>(s, P * a.panel_stride);
+          if constexpr (F == Fmt::F32) return simd::load(reinterpret_cast<const float*>(s) + v * LANES);
+          else return simd::load_bf16(reinterpret_cast<const uint16_t*>(s) + v * LANES);
+        });
     } else {  // INT8, INT4: group by group, each a header of scales then its weights
       const int64_t G = a.G;
       const int64_t group_bytes = PANEL * 4 + (F == Fmt::INT8 ? G * PANEL : G / 2 * PANEL);
@@ -333,15 +340,12 @@ struct Block {
         }
         const float* x = xt + k0 * R;
         if constexpr (F == Fmt::INT8) {
-          for (int64_t i = 0; i < kn; ++i) {
-            SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
+          for (int64_t i = 0; i < kn; ++i)
+            step(acc, x + i * R, [&](int p, int v) {
               const int8_t* s = reinterpret_cast<const int8_t*>(q[p] + i * PANEL);
-              simd::prefetch_l2(s + P * a.panel_stride);
-              SPECDEC_UNROLL for (int v = 0; v < PV; ++v)
-                fma_one(acc, x + i * R, p * PV + v,
-                        simd::mul(simd::load_i8(s + v * LANES), simd::load(scale[p] + v * LANES)));
-            }
-          }
+              if (v == 0) simd::prefetch_l2(s + P * a.panel_stride);
+              return simd::mul(simd::load_i8(s + v * LANES), simd::load(scale[p] + v * LANES));
+            });
         } else {
           const int64_t pairs = kn / 2;
           for (int64_t i = 0; i < pairs; ++i) {
@@ -374,6 +378,25 @@ struct Block {
   // every row's accumulator j += x[r] * w
   __attribute__((always_inline)) static inline void fma_one(V (&acc)[R][NV], const float* x, int j, V w) {
     SPECDEC_UNROLL for (int r = 0; r < R; ++r) acc[r][j] = simd::fma(simd::set1(x[r]), w, acc[r][j]);
+  }
+
+  // One k: acc[r][p * PV + v] += x[r] * weight(p, v) for every row, panel and vector. A block of W_FIRST rows or
+  // more loads the step's NV weight vectors first, then each row's input once; a narrower one uses each vector as
+  // soon as it is loaded. The same multiply-adds in the same order for every sum, so the same bits either way.
+  template <typename Weight>
+  __attribute__((always_inline)) static inline void step(V (&acc)[R][NV], const float* x, Weight weight) {
+    if constexpr (R >= W_FIRST) {
+      V w[NV];
+      SPECDEC_UNROLL for (int p = 0; p < P; ++p)
+        SPECDEC_UNROLL for (int v = 0; v < PV; ++v) w[p * PV + v] = weight(p, v);
+      SPECDEC_UNROLL for (int r = 0; r < R; ++r) {
+        const V xr = simd::set1(x[r]);
+        SPECDEC_UNROLL for (int j = 0; j < NV; ++j) acc[r][j] = simd::fma(xr, w[j], acc[r][j]);
+      }
+    } else {
+      SPECDEC_UNROLL for (int p = 0; p < P; ++p)
+        SPECDEC_UNROLL for (int v = 0; v < PV; ++v) fma_one(acc, x, p * PV + v, weight(p, v));
+    }
   }
 
   static void store(const Args& a, V (&acc)[R][NV], int64_t m0, int64_t p0) {
