@@ -33,6 +33,7 @@ SHAPES = {
     "llama-3.2-3b": ("llama", 3072, 8192, 28, 24, 8, 128256, True),
     "llama-3.1-8b": ("llama", 4096, 14336, 32, 32, 8, 128256, False),
     "llama-tiny": ("llama", 64, 128, 2, 4, 2, 512, False),  # the smoke tests' (tests/test_benchmarks.py)
+    "default-target": ("llama", 384, 1024, 6, 6, 6, 8192, True),  # the shipped default target's, in cache (kernel A/Bs)
 }
 CONTEXT = 96
 WIDTHS = (1, 2, 4, 6, 8)

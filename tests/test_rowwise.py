@@ -246,7 +246,7 @@ def test_packed_linear_computes_x_wt_plus_b_with_rows_that_do_not_depend_on_the_
     torch.testing.assert_close(full.double(), expected, atol=tol * k ** 0.5, rtol=tol)
     no_bias = torch.ops.specdec.packed_linear(x, packed, None, n)
     torch.testing.assert_close(no_bias.double(), expected - b.double(), atol=tol * k ** 0.5, rtol=tol)
-    for rows in (1, 3, 6, 7, 8, 9, 12, 13, 17):  # AVX2: 6 rows on two panels, weights first (W_FIRST); 7 on one
+    for rows in (1, 3, 4, 5, 6, 7, 8, 9, 12, 13, 17):  # AVX2: 4 rows on 3 panels, 5-6 on 2 (weights first); 7 on 1
         parts = torch.cat([torch.ops.specdec.packed_linear(x[s : s + rows], packed, b, n) for s in range(0, 45, rows)])
         assert torch.equal(parts, full), f"in passes of {rows} rows"
     shifted = torch.ops.specdec.packed_linear(torch.cat([torch.randn(5, k).to(dtype), x]), packed, b, n)
@@ -271,7 +271,7 @@ def test_quantized_weights_compute_what_float32_computes_on_their_dequantized_va
     got = torch.ops.specdec.packed_linear(xd, packed, bd, n)
     want = torch.ops.specdec.packed_linear(xd.float(), torch.ops.specdec.pack_weight(qw.dequantize()), bd.float(), n)
     assert got.dtype == dtype and torch.equal(got, want.to(dtype))
-    for rows in (1, 5, 6, 8, 12, 13):
+    for rows in (1, 4, 5, 6, 8, 12, 13):
         parts = torch.cat([torch.ops.specdec.packed_linear(xd[s : s + rows], packed, bd, n) for s in range(0, 30, rows)])
         assert torch.equal(parts, got), f"in passes of {rows} rows"
     wb = w.bfloat16()  # packed without pairs, as load(weights="bfloat16") packs them: a float32 pass reads them

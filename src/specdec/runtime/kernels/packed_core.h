@@ -84,18 +84,21 @@ constexpr int PV = 4, ACC = 32, MAXP = 1, MAXP_STREAM = 1, RMAX = 8, RSIDE = RMA
 // MAXP_STREAM 4: a one-row bfloat16 pass over weights streamed from memory ran 7-18% slower on 8 panels side by
 // side than on 4; in cache 8 are 7-10% faster, and int8 / int4 (bound by their arithmetic) 5-20% faster on 8
 // wherever their weights are. A prefill as 12 x 1 blocks: 2.4x 6 x 2's.
-// RSIDE 6, W_FIRST 6: a block of 6 rows reads two panels, each step's two weight vectors loaded into registers first
-// (W_FIRST) and then each row's input broadcast once against both. Loaded as used instead, a vector against every
-// row, the block kept all 6 rows' inputs beside its 12 sums, outgrew AVX2's 16 vector registers and spilled: a 6-row
-// pass on two panels that way was slower than on one (over the Qwen2.5-1.5B shape's linears, INT8 444 ms against
-// 339), and on one panel it is bound by its loads (a weight vector and 6 inputs a step for 6 multiply-adds). Weights
-// first, a 6-row pass over that shape's linears took 0.82x the time of one panel's in F32 (18 GB/s, the core's
-// read), 0.74x in BF16 and 0.83x in INT8; 1 to 5 rows are faster loaded as used (BF16 at 3 rows: 1.41x the time
-// weights first, whose 4 panels' vectors and 12 sums spill), and 7 rows or more read one panel either way (8 rows as
-// a block of 6 and one of 2 over each pair of panels: 1.08-1.15x). INT4's step is two k, twice the weight vectors:
-// on two panels its 6 rows took 1.20-1.22x one panel's time either way (RSIDE_INT4 5). One Zen 2 core,
-// benchmarks/kernel_ab.py, both variants in one process, alternated.
-constexpr int PV = 1, ACC = 12, MAXP = 8, MAXP_STREAM = 4, RMAX = 12, RSIDE = 6, RSIDE_INT4 = 5, W_FIRST = 6,
+// W_FIRST 4, RSIDE 6: a block of 4 to 6 rows loads each step's weight vectors into registers first (W_FIRST,
+// Block::step) and then broadcasts each row's input once against all of them, so it holds P weights beside its sums
+// rather than R inputs, and reads as many panels as its 12 sums allow: 3 at 4 rows, 2 at 5 and 6 (panels_for).
+// Loaded as used instead, a vector against every row, a block keeps every row's input for the next panel's vector:
+// at 6 rows on two panels that outgrew AVX2's 16 vector registers and spilled (over the Qwen2.5-1.5B shape's linears
+// an INT8 pass took 444 ms against one panel's 339), and on one panel a 6-row block is bound by its loads (a weight
+// vector and 6 inputs a step for 6 multiply-adds). Weights first, 6 rows over that shape's linears took 0.78x the
+// time of one panel's in F32 (18 GB/s, the core's read), 0.71x in BF16 and 0.85x in INT8; 4 rows on 3 panels 0.91x /
+// 0.92x / 0.93x the time of 2 (on 3 loaded as used BF16 took 1.54x); 5 rows level either way. 1 to 3 rows are faster
+// loaded as used (BF16 at 3 rows on 4 panels: 1.41x the time weights first, whose 4 vectors and 12 sums spill), and
+// 7 rows or more read one panel either way (8 rows as a block of 6 and one of 2 over each pair of panels:
+// 1.08-1.15x). INT4's step is two k, twice the weight vectors, and it keeps the old blocking: on two panels its 6 rows
+// took 1.20-1.22x one panel's time either way (RSIDE_INT4 5). One Zen 2 core, benchmarks/kernel_ab.py, both variants
+// in one process, alternated (docs/kernels.md).
+constexpr int PV = 1, ACC = 12, MAXP = 8, MAXP_STREAM = 4, RMAX = 12, RSIDE = 6, RSIDE_INT4 = 5, W_FIRST = 4,
               R_PF = 12, P_PF = 1;
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 constexpr int PV = 1, ACC = 24, MAXP = 8, MAXP_STREAM = 8, RMAX = 12, RSIDE = RMAX, RSIDE_INT4 = RSIDE,
@@ -178,6 +181,9 @@ constexpr int panels_for(int R, Fmt f, bool stream) {
   const int side = f == Fmt::INT4 ? RSIDE_INT4 : RSIDE;
   const int p = int8_inputs(f) ? ACC_DOT / (R * PV * (f == Fmt::W4A8 ? 3 : 2)) : R > side ? 1 : ACC / (R * PV);
   const int most = stream && (f == Fmt::F32 || f == Fmt::BF16) ? MAXP_STREAM : MAXP;
+  // A block that loads each step's weights first (Block::step: F32, BF16, INT8) holds its P weight vectors, not its R
+  // inputs, beside its sums, so it takes every panel its accumulators allow (3 at 4 rows on AVX2).
+  if (R >= W_FIRST && (f == Fmt::F32 || f == Fmt::BF16 || f == Fmt::INT8)) return std::min(most, p);
   return std::min(most, p >= 8 ? 8 : p >= 4 ? 4 : p >= 2 ? 2 : 1);
 }
 
