@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   if (pairs)
     for (float v : x) xb.push_back(bf16(v));
   std::vector<int8_t> xq(dot ? M * (widest + G) : 0);  // the integer formats' quantized inputs (none: float32's)
-  std::vector<float> xt(dot || pairs ? 0 : M * widest);  // the float32 inputs, interleaved (weight-only and float formats)
+  std::vector<float> xt(dot || pairs ? 0 : M * widest);  // float32 inputs, interleaved (INT8, INT4, F32, BF16)
   std::vector<float> xs(M * (widest / G + 2));
   std::vector<int32_t> xsum(M * (widest / G + 2));
   auto run_a = [&] {

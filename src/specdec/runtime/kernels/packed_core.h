@@ -173,8 +173,9 @@ inline DotStreaming cpu_dot_streaming() {
 }
 constexpr int r_dot(Fmt f) { return f == Fmt::W8A8 ? R_DOT8 : R_DOT4; }
 
-// Panels a block of R rows reads side by side: as many as the accumulators allow, 1, 2, 4 or 8. (An output's sums are
-// one dependent chain over k, so a row needs several panels in flight to keep the multiply-adds busy.)
+// Panels a block of R rows reads side by side: as many as the accumulators allow, 1, 2, 4 or 8 (any count for a block
+// that loads its weights first: below). (An output's sums are one dependent chain over k, so a row needs several
+// panels in flight to keep the multiply-adds busy.)
 // `stream`: fewer (MAXP_STREAM) for a float weight that streams from memory.
 constexpr int panels_for(int R, Fmt f, bool stream) {
   // W4A8: 16-bit, int32 and float32 sums each; W8A8: int32 and float32
