@@ -94,14 +94,12 @@ int main(int argc, char** argv) {
       std::vector<float> w(N * K);
       for (size_t j = 0; j < w.size(); ++j) w[j] = static_cast<float>(q[j]) * 4e-4f;
       kernel_a::pack_plain(w.data(), N, K, reinterpret_cast<float*>(l.packed.data()));
-    } else if (fa == kernel_a::Fmt::BF16) {
+    } else if (fa == kernel_a::Fmt::BF16 || pairs) {  // the same bfloat16 weights, in either layout
       std::vector<uint16_t> w(N * K);
       for (size_t j = 0; j < w.size(); ++j) w[j] = bf16(static_cast<float>(q[j]) * 4e-4f);
-      kernel_a::pack_plain(w.data(), N, K, reinterpret_cast<uint16_t*>(l.packed.data()));
-    } else if (pairs) {
-      std::vector<uint16_t> w(N * K);
-      for (size_t j = 0; j < w.size(); ++j) w[j] = bf16(static_cast<float>(q[j]) * 4e-4f);
-      kernel_a::pack_pairs(w.data(), N, K, reinterpret_cast<uint16_t*>(l.packed.data()));  // one layout for both
+      auto* out = reinterpret_cast<uint16_t*>(l.packed.data());
+      if (pairs) kernel_a::pack_pairs(w.data(), N, K, out);  // one layout for both variants
+      else kernel_a::pack_plain(w.data(), N, K, out);
     } else {
       kernel_a::pack_quantized(q.data(), scales.data(), N, K, G, bits, l.packed.data(), dot);
     }
