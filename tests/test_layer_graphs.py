@@ -46,6 +46,20 @@ def test_layers_are_routed_only_inside_the_block_and_run_their_own_forward_eager
     assert torch.equal(routed, plain)
 
 
+def test_a_layer_calls_arguments_reach_the_region_as_leaves_and_come_back_whole():
+    hidden, cos, sin = torch.ones(2), torch.zeros(2), torch.full((2,), 2.0)
+    args = (hidden, None)
+    kwargs = {"attention_mask": None, "position_embeddings": (cos, sin), "use_cache": False, "empty": ()}
+    spec, leaves = layer_graphs._flatten(args, kwargs)
+    assert [type(leaf) for leaf in leaves] == [torch.Tensor, type(None), type(None), torch.Tensor, torch.Tensor, bool]
+    back_args, back_kwargs = layer_graphs._unflatten(spec, tuple(leaves))
+    assert len(back_args) == 2 and back_args[0] is hidden and back_args[1] is None
+    assert list(back_kwargs) == list(kwargs)
+    assert back_kwargs["position_embeddings"][0] is cos and back_kwargs["position_embeddings"][1] is sin
+    assert back_kwargs["attention_mask"] is None and back_kwargs["use_cache"] is False and back_kwargs["empty"] == ()
+    assert layer_graphs._unflatten(*layer_graphs._flatten((), {})) == ((), {})
+
+
 @pytest.mark.compile
 def test_compiled_by_layer_is_hf_greedy_and_speculative_gives_its_tokens(every_model_by_layer, monkeypatch):
     monkeypatch.setattr(compiled, "UNPLANNED_RECOMPILES", [])
