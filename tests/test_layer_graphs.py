@@ -58,6 +58,8 @@ def test_a_layer_calls_arguments_reach_the_region_as_leaves_and_come_back_whole(
     assert back_kwargs["position_embeddings"][0] is cos and back_kwargs["position_embeddings"][1] is sin
     assert back_kwargs["attention_mask"] is None and back_kwargs["use_cache"] is False and back_kwargs["empty"] == ()
     assert layer_graphs._unflatten(*layer_graphs._flatten((), {})) == ((), {})
+    size = torch.Size([2, 3])  # a tuple of another type goes as one leaf, whole
+    assert layer_graphs._unflatten(*layer_graphs._flatten((), {"size": size}))[1]["size"] is size
 
 
 @pytest.mark.compile
