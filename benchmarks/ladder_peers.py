@@ -125,6 +125,9 @@ def main() -> None:
     parser.add_argument("--openvino", action="store_true",
                         help="OpenVINO GenAI as a third side (pip install \"specdec[openvino]\" and specdec bench "
                              "--openvino-setup first)")
+    parser.add_argument("--no-llamacpp", action="store_true",
+                        help="leave llama.cpp out (with --openvino): for a shape where three copies of the model "
+                             "do not fit in memory, llama.cpp's side run apart")
     parser.add_argument("--openvino-export-env", default=None, metavar="DIR",
                         help="the export environment (default: $SPECDEC_OPENVINO_EXPORT_ENV, as specdec bench)")
     parser.add_argument("--openvino-cache", default=None, metavar="DIR",
@@ -134,6 +137,8 @@ def main() -> None:
                              "else float32)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.no_llamacpp and not args.openvino:
+        parser.error("--no-llamacpp leaves specdec with no peer: add --openvino")
     started = time.strftime("%Y-%m-%d %H:%M")
     specdec.set_threads(args.threads)
     ov_dtype = openvino_dtype(args.openvino_dtype) if args.openvino else None
@@ -154,9 +159,10 @@ def main() -> None:
                                  compile=True)
                 return time.perf_counter() - start
 
-            sides = {"specdec": specdec_run,
-                     "llama.cpp": lambda prompt, gguf=gguf: llamacpp_run(args.dir, gguf, prompt.text, scratch,
-                                                                         NEW, args.threads)[0]}
+            sides = {"specdec": specdec_run}
+            if not args.no_llamacpp:
+                sides["llama.cpp"] = lambda prompt, gguf=gguf: llamacpp_run(args.dir, gguf, prompt.text, scratch, NEW,
+                                                                            args.threads)[0]
             if args.openvino:
                 run, peers[f"{name} {fmt}"] = openvino_side(files["hf"], fmt, ov_dtype, args.threads, args)
                 sides["OpenVINO"] = run
@@ -191,24 +197,33 @@ def main() -> None:
         "machine": machine, "build": BUILD, "new_tokens": NEW, "openvino_dtype": str(ov_dtype).replace("torch.", "") if ov_dtype
         else None, "openvino": peers, "rows": rows, "runs": runs}, indent=1))
     ov_note = (f", OpenVINO at {str(ov_dtype).replace('torch.', '')}" if ov_dtype else "")
-    lines = [f"# specdec plain vs llama.cpp{' and OpenVINO' if args.openvino else ''} plain at the same bits: "
+    against = " and ".join(([] if args.no_llamacpp else ["llama.cpp"]) + (["OpenVINO"] if args.openvino else []))
+    lines = [f"# specdec plain vs {against} plain at the same bits: "
              f"{args.models}, {NEW} new tokens, {args.threads} thread(s) each",
              "", f"`python benchmarks/ladder_peers.py --models {args.models} --formats {args.formats} --num-prompts "
              f"{args.num_prompts} --repeats {args.repeats} --threads {args.threads}"
-             f"{' --openvino' if args.openvino else ''}` (started {started}; {machine['cpu']}, "
+             f"{' --openvino' if args.openvino else ''}{' --no-llamacpp' if args.no_llamacpp else ''}` "
+             f"(started {started}; {machine['cpu']}, "
              f"{machine['cpu_family_model']}, kernels {machine['kernel_tier']}, {platform.machine()}{ov_note}; load "
              f"average {' '.join(f'{x:.2f}' for x in machine['load_average_at_end'])} at the end; the random models "
              f"of size_ladder.py's build {BUILD})", ""]
-    header = "| shape | specdec | llama.cpp | specdec tok/s | llama.cpp tok/s | specdec ÷ llama.cpp (median, range) |"
-    rule = "|:---|:---|:---|---:|---:|---:|"
+    if args.no_llamacpp:
+        header, rule = "| shape | specdec | specdec tok/s |", "|:---|:---|---:|"
+    else:
+        header = ("| shape | specdec | llama.cpp | specdec tok/s | llama.cpp tok/s | specdec ÷ llama.cpp "
+                  "(median, range) |")
+        rule = "|:---|:---|:---|---:|---:|---:|"
     if args.openvino:
         header += " OpenVINO | OpenVINO tok/s | specdec ÷ OpenVINO (median, range) |"
         rule += ":---|---:|---:|"
     lines += [header, rule]
     for r in rows:
-        line = (f"| {r['model']} | {r['format']} | {r['llamacpp_type']} | {r['specdec_tokens_per_s']:.2f} | "
-                f"{r['llamacpp_tokens_per_s']:.2f} | **{r['ratio_llamacpp_median']:.2f}x** "
-                f"({r['ratio_llamacpp_min']:.2f}–{r['ratio_llamacpp_max']:.2f}) |")
+        if args.no_llamacpp:
+            line = f"| {r['model']} | {r['format']} | {r['specdec_tokens_per_s']:.2f} |"
+        else:
+            line = (f"| {r['model']} | {r['format']} | {r['llamacpp_type']} | {r['specdec_tokens_per_s']:.2f} | "
+                    f"{r['llamacpp_tokens_per_s']:.2f} | **{r['ratio_llamacpp_median']:.2f}x** "
+                    f"({r['ratio_llamacpp_min']:.2f}–{r['ratio_llamacpp_max']:.2f}) |")
         if args.openvino:
             line += (f" {r['openvino_weights']} | {r['openvino_tokens_per_s']:.2f} | "
                      f"**{r['ratio_openvino_median']:.2f}x** "
