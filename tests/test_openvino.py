@@ -274,6 +274,25 @@ def test_a_failed_export_leaves_nothing_in_the_cache(tmp_path):
     assert list(cache.iterdir()) == []
 
 
+def test_a_failed_export_on_a_nearly_full_disk_says_so(tmp_path, monkeypatch):
+    """optimum-cli writes the model uncompressed before compressing it, and on a full disk fails with an I/O error
+    that names nothing: with less free space than twice the checkpoint, the error says what to do."""
+    import specdec.bench.openvino_export as openvino_export
+
+    env, cache, model = fake_export_env(tmp_path / "env", fail=True), tmp_path / "cache", checkpoint(tmp_path / "m")
+    size = sum(p.stat().st_size for p in model.iterdir())
+    usage = lambda free: lambda path: SimpleNamespace(total=10**12, used=0, free=free)  # noqa: E731
+    monkeypatch.setattr(openvino_export.shutil, "disk_usage", usage(2 * size - 1))
+    with pytest.raises(OpenVINOExportError, match=r"(?s)conversion failed.*less than twice the checkpoint's.*"
+                                                  r"--openvino-cache DIR"):
+        exported(model, cache, env)
+    assert list(cache.iterdir()) == []
+    monkeypatch.setattr(openvino_export.shutil, "disk_usage", usage(2 * size))
+    with pytest.raises(OpenVINOExportError, match="conversion failed") as failed:
+        exported(model, cache, env)
+    assert "free" not in str(failed.value)
+
+
 def test_a_missing_export_environment_names_the_setup_command(tmp_path):
     with pytest.raises(OpenVINOExportError, match=r"specdec bench --openvino-setup"):
         exported(checkpoint(tmp_path / "m"), tmp_path / "cache", tmp_path / "nowhere")

@@ -145,8 +145,9 @@ def exported(model_dir: str | Path, cache_dir: str | Path | None = None,
         seconds = time.perf_counter() - start
         if done.returncode != 0 or not (out / "openvino_model.xml").is_file():
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+            shutil.rmtree(work, ignore_errors=True)  # before the disk is measured
             raise OpenVINOExportError(f"exporting {source} to OpenVINO failed ({' '.join(command)}, exit "
-                                      f"{done.returncode}):\n{tail}")
+                                      f"{done.returncode}):\n{tail}{_disk_hint(source, cache)}")
         (out / EXPORT_MARKER).write_text(json.dumps(
             {"source": str(source), "hash": key, "recipe": recipe(weights), "command": command, "export_s": seconds},
             indent=1) + "\n")
@@ -158,6 +159,21 @@ def exported(model_dir: str | Path, cache_dir: str | Path | None = None,
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return Export(final, source, key, True, seconds, weights)
+
+
+def _disk_hint(source: Path, cache: Path) -> str:
+    """After a failed export: a sentence naming a full disk as the likely cause when the cache's disk has less free
+    space than twice the checkpoint's size (optimum-cli writes the model uncompressed, about the checkpoint's size,
+    before it compresses it, and float32 from a bfloat16 checkpoint is twice it; its error is then an unspecific
+    I/O error, such as "basic_ios::clear: iostream error"); else nothing."""
+    size = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
+    free = shutil.disk_usage(cache).free
+    if free >= 2 * size:
+        return ""
+    return (f"\nThe disk holding {cache} has {free / 1e9:.1f} GB free, less than twice the checkpoint's "
+            f"{size / 1e9:.1f} GB: optimum-cli writes the model uncompressed before it compresses it, so a full disk "
+            "is the likely cause. Free space there, or pass --openvino-cache DIR (SPECDEC_OPENVINO_CACHE) on a "
+            "larger disk.")
 
 
 def optimum_cli(env_dir: Path) -> Path:
