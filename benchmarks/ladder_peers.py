@@ -70,9 +70,9 @@ PAIRS = {"bfloat16": "bf16", "int8": "Q8_0", "int4": "Q4_0", "w4a8": "Q4_0", "w8
 OV_PAIRS = {"bfloat16": "fp32", "int8": "int8", "int4": "int4", "w4a8": "int4", "w8a8": "int8"}
 
 
-def prepare(root: Path, name: str) -> dict[str, Path]:
-    """The shape's HF checkpoint and one GGUF per llama.cpp type, made once under root/ladder/NAME-buildBUILD (a
-    folder of an older build is not read)."""
+def prepare(root: Path, name: str, ggufs: bool = True) -> dict[str, Path]:
+    """The shape's HF checkpoint and (unless ggufs is False: no llama.cpp side) one GGUF per llama.cpp type, made
+    once under root/ladder/NAME-buildBUILD (a folder of an older build is not read)."""
     folder = root / "ladder" / f"{name}-build{BUILD}"
     checkpoint = folder / "hf"
     if not (checkpoint / "config.json").exists():
@@ -80,16 +80,18 @@ def prepare(root: Path, name: str) -> dict[str, Path]:
         build(name, torch.bfloat16).save_pretrained(checkpoint)
         for file in (default_assets_dir() / "tokenizer").iterdir():
             shutil.copy(file, checkpoint / file.name)
-    ggufs = {"bf16": folder / "model-bf16.gguf"}
-    if not ggufs["bf16"].exists():
-        convert(root, checkpoint, "bf16", ggufs["bf16"])
+    if not ggufs:
+        return {"hf": checkpoint}
+    files = {"bf16": folder / "model-bf16.gguf"}
+    if not files["bf16"].exists():
+        convert(root, checkpoint, "bf16", files["bf16"])
     quantize = source_dir(root) / "build" / "bin" / "llama-quantize"
     for kind in ("Q8_0", "Q4_0"):
-        ggufs[kind] = folder / f"model-{kind}.gguf"
-        if not ggufs[kind].exists():
-            subprocess.run([str(quantize), str(ggufs["bf16"]), str(ggufs[kind]), kind, "1"], check=True,
+        files[kind] = folder / f"model-{kind}.gguf"
+        if not files[kind].exists():
+            subprocess.run([str(quantize), str(files["bf16"]), str(files[kind]), kind, "1"], check=True,
                            capture_output=True)
-    return {"hf": checkpoint, **ggufs}
+    return {"hf": checkpoint, **files}
 
 
 def openvino_side(checkpoint: Path, fmt: str, dtype: torch.dtype, threads: int, args: argparse.Namespace):
@@ -148,9 +150,8 @@ def main() -> None:
     prompts = code_prompts(tokenizer, args.num_prompts)
     runs, rows, peers = [], [], {}
     for name in args.models.split(","):
-        files = prepare(args.dir, name)
+        files = prepare(args.dir, name, ggufs=not args.no_llamacpp)
         for fmt in args.formats.split(","):
-            gguf = files[PAIRS[fmt]]
             model = specdec.load(files["hf"], dtype=torch.bfloat16, weights=fmt)[0]
 
             def specdec_run(prompt, model=model):
@@ -161,8 +162,8 @@ def main() -> None:
 
             sides = {"specdec": specdec_run}
             if not args.no_llamacpp:
-                sides["llama.cpp"] = lambda prompt, gguf=gguf: llamacpp_run(args.dir, gguf, prompt.text, scratch, NEW,
-                                                                            args.threads)[0]
+                sides["llama.cpp"] = lambda prompt, gguf=files[PAIRS[fmt]]: llamacpp_run(
+                    args.dir, gguf, prompt.text, scratch, NEW, args.threads)[0]
             if args.openvino:
                 run, peers[f"{name} {fmt}"] = openvino_side(files["hf"], fmt, ov_dtype, args.threads, args)
                 sides["OpenVINO"] = run
