@@ -73,17 +73,19 @@ enum class Fmt : int { F32 = 0, BF16 = 1, BF16_PAIRS = 2, INT8 = 3, INT4 = 4, W4
 constexpr bool int8_inputs(Fmt f) { return f == Fmt::W4A8 || f == Fmt::W8A8; }
 
 // The tier's blocking: vectors per panel (PV), the accumulator vectors a block may hold (ACC), the most panels a
-// block reads side by side (MAXP; MAXP_STREAM for a float weight streamed from memory: `Args::stream`), the widest
-// pass that is one block of rows (RMAX), the widest block of float inputs that reads more than one panel (RSIDE; INT4's
-// RSIDE_INT4), the fewest rows of a block that loads each step's weight vectors before its rows' inputs (W_FIRST),
-// and a prefill's blocks.
+// block reads side by side (MAXP; MAXP_STREAM for a float or INT8 weight streamed from memory: `Args::stream`),
+// the widest pass that is one block of rows (RMAX), the widest block of float inputs that reads more than one panel
+// (RSIDE; INT4's RSIDE_INT4), the fewest rows of a block that loads each step's weight vectors before its rows'
+// inputs (W_FIRST), and a prefill's blocks.
 #if defined(__AVX512F__)
 constexpr int PV = 4, ACC = 32, MAXP = 1, MAXP_STREAM = 1, RMAX = 8, RSIDE = RMAX, RSIDE_INT4 = RSIDE,
               W_FIRST = RMAX + 1, R_PF = 6, P_PF = 1;
 #elif defined(__AVX2__)
 // MAXP_STREAM 4: a one-row bfloat16 pass over weights streamed from memory ran 7-18% slower on 8 panels side by
-// side than on 4; in cache 8 are 7-10% faster, and int8 / int4 (bound by their arithmetic) 5-20% faster on 8
-// wherever their weights are. A prefill as 12 x 1 blocks: 2.4x 6 x 2's.
+// side than on 4; in cache 8 are 7-10% faster. INT8 streamed takes 4 too: over the Qwen2.5-1.5B / 0.5B shapes'
+// linears a one-row pass took 0.91x / 0.96x the time on 4 as on 8 (17.5 against 16.0 GB/s at 1.5B), and 1.54x on 2
+// (one Zen 2 core, kernel_ab.py, alternated; docs/kernels.md). INT4, bound by its arithmetic, is level on 4 and 8
+// (0.998x) and keeps 8, as in cache. A prefill as 12 x 1 blocks: 2.4x 6 x 2's.
 // W_FIRST 4, RSIDE 6: a block of 4 to 6 rows loads each step's weight vectors into registers first (W_FIRST,
 // Block::step) and then broadcasts each row's input once against all of them, so it holds P weights beside its sums
 // rather than R inputs, and reads as many panels as its 12 sums allow: 3 at 4 rows, 2 at 5 and 6 (panels_for).
@@ -176,12 +178,12 @@ constexpr int r_dot(Fmt f) { return f == Fmt::W8A8 ? R_DOT8 : R_DOT4; }
 // Panels a block of R rows reads side by side: as many as the accumulators allow, 1, 2, 4 or 8 (any count for a block
 // that loads its weights first: below). (An output's sums are one dependent chain over k, so a row needs several
 // panels in flight to keep the multiply-adds busy.)
-// `stream`: fewer (MAXP_STREAM) for a float weight that streams from memory.
+// `stream`: fewer (MAXP_STREAM) for a float or INT8 weight that streams from memory.
 constexpr int panels_for(int R, Fmt f, bool stream) {
   // W4A8: 16-bit, int32 and float32 sums each; W8A8: int32 and float32
   const int side = f == Fmt::INT4 ? RSIDE_INT4 : RSIDE;
   const int p = int8_inputs(f) ? ACC_DOT / (R * PV * (f == Fmt::W4A8 ? 3 : 2)) : R > side ? 1 : ACC / (R * PV);
-  const int most = stream && (f == Fmt::F32 || f == Fmt::BF16) ? MAXP_STREAM : MAXP;
+  const int most = stream && (f == Fmt::F32 || f == Fmt::BF16 || f == Fmt::INT8) ? MAXP_STREAM : MAXP;
   // A block that loads each step's weights first (Block::step: F32, BF16, INT8) holds its P weight vectors, not its R
   // inputs, beside its sums, so it takes every panel its accumulators allow (3 at 4 rows on AVX2).
   if (R >= W_FIRST && (f == Fmt::F32 || f == Fmt::BF16 || f == Fmt::INT8)) return std::min(most, p);
