@@ -666,7 +666,8 @@ def main() -> None:
                                                            "profiling_build_wall": summarise(build_walls[r]),
                                                            "classes": class_medians(splits)}
                 timings[f"{s} profile {dtype} (s)"] = time.perf_counter() - start
-            results["op_names"][f"{s}/{dtype}/{max(rows)}"] = op_names(prof, max(rows))
+            for r in rows:
+                results["op_names"][f"{s}/{dtype}/{r}"] = op_names(prof, r)
             del prof
         del models, model
         torch._dynamo.reset()
