@@ -30,9 +30,10 @@ from size_ladder import SHAPES  # noqa: E402
 from specdec.runtime import rowwise  # noqa: E402
 
 
-def variant(name: str, substitutions: list[str]) -> str:
-    """packed_core.h with its namespace renamed to specdec::NAME and each OLD=>NEW applied."""
-    text = (rowwise.KERNELS / "packed_core.h").read_text()
+def variant(name: str, substitutions: list[str], header: Path | None = None) -> str:
+    """packed_core.h (or `header`, an edited copy of it) with its namespace renamed to specdec::NAME and each OLD=>NEW
+    applied."""
+    text = (header or rowwise.KERNELS / "packed_core.h").read_text()
     text = text.replace("namespace specdec::packed", f"namespace specdec::{name}")
     for sub in substitutions:
         old, sep, new = sub.partition("=>")
@@ -46,6 +47,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--a", action="append", default=[], metavar="OLD=>NEW", help="variant A's substitution")
     parser.add_argument("--b", action="append", default=[], metavar="OLD=>NEW", help="variant B's substitution")
+    parser.add_argument("--b-header", type=Path, default=None, metavar="PATH",
+                        help="variant B from this edited copy of packed_core.h (a change too large for --b)")
     parser.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))
     parser.add_argument("--bits", type=int, choices=(8, 4, 16, 32), default=8,
                         help="8: W8A8, 4: W4A8, 16: BF16_PAIRS on bfloat16 inputs (every linear); 32: F32 weights "
@@ -68,7 +71,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         (folder / "kernel_a.h").write_text(variant("kernel_a", args.a))
-        (folder / "kernel_b.h").write_text(variant("kernel_b", args.b))
+        (folder / "kernel_b.h").write_text(variant("kernel_b", args.b, args.b_header))
         binary = folder / "kernel_ab"
         subprocess.run([compiler, "-std=c++17", "-O3", "-ffp-contract=off", *rowwise.TIER_FLAGS[tier],
                         f"-I{folder}", f"-I{rowwise.KERNELS}", str(Path(__file__).with_suffix(".cpp")), "-o",
@@ -78,7 +81,7 @@ def main() -> None:
                    {8: "W8A8", 4: "W4A8", 16: "BF16_PAIRS"}) | {32: "F32"}
         fmt = formats[args.bits]
         print(f"{args.shape}, {fmt}, tier {tier}, one thread; A: {args.a or 'as is'}; "
-              f"B: {args.b or 'as is'}")
+              f"B: {args.b or 'as is'}{f' on {args.b_header}' if args.b_header else ''}")
         for rows in args.rows.split(","):
             out = subprocess.run([str(binary), rows, str(args.repeats), fmt, *shapes], check=True,
                                  capture_output=True, text=True).stdout.split("\n")
