@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q $(CONSTRAINTS) "torch==2.13.0"
 	$(PIP) install -q $(CONSTRAINTS) -e ".[test]"
 	$(PYTHON) -m specdec.runtime.rowwise || echo "specdec: the C++ kernels did not build; the fast path (compile=True) and bfloat16 passes need a C++ compiler"
+	$(PYTHON) -m specdec.runtime.compiled || echo "specdec: inductor's headers were not precompiled; the fast path's first compile builds them"
 	@touch $(STAMP)
 
 install:

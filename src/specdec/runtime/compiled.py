@@ -104,11 +104,7 @@ class Compiled:
         skips probing them (`rowwise.vector_isa_proven`)."""
         if self._weights is None:
             self._weights = weights_fingerprint(self._model())
-        wrapper = {"cpp_wrapper": False, "cpp_wrapper_build_separate": False} if self.layers else {}
-        if self.cuda_graphs:
-            wrapper = CUDA_GRAPH_OPTIONS
-        elif vector_isa_proven():  # inductor's own probe of the CPU's vector ISAs would find what the kernels did
-            wrapper = {**wrapper, "cpp.vec_isa_ok": True}
+        wrapper = CUDA_GRAPH_OPTIONS if self.cuda_graphs else cpu_wrapper_options(python_wrapper=bool(self.layers))
         return {**COMPILE_OPTIONS, **wrapper, "joint_custom_pre_pass": FuseRowLinears(shared=self.copies,
                                                                                 weights=self._weights),
                 "post_grad_custom_pre_pass": ShareKVHeads(), "post_grad_custom_post_pass": ComputeOnce(),
@@ -118,6 +114,35 @@ class Compiled:
 #: Where a guard's name passes through what a compiled pass has frozen: a module's submodules, parameters, buffers
 #: or hooks, or a model's config.
 _FROZEN_STATE = re.compile(r"\._(modules|parameters|buffers)\[|\.config\b|__mro__|_hooks")
+
+
+def cpu_wrapper_options(python_wrapper: bool) -> dict:
+    """A CPU model's inductor options beyond COMPILE_OPTIONS: the Python wrapper for a model compiled by layer
+    (inductor's C++ wrapper does not take nested regions, runtime/layer_graphs.py), and, where this process's own
+    kernels have proven the CPU's vector ISAs, no probe of them by inductor (`rowwise.vector_isa_proven`)."""
+    wrapper = {"cpp_wrapper": False, "cpp_wrapper_build_separate": False} if python_wrapper else {}
+    if vector_isa_proven():  # inductor's own probe of the CPU's vector ISAs would find what the kernels did
+        wrapper = {**wrapper, "cpp.vec_isa_ok": True}
+    return wrapper
+
+
+def precompile_headers() -> float:
+    """Build inductor's precompiled headers for the fast path's CPU builds now, as `make install` does (after the
+    kernels: `python -m specdec.runtime.compiled`), so that a first request does not: one for the kernels under
+    the Python wrapper (a model compiled by layer), and the C++ wrapper's two (its own, at -O1, and its kernels').
+    Inductor keys each by its compiler command line and keeps it in its directory under the temporary directory
+    (about 150 MB each), where every later process of this machine and user finds it. A tiny pointwise function is
+    compiled in each wrapper to make them. On one core of a Zen 2 they took 14.5 s, and a self-drafted 1.5B model's
+    first request went from 68.0-68.7 to 63.2 s (docs/fastpath.md). Returns the seconds it took."""
+    start = time.perf_counter()
+    x = torch.linspace(-4, 4, 1536, dtype=torch.bfloat16)
+    for python_wrapper in (True, False):
+        fn = torch.compile(lambda v: torch.nn.functional.silu(v.float()).to(v.dtype) * v,
+                           options={**COMPILE_OPTIONS, **cpu_wrapper_options(python_wrapper)})
+        with torch.inference_mode():
+            fn(x)
+        torch.compiler.reset()
+    return time.perf_counter() - start
 
 
 def argument_guards(entries) -> list[bool]:
@@ -335,3 +360,16 @@ def fast_path_problem(model: PreTrainedModel, compile: bool) -> str | None:
 
 class FastPathWarning(UserWarning):
     """The fast path (compile=True) was asked for but this model or machine cannot take it."""
+
+
+def main() -> None:
+    """`python -m specdec.runtime.compiled`: build inductor's precompiled headers for the fast path
+    (`precompile_headers`)."""
+    problem = compiler_problem()
+    if problem is not None:
+        raise SystemExit(f"specdec: inductor's headers not precompiled: {problem}")
+    print(f"specdec: inductor's precompiled headers ready in {precompile_headers():.1f} s")
+
+
+if __name__ == "__main__":
+    main()
