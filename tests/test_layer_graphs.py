@@ -127,6 +127,36 @@ def test_compiled_by_layer_gives_each_row_the_bits_of_a_one_row_pass(every_model
     assert not compiled.UNPLANNED_RECOMPILES
 
 
+@pytest.mark.compile
+def test_a_model_compiled_by_layer_is_not_frozen_so_a_new_process_takes_its_passes_from_the_caches(
+        every_model_by_layer, monkeypatch):
+    """A graph whose weights are inputs has nothing to freeze, and with freezing on AOTAutograd's cache refused it,
+    so every new process traced it again (`compiled.LAYER_GRAPH_OPTIONS`). A second model object of the same weights
+    stands in for a new process: its pass is served by AOTAutograd's cache, with the same logits. A model compiled
+    whole keeps freezing and the pass that fuses and packs its linears."""
+    model = tiny("llama", hidden=16, layers=3)
+    options = compiled.Compiled(model).options()
+    assert options["freezing"] is False and "joint_custom_pre_pass" not in options
+    monkeypatch.setattr(layer_graphs, "LAYER_GRAPHS_MIN_BYTES", 1 << 40)
+    options = compiled.Compiled(model).options()
+    assert options["freezing"] is True and "joint_custom_pre_pass" in options
+    monkeypatch.setattr(layer_graphs, "LAYER_GRAPHS_MIN_BYTES", 0)
+    counts = torch._dynamo.utils.counters["aot_autograd"]
+    rows = torch.tensor(PROMPT[12:15])
+    logits = []
+    for _ in range(2):
+        target = tiny("llama", hidden=32, layers=2, vocab=96, seed=3)
+        assert compiled.COMPILED.get(target) is None
+        hits, bypassed = counts["autograd_cache_hit"], counts["autograd_cache_bypass"]
+        one = StaticCausalLM(target, compile=True, max_len=64)
+        one.buckets = (3,)
+        one.prefill(torch.tensor(PROMPT[:12]))
+        logits.append(one.score(rows).logits)
+        assert counts["autograd_cache_bypass"] == bypassed
+    assert counts["autograd_cache_hit"] >= hits + 2  # the second model's prefill and scoring pass
+    assert torch.equal(logits[0], logits[1])
+
+
 class _Alternating:
     """A γ policy that drafts 2, nothing, 4, nothing, ...: rounds that draft nothing at fixed places."""
 

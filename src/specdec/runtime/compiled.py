@@ -51,6 +51,13 @@ CUDA_GRAPHS = True
 CUDA_GRAPH_OPTIONS = {"triton.cudagraphs": True, "freezing": False, "cpp_wrapper": False,
                       "cpp_wrapper_build_separate": False}
 
+#: A model compiled by layer (runtime/layer_graphs.py): its weights stay inputs of the graph, since one region serves
+#: every layer, so freezing has nothing to fold, and `runtime/fuse_linears.py`'s pass is left out with the hash of
+#: the weights that keys it (the layers' linears were never fused or packed). With freezing on, AOTAutograd's cache
+#: refused every such graph and a new process traced each again: at the Qwen2.5-0.5B shape on a Zen 2 core a warm
+#: first request compiled in 9.5 s without it against 16.0 s with it, at the same decoding speed (docs/fastpath.md).
+LAYER_GRAPH_OPTIONS = {"freezing": False}
+
 
 def static_cache_problem(model: PreTrainedModel) -> str | None:
     """Why `model` cannot run on the static cache, or None when it can."""
@@ -99,16 +106,18 @@ class Compiled:
         cache key by their values (hashed once per model object), the one that hands grouped-query attention its
         key/value heads unrepeated (runtime/shared_kv_heads.py), and the one that computes each rotary table once
         per pass (runtime/compute_once.py). A model whose layer is one region runs a Python wrapper, which
-        inductor's C++ wrapper would be for nested regions (runtime/layer_graphs.py). A CUDA model's passes run as
-        CUDA graphs (CUDA_GRAPH_OPTIONS). On a CPU whose vector ISAs the kernels' own build has proven, inductor
-        skips probing them (`rowwise.vector_isa_proven`)."""
+        inductor's C++ wrapper would be for nested regions, and neither freezes nor fuses (LAYER_GRAPH_OPTIONS,
+        runtime/layer_graphs.py). A CUDA model's passes run as CUDA graphs (CUDA_GRAPH_OPTIONS). On a CPU whose
+        vector ISAs the kernels' own build has proven, inductor skips probing them (`rowwise.vector_isa_proven`)."""
+        wrapper = CUDA_GRAPH_OPTIONS if self.cuda_graphs else cpu_wrapper_options(python_wrapper=bool(self.layers))
+        passes = {"post_grad_custom_pre_pass": ShareKVHeads(), "post_grad_custom_post_pass": ComputeOnce(),
+                  "guard_filter_fn": argument_guards}
+        if self.layers:
+            return {**COMPILE_OPTIONS, **wrapper, **LAYER_GRAPH_OPTIONS, **passes}
         if self._weights is None:
             self._weights = weights_fingerprint(self._model())
-        wrapper = CUDA_GRAPH_OPTIONS if self.cuda_graphs else cpu_wrapper_options(python_wrapper=bool(self.layers))
         return {**COMPILE_OPTIONS, **wrapper, "joint_custom_pre_pass": FuseRowLinears(shared=self.copies,
-                                                                                weights=self._weights),
-                "post_grad_custom_pre_pass": ShareKVHeads(), "post_grad_custom_post_pass": ComputeOnce(),
-                "guard_filter_fn": argument_guards}
+                                                                                weights=self._weights), **passes}
 
 
 #: Where a guard's name passes through what a compiled pass has frozen: a module's submodules, parameters, buffers
