@@ -14,6 +14,7 @@ from specdec.core.sampling import SamplingConfig
 from specdec.exactness import check_exactness
 from specdec.runtime import compiled, layer_graphs, static_lm
 from specdec.runtime.layer_graphs import LayerRegions
+from specdec.runtime.batch_static import StaticBatchedCausalLM
 from specdec.runtime.static_lm import StaticCausalLM
 
 PROMPT = [(i * 37 + 11) % 96 for i in range(20)]
@@ -156,6 +157,26 @@ def test_a_model_compiled_by_layer_is_not_frozen_so_a_new_process_takes_its_pass
     assert counts["autograd_cache_hit"] >= hits + 2  # the second model's prefill and scoring pass
     assert torch.equal(logits[0], logits[1])
 
+
+@pytest.mark.compile
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_batched_rows_by_layer_are_the_requests_alone(every_model_by_layer, dtype):
+    """A server's batched fast path (`StaticBatchedCausalLM`) on a model compiled by layer: each row of a batch's
+    3-token pass gets, bit for bit, the logits its request alone gets from one-token passes on the single-row fast
+    path (its prefill the same compiled chunks, its pass the graph of symbolic row count)."""
+    target = tiny("llama", hidden=32, layers=2, vocab=96, seed=4, dtype=dtype)
+    lengths = (12, 9, 15)
+    prompts = [torch.tensor(PROMPT[:n]) for n in lengths]
+    steps = [torch.tensor(PROMPT[n : n + 3]) for n in lengths]
+    batch = StaticBatchedCausalLM(target, compile=True, max_len=64)
+    batch.add_rows(prompts)
+    together = batch.forward(steps)  # [3, 3, V]
+    for prompt, step, row in zip(prompts, steps, together):
+        alone = StaticCausalLM(target, compile=True, max_len=64)
+        alone.prefill(prompt)
+        assert torch.equal(torch.cat([alone.forward(step[j : j + 1]) for j in range(3)]), row)
+    assert compiled.COMPILED[target].layers
+    assert {key[:2] for key in compiled.COMPILED[target].fns} >= {("prefill", "3+"), ("batch-pass", "2+")}
 
 class _Alternating:
     """A γ policy that drafts 2, nothing, 4, nothing, ...: rounds that draft nothing at fixed places."""

@@ -1,7 +1,7 @@
 """A self-drafted 1.5B target's first request (w4a8 copy, gamma="auto", 16 tokens from 64), this tree's compile
 options against the previous ones (OLD=1: a model compiled by layer frozen, with the linear-fusing pass keyed on its
 weights' hash), in one probe; one line per request."""
-import os, runpy, time
+import os, resource, runpy, time
 import torch
 from torch._dynamo.utils import counters
 import specdec
@@ -36,10 +36,12 @@ decoder = SpeculativeDecoder(model, specdec.SelfDraft(model, "w4a8"), gamma="aut
 start = time.perf_counter()
 out = list(decoder.stream(prompt))
 first = time.perf_counter() - start
+compile_s = decoder.stats.compile_s  # the first request's
 start = time.perf_counter()
 again = list(decoder.stream(prompt))
 second = time.perf_counter() - start
 assert again == out
 cache = {k: v for k, v in {**counters["inductor"], **counters["aot_autograd"]}.items() if "cache" in k}
-print(f"{label}: first request {first:.1f} s, compile {decoder.stats.compile_s:.1f} s, second request "
-      f"{second:.1f} s, tokens {out[:6]}, {cache}", flush=True)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB (ru_maxrss is in KiB on Linux)
+print(f"{label}: first request {first:.1f} s, compile {compile_s:.1f} s, second request "
+      f"{second:.1f} s, tokens {out[:6]}, peak RSS {peak:.2f} GiB, {cache}", flush=True)

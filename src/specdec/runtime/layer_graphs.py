@@ -15,9 +15,9 @@ those slots. Eager calls (and models on any other cache) run the layer's own for
 What it gives up: the layers' weights stay inputs of the graph (a region that reads one layer's parameters as
 constants cannot serve another layer), so nothing is frozen and `runtime/fuse_linears.py` neither fuses nor packs
 their linears (`compiled.LAYER_GRAPH_OPTIONS`), and inductor's C++ wrapper does not take nested regions, so a Python
-wrapper calls the kernels. Together 3.5% of a step
-at 1.5B; a small model's passes take a few milliseconds, where such per-pass costs weigh more and a compile is
-short anyway, so only models of at least `LAYER_GRAPHS_MIN_BYTES` of parameters and buffers compile this way.
+wrapper calls the kernels. Together 3.5% of a step at 1.5B; a small model's passes take a few milliseconds, where
+such per-pass costs weigh more and a compile is short anyway, so only models of at least `LAYER_GRAPHS_MIN_BYTES` of
+parameters and buffers compile this way.
 Every compiled pass of one model object is compiled the same way, so a row gets the same bits in each of them.
 """
 
