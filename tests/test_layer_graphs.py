@@ -13,8 +13,8 @@ import specdec
 from specdec.core.sampling import SamplingConfig
 from specdec.exactness import check_exactness
 from specdec.runtime import compiled, layer_graphs, static_lm
-from specdec.runtime.layer_graphs import LayerRegions
 from specdec.runtime.batch_static import StaticBatchedCausalLM
+from specdec.runtime.layer_graphs import LayerRegions
 from specdec.runtime.static_lm import StaticCausalLM
 
 PROMPT = [(i * 37 + 11) % 96 for i in range(20)]
@@ -177,6 +177,7 @@ def test_compiled_batched_rows_by_layer_are_the_requests_alone(every_model_by_la
         assert torch.equal(torch.cat([alone.forward(step[j : j + 1]) for j in range(3)]), row)
     assert compiled.COMPILED[target].layers
     assert {key[:2] for key in compiled.COMPILED[target].fns} >= {("prefill", "3+"), ("batch-pass", "2+")}
+
 
 class _Alternating:
     """A γ policy that drafts 2, nothing, 4, nothing, ...: rounds that draft nothing at fixed places."""
