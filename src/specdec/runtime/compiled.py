@@ -192,9 +192,10 @@ def compile_once(model: PreTrainedModel, key: tuple, fn, dynamic: bool = False):
     compiled = entry.fns.get(key)
     if compiled is None:
         raise_recompile_limit()
+        options = entry.options()
         compiled = entry.fns[key] = Timed(
-            torch.compile(_entry_point(fn), fullgraph=True, dynamic=False, options=entry.options()), key,
-            type(model).__name__, entry)
+            torch.compile(_entry_point(fn), fullgraph=True, dynamic=False, options=options), key,
+            type(model).__name__, entry, freeze=options["freezing"])
     return compiled
 
 
@@ -244,8 +245,9 @@ def is_compiled(model: PreTrainedModel, key: tuple) -> bool:
 class Timed:
     """A compiled callable that logs how long its first call (the compile) took."""
 
-    def __init__(self, fn, key: tuple, model_name: str, entry: Compiled):
+    def __init__(self, fn, key: tuple, model_name: str, entry: Compiled, freeze: bool):
         self.fn, self.key, self.model_name, self.entry = fn, key, model_name, entry
+        self.freeze = freeze  # inductor's `freezing` option for this callable (`_compiling`)
         self.done = False
 
     def __call__(self, *args):
@@ -292,12 +294,12 @@ class Timed:
 
     @contextlib.contextmanager
     def _compiling(self):
-        """What a call that compiles runs under. Whole: dynamo traces the model's parameters as constants, for
-        inductor to freeze them (`options` reaches inductor only, so this one flag is set for the compile alone).
-        One region per layer: the layers called through it, their parameters inputs (runtime/layer_graphs.py).
+        """What a call that compiles runs under. Where inductor freezes (a model compiled whole on a CPU), dynamo
+        traces the model's parameters as constants for it: `options` reaches inductor only, so dynamo's flag is set
+        for the compile alone, from the same `freezing` option, so that the two cannot disagree. One region per
+        layer: the layers called through it, their parameters inputs (runtime/layer_graphs.py, LAYER_GRAPH_OPTIONS).
         As CUDA graphs: the parameters inputs, at static addresses (CUDA_GRAPH_OPTIONS)."""
-        freeze = not self.entry.layers and not self.entry.cuda_graphs
-        with torch._dynamo.config.patch(prepare_freezing=freeze), self.entry.layers.routed(), \
+        with torch._dynamo.config.patch(prepare_freezing=self.freeze), self.entry.layers.routed(), \
                 warnings.catch_warnings():
             # torch.fx's note on the symbolic row count (runtime/static_lm.py), about inductor's own nodes
             warnings.filterwarnings("ignore", message="Raw SymInt value", category=UserWarning)
