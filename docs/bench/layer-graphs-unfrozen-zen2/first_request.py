@@ -13,6 +13,8 @@ from specdec.runtime.compute_once import ComputeOnce
 from specdec.runtime.weights import pack_model
 
 
+# OLD=1 reproduces d7d234b only on the code of e815520..af2ab3b: later, dynamo's prepare_freezing follows the
+# `freezing` option, so these options would freeze a by-layer model's parameters for dynamo too.
 def previous_options(self) -> dict:  # Compiled.options before LAYER_GRAPH_OPTIONS (d7d234b)
     if self._weights is None:
         self._weights = weights_fingerprint(self._model())
