@@ -38,8 +38,9 @@ uint32_t bits(float f) {
   return u;
 }
 
-// AVX512_BF16's dot product on one lane, as the instruction defines it: the odd product added, then the even one,
-// each rounded to nearest even, inputs and results flushed to zero when denormal.
+// AVX512_BF16's dot product on one lane: the odd product added, then the even one, each rounded to nearest even,
+// inputs and results flushed to zero when denormal. The products are exact wherever they are normal, as in every
+// case here; below that the Xeon model 207 rounds a product with its sum, once (docs/kernels.md), not as this does.
 float flush(float f) { return std::fpclassify(f) == FP_SUBNORMAL ? std::copysign(0.f, f) : f; }
 float dot_pair(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t w1) {
   const float a = flush(acc);
