@@ -2,6 +2,7 @@
 attention and linear layers, and compute every row on its own: the same bits for a row whatever else the pass holds
 (more rows, other batch rows, a longer cache, holes), which library kernels do not guarantee."""
 
+import shutil
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from specdec.runtime import rowwise
 from specdec.runtime.rowwise import (
     all_finite,
     argmax,
@@ -483,3 +485,23 @@ def test_a_weight_that_streams_from_memory_gives_the_bits_of_a_small_one(fmt):
         x = torch.randn(rows, k).to(dtype)
         want = torch.ops.specdec.packed_linear(x, small, b[:96], 96)
         assert torch.equal(torch.ops.specdec.packed_linear(x, big, b, n)[:, :96], want), rows
+
+
+def test_two_copies_of_the_same_kernel_sources_build_apart(tmp_path, monkeypatch):
+    """Another checkout or install of the same sources gets a build directory of its own (torch's build names each
+    source by its path, so one shared build was rebuilt whenever a process of the other copy loaded it: ~30 s each
+    time on a 2-core Xeon), and the same kernels' version, which keys compiled graphs and precision measurements;
+    the same copy keeps its one name."""
+    tier = rowwise.kernel_tier()
+    here, version = rowwise.build_name.__wrapped__(tier), rowwise.kernels_version.__wrapped__(tier)
+    assert rowwise.build_name.__wrapped__(tier) == here
+    copy = tmp_path / "kernels"
+    shutil.copytree(rowwise.KERNELS, copy)
+    monkeypatch.setattr(rowwise, "SOURCES", [copy / path.name for path in rowwise.SOURCES])
+    monkeypatch.setattr(rowwise, "HEADERS", [copy / path.name for path in rowwise.HEADERS])
+    monkeypatch.setattr(rowwise, "kernels_version", rowwise.kernels_version.__wrapped__)  # uncached: these sources
+    elsewhere = rowwise.build_name.__wrapped__(tier)
+    assert elsewhere != here and elsewhere.startswith(f"specdec_kernels_{tier}_")
+    assert rowwise.kernels_version(tier) == version
+    (copy / "simd.h").write_text((copy / "simd.h").read_text() + "\n// changed\n")
+    assert rowwise.kernels_version(tier) != version

@@ -236,8 +236,8 @@ class FuseRowLinears(CustomGraphPass):
 
     def uuid(self) -> bytes:
         """What the graphs it leaves depend on beyond the graph itself: this file, rowwise.py (which weights the
-        kernel serves), the kernels' build (their tier and sources: the packed layout), the weights' values. A
+        kernel serves), the kernels' version (their tier and sources: the packed layout), the weights' values. A
         graph compiled when a weight was not packed, or packed for another tier, is never served."""
         files = get_hash_for_files((str(Path(__file__).resolve()), str(Path(rowwise.__file__).resolve())))
-        build = rowwise.build_name(rowwise.kernel_tier())
+        build = rowwise.kernels_version(rowwise.kernel_tier())
         return hashlib.sha256(files + build.encode() + self.weights.encode()).digest()

@@ -177,11 +177,12 @@ def cpu_family_model() -> str | None:
 
 
 def machine_key() -> str:
-    """The CPU, its cores, torch, and the kernels' build (their tier and sources: a new kernel is measured anew): what
-    a measurement cached on this machine is valid for."""
-    from specdec.runtime.rowwise import build_name, kernel_tier  # noqa: PLC0415
+    """The CPU, its cores, torch, and the kernels' version (their tier and sources: a new kernel is measured anew):
+    what a measurement cached on this machine is valid for."""
+    from specdec.runtime.rowwise import kernel_tier, kernels_version  # noqa: PLC0415
 
-    return f"{cpu_model()} | {os.cpu_count()} cores | torch {torch.__version__} | {build_name(kernel_tier())}"
+    tier = kernel_tier()
+    return f"{cpu_model()} | {os.cpu_count()} cores | torch {torch.__version__} | {tier} {kernels_version(tier)}"
 
 
 def cache_file(name: str) -> Path:

@@ -20,12 +20,12 @@ passes, where `torch.compile` traces through it and keeps each kernel as one opa
 serve (dropout, `is_causal` without a mask, float64, another device) go to PyTorch unchanged.
 
 The kernels are compiled once per machine for its instruction-set tier (`kernel_tier`: avx512_amx, avx512_bf16,
-avx512, avx2_vnni, avx2, neon_dotprod, neon or generic, from the CPU's features; `SPECDEC_KERNEL_TIER` picks a lower one)
-with `torch.utils.cpp_extension`, and cached under `~/.cache/torch_extensions` (`TORCH_EXTENSIONS_DIR`) in a
-directory named after everything that changes the build (`build_name`: the tier, the sources, the flags, torch's
-version and headers), so two environments or checkouts on one machine never rebuild each other's copy. `make
-install` builds them (`python -m specdec.runtime.rowwise`); otherwise the first use does. It needs the C++ compiler
-inductor needs anyway, and `ninja` (a dependency of specdec).
+avx512, avx2_vnni, avx2, neon_dotprod, neon or generic, from the CPU's features; `SPECDEC_KERNEL_TIER` picks a lower
+one) with `torch.utils.cpp_extension`, and cached under `~/.cache/torch_extensions` (`TORCH_EXTENSIONS_DIR`) in a
+directory named after everything that changes the build (`build_name`: the tier, the sources' bytes and paths, the
+flags, torch's version and headers), so two environments or checkouts on one machine never rebuild each other's
+copy. `make install` builds them (`python -m specdec.runtime.rowwise`); otherwise the first use does. It needs the
+C++ compiler inductor needs anyway, and `ninja` (a dependency of specdec).
 
 Concurrent builds of one name wait for each other on an advisory lock the OS drops when its holder exits
 (`build_lock`), so a build killed half-way (a timeout, Ctrl-C) cannot leave `torch.utils.cpp_extension`'s own lock
@@ -136,15 +136,28 @@ def build_flags(tier: str) -> list[str]:
 
 
 @functools.cache
-def build_name(tier: str) -> str:
-    """The kernels' library name for `tier`: a hash of what changes the build (sources and headers, flags, torch's
-    version and include directories), so a build is reused exactly when it would be rebuilt the same."""
+def kernels_version(tier: str) -> str:
+    """What the kernels compute for `tier`: a hash of their sources' and headers' bytes, the flags, torch's version and
+    include directories. What depends on the kernels and not on where they were built is keyed on it: compiled
+    graphs (`FuseRowLinears.uuid`) and the precision measured on this machine (`precision.machine_key`)."""
     from torch.utils.cpp_extension import include_paths  # noqa: PLC0415 (heavy)
 
     digest = hashlib.sha256()
     for path in (*SOURCES, *HEADERS):
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(" ".join([*build_flags(tier), torch.__version__, *include_paths()]).encode())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def build_name(tier: str) -> str:
+    """The kernels' library and build directory name for `tier`: their version and where their sources are, so a
+    build is reused exactly when it would be rebuilt the same. Where matters: torch's build names each source by its
+    path, so two checkouts or installs of the same sources sharing one build would rebuild it whenever a process of
+    the other one loaded it."""
+    digest = hashlib.sha256(kernels_version(tier).encode())
+    for path in (*SOURCES, *HEADERS):
+        digest.update(str(path.resolve()).encode())
     return f"specdec_kernels_{tier}_{digest.hexdigest()[:16]}"
 
 
