@@ -2,7 +2,8 @@
 change of the library cannot silently break the scripts behind the published numbers (benchmarks/README.md).
 Each answers `--help` (its argument parser is built and every module it imports is importable); the table scripts
 also run on tiny inputs, oracle_speedup.py and load_memory.py on a tiny model, identity_table.py on one short prompt
-of the shipped pair, and server_identity.py serves the shipped pair to two short prompts."""
+of the shipped pair (its target on w8a8 weights), and server_identity.py serves the shipped pair to two short
+prompts."""
 
 from __future__ import annotations
 
@@ -46,7 +47,9 @@ def _tree_fastpath_run(tmp_path: Path) -> list[str]:
 
 
 def _identity_table_run(tmp_path: Path) -> list[str]:
-    return ["--dtypes", "bfloat16:1", "--new-tokens", "4", "--methods", "eager draft γ=4", "--out", str(tmp_path)]
+    """The target on w8a8 weights (`--weights`): the quantized model against its own plain decoding."""
+    return ["--dtypes", "bfloat16:1", "--new-tokens", "4", "--methods", "eager draft γ=4", "--weights", "w8a8",
+            "--out", str(tmp_path)]
 
 
 def _op_classes_run(tmp_path: Path) -> list[str]:
@@ -96,7 +99,8 @@ TINY_RUNS = {
     # per-prompt ratios: the draft ÷ OpenVINO's speculative best is 1.5x on prompt 0 and 2x on prompt 1
     "class_row": (_class_row_run, "  ÷ OpenVINO speculative best (ov-speculative@6): 1.75x (1.50–2.00); "
                                   "ov-speculative@6 at 151.5 tokens/s"),
-    "identity_table": (_identity_table_run, "| bfloat16 | eager draft γ=4 | eager plain | 1/1 | 100.0% | 4 |"),
+    "identity_table": (_identity_table_run,
+                       "| bfloat16, w8a8 weights | eager draft γ=4 | eager plain | 1/1 | 100.0% | 4 |"),
     # α 1: every oracle token accepted, γ+1 tokens a round (and each output is checked against plain decoding); the
     # draft over 48 tokens runs after the whole vocabulary's
     "oracle_speedup": (_oracle_speedup_run, "SelfDraft int8/vocab48 γ 3 α 1.000 (realized 1.000): τ 4.00"),
