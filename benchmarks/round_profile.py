@@ -55,10 +55,10 @@ def instrument(dec: SpeculativeDecoder, clock: Clock) -> None:
     def graphs(lm: StaticCausalLM, prefix: str):
         original = lm._fn
 
-        def fn(key, f):
+        def fn(key, f, symbolic=False):
             if not lm.compile or key[0] == "prefill":  # not part of a round
-                return original(key, f)
-            return clock.wrap(f"{prefix} graph {key[0]}", original(key, f))
+                return original(key, f, symbolic)
+            return clock.wrap(f"{prefix} graph {key[0]}", original(key, f, symbolic))
         lm._fn = fn
 
     graphs(target, "target")
@@ -107,7 +107,7 @@ def alone(target, draft, context: torch.Tensor, gamma: int) -> dict[str, float]:
     out["target score(γ+1) via adapter"] = median_ms(score)
     fn = tgt._fn(("pass", gamma + 1, tgt.max_len, False, False), slot_cache.run_model)
     slots = torch.arange(n - 1, n + gamma)
-    inputs = (ids.clone()[None], slots.clone()[None], slots, None, tgt.cache, False)
+    inputs = (ids.clone()[None], slots.clone()[None], slots, None, tgt.cache, False, 0)
     with torch.inference_mode():
         out["target graph(γ+1) bare"] = median_ms(lambda: fn(target, *inputs))
         out["target graph(γ+1): Dynamo cache lookup"] = guard_ms(lambda: fn(target, *inputs))
@@ -121,9 +121,10 @@ def alone(target, draft, context: torch.Tensor, gamma: int) -> dict[str, float]:
     fn1 = tgt._fn(("pass", 1, tgt.max_len, False, False), slot_cache.run_model)
     s1 = torch.tensor([n - 1])
     with torch.inference_mode():
-        out["target graph(1) bare"] = median_ms(lambda: fn1(target, one[None], s1[None], s1, None, tgt.cache, False))
+        out["target graph(1) bare"] = median_ms(lambda: fn1(target, one[None], s1[None], s1, None, tgt.cache, False,
+                                                            0))
         out["target graph(1): Dynamo cache lookup"] = guard_ms(
-            lambda: fn1(target, one[None], s1[None], s1, None, tgt.cache, False))
+            lambda: fn1(target, one[None], s1[None], s1, None, tgt.cache, False, 0))
 
     lm = StaticCausalLM(draft, compile=True)
     lm.ensure_capacity(n + 128 + gamma + 1)
@@ -133,7 +134,7 @@ def alone(target, draft, context: torch.Tensor, gamma: int) -> dict[str, float]:
         lm.crop(n - 2)
         lm.draft_steps(context, gamma, sampling, None)
     out[f"draft steps(γ={gamma}) via adapter"] = median_ms(steps)
-    dfn = lm._fn(("draft", gamma, sampling, lm.max_len), draft_graphs.draft_chain)
+    dfn = lm._fn(("draft", gamma, sampling, lm.max_len, None, 2), draft_graphs.draft_chain)  # `_draft_key`'s
     two, slot0, u = context[n - 2:].clone(), torch.tensor(n - 2), torch.zeros(gamma, dtype=torch.float64)
     with torch.inference_mode():
         out[f"draft graph(γ={gamma}) bare"] = median_ms(lambda: dfn(draft, two, slot0, lm.cache, u, gamma, sampling))
