@@ -2,6 +2,7 @@
 attention and linear layers, and compute every row on its own: the same bits for a row whatever else the pass holds
 (more rows, other batch rows, a longer cache, holes), which library kernels do not guarantee."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -485,6 +486,26 @@ def test_a_weight_that_streams_from_memory_gives_the_bits_of_a_small_one(fmt):
         x = torch.randn(rows, k).to(dtype)
         want = torch.ops.specdec.packed_linear(x, small, b[:96], 96)
         assert torch.equal(torch.ops.specdec.packed_linear(x, big, b, n)[:, :96], want), rows
+
+
+def test_another_ninja_builds_apart(tmp_path, monkeypatch):
+    """A build made by one ninja is rebuilt whole by another version (it does not read the other's build log), so
+    the kernels of each ninja on PATH get a build directory of their own: an activated environment (its pip-installed
+    ninja first on PATH) and a plain shell (the system's) no longer rebuild each other's kernels at every switch. The
+    kernels' version, which keys compiled graphs and precision measurements, does not depend on it."""
+    tier = rowwise.kernel_tier()
+    here, version = rowwise.build_name.__wrapped__(tier), rowwise.kernels_version(tier)
+    fake = tmp_path / "bin" / "ninja"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 0.0.1-another\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(rowwise, "ninja_version", rowwise.ninja_version.__wrapped__)  # uncached: this PATH
+    assert rowwise.ninja_version() == "0.0.1-another"
+    elsewhere = rowwise.build_name.__wrapped__(tier)
+    assert elsewhere != here and elsewhere.startswith(f"specdec_kernels_{tier}_")
+    assert rowwise.build_name.__wrapped__(tier) == elsewhere
+    assert rowwise.kernels_version(tier) == version
 
 
 def test_two_copies_of_the_same_kernel_sources_build_apart(tmp_path, monkeypatch):

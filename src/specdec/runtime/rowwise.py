@@ -40,6 +40,7 @@ import hashlib
 import logging
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -150,14 +151,26 @@ def kernels_version(tier: str) -> str:
 
 
 @functools.cache
+def ninja_version() -> str:
+    """The version of the `ninja` that torch's build runs (the first on PATH), or "" where none runs."""
+    try:
+        return subprocess.run(["ninja", "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+@functools.cache
 def build_name(tier: str) -> str:
-    """The kernels' library and build directory name for `tier`: their version and where their sources are, so a
-    build is reused exactly when it would be rebuilt the same. Where matters: torch's build names each source by its
-    path, so two checkouts or installs of the same sources sharing one build would rebuild it whenever a process of
-    the other one loaded it."""
+    """The kernels' library and build directory name for `tier`: their version, where their sources are and the ninja
+    that builds them, so a build is reused exactly when it would be rebuilt the same. Where matters: torch's build
+    names each source by its path, so two checkouts or installs of the same sources sharing one build would rebuild it
+    whenever a process of the other one loaded it. The ninja matters the same way: one ninja does not read another
+    version's build log and rebuilds everything, so an activated environment (its pip-installed ninja first on PATH)
+    and a plain shell (the system's) rebuilt each other's kernels at every switch (26-28 s a time on a Zen 4 core)."""
     digest = hashlib.sha256(kernels_version(tier).encode())
     for path in (*SOURCES, *HEADERS):
         digest.update(str(path.resolve()).encode())
+    digest.update(ninja_version().encode())
     return f"specdec_kernels_{tier}_{digest.hexdigest()[:16]}"
 
 
