@@ -224,10 +224,13 @@ def test_inductors_isa_probe_is_skipped_only_where_the_kernels_build_proved_it(c
 #: (AMX's block, `amx_pairs`, streams without: its tile loads ran faster so.)
 _BLOCKS = {"5BlockIL": "every", "10PairsBlockIL": "avx512_bf16", "8DotBlockIL": "every", "12ByteDotBlockIL": "every"}
 #: The integer formats' blocks and the bfloat16 pairs' come in two kinds, by their `Prefetch` template argument
-#: (mangled `Lb1E` or `Lb0E`): with and without a software prefetch, as the core's `DotStreaming` picks at run time.
-_DOT_PREFETCH = re.compile(r"(?:8DotBlock|12ByteDotBlock)ILi\d+ELi\d+ELb([01])E|10PairsBlockILi\d+ELb([01])E")
-#: The blocks that come in both kinds.
+#: (mangled `Lb1E` or `Lb0E`): with and without a software prefetch, as the core's `DotStreaming` picks at run time;
+#: on AVX-512 the other formats' blocks of a few rows too (`R_UNPREFETCHED`).
+_DOT_PREFETCH = re.compile(r"(?:8DotBlock|12ByteDotBlock)ILi\d+ELi\d+ELb([01])E|10PairsBlockILi\d+ELb([01])E"
+                           r"|5BlockILN\w+?FmtE\d+ELi\d+ELi\d+ELb([01])E")
+#: The blocks that come in both kinds, and those that do on AVX-512 only.
 _TWO_KINDS = ("8DotBlockIL", "12ByteDotBlockIL", "10PairsBlockIL")
+_TWO_KINDS_AVX512 = ("5BlockIL",)
 
 
 @pytest.mark.parametrize("tier", list(TIER_FLAGS))
@@ -253,8 +256,8 @@ def test_packed_kernel_blocks_prefetch_on_each_tier(tier, assembly):
             continue
         assert runs, f"{tier}: no {block} block in the assembly"
         kinds = {n: _DOT_PREFETCH.search(n) for n in runs}
-        kind = {n: None if k is None else k.group(1) or k.group(2) for n, k in kinds.items()}
-        if block in _TWO_KINDS:
+        kind = {n: None if k is None else next(g for g in k.groups() if g) for n, k in kinds.items()}
+        if block in _TWO_KINDS or (block in _TWO_KINDS_AVX512 and tier.startswith("avx512")):
             assert set(kind.values()) == {"0", "1"}, f"{tier}: {block} lacks a prefetch kind"
             extra = [n for n, body in runs.items() if kind[n] == "0" and any(op.startswith(prefetch) for op in body)]
             assert not extra, f"{tier}: {len(extra)} unprefetched {block} blocks prefetch, e.g. {extra[0]}"

@@ -44,14 +44,14 @@
 // dequantized weight: the inputs are rounded to 8 bits too. W8A8 is the same with int8 weights (isum = sum of
 // q * xq, exact in int32: at most G * 127 * 127), as llama.cpp's Q8_0 and OpenVINO's INT8 compute on a CPU.
 //
-// Loops: a pass of up to RMAX rows (decoding, verification) is one block of rows, which reads every panel once,
-// P panels side by side (each with its own accumulators, so that one row still has P * PV independent sums in
-// flight); a longer pass (a prefill) goes through each group of P_PF panels in blocks of R_PF rows while the group
-// stays in cache. Each stream is prefetched into L2 one block ahead: the same place in the panel P panels on, which
-// the next block reads. (A stream prefetched 1 KB ahead within its panel left each block's other panels to start
-// cold: with short panels, K = 896 as in a 0.5B model, a one-row pass streamed 20-35% slower than over the same
-// bytes in K = 3072's longer panels, in every format; prefetched a block ahead the two are level. One core, AVX2
-// Zen 3, interleaved runs of each build.)
+// Loops: a pass of up to RMAX rows (decoding, verification) is one block of rows, which reads every panel once, P
+// panels side by side (each with its own accumulators, so that one row still has P * PV independent sums in flight); a
+// longer pass (a prefill) goes through each group of P_PF panels in blocks of R_PF rows while the group stays in cache.
+// Each stream is prefetched into L2 one block ahead: the same place in the panel P panels on, which the next block
+// reads (on an AMD AVX-512 core, a block of a few rows leaves it to the hardware: DotStreaming). (A stream prefetched
+// 1 KB ahead within its panel left each block's other panels to start cold: with short panels, K = 896 as in a 0.5B
+// model, a one-row pass streamed 20-35% slower than over the same bytes in K = 3072's longer panels, in every format;
+// prefetched a block ahead the two are level. One core, AVX2 Zen 3, interleaved runs of each build.)
 #pragma once
 
 #include <algorithm>
@@ -120,7 +120,8 @@ constexpr int PANEL = PV * LANES;
 // arithmetic, 8 rows was as fast as any. (In cache, one thread, AVX2 Zen 3: 8 rows as one block 1.0-1.1 ms where
 // two blocks of 4 took 1.0-1.3 and 8 rows widening every step 1.3-1.7.)
 //
-// How W4A8, W8A8 and BF16_PAIRS stream a weight from memory is a property of the core, not of the tier
+// How W4A8, W8A8 and BF16_PAIRS (and the other formats' narrow blocks: below) stream a weight from memory is a
+// property of the core, not of the tier
 // (`DotStreaming`, in Args::dot; the bits are the same either way, as a prefetch or a dropped copy computes nothing
 // a row reads):
 //
@@ -149,14 +150,23 @@ constexpr int PANEL = PV * LANES;
 // streamed weights' blocks run as two rows (28.3 against 26.6 GB/s), 0.985x over the 0.5B shape's, whose streamed
 // weights are fewer (the same A/B, 15 and 21 alternated rounds).
 //
+// The float and weight-only formats (Block: F32, BF16, INT8, INT4) take the prefetch choice in their blocks of up to
+// R_UNPREFETCHED rows; wider blocks always prefetch. On a Zen 4 core, without the software prefetch, a pass over the
+// Qwen2.5-0.5B / 1.5B shapes' linears took 0.92x / 0.95x the time at one row in F32, 0.63x / 0.88x in INT8 and
+// 0.80x / 0.86x in INT4 (the 1.5B shape's one-row INT8 pass 20.3 GB/s against 17.9), 0.70-1.00x at 2-4 rows
+// (benchmarks/kernel_ab.py, 11 alternated rounds; docs/kernels.md). Without it at 5-8 rows too, the default target's
+// F32 linears, mostly in cache, took 1.06-1.17x the time there (within the noise at 1-4 rows), the 1.5B shape's
+// 1.00-1.02x.
+//
 // So on AVX-512 an AMD core streams as the Zen 4 measured best, any other as the Xeon did; elsewhere with the
-// prefetch, and one row alone (the twin block is built on AVX-512 only: TWIN_BUILT). (Zen 5 and the Xeons with AMX
-// are not measured for this: they take their vendor's.)
+// prefetch, and one row alone (the twin block is built on AVX-512 only: TWIN_BUILT; a block without the prefetch,
+// only for the dot formats: R_UNPREFETCHED 0). (Zen 5 and the Xeons with AMX are not measured for this: they take
+// their vendor's.)
 #if defined(__AVX512F__)
-constexpr int R_DOT8 = 4, R_DOT4 = 2, ACC_DOT = 24;
+constexpr int R_DOT8 = 4, R_DOT4 = 2, ACC_DOT = 24, R_UNPREFETCHED = 4;
 constexpr bool TWIN_BUILT = true;  // the block of one row as two exists (DotStreaming::twin_row chooses it)
 #else
-constexpr int R_DOT8 = 8, R_DOT4 = 8, ACC_DOT = ACC;
+constexpr int R_DOT8 = 8, R_DOT4 = 8, ACC_DOT = ACC, R_UNPREFETCHED = 0;
 constexpr bool TWIN_BUILT = false;
 #endif
 struct DotStreaming {
@@ -253,7 +263,7 @@ struct Args {
   const int32_t* xsum = nullptr;
   // BF16_PAIRS on AMX: the rows as bfloat16, zero padded (pad_tile_rows) to whole tiles of rows and of k
   const uint16_t* xa = nullptr;
-  DotStreaming dot = cpu_dot_streaming();  // how W4A8, W8A8, BF16_PAIRS stream a weight from memory (the same bits)
+  DotStreaming dot = cpu_dot_streaming();  // how a weight streams from memory (DotStreaming; the same bits)
 };
 
 // BF16_PAIRS on AMX reads its inputs in tiles: xb [M, K] bfloat16 into xa [tile_rows_padded(M), pair_rows(K) * 2],
@@ -315,7 +325,7 @@ __attribute__((always_inline)) inline void put(const Args& a, int64_t m, int64_t
 
 // One step of k (two for INT4) of P panels: their weights as float32 vectors, each row's input times them into the
 // row's accumulators. The rows' inputs come interleaved, xt[k * R + r], so one pointer serves every row.
-template <Fmt F, int R, int P>
+template <Fmt F, int R, int P, bool Prefetch = true>
 struct Block {
   static constexpr int NV = P * PV;  // accumulators per row
 
@@ -332,7 +342,7 @@ struct Block {
       for (int64_t k = 0; k < K; ++k)
         step(acc, xt + k * R, [&](int p, int v) {
           const uint8_t* s = base[p] + k * STEP;
-          if (v == 0) prefetch_next_block<STEP>(s, P * a.panel_stride);
+          if (Prefetch && v == 0) prefetch_next_block<STEP>(s, P * a.panel_stride);
           if constexpr (F == Fmt::F32) return simd::load(reinterpret_cast<const float*>(s) + v * LANES);
           else return simd::load_bf16(reinterpret_cast<const uint16_t*>(s) + v * LANES);
         });
@@ -352,7 +362,7 @@ struct Block {
           for (int64_t i = 0; i < kn; ++i)
             step(acc, x + i * R, [&](int p, int v) {
               const int8_t* s = reinterpret_cast<const int8_t*>(q[p] + i * PANEL);
-              if (v == 0) simd::prefetch_l2(s + P * a.panel_stride);
+              if (Prefetch && v == 0) simd::prefetch_l2(s + P * a.panel_stride);
               return simd::mul(simd::load_i8(s + v * LANES), simd::load(scale[p] + v * LANES));
             });
         } else {
@@ -360,7 +370,7 @@ struct Block {
           for (int64_t i = 0; i < pairs; ++i) {
             SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
               const uint8_t* s = q[p] + i * PANEL;
-              simd::prefetch_l2(s + P * a.panel_stride);
+              if constexpr (Prefetch) simd::prefetch_l2(s + P * a.panel_stride);
               SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
                 V even, odd;
                 simd::load_q4(s + v * LANES, even, odd);
@@ -664,7 +674,15 @@ void block(const Args& a, const float* xt, int64_t m0, int64_t p0) {
     return;
   }
 #endif
-  if constexpr (F != Fmt::BF16_PAIRS && !int8_inputs(F)) Block<F, R, P>::run(a, xt, m0, p0);
+  if constexpr (F != Fmt::BF16_PAIRS && !int8_inputs(F)) {
+    if constexpr (R <= R_UNPREFETCHED) {
+      if (!a.dot.prefetch) {
+        Block<F, R, P, false>::run(a, xt, m0, p0);
+        return;
+      }
+    }
+    Block<F, R, P>::run(a, xt, m0, p0);
+  }
 }
 
 // block<F, r, P> for a run-time r in [1, R]
