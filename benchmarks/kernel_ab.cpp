@@ -26,6 +26,7 @@ struct Linear {
   int64_t N, K, stride;
   std::vector<uint8_t> packed;
   bool stream;  // as the op takes it (packed_core.h's `streams`)
+  bool huge;    // the same (`is_huge`)
 };
 
 template <typename NS_Args, typename Fmt, typename Quantize, typename Interleave, typename Run>
@@ -40,6 +41,7 @@ double pass(std::vector<Linear>& ls, int64_t M, int64_t G, Fmt fmt, std::vector<
     NS_Args a{fmt, x.data(), xb.data(), M, l.K, l.N, l.packed.data(), l.stride, G, nullptr, out.data(), false,
               l.stream,
               xq.data(), xs.data(), xsum.data()};
+    a.huge = l.huge;
     run(a, xt.size() ? xt.data() : nullptr, 0, (l.N + panel - 1) / panel);
   }
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
@@ -87,9 +89,10 @@ int main(int argc, char** argv) {
     const int levels = bits == 8 ? 255 : 16, low = bits == 8 ? -127 : -8;  // q in [-127, 127] or [-8, 7]
     for (int8_t& v : q) v = static_cast<int8_t>(static_cast<int>(rng() % levels) + low);
     std::vector<float> scales(N * groups, 0.01f);
-    Linear l{N, K, kernel_a::panel_bytes(fa, K, G), {}, false};
+    Linear l{N, K, kernel_a::panel_bytes(fa, K, G), {}, false, false};
     l.packed.resize(kernel_a::panels(N) * l.stride + 64);
     l.stream = kernel_a::streams(fa, kernel_a::panels(N) * l.stride);
+    l.huge = kernel_a::is_huge(kernel_a::panels(N) * l.stride);
     if (fa == kernel_a::Fmt::F32) {  // weights in (-0.05, 0.05)
       std::vector<float> w(N * K);
       for (size_t j = 0; j < w.size(); ++j) w[j] = static_cast<float>(q[j]) * 4e-4f;

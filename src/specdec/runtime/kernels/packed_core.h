@@ -48,10 +48,11 @@
 // panels side by side (each with its own accumulators, so that one row still has P * PV independent sums in flight); a
 // longer pass (a prefill) goes through each group of P_PF panels in blocks of R_PF rows while the group stays in cache.
 // Each stream is prefetched into L2 one block ahead: the same place in the panel P panels on, which the next block
-// reads (on an AMD AVX-512 core, a block of a few rows leaves it to the hardware: DotStreaming). (A stream prefetched
-// 1 KB ahead within its panel left each block's other panels to start cold: with short panels, K = 896 as in a 0.5B
-// model, a one-row pass streamed 20-35% slower than over the same bytes in K = 3072's longer panels, in every format;
-// prefetched a block ahead the two are level. One core, AVX2 Zen 3, interleaved runs of each build.)
+// reads (on an AMD AVX-512 core, a block of a few rows over a weight of 2 MB or more leaves it to the hardware:
+// DotStreaming). (A stream prefetched 1 KB ahead within its panel left each block's other panels to start cold: with
+// short panels, K = 896 as in a 0.5B model, a one-row pass streamed 20-35% slower than over the same bytes in K =
+// 3072's longer panels, in every format; prefetched a block ahead the two are level. One core, AVX2 Zen 3, interleaved
+// runs of each build.)
 #pragma once
 
 #include <algorithm>
@@ -156,7 +157,11 @@ constexpr int PANEL = PV * LANES;
 // 0.80x / 0.86x in INT4 (the 1.5B shape's one-row INT8 pass 20.3 GB/s against 17.9), 0.70-1.00x at 2-4 rows
 // (benchmarks/kernel_ab.py, 11 alternated rounds; docs/kernels.md). Without it at 5-8 rows too, the default target's
 // F32 linears, mostly in cache, took 1.06-1.17x the time there (within the noise at 1-4 rows), the 1.5B shape's
-// 1.00-1.02x.
+// 1.00-1.02x. And only over a weight of HUGE_BYTES or more (Args::huge), which runtime/heap.py maps on huge pages:
+// without the prefetch over every weight, the default pair's compiled plain decoding in float32 (its target's layers
+// of 0.6 and 1.6 MB, on 4 KB pages; its head 12.6 MB) ran at 0.89x the speed, with it kept below 4 MB at 1.02x (5
+// rounds of separate processes alternated, medians of 8 prompts each); the Qwen2.5-0.5B shape's 2.2 MB INT4 weights
+// lost their gain with that 4 MB bound (1.13-1.20x at 1-4 rows), hence 2 MB.
 //
 // So on AVX-512 an AMD core streams as the Zen 4 measured best, any other as the Xeon did; elsewhere with the
 // prefetch, and one row alone (the twin block is built on AVX-512 only: TWIN_BUILT; a block without the prefetch,
@@ -207,6 +212,12 @@ constexpr int panels_for(int R, Fmt f, bool stream) {
 // in all, stays out.
 constexpr int64_t STREAM_BYTES = int64_t(8) << 20, DOT_STREAM_BYTES = int64_t(4) << 20;
 inline bool streams(Fmt f, int64_t bytes) { return bytes >= (f == Fmt::W8A8 ? DOT_STREAM_BYTES : STREAM_BYTES); }
+
+// A weight of at least HUGE_BYTES packed bytes (runtime/heap.py's HUGE_PAGE: a weight it maps on huge pages) lets the
+// float and weight-only formats' narrow blocks leave its prefetch to the hardware where the core's DotStreaming says
+// so (the caller's call: Args::huge, by `is_huge`).
+constexpr int64_t HUGE_BYTES = int64_t(2) << 20;
+inline bool is_huge(int64_t bytes) { return bytes >= HUGE_BYTES; }
 
 inline bool has_pairs_format() {
 #if defined(__AVX512BF16__)
@@ -264,6 +275,7 @@ struct Args {
   // BF16_PAIRS on AMX: the rows as bfloat16, zero padded (pad_tile_rows) to whole tiles of rows and of k
   const uint16_t* xa = nullptr;
   DotStreaming dot = cpu_dot_streaming();  // how a weight streams from memory (DotStreaming; the same bits)
+  bool huge = false;  // the weights are HUGE_BYTES or more (`is_huge`; DotStreaming; the same bits)
 };
 
 // BF16_PAIRS on AMX reads its inputs in tiles: xb [M, K] bfloat16 into xa [tile_rows_padded(M), pair_rows(K) * 2],
@@ -676,7 +688,7 @@ void block(const Args& a, const float* xt, int64_t m0, int64_t p0) {
 #endif
   if constexpr (F != Fmt::BF16_PAIRS && !int8_inputs(F)) {
     if constexpr (R <= R_UNPREFETCHED) {
-      if (!a.dot.prefetch) {
+      if (!a.dot.prefetch && a.huge) {
         Block<F, R, P, false>::run(a, xt, m0, p0);
         return;
       }

@@ -193,6 +193,7 @@ at::Tensor packed_linear(const at::Tensor& input, const at::Tensor& packed, cons
   pk::Args args{fmt, xf, bf16 ? reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>()) : nullptr,
                 M, K, N, static_cast<const uint8_t*>(w.const_data_ptr()), w.numel() * w.element_size() / w.size(0),
                 G, bf, out.mutable_data_ptr(), bf16, pk::streams(fmt, w.numel() * w.element_size())};
+  args.huge = pk::is_huge(w.numel() * w.element_size());
   if (M == 0 || N == 0) return out;
   const float* xt = nullptr;  // the rows interleaved for the kernel's blocks
   if (pk::int8_inputs(fmt)) {  // the rows quantized instead

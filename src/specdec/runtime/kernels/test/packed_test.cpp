@@ -167,8 +167,8 @@ void check(const Case& c) {
   // the kernel: the whole pass, then the same pass as two ranges of panels
   std::vector<float> xt(M * K);
   packed::interleave(x.data(), M, K, xt.data());
-  // split 2 and 3: the same with the streaming blocking; 4 and 5: streaming as the other DotStreaming streams
-  // (the software prefetch and the one row as two turned the other way)
+  // split 2 and 3: the same with the streaming blocking, the weights taken as huge; 4 and 5: streaming as the other
+  // DotStreaming streams (the software prefetch and the one row as two turned the other way)
   for (int split = 0; split < 6; ++split) {
     std::vector<float> of(M * N, -7.f);
     std::vector<uint16_t> ob(M * N, 0xBEEF);
@@ -177,6 +177,7 @@ void check(const Case& c) {
                    split >= 2, xq.data(), xs.data(), xsum.data()};
     if (amx) a.xa = xa.data();
     if (split >= 4) a.dot = packed::DotStreaming{!a.dot.prefetch, !a.dot.twin_row};
+    a.huge = split >= 2;  // (so the float and weight-only blocks run both ways too: DotStreaming)
     if (split % 2 == 0) {
       packed::run(a, xt.data(), 0, P);
     } else {
