@@ -159,9 +159,9 @@ constexpr int PANEL = PV * LANES;
 // F32 linears, mostly in cache, took 1.06-1.17x the time there (within the noise at 1-4 rows), the 1.5B shape's
 // 1.00-1.02x. And only over a weight of HUGE_BYTES or more (Args::huge), which runtime/heap.py maps on huge pages:
 // without the prefetch over every weight, the default pair's compiled plain decoding in float32 (its target's layers
-// of 0.6 and 1.6 MB, on 4 KB pages; its head 12.6 MB) ran at 0.89x the speed, with it kept below 4 MB at 1.02x (5
-// rounds of separate processes alternated, medians of 8 prompts each); the Qwen2.5-0.5B shape's 2.2 MB INT4 weights
-// lost their gain with that 4 MB bound (1.13-1.20x at 1-4 rows), hence 2 MB.
+// of 0.6 and 1.6 MB, on 4 KB pages; its head 12.6 MB) ran at 0.89x the speed, with the prefetch kept over weights
+// under 4 MB at 1.02x (5 rounds of separate processes alternated, medians of 8 prompts each); the Qwen2.5-0.5B
+// shape's 2.2 MB INT4 weights lost their gain with that 4 MB bound (1.13-1.20x at 1-4 rows), hence 2 MB.
 //
 // So on AVX-512 an AMD core streams as the Zen 4 measured best, any other as the Xeon did; elsewhere with the
 // prefetch, and one row alone (the twin block is built on AVX-512 only: TWIN_BUILT; a block without the prefetch,
