@@ -24,8 +24,8 @@ avx512, avx2_vnni, avx2, neon_dotprod, neon or generic, from the CPU's features;
 one) with `torch.utils.cpp_extension`, and cached under `~/.cache/torch_extensions` (`TORCH_EXTENSIONS_DIR`) in a
 directory named after everything that changes the build (`build_name`: the tier, the sources' bytes and paths, the
 flags, torch's version and headers, the ninja on PATH that runs it), so two environments or checkouts on one machine
-never rebuild each other's copy. `make install` builds them (`python -m specdec.runtime.rowwise`); otherwise the first use does. It needs the
-C++ compiler inductor needs anyway, and `ninja` (a dependency of specdec).
+never rebuild each other's copy. `make install` builds them (`python -m specdec.runtime.rowwise`); otherwise the
+first use does. It needs the C++ compiler inductor needs anyway, and `ninja` (a dependency of specdec).
 
 Concurrent builds of one name wait for each other on an advisory lock the OS drops when its holder exits
 (`build_lock`), so a build killed half-way (a timeout, Ctrl-C) cannot leave `torch.utils.cpp_extension`'s own lock
