@@ -143,8 +143,8 @@ MTP_STATISTICAL = ("mtp",)
 DEVICE_STATISTICAL = ("draft-model", "draft-tree", "multi-draft", "draft-model-static")
 
 #: The weight formats tests/test_quantize.py checks at T > 0 (one check each): a target and its draft on packed
-#: weights, int8 and int4 (float32 arithmetic on the dequantized weights), w4a8 and w8a8 (integer, on int8
-#: activations).
+#: weights, int8 and int4 (float32 arithmetic: a sum over each group's integers, then its scale), w4a8 and w8a8
+#: (integer, on int8 activations).
 QUANTIZED_STATISTICAL = ("int8", "int4", "w4a8", "w8a8")
 
 

@@ -259,10 +259,11 @@ def test_packed_linear_computes_x_wt_plus_b_with_rows_that_do_not_depend_on_the_
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("k, n, group", [(389, 203, 64), (96, 70, 32), (37, 21, 2)])
-def test_quantized_weights_compute_what_float32_computes_on_their_dequantized_values(k, n, group, dtype, bits):
-    """int8 / int4 packed weights: the same bits as the float32 kernel on q · scale (the contract of
-    kernels/packed_core.h), in float32 and bfloat16 passes of any number of rows; and bfloat16 weights in a float32
-    pass: the float32 kernel on the bfloat16 values."""
+def test_quantized_weights_sum_each_group_then_take_its_scale(k, n, group, dtype, bits):
+    """int8 / int4 packed weights (the contract of kernels/packed_core.h): each group's products with the integers q
+    summed from zero as the float32 kernel sums them, then one multiply-add with the group's scale, in float32 and
+    bfloat16 passes of any number of rows; close to float32 on q · scale. And bfloat16 weights in a float32 pass: the
+    float32 kernel on the bfloat16 values."""
     from specdec.runtime.weights import quantize_weight
 
     load_kernel()
@@ -272,8 +273,18 @@ def test_quantized_weights_compute_what_float32_computes_on_their_dequantized_va
     packed = torch.ops.specdec.pack_quantized(qw.q, qw.scales, bits, group)
     xd, bd = x.to(dtype), b.to(dtype)
     got = torch.ops.specdec.packed_linear(xd, packed, bd, n)
-    want = torch.ops.specdec.packed_linear(xd.float(), torch.ops.specdec.pack_weight(qw.dequantize()), bd.float(), n)
+    acc = torch.zeros(30, n, dtype=torch.float64)
+    for g, s in enumerate(range(0, k, group)):  # the group's sum by the float32 kernel, then fma in float64
+        part = torch.ops.specdec.pack_weight(qw.q[:, s : s + group].float())
+        total = torch.ops.specdec.packed_linear(xd[:, s : s + group].float().contiguous(), part, None, n)
+        acc = (total.double() * qw.scales[:, g].double() + acc).float().double()  # one rounding but for ties of two
+    want = acc.float() + bd.float()
     assert got.dtype == dtype and torch.equal(got, want.to(dtype))
+    dequantized = torch.ops.specdec.packed_linear(xd.float(), torch.ops.specdec.pack_weight(qw.dequantize()),
+                                                  bd.float(), n)
+    scale = dequantized.abs().max().item()  # both round differently: close against the outputs' size
+    torch.testing.assert_close(got.float(), dequantized.to(dtype).float(), rtol=1e-5 if dtype == torch.float32 else
+                               8e-3, atol=1e-5 * scale)
     for rows in (1, 4, 5, 6, 8, 12, 13):
         parts = torch.cat([torch.ops.specdec.packed_linear(xd[s : s + rows], packed, bd, n) for s in range(0, 30, rows)])
         assert torch.equal(parts, got), f"in passes of {rows} rows"

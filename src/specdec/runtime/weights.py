@@ -14,9 +14,9 @@ stay in the model's dtype; the weights are in `weights`:
   int8: scale = max|w| / 127, q = round(w / scale) in [-127, 127];
   int4: scale = -(the group's weight of largest magnitude) / 8, q = round(w / scale) clamped to [-8, 7] (the
   extreme weight lands on -8 exactly, so all 16 levels are used; llama.cpp's Q4_0 rule).
-  The model computes with w = q · scale, made float32 in the kernel's inner loop. Under int4 the LM head is int8
-  (`LM_HEAD_BITS`): the logits' rounding matters most there, and llama.cpp keeps its output layer at higher
-  precision for the same reason.
+  The model computes with w = q · scale in float32: each group's products with q summed, then times its scale
+  (kernels/packed_core.h). Under int4 the LM head is int8 (`LM_HEAD_BITS`): the logits' rounding matters most
+  there, and llama.cpp keeps its output layer at higher precision for the same reason.
 - "w4a8": int4's weights (its LM head w8a8's: `LM_HEAD_BITS`), computed as llama.cpp's Q4_0 and OpenVINO's INT4
   compute on a CPU: each row of a layer's input is rounded to int8 per group of `group` inputs (scale max|x| / 127)
   and the products are summed in integers, one float32 multiply-add per group. Several times less arithmetic per
@@ -85,7 +85,8 @@ class QuantizedWeight:
     group: int
 
     def dequantize(self) -> torch.Tensor:
-        """The float32 weights [N, K] the kernel computes with: q · scale, rounded once."""
+        """The float32 weights [N, K] q · scale, rounded once (the kernel takes each group's scale once, after the
+        group's sum over q: close to these, not their bits)."""
         k = self.q.shape[1]
         return self.q.float() * self.scales.repeat_interleave(self.group, dim=1)[:, :k]
 

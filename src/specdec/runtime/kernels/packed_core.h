@@ -19,16 +19,23 @@
 //               float scale[PANEL], then per 4 values of k, 4 bytes per output: byte j of output n holds q[k + j]
 //               (q in [-127, 127])
 //
-// (zeros pad N to whole panels, and the last group of k.) The arithmetic of an output, whatever the format: its
-// weights are made float32 exactly as written above (one rounding for a product with the scale), then
+// (zeros pad N to whole panels, and the last group of k.) The arithmetic of an output of F32 or BF16 weights, w
+// made float32 exactly:
 //
 //   acc = 0;  for k = 0 .. K-1:  acc = fma(x[k], w[k], acc);   y = acc + bias   (rounded once to y's dtype)
 //
-// in k order, in one lane of one accumulator (BF16_PAIRS: the dot product instruction's pairs instead). That is
-// the same sequence of roundings whatever the tier, the number of rows in the pass, their blocking, the panels
-// beside it or the thread that computes it: the kernel is row-invariant, and its bits are the same on every tier
-// (an int8 or int4 weight gives what float32 gives on its dequantized value). BF16_PAIRS, the AVX512_BF16 tier's
-// bfloat16, is the exception: the instruction's own order and flushing, still row-invariant. On the AVX512_AMX
+// in k order, in one lane of one accumulator (BF16_PAIRS: the dot product instruction's pairs instead). INT8 and
+// INT4 sum each group's products with the weights' integers q (exact as float32) from zero, then take the group's
+// scale once:
+//
+//   acc = 0;  per group g, in order:  sum = 0;  for k in g, in order:  sum = fma(x[k], float(q[k]), sum);
+//                                     acc = fma(sum, scale[g], acc);   y = acc + bias
+//
+// (a multiply by the scale per weight, which their float32 value q * scale would take, cost a vector instruction in
+// every four or six of a one-row pass: docs/kernels.md). That is the same sequence of roundings whatever the tier, the
+// number of rows in the pass, their blocking, the panels beside it or the thread that computes it: the kernel is
+// row-invariant, and its bits are the same on every tier. BF16_PAIRS, the AVX512_BF16 tier's bfloat16, is the
+// exception: the instruction's own order and flushing, still row-invariant. On the AVX512_AMX
 // tier, AMX's tile dot product computes BF16_PAIRS for every pass, one row or many (`amx_pairs`): each output is
 // one tile accumulator's TDPBF16PS over k in chunks of 32, in order, whatever the rows beside it. That is AMX's own
 // arithmetic (it sums a chunk its own way, not as AVX512_BF16's pairs do), row-invariant.
@@ -363,19 +370,18 @@ struct Block {
       const int64_t group_bytes = PANEL * 4 + (F == Fmt::INT8 ? G * PANEL : G / 2 * PANEL);
       for (int64_t k0 = 0, g = 0; k0 < K; k0 += G, ++g) {
         const int64_t kn = std::min(G, K - k0);
-        const float* scale[P];  // each panel's scales for this group (read from memory where used)
         const uint8_t* q[P];
-        SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
-          scale[p] = reinterpret_cast<const float*>(base[p] + g * group_bytes);
-          q[p] = base[p] + g * group_bytes + PANEL * 4;
-        }
+        SPECDEC_UNROLL for (int p = 0; p < P; ++p) q[p] = base[p] + g * group_bytes + PANEL * 4;
+        V sum[R][NV];  // the group's sums, over q as float32
+        SPECDEC_UNROLL for (int r = 0; r < R; ++r)
+          SPECDEC_UNROLL for (int j = 0; j < NV; ++j) sum[r][j] = simd::zero();
         const float* x = xt + k0 * R;
         if constexpr (F == Fmt::INT8) {
           for (int64_t i = 0; i < kn; ++i)
-            step(acc, x + i * R, [&](int p, int v) {
+            step(sum, x + i * R, [&](int p, int v) {
               const int8_t* s = reinterpret_cast<const int8_t*>(q[p] + i * PANEL);
               if (Prefetch && v == 0) simd::prefetch_l2(s + P * a.panel_stride);
-              return simd::mul(simd::load_i8(s + v * LANES), simd::load(scale[p] + v * LANES));
+              return simd::load_i8(s + v * LANES);
             });
         } else {
           const int64_t pairs = kn / 2;
@@ -386,9 +392,8 @@ struct Block {
               SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
                 V even, odd;
                 simd::load_q4(s + v * LANES, even, odd);
-                const V sc = simd::load(scale[p] + v * LANES);
-                fma_one(acc, x + 2 * i * R, p * PV + v, simd::mul(even, sc));
-                fma_one(acc, x + (2 * i + 1) * R, p * PV + v, simd::mul(odd, sc));
+                fma_one(sum, x + 2 * i * R, p * PV + v, even);
+                fma_one(sum, x + (2 * i + 1) * R, p * PV + v, odd);
               }
             }
           }
@@ -397,10 +402,17 @@ struct Block {
               SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
                 V even, odd;
                 simd::load_q4(q[p] + pairs * PANEL + v * LANES, even, odd);
-                fma_one(acc, x + (kn - 1) * R, p * PV + v, simd::mul(even, simd::load(scale[p] + v * LANES)));
+                fma_one(sum, x + (kn - 1) * R, p * PV + v, even);
               }
           }
         }
+        // acc = fma(sum, scale, acc): each panel's scales for this group, at its head
+        SPECDEC_UNROLL for (int p = 0; p < P; ++p)
+          SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
+            const V sc = simd::load(reinterpret_cast<const float*>(base[p] + g * group_bytes) + v * LANES);
+            SPECDEC_UNROLL for (int r = 0; r < R; ++r)
+              acc[r][p * PV + v] = simd::fma(sum[r][p * PV + v], sc, acc[r][p * PV + v]);
+          }
       }
     }
     store(a, acc, m0, p0);

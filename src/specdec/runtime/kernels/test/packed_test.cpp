@@ -4,8 +4,8 @@
 // For every weight format, float32 and bfloat16 outputs, with and without bias, odd sizes (N and K below, at and
 // past a panel and a group) and passes of 1 to 33 rows, each output must equal, bit for bit, the scalar reference:
 // its weights made float32 as packed_core.h says, acc = fma(x[k], w[k], acc) over k in order, plus the bias, rounded
-// once (W4A8, W8A8: the inputs quantized per row and group as written out below, integer sums, then one fma per
-// group).
+// once (INT8, INT4: each group's sum over q from zero, then one fma with its scale; W4A8, W8A8: the inputs quantized
+// per row and group as written out below, integer sums, then one fma per group).
 // That one check is the kernel's contract on every tier: the same bits whatever the tier, the number of rows,
 // their blocking and the split of the panels among threads (also checked: every pass split into two ranges of
 // panels, and each with the streaming blocking, Args::stream, both ways of DotStreaming). Exit status 0 and a line
@@ -157,6 +157,13 @@ void check(const Case& c) {
         for (int64_t k = 0; k < K; k += 2) {
           const bool pair = k + 1 < K;
           acc = dot_pair(acc, xb[m * K + k], pair ? xb[m * K + k + 1] : 0, wb[n * K + k], pair ? wb[n * K + k + 1] : 0);
+        }
+      } else if (c.fmt == Fmt::INT8 || c.fmt == Fmt::INT4) {
+        for (int64_t g = 0; g < groups; ++g) {
+          float sum = 0.f;
+          for (int64_t k = g * G; k < std::min(K, (g + 1) * G); ++k)
+            sum = std::fma(x[m * K + k], static_cast<float>(q[n * K + k]), sum);
+          acc = std::fma(sum, scales[n * groups + g], acc);
         }
       } else {
         for (int64_t k = 0; k < K; ++k) acc = std::fma(x[m * K + k], w[n * K + k], acc);
