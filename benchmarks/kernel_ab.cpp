@@ -1,7 +1,8 @@
 // kernel_ab.py's harness: two variants of packed_core.h (kernel_a.h, kernel_b.h: namespaces specdec::kernel_a and
 // specdec::kernel_b) over the same packed weights, passes alternated in one process. argv: rows, repeats, format
 // (W8A8, W4A8, BF16_PAIRS on bfloat16 inputs, or on float32 inputs the weight-only INT8, INT4 and the float formats
-// F32, BF16), then the linears as N K pairs. Prints one line per side: median ms and GB/s; then B / A.
+// F32, BF16; INT4_BF16: INT4 in a bfloat16 pass, given the rows both ways, as bfloat16 and interleaved float32, each
+// variant reading what it reads), then the linears as N K pairs. Prints one line per side: median ms and GB/s; then B / A.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -38,7 +39,7 @@ double pass(std::vector<Linear>& ls, int64_t M, int64_t G, Fmt fmt, std::vector<
   for (Linear& l : ls) {
     if (xq.size()) quantize(x.data(), M, l.K, G, xq.data(), xs.data(), xsum.data());
     if (xt.size()) interleave(x.data(), M, l.K, xt.data());  // the float formats' inputs, as the op gives them
-    NS_Args a{fmt, x.data(), xb.data(), M, l.K, l.N, l.packed.data(), l.stride, G, nullptr, out.data(), false,
+    NS_Args a{fmt, x.data(), xb.empty() ? nullptr : xb.data(), M, l.K, l.N, l.packed.data(), l.stride, G, nullptr, out.data(), false,
               l.stream,
               xq.data(), xs.data(), xsum.data()};
     a.huge = l.huge;
@@ -62,17 +63,17 @@ int main(int argc, char** argv) {
   using F = kernel_a::Fmt;
   const std::pair<const char*, F> formats[] = {
       {"BF16_PAIRS", F::BF16_PAIRS}, {"INT8", F::INT8}, {"INT4", F::INT4}, {"W4A8", F::W4A8}, {"W8A8", F::W8A8},
-      {"F32", F::F32},       {"BF16", F::BF16}};
+      {"F32", F::F32},       {"BF16", F::BF16},  {"INT4_BF16", F::INT4}};
   const auto* found = std::find_if(std::begin(formats), std::end(formats),
                                    [&](const auto& entry) { return format == entry.first; });
   if (found == std::end(formats)) {
-    std::fprintf(stderr, "kernel_ab: format %s is not one of BF16_PAIRS, INT8, INT4, W4A8, W8A8, F32, BF16\n",
+    std::fprintf(stderr, "kernel_ab: format %s is not one of BF16_PAIRS, INT8, INT4, INT4_BF16, W4A8, W8A8, F32, BF16\n",
                  argv[3]);
     return 2;
   }
   const F fa = found->second;
   const auto fb = static_cast<kernel_b::Fmt>(fa);  // the same enum in both variants' namespaces
-  const bool pairs = fa == kernel_a::Fmt::BF16_PAIRS, dot = kernel_a::int8_inputs(fa);
+  const bool pairs = fa == kernel_a::Fmt::BF16_PAIRS, dot = kernel_a::int8_inputs(fa), bf16_rows = format == "INT4_BF16";
   const int bits = fa == kernel_a::Fmt::INT4 || fa == kernel_a::Fmt::W4A8 ? 4 : 8;
   std::mt19937 rng(0);
   std::vector<Linear> ls;
@@ -113,8 +114,14 @@ int main(int argc, char** argv) {
   std::vector<float> x(M * widest), out(M * widest);
   for (float& v : x) v = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 1000.f;
   std::vector<uint16_t> xb;
-  if (pairs)
-    for (float v : x) xb.push_back(bf16(v));
+  if (pairs || bf16_rows)
+    for (float& v : x) {
+      xb.push_back(bf16(v));
+      if (bf16_rows) {  // the float32 rows are the bfloat16 ones, widened
+        const uint32_t u = uint32_t(xb.back()) << 16;
+        std::memcpy(&v, &u, 4);
+      }
+    }
   std::vector<int8_t> xq(dot ? M * (widest + G) : 0);  // the integer formats' quantized inputs (none: float32's)
   std::vector<float> xt(dot || pairs ? 0 : M * widest);  // float32 inputs, interleaved (INT8, INT4, F32, BF16)
   std::vector<float> xs(M * (widest / G + 2));

@@ -256,14 +256,26 @@ def test_packed_linear_computes_x_wt_plus_b_with_rows_that_do_not_depend_on_the_
     assert torch.equal(shifted[5:], full)
 
 
+def _dot_pairs(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """AVX512_BF16's dot product over k in pairs from zero, x [M, K] @ w [N, K]^T in float32: per pair the odd
+    product added, then the even one, each sum rounded once (the products of bfloat16 values are exact; no input here
+    is denormal, which the instruction would flush)."""
+    total = torch.zeros(x.shape[0], w.shape[0])
+    for j in range(0, x.shape[1], 2):
+        if j + 1 < x.shape[1]:
+            total = total + torch.outer(x[:, j + 1], w[:, j + 1])
+        total = total + torch.outer(x[:, j], w[:, j])
+    return total
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("k, n, group", [(389, 203, 64), (96, 70, 32), (37, 21, 2)])
 def test_quantized_weights_sum_each_group_then_take_its_scale(k, n, group, dtype, bits):
     """int8 / int4 packed weights (the contract of kernels/packed_core.h): each group's products with the integers q
-    summed from zero as the float32 kernel sums them, then one multiply-add with the group's scale, in float32 and
-    bfloat16 passes of any number of rows; close to float32 on q · scale. And bfloat16 weights in a float32 pass: the
-    float32 kernel on the bfloat16 values."""
+    summed from zero as the float32 kernel sums them (int4 in a bfloat16 pass on AVX512_BF16: as its dot product
+    sums pairs), then one multiply-add with the group's scale, in float32 and bfloat16 passes of any number of rows;
+    close to float32 on q · scale. And bfloat16 weights in a float32 pass: the float32 kernel on the bfloat16 values."""
     from specdec.runtime.weights import quantize_weight
 
     load_kernel()
@@ -273,10 +285,14 @@ def test_quantized_weights_sum_each_group_then_take_its_scale(k, n, group, dtype
     packed = torch.ops.specdec.pack_quantized(qw.q, qw.scales, bits, group)
     xd, bd = x.to(dtype), b.to(dtype)
     got = torch.ops.specdec.packed_linear(xd, packed, bd, n)
+    pairs_tier = torch.ops.specdec.pack_weight(torch.ones(1, 2, dtype=torch.bfloat16)).dim() == 4  # AVX512_BF16
     acc = torch.zeros(30, n, dtype=torch.float64)
-    for g, s in enumerate(range(0, k, group)):  # the group's sum by the float32 kernel, then fma in float64
-        part = torch.ops.specdec.pack_weight(qw.q[:, s : s + group].float())
-        total = torch.ops.specdec.packed_linear(xd[:, s : s + group].float().contiguous(), part, None, n)
+    for g, s in enumerate(range(0, k, group)):  # the group's sum, then fma in float64
+        if bits == 4 and dtype == torch.bfloat16 and pairs_tier:  # int4_pairs: the dot product's pairs
+            total = _dot_pairs(xd[:, s : s + group].float(), qw.q[:, s : s + group].float())
+        else:  # the float32 kernel's sum
+            part = torch.ops.specdec.pack_weight(qw.q[:, s : s + group].float())
+            total = torch.ops.specdec.packed_linear(xd[:, s : s + group].float().contiguous(), part, None, n)
         acc = (total.double() * qw.scales[:, g].double() + acc).float().double()  # one rounding but for ties of two
     want = acc.float() + bd.float()
     assert got.dtype == dtype and torch.equal(got, want.to(dtype))

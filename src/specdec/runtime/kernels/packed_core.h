@@ -234,6 +234,10 @@ inline bool has_pairs_format() {
 #endif
 }
 
+// INT4 in a bfloat16 pass, on a tier with AVX512_BF16: computed by its dot product (Int4PairsBlock), from the rows
+// as bfloat16 (Args::xb; the caller interleaves no float32 rows for it).
+inline bool int4_pairs(Fmt f, bool bf16_inputs) { return f == Fmt::INT4 && bf16_inputs && has_pairs_format(); }
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 constexpr bool AMX = true;
 #else
@@ -265,7 +269,7 @@ inline int64_t panel_bytes(Fmt f, int64_t K, int64_t G) {
 struct Args {
   Fmt fmt;
   const float* x;          // [M, K]
-  const uint16_t* xb;      // [M, K] bfloat16, for BF16_PAIRS
+  const uint16_t* xb;      // [M, K] bfloat16, for BF16_PAIRS and `int4_pairs` (null in a float32 pass)
   int64_t M, K, N;
   const uint8_t* packed;   // [panels][panel_bytes]
   int64_t panel_stride;    // bytes
@@ -501,6 +505,99 @@ struct PairsBlock {
     }
   }
 };
+#endif
+
+#if defined(__AVX512BF16__)
+// INT4 in a bfloat16 pass (`int4_pairs`): a byte holds an output's q for k and k + 1 (k even), the pair AVX512_BF16's
+// dot product takes, so per group of G, in order,
+//
+//   sum = 0;  per pair of k, in order:  sum = dpbf16(sum, (x[k], x[k + 1]), (q[k], q[k + 1]));
+//   acc = fma(sum, scale[g], acc);    y = acc + bias
+//
+// (the instruction's order and flushing, as BF16_PAIRS; a last k of an odd K pairs with zeros). Each q is exact in
+// bfloat16, looked up in a table of 32 (`vpermw` reads an index's low 5 bits: the byte for the low nibble, the byte
+// shifted for the high one, whose fifth bit is zero). Per 16 bytes of weights a widening, a shift, an or, a lookup
+// and a dot product a row, where float32's group sums take a widening, a shift, two lookups and two multiply-adds a
+// row (docs/kernels.md). R rows of one panel; Prefetch as Block's (DotStreaming).
+template <int R, bool Prefetch>
+struct Int4PairsBlock {
+  static void run(const Args& a, int64_t m0, int64_t p0) {
+    static_assert(PV == 4);
+    const __m512i table = _mm512_set_epi16(  // index i -> q = (i & 15) - 8 as bfloat16 (elements 31 .. 0)
+        0x40E0, 0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0x0000, -0x4080, -0x4000, -0x3FC0, -0x3F80, -0x3F60,
+        -0x3F40, -0x3F20, -0x3F00, 0x40E0, 0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0x0000, -0x4080, -0x4000,
+        -0x3FC0, -0x3F80, -0x3F60, -0x3F40, -0x3F20, -0x3F00);
+    __m512 acc[R][PV];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < PV; ++v) acc[r][v] = _mm512_setzero_ps();
+    const uint8_t* w = a.packed + p0 * a.panel_stride;
+    const int64_t K = a.K, G = a.G, group_bytes = PANEL * 4 + G / 2 * PANEL;
+    const uint16_t* x[R];  // each row's bfloat16 inputs
+    for (int r = 0; r < R; ++r) x[r] = a.xb + (m0 + r) * K;
+    for (int64_t k0 = 0, g = 0; k0 < K; k0 += G, ++g) {
+      const int64_t kn = std::min(G, K - k0), whole = kn / 2;
+      const uint8_t* q = w + g * group_bytes + PANEL * 4;
+      __m512 sum[R][PV];
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < PV; ++v) sum[r][v] = _mm512_setzero_ps();
+      auto step = [&](int64_t i, bool last) __attribute__((always_inline)) {
+        const uint8_t* s = q + i * PANEL;
+        if constexpr (Prefetch) simd::prefetch_l2(s + a.panel_stride);
+        __m512bh wv[PV];
+        for (int v = 0; v < PV; ++v) {
+          const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + v * LANES)));
+          wv[v] = (__m512bh)_mm512_permutexvar_epi16(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)), table);
+        }
+        for (int r = 0; r < R; ++r) {
+          int32_t pair = 0;  // (k, k + 1); the last of an odd K: (k, 0)
+          std::memcpy(&pair, x[r] + k0 + 2 * i, last ? 2 : 4);
+          const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+          for (int v = 0; v < PV; ++v) sum[r][v] = _mm512_dpbf16_ps(sum[r][v], xv, wv[v]);
+        }
+      };
+      for (int64_t i = 0; i < whole; ++i) step(i, false);
+      if (kn % 2) step(whole, true);
+      const float* scale = reinterpret_cast<const float*>(w + g * group_bytes);
+      for (int v = 0; v < PV; ++v) {
+        const __m512 sc = _mm512_loadu_ps(scale + v * LANES);
+        for (int r = 0; r < R; ++r) acc[r][v] = _mm512_fmadd_ps(sum[r][v], sc, acc[r][v]);
+      }
+    }
+    Block<Fmt::F32, R, 1>::store(a, acc, m0, p0);
+  }
+};
+
+// Int4PairsBlock's widest block: a wider pass goes through each panel in blocks as even as they can be. A row holds 8
+// registers (its sums and accumulators), so 3 rows fit in 32 with the weights and the table; but blocks of up to 6
+// rows, which spill, made passes over the Qwen2.5-1.5B shape's linears take 0.68x
+// the time at 4 rows, 0.80x at 5 and 8, 0.84x at 6 and 0.75x at 128 against blocks of up to 3; up to 8, 7 rows as one
+// block took 0.73x and 128 rows 0.80x (one Zen 4 core, benchmarks/kernel_ab.py --bf16-rows; docs/kernels.md).
+constexpr int R_INT4_PAIRS = 6;
+
+template <bool Prefetch>
+void int4_pairs_rows(int r, const Args& a, int64_t m0, int64_t p) {
+  switch (r) {
+    case 1: Int4PairsBlock<1, Prefetch>::run(a, m0, p); break;
+    case 2: Int4PairsBlock<2, Prefetch>::run(a, m0, p); break;
+    case 3: Int4PairsBlock<3, Prefetch>::run(a, m0, p); break;
+    case 4: Int4PairsBlock<4, Prefetch>::run(a, m0, p); break;
+    case 5: Int4PairsBlock<5, Prefetch>::run(a, m0, p); break;
+    default: Int4PairsBlock<6, Prefetch>::run(a, m0, p); break;
+  }
+}
+
+// Panels [p0, p1) of an `int4_pairs` pass: each panel against every block of rows while it stays in cache.
+inline void int4_pairs_pass(const Args& a, int64_t p0, int64_t p1) {
+  const int64_t blocks = (a.M + R_INT4_PAIRS - 1) / R_INT4_PAIRS, base = a.M / blocks, wider = a.M % blocks;
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t b = 0, m = 0; b < blocks; ++b) {
+      const int r = static_cast<int>(base + (b < wider ? 1 : 0));
+      // a block of a few rows over a huge weight leaves its prefetch to the hardware where DotStreaming says so
+      if (r <= R_UNPREFETCHED && !a.dot.prefetch && a.huge) int4_pairs_rows<false>(r, a, m, p);
+      else int4_pairs_rows<true>(r, a, m, p);
+      m += r;
+    }
+}
 #endif
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -764,6 +861,14 @@ void one_row_as_two(const Args& a, int64_t p0, int64_t p1) {
 
 template <Fmt F>
 void run_format(const Args& a, const float* xt, int64_t p0, int64_t p1) {
+#if defined(__AVX512BF16__)
+  if constexpr (F == Fmt::INT4) {
+    if (a.xb) {  // a bfloat16 pass: `int4_pairs`
+      int4_pairs_pass(a, p0, p1);
+      return;
+    }
+  }
+#endif
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if constexpr (F == Fmt::BF16_PAIRS) {  // every pass, one row or many: the same arithmetic
     amx_pairs(a, p0, p1);

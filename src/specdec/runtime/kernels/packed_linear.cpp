@@ -183,7 +183,8 @@ at::Tensor packed_linear(const at::Tensor& input, const at::Tensor& packed, cons
   thread_local std::vector<uint16_t> xabuf;
   thread_local std::vector<int32_t> xsumbuf;
   const bool bf16 = dtype == at::kBFloat16;
-  const float* xf = bf16 ? (fmt == Fmt::BF16_PAIRS ? nullptr : widen(x.const_data_ptr<at::BFloat16>(), M * K, xbuf))
+  const bool bf16_rows = fmt == Fmt::BF16_PAIRS || pk::int4_pairs(fmt, bf16);  // the kernel reads xb alone
+  const float* xf = bf16 ? (bf16_rows ? nullptr : widen(x.const_data_ptr<at::BFloat16>(), M * K, xbuf))
                          : x.const_data_ptr<float>();
   const float* bf = nullptr;
   if (bias.has_value()) {
@@ -208,7 +209,7 @@ at::Tensor packed_linear(const at::Tensor& input, const at::Tensor& packed, cons
     if (static_cast<int64_t>(xabuf.size()) < n) xabuf.resize(n);
     pk::pad_tile_rows(args.xb, M, K, xabuf.data());
     args.xa = xabuf.data();
-  } else if (fmt != Fmt::BF16_PAIRS) {
+  } else if (!bf16_rows) {
     if (static_cast<int64_t>(xtbuf.size()) < M * K) xtbuf.resize(M * K);
     pk::interleave(xf, M, K, xtbuf.data());
     xt = xtbuf.data();

@@ -55,6 +55,7 @@ struct Case {
   int64_t M, N, K, G;
   bool bias, out_bf16;
   bool extreme = false;  // W4A8 / W8A8 at their integer sums' bounds: every weight at an end, every input +-max
+  bool bf16_rows = false;  // INT4 in a bfloat16 pass on AVX512_BF16 (packed_core.h's int4_pairs): the rows as xb
 };
 
 int failures = 0;
@@ -158,6 +159,16 @@ void check(const Case& c) {
           const bool pair = k + 1 < K;
           acc = dot_pair(acc, xb[m * K + k], pair ? xb[m * K + k + 1] : 0, wb[n * K + k], pair ? wb[n * K + k + 1] : 0);
         }
+      } else if (c.bf16_rows) {  // int4_pairs: per group the dot product's pairs of k from zero, then the scale
+        for (int64_t g = 0; g < groups; ++g) {
+          float sum = 0.f;
+          for (int64_t k = g * G; k < std::min(K, (g + 1) * G); k += 2) {
+            const bool pair = k + 1 < K;
+            sum = dot_pair(sum, xb[m * K + k], pair ? xb[m * K + k + 1] : 0, simd::bf16_bits(float(q[n * K + k])),
+                           pair ? simd::bf16_bits(float(q[n * K + k + 1])) : 0);
+          }
+          acc = std::fma(sum, scales[n * groups + g], acc);
+        }
       } else if (c.fmt == Fmt::INT8 || c.fmt == Fmt::INT4) {
         for (int64_t g = 0; g < groups; ++g) {
           float sum = 0.f;
@@ -179,7 +190,8 @@ void check(const Case& c) {
   for (int split = 0; split < 6; ++split) {
     std::vector<float> of(M * N, -7.f);
     std::vector<uint16_t> ob(M * N, 0xBEEF);
-    packed::Args a{c.fmt, x.data(), xb.data(), M, K, N, buf.data(), stride, G, c.bias ? bias.data() : nullptr,
+    const uint16_t* rows_b = c.fmt == Fmt::BF16_PAIRS || c.bf16_rows ? xb.data() : nullptr;  // a bfloat16 pass's
+    packed::Args a{c.fmt, x.data(), rows_b, M, K, N, buf.data(), stride, G, c.bias ? bias.data() : nullptr,
                    c.out_bf16 ? static_cast<void*>(ob.data()) : static_cast<void*>(of.data()), c.out_bf16,
                    split >= 2, xq.data(), xs.data(), xsum.data()};
     if (amx) a.xa = xa.data();
@@ -228,6 +240,10 @@ int main() {
                           : q ? (M % 3 == 0 ? 32 : M % 3 == 1 ? 64 : 2) : 0;
         check({f, M, nk[0], nk[1], G, M % 2 == 0, M % 4 >= 2});
         ++cases;
+        if (f == Fmt::INT4 && packed::has_pairs_format()) {  // and in a bfloat16 pass
+          check({f, M, nk[0], nk[1], G, M % 2 == 0, M % 4 >= 2, false, true});
+          ++cases;
+        }
       }
   for (int64_t M = 1; M <= 13; ++M) {  // the integer sums' bounds (the 16-bit partial sums most of all)
     check({Fmt::W4A8, M, 2 * packed::PANEL + 3, 200, M % 2 ? 64 : 128, false, false, true});
