@@ -15,7 +15,8 @@ stay in the model's dtype; the weights are in `weights`:
   int4: scale = -(the group's weight of largest magnitude) / 8, q = round(w / scale) clamped to [-8, 7] (the
   extreme weight lands on -8 exactly, so all 16 levels are used; llama.cpp's Q4_0 rule).
   The model computes with w = q · scale in float32: each group's products with q summed, then times its scale
-  (kernels/packed_core.h). Under int4 the LM head is int8 (`LM_HEAD_BITS`): the logits' rounding matters most
+  (kernels/packed_core.h; int4 in a bfloat16 pass on AVX512_BF16 sums a group by its bfloat16 dot product, a pair
+  of inputs at a time). Under int4 the LM head is int8 (`LM_HEAD_BITS`): the logits' rounding matters most
   there, and llama.cpp keeps its output layer at higher precision for the same reason.
 - "w4a8": int4's weights (its LM head w8a8's: `LM_HEAD_BITS`), computed as llama.cpp's Q4_0 and OpenVINO's INT4
   compute on a CPU: each row of a layer's input is rounded to int8 per group of `group` inputs (scale max|x| / 127)
@@ -228,6 +229,11 @@ class PackedLinear(nn.Module):
             scale_bytes, body = p[:, :, : 4 * panel], p[:, :, 4 * panel :].reshape(panels, groups, -1, panel)
             if bits == 8:  # q[G][PANEL]
                 q = body.permute(0, 3, 1, 2)  # [panels, PANEL, groups, G]
+            elif panel == 64:  # AVX-512: per pair i and half panel h, byte 2n + e: q[2i + e] + 8 of output 32h + n (low
+                # nibble) and of output 32h + 16 + n (high)
+                b = body.reshape(panels, groups, -1, 2, 16, 2)  # [panels, groups, pairs, h, n, e]
+                q = torch.stack((b & 15, b >> 4), dim=4)  # [panels, groups, pairs, h, low | high, n, e]
+                q = q.permute(0, 3, 4, 5, 1, 2, 6).to(torch.int8) - 8  # [panels, h, low | high, n, groups, pairs, e]
             else:  # [G / 2][PANEL]: q[2i] + 8 in the low nibble, q[2i + 1] + 8 in the high
                 q = torch.stack((body & 15, body >> 4), dim=-1).permute(0, 3, 1, 2, 4).to(torch.int8) - 8
         n, k = self.out_features, self.in_features

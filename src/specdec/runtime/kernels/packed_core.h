@@ -9,9 +9,11 @@
 //   BF16_PAIRS  bfloat16 [pair_rows(K)][PANEL][2]        k in pairs, for AVX512_BF16's dot product and AMX's
 //               (pair_rows: ceil(K / 2); on AMX whole tiles of 16 pairs, ceil(K / 32) * 16)
 //   INT8        per group of G values of k: float scale[PANEL], then int8 q[G][PANEL]        w = q * scale
-//   INT4        per group of G (even): float scale[PANEL], then uint8 [G / 2][PANEL], each byte two weights of
-//               one output, k even in the low nibble and k odd in the high one, each stored as q + 8 (q in
-//               [-8, 7])                                                                      w = q * scale
+//   INT4        per group of G (even): float scale[PANEL], then per pair of k (k even) PANEL bytes, each q + 8 (q in
+//               [-8, 7]) in a nibble: byte n holds output n's q[k] (low nibble) and q[k + 1] (high); on AVX-512,
+//               per half panel of 32 outputs 32 bytes, byte 2n + e holding q[k + e] of output n (low nibble) and
+//               of output n + 16 (high), for one widening to 16 bits to give 16 outputs' pairs (`int4_slot`)
+//                                                                                             w = q * scale
 //   W4A8        int4 weights for an integer dot product with int8 inputs: per group of G (a multiple of 8) a
 //               float scale[PANEL], then per 8 values of k, 4 bytes per output: byte j of output n holds
 //               q[k + j] + 8 in its low nibble and q[k + 4 + j] + 8 in its high one
@@ -264,6 +266,19 @@ inline int64_t panel_bytes(Fmt f, int64_t K, int64_t G) {
   return 0;
 }
 
+// Where INT4 keeps output j's (j < PANEL) q[k + e] (e 0 or 1) within its pair of k's PANEL bytes: the byte, and 0
+// for the low nibble or 4 for the high one (the layout the format's comment above gives).
+inline void int4_slot(int64_t j, int e, int64_t& byte, int& shift) {
+#if defined(__AVX512F__)
+  static_assert(PANEL == 64);
+  byte = j / 32 * 32 + j % 16 * 2 + e;
+  shift = j % 32 / 16 * 4;
+#else
+  byte = j;
+  shift = 4 * e;
+#endif
+}
+
 // What one call computes: out [M, N] = x [M, K] w^T + bias, x as float32 (bfloat16 inputs are widened exactly by the
 // caller; BF16_PAIRS reads xb instead), out float32 or bfloat16.
 struct Args {
@@ -395,7 +410,7 @@ struct Block {
               if constexpr (Prefetch) simd::prefetch_l2(s + P * a.panel_stride);
               SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
                 V even, odd;
-                simd::load_q4(s + v * LANES, even, odd);
+                load_pair(s, v, even, odd);
                 fma_one(sum, x + 2 * i * R, p * PV + v, even);
                 fma_one(sum, x + (2 * i + 1) * R, p * PV + v, odd);
               }
@@ -405,7 +420,7 @@ struct Block {
             SPECDEC_UNROLL for (int p = 0; p < P; ++p)
               SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
                 V even, odd;
-                simd::load_q4(q[p] + pairs * PANEL + v * LANES, even, odd);
+                load_pair(q[p] + pairs * PANEL, v, even, odd);
                 fma_one(sum, x + (kn - 1) * R, p * PV + v, even);
               }
           }
@@ -420,6 +435,22 @@ struct Block {
       }
     }
     store(a, acc, m0, p0);
+  }
+
+  // INT4: vector v's outputs' q[k] and q[k + 1] as float32, from their pair of k's bytes s (`int4_slot`)
+  __attribute__((always_inline)) static inline void load_pair(const uint8_t* s, int v, V& even, V& odd) {
+#if defined(__AVX512F__)
+    // the half panel's 32 bytes widened to 16 bits, a byte pair (q[k], q[k + 1]) of output n (and n + 16) a lane;
+    // vpermps reads an index's low 4 bits, so shifts pick the nibble
+    const __m512i b = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + v / 2 * 32)));
+    const V values = _mm512_setr_ps(-8.f, -7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f, 0.f, 1.f, 2.f, 3.f, 4.f, 5.f,
+                                    6.f, 7.f);
+    const __m512i e = v % 2 ? _mm512_srli_epi32(b, 4) : b;
+    even = _mm512_permutexvar_ps(e, values);
+    odd = _mm512_permutexvar_ps(_mm512_srli_epi32(e, 8), values);
+#else
+    simd::load_q4(s + v * LANES, even, odd);
+#endif
   }
 
   // every row's accumulator j += x[r] * w
@@ -515,10 +546,11 @@ struct PairsBlock {
 //   acc = fma(sum, scale[g], acc);    y = acc + bias
 //
 // (the instruction's order and flushing, as BF16_PAIRS; a last k of an odd K pairs with zeros). Each q is exact in
-// bfloat16, looked up in a table of 32 (`vpermw` reads an index's low 5 bits: the byte for the low nibble, the byte
-// shifted for the high one, whose fifth bit is zero). Per 16 bytes of weights a widening, a shift, an or, a lookup
-// and a dot product a row, where float32's group sums take a widening, a shift, two lookups and two multiply-adds a
-// row (docs/kernels.md). R rows of one panel; Prefetch as Block's (DotStreaming).
+// bfloat16, looked up in a table of 32: a half panel's 32 bytes widened to 16 bits are 16 outputs' pairs in their low
+// nibbles and 16 others' in their high ones (`int4_slot`), and `vpermw` reads an index's low 5 bits. Per 32 bytes of
+// weights a widening, a shift, two lookups and two dot products a row, where float32's group sums take a widening,
+// three shifts, four lookups and four multiply-adds a row (docs/kernels.md). R rows of one panel; Prefetch as
+// Block's (DotStreaming).
 template <int R, bool Prefetch>
 struct Int4PairsBlock {
   static void run(const Args& a, int64_t m0, int64_t p0) {
@@ -544,9 +576,10 @@ struct Int4PairsBlock {
         const uint8_t* s = q + i * PANEL;
         if constexpr (Prefetch) simd::prefetch_l2(s + a.panel_stride);
         __m512bh wv[PV];
-        for (int v = 0; v < PV; ++v) {
-          const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + v * LANES)));
-          wv[v] = (__m512bh)_mm512_permutexvar_epi16(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)), table);
+        for (int h = 0; h < 2; ++h) {  // a half panel's 32 bytes widened: a lane a pair, low nibbles then high
+          const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32 * h)));
+          wv[2 * h] = (__m512bh)_mm512_permutexvar_epi16(b, table);
+          wv[2 * h + 1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
         }
         for (int r = 0; r < R; ++r) {
           int32_t pair = 0;  // (k, k + 1); the last of an odd K: (k, 0)
@@ -1021,14 +1054,19 @@ inline void pack_quantized(const int8_t* q, const float* scales, int64_t N, int6
             }
         continue;
       }
+      if (bits == 4) std::memset(body, 0, G / 2 * PANEL);  // (each byte is or'd from its two nibbles below)
       for (int64_t i = 0; i < (bits == 8 ? G : G / 2); ++i)
         for (int64_t j = 0; j < PANEL; ++j) {
           const int64_t n = p * PANEL + j;
           if (bits == 8) {
             body[i * PANEL + j] = static_cast<uint8_t>(static_cast<int8_t>(value(n, g * G + i)));
           } else {
-            const int lo = value(n, g * G + 2 * i) + 8, hi = value(n, g * G + 2 * i + 1) + 8;
-            body[i * PANEL + j] = static_cast<uint8_t>(lo | (hi << 4));
+            for (int e = 0; e < 2; ++e) {
+              int64_t byte;
+              int shift;
+              int4_slot(j, e, byte, shift);
+              body[i * PANEL + byte] |= static_cast<uint8_t>((value(n, g * G + 2 * i + e) + 8) << shift);
+            }
           }
         }
     }
