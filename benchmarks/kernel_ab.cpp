@@ -2,7 +2,8 @@
 // specdec::kernel_b) over the same packed weights, passes alternated in one process. argv: rows, repeats, format
 // (W8A8, W4A8, BF16_PAIRS on bfloat16 inputs, or on float32 inputs the weight-only INT8, INT4 and the float formats
 // F32, BF16; INT4_BF16: INT4 in a bfloat16 pass, given the rows both ways, as bfloat16 and interleaved float32, each
-// variant reading what it reads), then the linears as N K pairs. Prints one line per side: median ms and GB/s; then B / A.
+// variant reading what it reads), then the linears as N K pairs. Prints one line per side: median ms and GB/s; then
+// B / A.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,8 +40,8 @@ double pass(std::vector<Linear>& ls, int64_t M, int64_t G, Fmt fmt, std::vector<
   for (Linear& l : ls) {
     if (xq.size()) quantize(x.data(), M, l.K, G, xq.data(), xs.data(), xsum.data());
     if (xt.size()) interleave(x.data(), M, l.K, xt.data());  // the float formats' inputs, as the op gives them
-    NS_Args a{fmt, x.data(), xb.empty() ? nullptr : xb.data(), M, l.K, l.N, l.packed.data(), l.stride, G, nullptr, out.data(), false,
-              l.stream,
+    NS_Args a{fmt, x.data(), xb.empty() ? nullptr : xb.data(), M, l.K, l.N, l.packed.data(), l.stride, G, nullptr,
+              out.data(), false, l.stream,
               xq.data(), xs.data(), xsum.data()};
     a.huge = l.huge;
     run(a, xt.size() ? xt.data() : nullptr, 0, (l.N + panel - 1) / panel);
@@ -67,13 +68,15 @@ int main(int argc, char** argv) {
   const auto* found = std::find_if(std::begin(formats), std::end(formats),
                                    [&](const auto& entry) { return format == entry.first; });
   if (found == std::end(formats)) {
-    std::fprintf(stderr, "kernel_ab: format %s is not one of BF16_PAIRS, INT8, INT4, INT4_BF16, W4A8, W8A8, F32, BF16\n",
+    std::fprintf(stderr,
+                 "kernel_ab: format %s is not one of BF16_PAIRS, INT8, INT4, INT4_BF16, W4A8, W8A8, F32, BF16\n",
                  argv[3]);
     return 2;
   }
   const F fa = found->second;
   const auto fb = static_cast<kernel_b::Fmt>(fa);  // the same enum in both variants' namespaces
-  const bool pairs = fa == kernel_a::Fmt::BF16_PAIRS, dot = kernel_a::int8_inputs(fa), bf16_rows = format == "INT4_BF16";
+  const bool pairs = fa == kernel_a::Fmt::BF16_PAIRS, dot = kernel_a::int8_inputs(fa);
+  const bool bf16_rows = format == "INT4_BF16";
   const int bits = fa == kernel_a::Fmt::INT4 || fa == kernel_a::Fmt::W4A8 ? 4 : 8;
   std::mt19937 rng(0);
   std::vector<Linear> ls;

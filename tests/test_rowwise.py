@@ -275,7 +275,8 @@ def test_quantized_weights_sum_each_group_then_take_its_scale(k, n, group, dtype
     """int8 / int4 packed weights (the contract of kernels/packed_core.h): each group's products with the integers q
     summed from zero as the float32 kernel sums them (int4 in a bfloat16 pass on AVX512_BF16: as its dot product
     sums pairs), then one multiply-add with the group's scale, in float32 and bfloat16 passes of any number of rows;
-    close to float32 on q · scale. And bfloat16 weights in a float32 pass: the float32 kernel on the bfloat16 values."""
+    close to float32 on q · scale. And bfloat16 weights in a float32 pass: the float32 kernel on the bfloat16
+    values."""
     from specdec.runtime.weights import quantize_weight
 
     load_kernel()

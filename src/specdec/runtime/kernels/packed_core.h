@@ -36,11 +36,12 @@
 // (a multiply by the scale per weight, which their float32 value q * scale would take, cost a vector instruction in
 // every four or six of a one-row pass: docs/kernels.md). That is the same sequence of roundings whatever the tier, the
 // number of rows in the pass, their blocking, the panels beside it or the thread that computes it: the kernel is
-// row-invariant, and its bits are the same on every tier. BF16_PAIRS, the AVX512_BF16 tier's bfloat16, is the
-// exception: the instruction's own order and flushing, still row-invariant. On the AVX512_AMX
-// tier, AMX's tile dot product computes BF16_PAIRS for every pass, one row or many (`amx_pairs`): each output is
-// one tile accumulator's TDPBF16PS over k in chunks of 32, in order, whatever the rows beside it. That is AMX's own
-// arithmetic (it sums a chunk its own way, not as AVX512_BF16's pairs do), row-invariant.
+// row-invariant, and its bits are the same on every tier. BF16_PAIRS, the AVX512_BF16 tier's bfloat16, and INT4 in a
+// bfloat16 pass on a tier with AVX512_BF16 (`int4_pairs`: each group's sum by the same dot product) are the
+// exceptions: the instruction's own order and flushing, still row-invariant. On the AVX512_AMX tier, AMX's tile dot
+// product computes BF16_PAIRS for every pass, one row or many (`amx_pairs`): each output is one tile accumulator's
+// TDPBF16PS over k in chunks of 32, in order, whatever the rows beside it. That is AMX's own arithmetic (it sums a
+// chunk its own way, not as AVX512_BF16's pairs do), row-invariant.
 //
 // W4A8 computes in integers, as llama.cpp's Q4_0 and OpenVINO's INT4 do on a CPU: each row's inputs are quantized
 // per group of G (`quantize_inputs`: xs = max|x| / 127, xq = x * 127 / max|x| rounded to nearest even), so the
