@@ -281,7 +281,7 @@ inline void int4_slot(int64_t j, int e, int64_t& byte, int& shift) {
 }
 
 // What one call computes: out [M, N] = x [M, K] w^T + bias, x as float32 (bfloat16 inputs are widened exactly by the
-// caller; BF16_PAIRS reads xb instead), out float32 or bfloat16.
+// caller; BF16_PAIRS and `int4_pairs` read xb instead), out float32 or bfloat16.
 struct Args {
   Fmt fmt;
   const float* x;          // [M, K]
@@ -603,9 +603,9 @@ struct Int4PairsBlock {
 
 // Int4PairsBlock's widest block: a wider pass goes through each panel in blocks as even as they can be. A row holds 8
 // registers (its sums and accumulators), so 3 rows fit in 32 with the weights and the table; but blocks of up to 6
-// rows, which spill, made passes over the Qwen2.5-1.5B shape's linears take 0.68x
-// the time at 4 rows, 0.80x at 5 and 8, 0.84x at 6 and 0.75x at 128 against blocks of up to 3; up to 8, 7 rows as one
-// block took 0.73x and 128 rows 0.80x (one Zen 4 core, benchmarks/kernel_ab.py --bf16-rows; docs/kernels.md).
+// rows, which spill, made passes over the Qwen2.5-1.5B shape's linears take 0.68x the time at 4 rows, 0.80x at 5 and
+// 8, 0.84x at 6 and 0.75x at 128 against blocks of up to 3; up to 8, 7 rows as one block took 0.73x and 128 rows 0.80x
+// (one Zen 4 core, benchmarks/kernel_ab.py --bf16-rows; docs/kernels.md).
 constexpr int R_INT4_PAIRS = 6;
 
 template <bool Prefetch>
