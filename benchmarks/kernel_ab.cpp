@@ -1,9 +1,9 @@
 // kernel_ab.py's harness: two variants of packed_core.h (kernel_a.h, kernel_b.h: namespaces specdec::kernel_a and
 // specdec::kernel_b) over the same packed weights, passes alternated in one process. argv: rows, repeats, format
 // (W8A8, W4A8, BF16_PAIRS on bfloat16 inputs, or on float32 inputs the weight-only INT8, INT4 and the float formats
-// F32, BF16; INT4_BF16: INT4 in a bfloat16 pass, given the rows both ways, as bfloat16 and interleaved float32, each
-// variant reading what it reads), then the linears as N K pairs. Prints one line per side: median ms and GB/s; then
-// B / A.
+// F32, BF16; INT4_BF16 / INT8_BF16: INT4 / INT8 in a bfloat16 pass, given the rows both ways, as bfloat16 and
+// interleaved float32, each variant reading what it reads), then the linears as N K pairs. Prints one line per side:
+// median ms and GB/s; then B / A.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -64,19 +64,20 @@ int main(int argc, char** argv) {
   using F = kernel_a::Fmt;
   const std::pair<const char*, F> formats[] = {
       {"BF16_PAIRS", F::BF16_PAIRS}, {"INT8", F::INT8}, {"INT4", F::INT4}, {"W4A8", F::W4A8}, {"W8A8", F::W8A8},
-      {"F32", F::F32},       {"BF16", F::BF16},  {"INT4_BF16", F::INT4}};
+      {"F32", F::F32},       {"BF16", F::BF16},  {"INT4_BF16", F::INT4}, {"INT8_BF16", F::INT8}};
   const auto* found = std::find_if(std::begin(formats), std::end(formats),
                                    [&](const auto& entry) { return format == entry.first; });
   if (found == std::end(formats)) {
     std::fprintf(stderr,
-                 "kernel_ab: format %s is not one of BF16_PAIRS, INT8, INT4, INT4_BF16, W4A8, W8A8, F32, BF16\n",
+                 "kernel_ab: format %s is not one of BF16_PAIRS, INT8, INT4, INT4_BF16, INT8_BF16, W4A8, W8A8, F32, "
+                 "BF16\n",
                  argv[3]);
     return 2;
   }
   const F fa = found->second;
   const auto fb = static_cast<kernel_b::Fmt>(fa);  // the same enum in both variants' namespaces
   const bool pairs = fa == kernel_a::Fmt::BF16_PAIRS, dot = kernel_a::int8_inputs(fa);
-  const bool bf16_rows = format == "INT4_BF16";
+  const bool bf16_rows = format == "INT4_BF16" || format == "INT8_BF16";
   const int bits = fa == kernel_a::Fmt::INT4 || fa == kernel_a::Fmt::W4A8 ? 4 : 8;
   std::mt19937 rng(0);
   std::vector<Linear> ls;

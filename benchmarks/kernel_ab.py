@@ -56,7 +56,8 @@ def main() -> None:
     parser.add_argument("--weight-only", action="store_true",
                         help="--bits 8 / 4 / 16 as INT8 / INT4 / BF16 weights on float32 inputs instead")
     parser.add_argument("--bf16-rows", action="store_true",
-                        help="with --weight-only --bits 4: INT4 in a bfloat16 pass (the rows as bfloat16 too)")
+                        help="with --weight-only --bits 4 or 8: INT4 / INT8 in a bfloat16 pass (the rows as "
+                             "bfloat16 too)")
     parser.add_argument("--rows", default="1,4,8,128")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--tier", default=None, help="a tier this CPU runs (default: the kernels' tier here)")
@@ -82,8 +83,8 @@ def main() -> None:
         formats = ({8: "INT8", 4: "INT4", 16: "BF16"} if args.weight_only else
                    {8: "W8A8", 4: "W4A8", 16: "BF16_PAIRS"}) | {32: "F32"}
         fmt = formats[args.bits] + ("_BF16" if args.bf16_rows else "")
-        if args.bf16_rows and fmt != "INT4_BF16":
-            raise SystemExit("kernel_ab: --bf16-rows is for --weight-only --bits 4")
+        if args.bf16_rows and fmt not in ("INT4_BF16", "INT8_BF16"):
+            raise SystemExit("kernel_ab: --bf16-rows is for --weight-only --bits 4 or 8")
         print(f"{args.shape}, {fmt}, tier {tier}, one thread; A: {args.a or 'as is'}; "
               f"B: {args.b or 'as is'}{f' on {args.b_header}' if args.b_header else ''}")
         for rows in args.rows.split(","):

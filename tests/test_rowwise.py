@@ -273,8 +273,8 @@ def _dot_pairs(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("k, n, group", [(389, 203, 64), (96, 70, 32), (37, 21, 2)])
 def test_quantized_weights_sum_each_group_then_take_its_scale(k, n, group, dtype, bits):
     """int8 / int4 packed weights (the contract of kernels/packed_core.h): each group's products with the integers q
-    summed from zero as the float32 kernel sums them (int4 in a bfloat16 pass on AVX512_BF16: as its dot product
-    sums pairs), then one multiply-add with the group's scale, in float32 and bfloat16 passes of any number of rows;
+    summed from zero as the float32 kernel sums them (in a bfloat16 pass on AVX512_BF16: as its dot product sums
+    pairs), then one multiply-add with the group's scale, in float32 and bfloat16 passes of any number of rows;
     close to float32 on q · scale. And bfloat16 weights in a float32 pass: the float32 kernel on the bfloat16
     values."""
     from specdec.runtime.weights import quantize_weight
@@ -289,7 +289,7 @@ def test_quantized_weights_sum_each_group_then_take_its_scale(k, n, group, dtype
     pairs_tier = torch.ops.specdec.pack_weight(torch.ones(1, 2, dtype=torch.bfloat16)).dim() == 4  # AVX512_BF16
     acc = torch.zeros(30, n, dtype=torch.float64)
     for g, s in enumerate(range(0, k, group)):  # the group's sum, then fma in float64
-        if bits == 4 and dtype == torch.bfloat16 and pairs_tier:  # int4_pairs: the dot product's pairs
+        if dtype == torch.bfloat16 and pairs_tier:  # weight_only_pairs: the dot product's pairs
             total = _dot_pairs(xd[:, s : s + group].float(), qw.q[:, s : s + group].float())
         else:  # the float32 kernel's sum
             part = torch.ops.specdec.pack_weight(qw.q[:, s : s + group].float())

@@ -36,12 +36,12 @@
 // (a multiply by the scale per weight, which their float32 value q * scale would take, cost a vector instruction in
 // every four or six of a one-row pass: docs/kernels.md). That is the same sequence of roundings whatever the tier, the
 // number of rows in the pass, their blocking, the panels beside it or the thread that computes it: the kernel is
-// row-invariant, and its bits are the same on every tier. BF16_PAIRS, the AVX512_BF16 tier's bfloat16, and INT4 in a
-// bfloat16 pass on a tier with AVX512_BF16 (`int4_pairs`: each group's sum by the same dot product) are the
-// exceptions: the instruction's own order and flushing, still row-invariant. On the AVX512_AMX tier, AMX's tile dot
-// product computes BF16_PAIRS for every pass, one row or many (`amx_pairs`): each output is one tile accumulator's
-// TDPBF16PS over k in chunks of 32, in order, whatever the rows beside it. That is AMX's own arithmetic (it sums a
-// chunk its own way, not as AVX512_BF16's pairs do), row-invariant.
+// row-invariant, and its bits are the same on every tier. BF16_PAIRS, the AVX512_BF16 tier's bfloat16, and INT8 and
+// INT4 in a bfloat16 pass on a tier with AVX512_BF16 (`weight_only_pairs`: each group's sum by the same dot product)
+// are the exceptions: the instruction's own order and flushing, still row-invariant. On the AVX512_AMX tier, AMX's
+// tile dot product computes BF16_PAIRS for every pass, one row or many (`amx_pairs`): each output is one tile
+// accumulator's TDPBF16PS over k in chunks of 32, in order, whatever the rows beside it. That is AMX's own arithmetic
+// (it sums a chunk its own way, not as AVX512_BF16's pairs do), row-invariant.
 //
 // W4A8 computes in integers, as llama.cpp's Q4_0 and OpenVINO's INT4 do on a CPU: each row's inputs are quantized
 // per group of G (`quantize_inputs`: xs = max|x| / 127, xq = x * 127 / max|x| rounded to nearest even), so the
@@ -237,9 +237,11 @@ inline bool has_pairs_format() {
 #endif
 }
 
-// INT4 in a bfloat16 pass, on a tier with AVX512_BF16: computed by its dot product (Int4PairsBlock), from the rows
-// as bfloat16 (Args::xb; the caller interleaves no float32 rows for it).
-inline bool int4_pairs(Fmt f, bool bf16_inputs) { return f == Fmt::INT4 && bf16_inputs && has_pairs_format(); }
+// INT8 and INT4 in a bfloat16 pass, on a tier with AVX512_BF16: computed by its dot product (WeightOnlyPairsBlock),
+// from the rows as bfloat16 (Args::xb; the caller interleaves no float32 rows for it).
+inline bool weight_only_pairs(Fmt f, bool bf16_inputs) {
+  return (f == Fmt::INT8 || f == Fmt::INT4) && bf16_inputs && has_pairs_format();
+}
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 constexpr bool AMX = true;
@@ -281,11 +283,11 @@ inline void int4_slot(int64_t j, int e, int64_t& byte, int& shift) {
 }
 
 // What one call computes: out [M, N] = x [M, K] w^T + bias, x as float32 (bfloat16 inputs are widened exactly by the
-// caller; BF16_PAIRS and `int4_pairs` read xb instead), out float32 or bfloat16.
+// caller; BF16_PAIRS and `weight_only_pairs` read xb instead), out float32 or bfloat16.
 struct Args {
   Fmt fmt;
   const float* x;          // [M, K]
-  const uint16_t* xb;      // [M, K] bfloat16, for BF16_PAIRS and `int4_pairs` (null in a float32 pass)
+  const uint16_t* xb;      // [M, K] bfloat16, for BF16_PAIRS and `weight_only_pairs` (null in a float32 pass)
   int64_t M, K, N;
   const uint8_t* packed;   // [panels][panel_bytes]
   int64_t panel_stride;    // bytes
@@ -540,20 +542,21 @@ struct PairsBlock {
 #endif
 
 #if defined(__AVX512BF16__)
-// INT4 in a bfloat16 pass (`int4_pairs`): a byte holds an output's q for k and k + 1 (k even), the pair AVX512_BF16's
-// dot product takes, so per group of G, in order,
+// INT8 and INT4 in a bfloat16 pass (`weight_only_pairs`): per group of G, in order,
 //
 //   sum = 0;  per pair of k, in order:  sum = dpbf16(sum, (x[k], x[k + 1]), (q[k], q[k + 1]));
 //   acc = fma(sum, scale[g], acc);    y = acc + bias
 //
-// (the instruction's order and flushing, as BF16_PAIRS; a last k of an odd K pairs with zeros). Each q is exact in
-// bfloat16, looked up in a table of 32: a half panel's 32 bytes widened to 16 bits are 16 outputs' pairs in their low
-// nibbles and 16 others' in their high ones (`int4_slot`), and `vpermw` reads an index's low 5 bits. Per 32 bytes of
-// weights a widening, a shift, two lookups and two dot products a row, where float32's group sums take a widening,
-// three shifts, four lookups and four multiply-adds a row (docs/kernels.md). R rows of one panel; Prefetch as
-// Block's (DotStreaming).
-template <int R, bool Prefetch>
-struct Int4PairsBlock {
+// (AVX512_BF16's dot product: the instruction's order and flushing, as BF16_PAIRS; a last k of an odd group pairs
+// with zeros). Each q is exact in bfloat16. INT4's bytes hold pairs of k: a half panel's 32 bytes widened to 16 bits
+// are 16 outputs' pairs in their low nibbles and 16 others' in their high ones (`int4_slot`), looked up in a table of
+// 32 (`vpermw` reads an index's low 5 bits): per 32 bytes of weights a widening, a shift, two lookups and two dot
+// products a row, where float32's group sums take a widening, three shifts, four lookups and four multiply-adds a
+// row. INT8's rows of k are made float32 (exact), and a pair's bfloat16 is the high half of each: per 16 outputs and
+// two k, two widenings, two conversions, a shift and a merge, then a dot product a row, where float32 takes a
+// multiply-add per k a row (docs/kernels.md). R rows of one panel; Prefetch as Block's (DotStreaming).
+template <Fmt F, int R, bool Prefetch>
+struct WeightOnlyPairsBlock {
   static void run(const Args& a, int64_t m0, int64_t p0) {
     static_assert(PV == 4);
     const __m512i table = _mm512_set_epi16(  // index i -> q = (i & 15) - 8 as bfloat16 (elements 31 .. 0)
@@ -564,7 +567,7 @@ struct Int4PairsBlock {
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < PV; ++v) acc[r][v] = _mm512_setzero_ps();
     const uint8_t* w = a.packed + p0 * a.panel_stride;
-    const int64_t K = a.K, G = a.G, group_bytes = PANEL * 4 + G / 2 * PANEL;
+    const int64_t K = a.K, G = a.G, group_bytes = PANEL * 4 + (F == Fmt::INT8 ? G : G / 2) * PANEL;
     const uint16_t* x[R];  // each row's bfloat16 inputs
     for (int r = 0; r < R; ++r) x[r] = a.xb + (m0 + r) * K;
     for (int64_t k0 = 0, g = 0; k0 < K; k0 += G, ++g) {
@@ -574,13 +577,31 @@ struct Int4PairsBlock {
       for (int r = 0; r < R; ++r)
         for (int v = 0; v < PV; ++v) sum[r][v] = _mm512_setzero_ps();
       auto step = [&](int64_t i, bool last) __attribute__((always_inline)) {
-        const uint8_t* s = q + i * PANEL;
-        if constexpr (Prefetch) simd::prefetch_l2(s + a.panel_stride);
         __m512bh wv[PV];
-        for (int h = 0; h < 2; ++h) {  // a half panel's 32 bytes widened: a lane a pair, low nibbles then high
-          const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32 * h)));
-          wv[2 * h] = (__m512bh)_mm512_permutexvar_epi16(b, table);
-          wv[2 * h + 1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
+        if constexpr (F == Fmt::INT4) {
+          const uint8_t* s = q + i * PANEL;
+          if constexpr (Prefetch) simd::prefetch_l2(s + a.panel_stride);
+          for (int h = 0; h < 2; ++h) {  // a half panel's 32 bytes widened: a lane a pair, low nibbles then high
+            const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32 * h)));
+            wv[2 * h] = (__m512bh)_mm512_permutexvar_epi16(b, table);
+            wv[2 * h + 1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
+          }
+        } else {  // INT8: the rows of k and k + 1 (none past an odd group's end: zeros)
+          const uint8_t* s = q + 2 * i * PANEL;
+          if constexpr (Prefetch) {
+            simd::prefetch_l2(s + a.panel_stride);
+            simd::prefetch_l2(s + PANEL + a.panel_stride);
+          }
+          auto row = [&](const uint8_t* r) __attribute__((always_inline)) {  // 16 outputs' q as float32 bits
+            return _mm512_castps_si512(
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r)))));
+          };
+          const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+          for (int v = 0; v < PV; ++v) {
+            const __m512i even = row(s + v * LANES), odd = last ? _mm512_setzero_si512() : row(s + PANEL + v * LANES);
+            // (even >> 16) | (odd & 0xFFFF0000): each float32's high half is its bfloat16, exactly
+            wv[v] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(even, 16), odd, high, 0xF8);
+          }
         }
         for (int r = 0; r < R; ++r) {
           int32_t pair = 0;  // (k, k + 1); the last of an odd K: (k, 0)
@@ -601,34 +622,36 @@ struct Int4PairsBlock {
   }
 };
 
-// Int4PairsBlock's widest block: a wider pass goes through each panel in blocks as even as they can be. A row holds 8
-// registers (its sums and accumulators), so 3 rows fit in 32 with the weights and the table; but blocks of up to 6
-// rows, which spill, made passes over the Qwen2.5-1.5B shape's linears take 0.68x the time at 4 rows, 0.80x at 5 and
-// 8, 0.84x at 6 and 0.75x at 128 against blocks of up to 3; up to 8, 7 rows as one block took 0.73x and 128 rows 0.80x
-// (one Zen 4 core, benchmarks/kernel_ab.py --bf16-rows; docs/kernels.md).
-constexpr int R_INT4_PAIRS = 6;
+// WeightOnlyPairsBlock's widest block: a wider pass goes through each panel in blocks as even as they can be. A row
+// holds 8 registers (its sums and accumulators), so 3 rows fit in 32 with the weights and the table; but blocks of up
+// to 6 rows, which spill, made INT4 passes over the Qwen2.5-1.5B shape's linears take 0.68x the time at 4 rows, 0.80x
+// at 5 and 8, 0.84x at 6 and 0.75x at 128 against blocks of up to 3; up to 8, 7 rows as one block took 0.73x and 128
+// rows 0.80x (one Zen 4 core, benchmarks/kernel_ab.py --bf16-rows; docs/kernels.md).
+constexpr int R_WEIGHT_ONLY_PAIRS = 6;
 
-template <bool Prefetch>
-void int4_pairs_rows(int r, const Args& a, int64_t m0, int64_t p) {
+template <Fmt F, bool Prefetch>
+void weight_only_pairs_rows(int r, const Args& a, int64_t m0, int64_t p) {
   switch (r) {
-    case 1: Int4PairsBlock<1, Prefetch>::run(a, m0, p); break;
-    case 2: Int4PairsBlock<2, Prefetch>::run(a, m0, p); break;
-    case 3: Int4PairsBlock<3, Prefetch>::run(a, m0, p); break;
-    case 4: Int4PairsBlock<4, Prefetch>::run(a, m0, p); break;
-    case 5: Int4PairsBlock<5, Prefetch>::run(a, m0, p); break;
-    default: Int4PairsBlock<6, Prefetch>::run(a, m0, p); break;
+    case 1: WeightOnlyPairsBlock<F, 1, Prefetch>::run(a, m0, p); break;
+    case 2: WeightOnlyPairsBlock<F, 2, Prefetch>::run(a, m0, p); break;
+    case 3: WeightOnlyPairsBlock<F, 3, Prefetch>::run(a, m0, p); break;
+    case 4: WeightOnlyPairsBlock<F, 4, Prefetch>::run(a, m0, p); break;
+    case 5: WeightOnlyPairsBlock<F, 5, Prefetch>::run(a, m0, p); break;
+    default: WeightOnlyPairsBlock<F, 6, Prefetch>::run(a, m0, p); break;
   }
 }
 
-// Panels [p0, p1) of an `int4_pairs` pass: each panel against every block of rows while it stays in cache.
-inline void int4_pairs_pass(const Args& a, int64_t p0, int64_t p1) {
-  const int64_t blocks = (a.M + R_INT4_PAIRS - 1) / R_INT4_PAIRS, base = a.M / blocks, wider = a.M % blocks;
+// Panels [p0, p1) of a `weight_only_pairs` pass: each panel against every block of rows while it stays in cache.
+template <Fmt F>
+inline void weight_only_pairs_pass(const Args& a, int64_t p0, int64_t p1) {
+  const int64_t blocks = (a.M + R_WEIGHT_ONLY_PAIRS - 1) / R_WEIGHT_ONLY_PAIRS;
+  const int64_t base = a.M / blocks, wider = a.M % blocks;
   for (int64_t p = p0; p < p1; ++p)
     for (int64_t b = 0, m = 0; b < blocks; ++b) {
       const int r = static_cast<int>(base + (b < wider ? 1 : 0));
       // a block of a few rows over a huge weight leaves its prefetch to the hardware where DotStreaming says so
-      if (r <= R_UNPREFETCHED && !a.dot.prefetch && a.huge) int4_pairs_rows<false>(r, a, m, p);
-      else int4_pairs_rows<true>(r, a, m, p);
+      if (r <= R_UNPREFETCHED && !a.dot.prefetch && a.huge) weight_only_pairs_rows<F, false>(r, a, m, p);
+      else weight_only_pairs_rows<F, true>(r, a, m, p);
       m += r;
     }
 }
@@ -896,9 +919,9 @@ void one_row_as_two(const Args& a, int64_t p0, int64_t p1) {
 template <Fmt F>
 void run_format(const Args& a, const float* xt, int64_t p0, int64_t p1) {
 #if defined(__AVX512BF16__)
-  if constexpr (F == Fmt::INT4) {
-    if (a.xb) {  // a bfloat16 pass: `int4_pairs`
-      int4_pairs_pass(a, p0, p1);
+  if constexpr (F == Fmt::INT4 || F == Fmt::INT8) {
+    if (a.xb) {  // a bfloat16 pass: `weight_only_pairs`
+      weight_only_pairs_pass<F>(a, p0, p1);
       return;
     }
   }

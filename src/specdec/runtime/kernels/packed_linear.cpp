@@ -14,8 +14,8 @@
 // The loops and the arithmetic are packed_core.h's (one header for every tier, see simd.h): each output is one
 // sequence of fused multiply-adds over k in order, in float32 (int8 and int4: per group over q, then one with the
 // group's scale), whatever the number of rows, their block, the panels beside it or the thread: row-invariant, and
-// the same bits on every tier (AVX512_BF16's bfloat16 pairs, and int4 in a bfloat16 pass there, excepted: the
-// instruction's own order). The format is the packed tensor's dtype (and, for bfloat16, its rank); the weight
+// the same bits on every tier (AVX512_BF16's bfloat16 pairs, and int8 and int4 in a bfloat16 pass there, excepted:
+// the instruction's own order). The format is the packed tensor's dtype (and, for bfloat16, its rank); the weight
 // format and the input dtype are independent: int8 and int4 weights serve float32 and bfloat16 passes alike, and
 // bfloat16 weights serve float32 passes (bfloat16 storage with float32 activations). W4A8 and W8A8 quantize each
 // row of the input to int8 per group (packed_core.h's quantize_inputs) and compute in integers.
@@ -184,7 +184,7 @@ at::Tensor packed_linear(const at::Tensor& input, const at::Tensor& packed, cons
   thread_local std::vector<uint16_t> xabuf;
   thread_local std::vector<int32_t> xsumbuf;
   const bool bf16 = dtype == at::kBFloat16;
-  const bool bf16_rows = fmt == Fmt::BF16_PAIRS || pk::int4_pairs(fmt, bf16);  // the kernel reads xb alone
+  const bool bf16_rows = fmt == Fmt::BF16_PAIRS || pk::weight_only_pairs(fmt, bf16);  // the kernel reads xb alone
   const float* xf = bf16 ? (bf16_rows ? nullptr : widen(x.const_data_ptr<at::BFloat16>(), M * K, xbuf))
                          : x.const_data_ptr<float>();
   const float* bf = nullptr;

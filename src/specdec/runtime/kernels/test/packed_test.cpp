@@ -55,7 +55,7 @@ struct Case {
   int64_t M, N, K, G;
   bool bias, out_bf16;
   bool extreme = false;  // W4A8 / W8A8 at their integer sums' bounds: every weight at an end, every input +-max
-  bool bf16_rows = false;  // INT4 in a bfloat16 pass on AVX512_BF16 (packed_core.h's int4_pairs): the rows as xb
+  bool bf16_rows = false;  // INT8 / INT4 in a bfloat16 pass on AVX512_BF16 (weight_only_pairs): the rows as xb
 };
 
 int failures = 0;
@@ -159,7 +159,7 @@ void check(const Case& c) {
           const bool pair = k + 1 < K;
           acc = dot_pair(acc, xb[m * K + k], pair ? xb[m * K + k + 1] : 0, wb[n * K + k], pair ? wb[n * K + k + 1] : 0);
         }
-      } else if (c.bf16_rows) {  // int4_pairs: per group the dot product's pairs of k from zero, then the scale
+      } else if (c.bf16_rows) {  // weight_only_pairs: per group the dot product's pairs of k from zero, then the scale
         for (int64_t g = 0; g < groups; ++g) {
           float sum = 0.f;
           for (int64_t k = g * G; k < std::min(K, (g + 1) * G); k += 2) {
@@ -240,7 +240,7 @@ int main() {
                           : q ? (M % 3 == 0 ? 32 : M % 3 == 1 ? 64 : 2) : 0;
         check({f, M, nk[0], nk[1], G, M % 2 == 0, M % 4 >= 2});
         ++cases;
-        if (f == Fmt::INT4 && packed::has_pairs_format()) {  // and in a bfloat16 pass
+        if (q && packed::has_pairs_format()) {  // and in a bfloat16 pass
           check({f, M, nk[0], nk[1], G, M % 2 == 0, M % 4 >= 2, false, true});
           ++cases;
         }
