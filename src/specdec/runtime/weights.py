@@ -15,7 +15,7 @@ stay in the model's dtype; the weights are in `weights`:
   int4: scale = -(the group's weight of largest magnitude) / 8, q = round(w / scale) clamped to [-8, 7] (the
   extreme weight lands on -8 exactly, so all 16 levels are used; llama.cpp's Q4_0 rule).
   The model computes with w = q · scale in float32: each group's products with q summed, then times its scale
-  (kernels/packed_core.h; int4 in a bfloat16 pass on AVX512_BF16 sums a group by its bfloat16 dot product, a pair
+  (kernels/packed_core.h; in a bfloat16 pass on AVX512_BF16 a group is summed by its bfloat16 dot product, a pair
   of inputs at a time). Under int4 the LM head is int8 (`LM_HEAD_BITS`): the logits' rounding matters most
   there, and llama.cpp keeps its output layer at higher precision for the same reason.
 - "w4a8": int4's weights (its LM head w8a8's: `LM_HEAD_BITS`), computed as llama.cpp's Q4_0 and OpenVINO's INT4
