@@ -307,6 +307,10 @@ struct Args {
   bool huge = false;  // the weights are HUGE_BYTES or more (`is_huge`; DotStreaming; the same bits)
 };
 
+// Whether a block of R_UNPREFETCHED rows or fewer of the float and weight-only formats leaves this pass's weight to
+// the hardware's prefetch: on a core whose DotStreaming says so, over a weight of HUGE_BYTES or more.
+inline bool hardware_prefetches(const Args& a) { return !a.dot.prefetch && a.huge; }
+
 // BF16_PAIRS on AMX reads its inputs in tiles: xb [M, K] bfloat16 into xa [tile_rows_padded(M), pair_rows(K) * 2],
 // zeros past each row's K and in the padding rows. A pass of up to TILE_ROWS rows is one tile of M rows.
 inline int64_t amx_rows(int64_t M) { return M < TILE_ROWS ? M : TILE_ROWS; }
@@ -498,6 +502,13 @@ template <typename T>
 __attribute__((always_inline)) inline void keep(const T& v) { asm volatile("" : : "v"(v)); }
 
 #if defined(__AVX512BF16__)
+// One row's bfloat16 inputs (k, k + 1) from x (the last of an odd count: (k, 0)), in every lane, for the dot product.
+__attribute__((always_inline)) inline __m512bh pair_of(const uint16_t* x, bool last) {
+  int32_t pair = 0;
+  std::memcpy(&pair, x, last ? 2 : 4);
+  return (__m512bh)_mm512_set1_epi32(pair);
+}
+
 // BF16_PAIRS: AVX512_BF16's dot product, 64 outputs x one pair of k per step (the tier's own arithmetic). Prefetch:
 // each step asks for the line 8 KB on in its panel (DotStreaming::prefetch chooses, as for W4A8 and W8A8).
 // Twin (DotStreaming::twin_row, R 2): row m0 alone, computed as two rows, as ByteDotBlock's twin.
@@ -523,9 +534,7 @@ struct PairsBlock {
         if constexpr (Prefetch) simd::prefetch(ws + 8192 + v * 64);
       }
       for (int r = 0; r < R; ++r) {
-        int32_t pair = 0;  // (k, k + 1); the last of an odd K: (k, 0)
-        std::memcpy(&pair, x[r] + 2 * s, last ? 2 : 4);
-        const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+        const __m512bh xv = pair_of(x[r] + 2 * s, last);
         for (int v = 0; v < PV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xv, wv[v]);
       }
     };
@@ -604,9 +613,7 @@ struct WeightOnlyPairsBlock {
           }
         }
         for (int r = 0; r < R; ++r) {
-          int32_t pair = 0;  // (k, k + 1); the last of an odd K: (k, 0)
-          std::memcpy(&pair, x[r] + k0 + 2 * i, last ? 2 : 4);
-          const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+          const __m512bh xv = pair_of(x[r] + k0 + 2 * i, last);
           for (int v = 0; v < PV; ++v) sum[r][v] = _mm512_dpbf16_ps(sum[r][v], xv, wv[v]);
         }
       };
@@ -650,7 +657,7 @@ inline void weight_only_pairs_pass(const Args& a, int64_t p0, int64_t p1) {
     for (int64_t b = 0, m = 0; b < blocks; ++b) {
       const int r = static_cast<int>(base + (b < wider ? 1 : 0));
       // a block of a few rows over a huge weight leaves its prefetch to the hardware where DotStreaming says so
-      if (r <= R_UNPREFETCHED && !a.dot.prefetch && a.huge) weight_only_pairs_rows<F, false>(r, a, m, p);
+      if (r <= R_UNPREFETCHED && hardware_prefetches(a)) weight_only_pairs_rows<F, false>(r, a, m, p);
       else weight_only_pairs_rows<F, true>(r, a, m, p);
       m += r;
     }
@@ -854,7 +861,7 @@ void block(const Args& a, const float* xt, int64_t m0, int64_t p0) {
 #endif
   if constexpr (F != Fmt::BF16_PAIRS && !int8_inputs(F)) {
     if constexpr (R <= R_UNPREFETCHED) {
-      if (!a.dot.prefetch && a.huge) {
+      if (hardware_prefetches(a)) {
         Block<F, R, P, false>::run(a, xt, m0, p0);
         return;
       }
