@@ -47,6 +47,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--a", action="append", default=[], metavar="OLD=>NEW", help="variant A's substitution")
     parser.add_argument("--b", action="append", default=[], metavar="OLD=>NEW", help="variant B's substitution")
+    parser.add_argument("--a-header", type=Path, default=None, metavar="PATH",
+                        help="variant A from this edited copy of packed_core.h (two edits against each other)")
     parser.add_argument("--b-header", type=Path, default=None, metavar="PATH",
                         help="variant B from this edited copy of packed_core.h (a change too large for --b)")
     parser.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))
@@ -73,7 +75,7 @@ def main() -> None:
         raise SystemExit("kernel_ab: needs a C++ compiler (c++ or g++)")
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        (folder / "kernel_a.h").write_text(variant("kernel_a", args.a))
+        (folder / "kernel_a.h").write_text(variant("kernel_a", args.a, args.a_header))
         (folder / "kernel_b.h").write_text(variant("kernel_b", args.b, args.b_header))
         binary = folder / "kernel_ab"
         subprocess.run([compiler, "-std=c++17", "-O3", "-ffp-contract=off", *rowwise.TIER_FLAGS[tier],
@@ -85,7 +87,8 @@ def main() -> None:
         fmt = formats[args.bits] + ("_BF16" if args.bf16_rows else "")
         if args.bf16_rows and fmt not in ("INT4_BF16", "INT8_BF16"):
             raise SystemExit("kernel_ab: --bf16-rows is for --weight-only --bits 4 or 8")
-        print(f"{args.shape}, {fmt}, tier {tier}, one thread; A: {args.a or 'as is'}; "
+        print(f"{args.shape}, {fmt}, tier {tier}, one thread; "
+              f"A: {args.a or 'as is'}{f' on {args.a_header}' if args.a_header else ''}; "
               f"B: {args.b or 'as is'}{f' on {args.b_header}' if args.b_header else ''}")
         for rows in args.rows.split(","):
             out = subprocess.run([str(binary), rows, str(args.repeats), fmt, *shapes], check=True,
