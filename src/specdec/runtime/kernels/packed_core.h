@@ -563,11 +563,14 @@ struct PairsBlock {
 // products a row, where float32's group sums take a widening, three shifts, four lookups and four multiply-adds a
 // row. INT8's rows of k are made float32 (exact), and a pair's bfloat16 is the high half of each: per 16 outputs and
 // two k, two widenings, two conversions, a shift and a merge, then a dot product a row, where float32 takes a
-// multiply-add per k a row (docs/kernels.md). R rows of one panel; Prefetch as Block's (DotStreaming).
+// multiply-add per k a row (docs/kernels.md). R rows of one panel, NVB of its vectors at a time, each group's
+// weights made bfloat16 once for all R rows (the same sums in the same order whatever NVB); Prefetch as Block's
+// (DotStreaming).
 template <Fmt F, int R, bool Prefetch>
 struct WeightOnlyPairsBlock {
+  static constexpr int NVB = R <= 4 ? PV : 2;  // (R_WEIGHT_ONLY_PAIRS says why)
   static void run(const Args& a, int64_t m0, int64_t p0) {
-    static_assert(PV == 4);
+    static_assert(PV == 4 && PV % NVB == 0 && NVB % 2 == 0);
     const __m512i table = _mm512_set_epi16(  // index i -> q = (i & 15) - 8 as bfloat16 (elements 31 .. 0)
         0x40E0, 0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0x0000, -0x4080, -0x4000, -0x3FC0, -0x3F80, -0x3F60,
         -0x3F40, -0x3F20, -0x3F00, 0x40E0, 0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0x0000, -0x4080, -0x4000,
@@ -582,47 +585,51 @@ struct WeightOnlyPairsBlock {
     for (int64_t k0 = 0, g = 0; k0 < K; k0 += G, ++g) {
       const int64_t kn = std::min(G, K - k0), whole = kn / 2;
       const uint8_t* q = w + g * group_bytes + PANEL * 4;
-      __m512 sum[R][PV];
-      for (int r = 0; r < R; ++r)
-        for (int v = 0; v < PV; ++v) sum[r][v] = _mm512_setzero_ps();
-      auto step = [&](int64_t i, bool last) __attribute__((always_inline)) {
-        __m512bh wv[PV];
-        if constexpr (F == Fmt::INT4) {
-          const uint8_t* s = q + i * PANEL;
-          if constexpr (Prefetch) simd::prefetch_l2(s + a.panel_stride);
-          for (int h = 0; h < 2; ++h) {  // a half panel's 32 bytes widened: a lane a pair, low nibbles then high
-            const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32 * h)));
-            wv[2 * h] = (__m512bh)_mm512_permutexvar_epi16(b, table);
-            wv[2 * h + 1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
-          }
-        } else {  // INT8: the rows of k and k + 1 (none past an odd group's end: zeros)
-          const uint8_t* s = q + 2 * i * PANEL;
-          if constexpr (Prefetch) {
-            simd::prefetch_l2(s + a.panel_stride);
-            simd::prefetch_l2(s + PANEL + a.panel_stride);
-          }
-          auto row = [&](const uint8_t* r) __attribute__((always_inline)) {  // 16 outputs' q as float32 bits
-            return _mm512_castps_si512(
-                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r)))));
-          };
-          const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-          for (int v = 0; v < PV; ++v) {
-            const __m512i even = row(s + v * LANES), odd = last ? _mm512_setzero_si512() : row(s + PANEL + v * LANES);
-            // (even >> 16) | (odd & 0xFFFF0000): each float32's high half is its bfloat16, exactly
-            wv[v] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(even, 16), odd, high, 0xF8);
-          }
-        }
-        for (int r = 0; r < R; ++r) {
-          const __m512bh xv = pair_of(x[r] + k0 + 2 * i, last);
-          for (int v = 0; v < PV; ++v) sum[r][v] = _mm512_dpbf16_ps(sum[r][v], xv, wv[v]);
-        }
-      };
-      for (int64_t i = 0; i < whole; ++i) step(i, false);
-      if (kn % 2) step(whole, true);
       const float* scale = reinterpret_cast<const float*>(w + g * group_bytes);
-      for (int v = 0; v < PV; ++v) {
-        const __m512 sc = _mm512_loadu_ps(scale + v * LANES);
-        for (int r = 0; r < R; ++r) acc[r][v] = _mm512_fmadd_ps(sum[r][v], sc, acc[r][v]);
+      SPECDEC_UNROLL for (int vb = 0; vb < PV; vb += NVB) {
+        __m512 sum[R][NVB];
+        for (int r = 0; r < R; ++r)
+          for (int j = 0; j < NVB; ++j) sum[r][j] = _mm512_setzero_ps();
+        auto step = [&](int64_t i, bool last) __attribute__((always_inline)) {
+          __m512bh wv[NVB];
+          if constexpr (F == Fmt::INT4) {
+            const uint8_t* s = q + i * PANEL;
+            if (Prefetch && vb == 0) simd::prefetch_l2(s + a.panel_stride);
+            for (int h = 0; h < NVB / 2; ++h) {  // a half panel's 32 bytes widened: a lane a pair, low then high
+              const __m512i b = _mm512_cvtepu8_epi16(
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32 * (vb / 2 + h))));
+              wv[2 * h] = (__m512bh)_mm512_permutexvar_epi16(b, table);
+              wv[2 * h + 1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
+            }
+          } else {  // INT8: the rows of k and k + 1 (none past an odd group's end: zeros)
+            const uint8_t* s = q + 2 * i * PANEL;
+            if (Prefetch && vb == 0) {
+              simd::prefetch_l2(s + a.panel_stride);
+              simd::prefetch_l2(s + PANEL + a.panel_stride);
+            }
+            auto row = [&](const uint8_t* r) __attribute__((always_inline)) {  // 16 outputs' q as float32 bits
+              return _mm512_castps_si512(
+                  _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r)))));
+            };
+            const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+            for (int j = 0; j < NVB; ++j) {
+              const int v = vb + j;
+              const __m512i even = row(s + v * LANES), odd = last ? _mm512_setzero_si512() : row(s + PANEL + v * LANES);
+              // (even >> 16) | (odd & 0xFFFF0000): each float32's high half is its bfloat16, exactly
+              wv[j] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(even, 16), odd, high, 0xF8);
+            }
+          }
+          for (int r = 0; r < R; ++r) {
+            const __m512bh xv = pair_of(x[r] + k0 + 2 * i, last);
+            for (int j = 0; j < NVB; ++j) sum[r][j] = _mm512_dpbf16_ps(sum[r][j], xv, wv[j]);
+          }
+        };
+        for (int64_t i = 0; i < whole; ++i) step(i, false);
+        if (kn % 2) step(whole, true);
+        for (int j = 0; j < NVB; ++j) {
+          const __m512 sc = _mm512_loadu_ps(scale + (vb + j) * LANES);
+          for (int r = 0; r < R; ++r) acc[r][vb + j] = _mm512_fmadd_ps(sum[r][j], sc, acc[r][vb + j]);
+        }
       }
     }
     Block<Fmt::F32, R, 1>::store(a, acc, m0, p0);
@@ -630,11 +637,15 @@ struct WeightOnlyPairsBlock {
 };
 
 // WeightOnlyPairsBlock's widest block: a wider pass goes through each panel in blocks as even as they can be. A row
-// holds 8 registers (its sums and accumulators), so 3 rows fit in 32 with the weights and the table; but blocks of up
-// to 6 rows, which spill, made INT4 passes over the Qwen2.5-1.5B shape's linears take 0.68x the time at 4 rows, 0.80x
-// at 5 and 8, 0.84x at 6 and 0.75x at 128 against blocks of up to 3; up to 8, 7 rows as one block took 0.73x and 128
-// rows 0.80x (one Zen 4 core, benchmarks/kernel_ab.py --bf16-rows; docs/kernels.md).
-constexpr int R_WEIGHT_ONLY_PAIRS = 6;
+// of a block that sums a panel's 4 vectors at once holds 8 registers (its sums and accumulators), so 3 rows fit in 32
+// with the weights and the table; but blocks of up to 6 rows, which spill, made INT4 passes over the Qwen2.5-1.5B
+// shape's linears take 0.68x the time at 4 rows, 0.80x at 5 and 8, 0.84x at 6 and 0.75x at 128 against blocks of up
+// to 3. A block of 5 to 8 rows sums 2 vectors at a time (NVB; its accumulators spill, read and written once a group):
+// an 8-row pass is one block, which makes each weight bfloat16 once, where blocks of 6 and 2 made it twice. Against
+// blocks of up to 6 over the whole panel, INT8 passes over that shape's linears took 0.90x / 0.85x / 0.84x / 0.83x
+// the time at 5 / 6 / 7 / 8 rows and 0.85x at 128 (the 0.5B shape's 0.83-0.91x), INT4's 0.97-1.03x; a vector at a
+// time, INT8's 1.03-1.09x the time of 2 (one Zen 4 core, benchmarks/kernel_ab.py --bf16-rows; docs/kernels.md).
+constexpr int R_WEIGHT_ONLY_PAIRS = 8;
 
 template <Fmt F, bool Prefetch>
 void weight_only_pairs_rows(int r, const Args& a, int64_t m0, int64_t p) {
@@ -644,7 +655,9 @@ void weight_only_pairs_rows(int r, const Args& a, int64_t m0, int64_t p) {
     case 3: WeightOnlyPairsBlock<F, 3, Prefetch>::run(a, m0, p); break;
     case 4: WeightOnlyPairsBlock<F, 4, Prefetch>::run(a, m0, p); break;
     case 5: WeightOnlyPairsBlock<F, 5, Prefetch>::run(a, m0, p); break;
-    default: WeightOnlyPairsBlock<F, 6, Prefetch>::run(a, m0, p); break;
+    case 6: WeightOnlyPairsBlock<F, 6, Prefetch>::run(a, m0, p); break;
+    case 7: WeightOnlyPairsBlock<F, 7, Prefetch>::run(a, m0, p); break;
+    default: WeightOnlyPairsBlock<F, 8, Prefetch>::run(a, m0, p); break;
   }
 }
 
