@@ -70,9 +70,10 @@ PAIRS = {"bfloat16": "bf16", "int8": "Q8_0", "int4": "Q4_0", "w4a8": "Q4_0", "w8
 OV_PAIRS = {"bfloat16": "fp32", "int8": "int8", "int4": "int4", "w4a8": "int4", "w8a8": "int8"}
 
 
-def prepare(root: Path, name: str, ggufs: bool = True) -> dict[str, Path]:
-    """The shape's HF checkpoint and (unless ggufs is False: no llama.cpp side) one GGUF per llama.cpp type, made
-    once under root/ladder/NAME-buildBUILD (a folder of an older build is not read)."""
+def prepare(root: Path, name: str, kinds: tuple[str, ...] = ("bf16", "Q8_0", "Q4_0")) -> dict[str, Path]:
+    """The shape's HF checkpoint and one GGUF per llama.cpp type in `kinds` (none: no llama.cpp side), made once under
+    root/ladder/NAME-buildBUILD (a folder of an older build is not read). The bfloat16 GGUF, which the quantized ones
+    are made from, is written only where a type asked for is missing (at 8B it is 16 GB)."""
     folder = root / "ladder" / f"{name}-build{BUILD}"
     checkpoint = folder / "hf"
     if not (checkpoint / "config.json").exists():
@@ -80,17 +81,15 @@ def prepare(root: Path, name: str, ggufs: bool = True) -> dict[str, Path]:
         build(name, torch.bfloat16).save_pretrained(checkpoint)
         for file in (default_assets_dir() / "tokenizer").iterdir():
             shutil.copy(file, checkpoint / file.name)
-    if not ggufs:
-        return {"hf": checkpoint}
-    files = {"bf16": folder / "model-bf16.gguf"}
-    if not files["bf16"].exists():
-        convert(root, checkpoint, "bf16", files["bf16"])
+    files = {kind: folder / f"model-{kind}.gguf" for kind in kinds}
+    missing = [kind for kind in kinds if not files[kind].exists()]
+    bf16 = folder / "model-bf16.gguf"
+    if missing and not bf16.exists():
+        convert(root, checkpoint, "bf16", bf16)
     quantize = source_dir(root) / "build" / "bin" / "llama-quantize"
-    for kind in ("Q8_0", "Q4_0"):
-        files[kind] = folder / f"model-{kind}.gguf"
-        if not files[kind].exists():
-            subprocess.run([str(quantize), str(files["bf16"]), str(files[kind]), kind, "1"], check=True,
-                           capture_output=True)
+    for kind in missing:
+        if kind != "bf16":
+            subprocess.run([str(quantize), str(bf16), str(files[kind]), kind, "1"], check=True, capture_output=True)
     return {"hf": checkpoint, **files}
 
 
@@ -141,6 +140,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.no_llamacpp and not args.openvino:
         parser.error("--no-llamacpp leaves specdec with no peer: add --openvino")
+    unknown = [fmt for fmt in args.formats.split(",") if fmt not in PAIRS]
+    if unknown:
+        parser.error(f"--formats: {', '.join(unknown)} is not one of {', '.join(PAIRS)}")
     started = time.strftime("%Y-%m-%d %H:%M")
     specdec.set_threads(args.threads)
     ov_dtype = openvino_dtype(args.openvino_dtype) if args.openvino else None
@@ -150,7 +152,8 @@ def main() -> None:
     prompts = code_prompts(tokenizer, args.num_prompts)
     runs, rows, peers = [], [], {}
     for name in args.models.split(","):
-        files = prepare(args.dir, name, ggufs=not args.no_llamacpp)
+        kinds = () if args.no_llamacpp else tuple(dict.fromkeys(PAIRS[fmt] for fmt in args.formats.split(",")))
+        files = prepare(args.dir, name, kinds)
         for fmt in args.formats.split(","):
             model = specdec.load(files["hf"], dtype=torch.bfloat16, weights=fmt)[0]
 
