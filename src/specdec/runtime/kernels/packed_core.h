@@ -562,8 +562,8 @@ struct PairsBlock {
 // 32 (`vpermw` reads an index's low 5 bits): per 32 bytes of weights a widening, a shift, two lookups and two dot
 // products a row, where float32's group sums take a widening, three shifts, four lookups and four multiply-adds a
 // row. INT8's rows of k are made float32 (exact), and a pair's bfloat16 is the high half of each: per 16 outputs and
-// two k, two widenings, two conversions, a shift and a merge, then a dot product a row, where float32 takes a
-// multiply-add per k a row (docs/kernels.md). R rows of one panel, NVB of its vectors at a time, each group's
+// two k, two widenings, two conversions and a byte shuffle that merges them, then a dot product a row, where float32
+// takes a multiply-add per k a row (docs/kernels.md). R rows of one panel, NVB of its vectors at a time, each group's
 // weights made bfloat16 once for all R rows (the same sums in the same order whatever NVB); Prefetch as Block's
 // (DotStreaming).
 template <Fmt F, int R, bool Prefetch>
@@ -611,12 +611,14 @@ struct WeightOnlyPairsBlock {
               return _mm512_castps_si512(
                   _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r)))));
             };
-            const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+            // bytes 2 and 3 of each lane to bytes 0 and 1 (vpshufb indexes within 16 bytes): one instruction for
+            // what a shift and a merge took, 0.95-0.99x the time at 1-128 rows (docs/kernels.md)
+            const __m512i down = _mm512_set4_epi32(0x0F0E, 0x0B0A, 0x0706, 0x0302);
             for (int j = 0; j < NVB; ++j) {
               const int v = vb + j;
               const __m512i even = row(s + v * LANES), odd = last ? _mm512_setzero_si512() : row(s + PANEL + v * LANES);
-              // (even >> 16) | (odd & 0xFFFF0000): each float32's high half is its bfloat16, exactly
-              wv[j] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(even, 16), odd, high, 0xF8);
+              // odd's high half above even's: each float32's high half is its bfloat16, exactly
+              wv[j] = (__m512bh)_mm512_mask_shuffle_epi8(odd, 0x3333333333333333ull, even, down);
             }
           }
           for (int r = 0; r < R; ++r) {
@@ -641,7 +643,7 @@ struct WeightOnlyPairsBlock {
 // with the weights and the table; but blocks of up to 6 rows, which spill, made INT4 passes over the Qwen2.5-1.5B
 // shape's linears take 0.68x the time at 4 rows, 0.80x at 5 and 8, 0.84x at 6 and 0.75x at 128 against blocks of up
 // to 3. A block of 5 to 8 rows sums 2 vectors at a time (NVB; its accumulators spill, read and written once a group):
-// an 8-row pass is one block, which makes each weight bfloat16 once, where blocks of 6 and 2 made it twice. Against
+// an 8-row pass is one block, which makes each weight bfloat16 once, where two blocks of 4 made it twice. Against
 // blocks of up to 6 over the whole panel, INT8 passes over that shape's linears took 0.90x / 0.85x / 0.84x / 0.83x
 // the time at 5 / 6 / 7 / 8 rows and 0.85x at 128 (the 0.5B shape's 0.83-0.91x), INT4's 0.97-1.03x; a vector at a
 // time, INT8's 1.03-1.09x the time of 2 (one Zen 4 core, benchmarks/kernel_ab.py --bf16-rows; docs/kernels.md).
