@@ -254,6 +254,12 @@ constexpr int TILE_ROWS = 16, TILE_K = 32;
 // The pairs of k a BF16_PAIRS panel holds for K inputs.
 inline int64_t pair_rows(int64_t K) { return AMX ? (K + TILE_K - 1) / TILE_K * (TILE_K / 2) : (K + 1) / 2; }
 
+// The bytes of one group of G values of k in a panel of the integer formats: its scales, then its weights (a byte
+// each in INT8 and W8A8, half a byte in INT4 and W4A8).
+constexpr int64_t group_bytes(Fmt f, int64_t G) {
+  return PANEL * 4 + (f == Fmt::INT8 || f == Fmt::W8A8 ? G : G / 2) * PANEL;
+}
+
 // The bytes of one panel of a weight of K inputs (G: the group of the integer formats).
 inline int64_t panel_bytes(Fmt f, int64_t K, int64_t G) {
   const int64_t groups = G > 0 ? (K + G - 1) / G : 0;
@@ -262,9 +268,9 @@ inline int64_t panel_bytes(Fmt f, int64_t K, int64_t G) {
     case Fmt::BF16: return K * PANEL * 2;
     case Fmt::BF16_PAIRS: return pair_rows(K) * PANEL * 4;
     case Fmt::INT8:
-    case Fmt::W8A8: return groups * (PANEL * 4 + G * PANEL);
+    case Fmt::W8A8:
     case Fmt::INT4:
-    case Fmt::W4A8: return groups * (PANEL * 4 + G / 2 * PANEL);
+    case Fmt::W4A8: return groups * group_bytes(f, G);
   }
   return 0;
 }
@@ -393,11 +399,11 @@ struct Block {
         });
     } else {  // INT8, INT4: group by group, each a header of scales then its weights
       const int64_t G = a.G;
-      const int64_t group_bytes = PANEL * 4 + (F == Fmt::INT8 ? G * PANEL : G / 2 * PANEL);
+      const int64_t gb = group_bytes(F, G);
       for (int64_t k0 = 0, g = 0; k0 < K; k0 += G, ++g) {
         const int64_t kn = std::min(G, K - k0);
         const uint8_t* q[P];
-        SPECDEC_UNROLL for (int p = 0; p < P; ++p) q[p] = base[p] + g * group_bytes + PANEL * 4;
+        SPECDEC_UNROLL for (int p = 0; p < P; ++p) q[p] = base[p] + g * gb + PANEL * 4;
         V sum[R][NV];  // the group's sums, over q as float32
         SPECDEC_UNROLL for (int r = 0; r < R; ++r)
           SPECDEC_UNROLL for (int j = 0; j < NV; ++j) sum[r][j] = simd::zero();
@@ -435,7 +441,7 @@ struct Block {
         // acc = fma(sum, scale, acc): each panel's scales for this group, at its head
         SPECDEC_UNROLL for (int p = 0; p < P; ++p)
           SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
-            const V sc = simd::load(reinterpret_cast<const float*>(base[p] + g * group_bytes) + v * LANES);
+            const V sc = simd::load(reinterpret_cast<const float*>(base[p] + g * gb) + v * LANES);
             SPECDEC_UNROLL for (int r = 0; r < R; ++r)
               acc[r][p * PV + v] = simd::fma(sum[r][p * PV + v], sc, acc[r][p * PV + v]);
           }
@@ -579,13 +585,13 @@ struct WeightOnlyPairsBlock {
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < PV; ++v) acc[r][v] = _mm512_setzero_ps();
     const uint8_t* w = a.packed + p0 * a.panel_stride;
-    const int64_t K = a.K, G = a.G, group_bytes = PANEL * 4 + (F == Fmt::INT8 ? G : G / 2) * PANEL;
+    const int64_t K = a.K, G = a.G, gb = group_bytes(F, G);
     const uint16_t* x[R];  // each row's bfloat16 inputs
     for (int r = 0; r < R; ++r) x[r] = a.xb + (m0 + r) * K;
     for (int64_t k0 = 0, g = 0; k0 < K; k0 += G, ++g) {
       const int64_t kn = std::min(G, K - k0), whole = kn / 2;
-      const uint8_t* q = w + g * group_bytes + PANEL * 4;
-      const float* scale = reinterpret_cast<const float*>(w + g * group_bytes);
+      const uint8_t* q = w + g * gb + PANEL * 4;
+      const float* scale = reinterpret_cast<const float*>(w + g * gb);
       SPECDEC_UNROLL for (int vb = 0; vb < PV; vb += NVB) {
         __m512 sum[R][NVB];
         for (int r = 0; r < R; ++r)
@@ -743,11 +749,11 @@ inline void amx_pairs(const Args& a, int64_t p0, int64_t p1) {
 // for every row and output (`bias`: what each input's weight held in excess of q). Twin: every row is row m0.
 template <int R, int P, bool Twin = false>
 __attribute__((always_inline)) inline void add_group(const Args& a, V (&acc)[R][P * PV], simd::VI (&isum)[R][P * PV],
-                                                     int64_t m0, int64_t p0, int64_t g, int64_t group_bytes,
+                                                     int64_t m0, int64_t p0, int64_t g, int64_t gb,
                                                      int32_t bias) {
   const int64_t groups = (a.K + a.G - 1) / a.G;
   SPECDEC_UNROLL for (int p = 0; p < P; ++p) {
-    const float* scale = reinterpret_cast<const float*>(a.packed + (p0 + p) * a.panel_stride + g * group_bytes);
+    const float* scale = reinterpret_cast<const float*>(a.packed + (p0 + p) * a.panel_stride + g * gb);
     SPECDEC_UNROLL for (int v = 0; v < PV; ++v) {
       const V sc = simd::load(scale + v * LANES);
       SPECDEC_UNROLL for (int r = 0; r < R; ++r) {
@@ -769,7 +775,7 @@ struct DotBlock {
     V acc[R][NV];
     SPECDEC_UNROLL for (int r = 0; r < R; ++r)
       SPECDEC_UNROLL for (int j = 0; j < NV; ++j) acc[r][j] = simd::zero();
-    const int64_t G = a.G, groups = (a.K + G - 1) / G, group_bytes = PANEL * 4 + G / 2 * PANEL;
+    const int64_t G = a.G, groups = (a.K + G - 1) / G, gb = group_bytes(Fmt::W4A8, G);
     const int8_t* x[R];  // each row's quantized inputs
     SPECDEC_UNROLL for (int r = 0; r < R; ++r) x[r] = a.xq + (m0 + r) * groups * G;
     for (int64_t g = 0; g < groups; ++g) {
@@ -778,7 +784,7 @@ struct DotBlock {
         SPECDEC_UNROLL for (int j = 0; j < NV; ++j) isum[r][j] = simd::zero_i();
       const uint8_t* q[P];
       SPECDEC_UNROLL for (int p = 0; p < P; ++p)
-        q[p] = a.packed + (p0 + p) * a.panel_stride + g * group_bytes + PANEL * 4;
+        q[p] = a.packed + (p0 + p) * a.panel_stride + g * gb + PANEL * 4;
       constexpr int D = simd::DOTS_PER_WIDEN;
       for (int64_t i0 = 0; i0 < G; i0 += 8 * D) {  // 16-bit partial sums of D steps, then int32
         simd::VS part[R][NV];
@@ -804,7 +810,7 @@ struct DotBlock {
         SPECDEC_UNROLL for (int r = 0; r < R; ++r)
           SPECDEC_UNROLL for (int j = 0; j < NV; ++j) isum[r][j] = simd::widen_add(part[r][j], isum[r][j]);
       }
-      add_group<R, P>(a, acc, isum, m0, p0, g, group_bytes, 8);  // the nibbles are q + 8
+      add_group<R, P>(a, acc, isum, m0, p0, g, gb, 8);  // the nibbles are q + 8
     }
     Block<Fmt::F32, R, P>::store(a, acc, m0, p0);
   }
@@ -823,7 +829,7 @@ struct ByteDotBlock {
     V acc[R][NV];
     SPECDEC_UNROLL for (int r = 0; r < R; ++r)
       SPECDEC_UNROLL for (int j = 0; j < NV; ++j) acc[r][j] = simd::zero();
-    const int64_t G = a.G, groups = (a.K + G - 1) / G, group_bytes = PANEL * 4 + G * PANEL;
+    const int64_t G = a.G, groups = (a.K + G - 1) / G, gb = group_bytes(Fmt::W8A8, G);
     const int8_t* x[R];  // each row's quantized inputs
     SPECDEC_UNROLL for (int r = 0; r < R; ++r) x[r] = a.xq + (m0 + (Twin ? 0 : r)) * groups * G;
     if constexpr (Twin) opaque(x[1]);
@@ -833,7 +839,7 @@ struct ByteDotBlock {
         SPECDEC_UNROLL for (int j = 0; j < NV; ++j) isum[r][j] = simd::zero_i();
       const uint8_t* q[P];
       SPECDEC_UNROLL for (int p = 0; p < P; ++p)
-        q[p] = a.packed + (p0 + p) * a.panel_stride + g * group_bytes + PANEL * 4;
+        q[p] = a.packed + (p0 + p) * a.panel_stride + g * gb + PANEL * 4;
       for (int64_t i = 0; i < G; i += 4) {
         int32_t word[R];  // inputs k .. k+3 of each row
         SPECDEC_UNROLL for (int r = 0; r < R; ++r) std::memcpy(&word[r], x[r] + g * G + i, 4);
@@ -847,7 +853,7 @@ struct ByteDotBlock {
           }
         }
       }
-      add_group<R, P, Twin>(a, acc, isum, m0, p0, g, group_bytes, simd::DOT_BYTES_BIAS);
+      add_group<R, P, Twin>(a, acc, isum, m0, p0, g, gb, simd::DOT_BYTES_BIAS);
     }
     if constexpr (Twin) {
       SPECDEC_UNROLL for (int j = 0; j < NV; ++j) keep(acc[1][j]);
@@ -1072,10 +1078,10 @@ inline void pack_quantized(const int8_t* q, const float* scales, int64_t N, int6
                            uint8_t* out, bool dot = false) {
   const int64_t groups = (K + G - 1) / G;
   const Fmt f = dot ? (bits == 8 ? Fmt::W8A8 : Fmt::W4A8) : bits == 8 ? Fmt::INT8 : Fmt::INT4;
-  const int64_t stride = panel_bytes(f, K, G), group_bytes = stride / groups;
+  const int64_t stride = panel_bytes(f, K, G), gb = group_bytes(f, G);
   for (int64_t p = 0; p < panels(N); ++p)
     for (int64_t g = 0; g < groups; ++g) {
-      uint8_t* h = out + p * stride + g * group_bytes;
+      uint8_t* h = out + p * stride + g * gb;
       for (int64_t j = 0; j < PANEL; ++j) {
         const int64_t n = p * PANEL + j;
         const float s = n < N ? scales[n * groups + g] : 0.f;
