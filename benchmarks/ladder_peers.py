@@ -140,7 +140,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.no_llamacpp and not args.openvino:
         parser.error("--no-llamacpp leaves specdec with no peer: add --openvino")
-    unknown = [fmt for fmt in args.formats.split(",") if fmt not in PAIRS]
+    formats = args.formats.split(",")
+    unknown = [fmt for fmt in formats if fmt not in PAIRS]
     if unknown:
         parser.error(f"--formats: {', '.join(unknown)} is not one of {', '.join(PAIRS)}")
     started = time.strftime("%Y-%m-%d %H:%M")
@@ -151,10 +152,10 @@ def main() -> None:
     tokenizer = specdec.load_default()[2]
     prompts = code_prompts(tokenizer, args.num_prompts)
     runs, rows, peers = [], [], {}
+    kinds = () if args.no_llamacpp else tuple(dict.fromkeys(PAIRS[fmt] for fmt in formats))  # llama.cpp's GGUFs
     for name in args.models.split(","):
-        kinds = () if args.no_llamacpp else tuple(dict.fromkeys(PAIRS[fmt] for fmt in args.formats.split(",")))
         files = prepare(args.dir, name, kinds)
-        for fmt in args.formats.split(","):
+        for fmt in formats:
             model = specdec.load(files["hf"], dtype=torch.bfloat16, weights=fmt)[0]
 
             def specdec_run(prompt, model=model):
