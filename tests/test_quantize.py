@@ -346,6 +346,52 @@ def _saved(tmp_path, arch: str, dtype: torch.dtype, **save):
     return tmp_path
 
 
+@pytest.mark.parametrize("weights", ["bfloat16", "int8", "int4", "w4a8"])
+@pytest.mark.parametrize("chunk_panels", [0, 2], ids=["a-block-a-read", "two-blocks-a-read"])
+def test_a_large_weight_is_read_a_chunk_of_rows_at_a_time_into_the_same_packing(tmp_path, monkeypatch, weights,
+                                                                                 chunk_panels):
+    """A linear weight of more than READ_CHUNK bytes is read from the checkpoint a chunk of rows at a time while it
+    is packed (hub/streamed.py's Rows), never whole: the model is the whole model packed, whether each read holds one
+    of the packing's blocks (a chunk smaller than a block) or several, and the reads cover each weight's rows once,
+    in order."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.hub import streamed
+    from specdec.runtime import weights as weights_module
+    from specdec.runtime.rowwise import load_kernel
+
+    load_kernel()
+    tiny("llama", hidden=64, layers=1, vocab=1000, dtype=torch.float32).save_pretrained(tmp_path)
+    panel = torch.ops.specdec.panel_width()
+    monkeypatch.setattr(weights_module, "QUANTIZE_BLOCK", 1)  # blocks of one panel of rows
+    monkeypatch.setattr(streamed, "READ_CHUNK", max(1, chunk_panels * panel * 64 * 4))  # rows of 64 float32 inputs
+    calls, chunks = {}, {}
+    real = streamed.Rows.__call__
+
+    def spy(self, r0, r1):
+        before = self.chunk
+        out = real(self, r0, r1)
+        calls.setdefault(self.name, []).append((r0, r1))
+        chunks[self.name] = chunks.get(self.name, 0) + (self.chunk is not before)
+        return out
+
+    monkeypatch.setattr(streamed.Rows, "__call__", spy)
+    streamed_model = streamed.load_streamed(tmp_path, torch.float32, weights)
+    whole = pack_model(AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval(), weights)
+    got, want = streamed_model.state_dict(), whole.state_dict()
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    chunked = {f"{n}.weight" for n, m in whole.named_modules() if isinstance(m, PackedLinear)
+               and m.in_features * m.out_features * 4 > streamed.READ_CHUNK}
+    assert "lm_head.weight" in chunked and calls.keys() == chunked
+    for name, spans in calls.items():
+        rows = whole.get_submodule(name.removesuffix(".weight")).out_features
+        assert [r0 for r0, _ in spans] == [0, *(r1 for _, r1 in spans[:-1])] and spans[-1][1] == rows, name
+        assert chunks[name] == (len(spans) if chunk_panels == 0 else -(-rows // (chunk_panels * panel))), name
+    assert len(calls["lm_head.weight"]) == -(-1000 // panel) > chunks["lm_head.weight"] or chunk_panels == 0
+
+
 @pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8", "w8a8"])
 @pytest.mark.parametrize("arch, dtype, save", [("llama", torch.float32, {}),
                                                 ("qwen2", torch.bfloat16, {"max_shard_size": "60KB"})],

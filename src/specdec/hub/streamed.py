@@ -6,10 +6,12 @@
 1. the model is built with empty parameters (`no_init_weights`: allocated, never written, so never resident);
 2. every tensor but the linear layers' weights (embeddings, norms, biases) is read into its place;
 3. `pack_model` packs the linear layers in order, each reading its weight from the checkpoint just before (its
-   `fill`) and dropping it just after.
+   `fill`) and dropping it just after; a weight of more than READ_CHUNK bytes is read a chunk of rows at a time
+   while it is packed (`Rows`), so it is never whole in memory.
 
-Peak memory: the packed weights, the other tensors, and one layer's float weight. Each tensor is read through its own
-short-lived mapping of its file, so the pages read do not stay counted in the process's resident memory.
+Peak memory: the packed weights, the other tensors, and one layer's float weight or one chunk of it. Each tensor (and
+each chunk) is read through its own short-lived mapping of its file, so the pages read do not stay counted in the
+process's resident memory.
 
 The model is the one `from_pretrained(dtype=...)` and `pack_model` give, tensor for tensor (tests/test_quantize.py).
 Only a checkpoint this reads exactly as `from_pretrained` does is streamed: a causal LM in safetensors (one file, or
@@ -28,6 +30,10 @@ from torch import nn
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+#: A linear layer's weight of more than this many bytes (in the model's dtype) is read a chunk of at most this many
+#: bytes of rows at a time while it is packed. Read whole, the untied LM head of Llama-3.1-8B's shape (1 GB in
+#: bfloat16) was most of what a streamed load held above the model and the process (BENCHMARKS.md).
+READ_CHUNK = 64 << 20
 
 
 def weight_files(directory: Path) -> list[str]:
@@ -76,6 +82,28 @@ def read(file: Path, name: str, dtype: torch.dtype) -> torch.Tensor:
     return tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
+class Rows:
+    """Rows of the tensor `name` of `file` in `dtype`, read a chunk of rows at a time (READ_CHUNK bytes at most,
+    or the rows asked for), each chunk through a mapping of its own: a `PackedLinear.pack` reader, whose calls ask
+    for consecutive blocks of rows."""
+
+    def __init__(self, file: Path, name: str, shape: list[int], dtype: torch.dtype):
+        self.file, self.name, self.dtype, self.n = file, name, dtype, shape[0]
+        self.chunk_rows = max(1, READ_CHUNK // max(1, shape[1] * dtype.itemsize))
+        self.start, self.chunk = 0, None  # the rows read last: [start, start + len(chunk))
+
+    def __call__(self, r0: int, r1: int) -> torch.Tensor:
+        if self.chunk is None or r0 < self.start or r1 > self.start + self.chunk.shape[0]:
+            from safetensors import safe_open
+
+            self.chunk = None  # (freed before the next chunk is read)
+            end = min(self.n, max(r1, r0 + self.chunk_rows))
+            with safe_open(str(self.file), "pt") as f:
+                chunk = f.get_slice(self.name)[r0:end]
+            self.start, self.chunk = r0, chunk.to(self.dtype) if chunk.is_floating_point() else chunk
+        return self.chunk[r0 - self.start : r1 - self.start]
+
+
 def load_streamed(path: str | Path, dtype: torch.dtype, weights: str) -> nn.Module | None:
     """The causal LM at `path` with its linear layers packed in format `weights`, read layer by layer (see the
     module docstring); None when the checkpoint is not one this reads exactly as from_pretrained does."""
@@ -114,10 +142,13 @@ def load_streamed(path: str | Path, dtype: torch.dtype, weights: str) -> nn.Modu
             target = state[group[0]]
             target.copy_(read(tensors[source[key]][0], source[key], target.dtype))
 
-    def fill(name: str, linear: nn.Linear) -> None:
+    def fill(name: str, linear: nn.Linear) -> Rows | None:
         stored = source[id(state[f"{name}.weight"])]
-        weight = read(tensors[stored][0], stored, linear.weight.dtype)
-        linear.weight = nn.Parameter(weight, requires_grad=False)
+        file, shape = tensors[stored]
+        if linear.weight.numel() * linear.weight.element_size() > READ_CHUNK:
+            return Rows(file, stored, shape, linear.weight.dtype)  # read while it is packed, a chunk at a time
+        linear.weight = nn.Parameter(read(file, stored, linear.weight.dtype), requires_grad=False)
+        return None
 
     pack_model(model, weights, fill=fill)
     if (path / "generation_config.json").is_file():

@@ -116,6 +116,9 @@ def quantize_weight(weight: torch.Tensor, bits: int, group: int = DEFAULT_GROUP)
 #: been the peak), and took 0.6-0.8x the time (one Zen 4 core; docs/bench/load-memory-block-zen4).
 QUANTIZE_BLOCK = 1 << 18
 
+#: read(r0, r1): a weight's rows [r0, r1), read from where the weight is kept (`PackedLinear.pack`).
+RowReader = Callable[[int, int], torch.Tensor]
+
 
 def _pack_rows(weight: torch.Tensor, weights: str, group: int) -> torch.Tensor:
     """Rows weight [n, K] packed in format `weights` (kernels/packed_core.h's layouts). A bfloat16 model's bfloat16
@@ -165,11 +168,15 @@ class PackedLinear(nn.Module):
         self.weights, self.group = weights, group
 
     @classmethod
-    def pack(cls, linear: nn.Linear, weights: str, group: int = DEFAULT_GROUP) -> PackedLinear:
+    def pack(cls, linear: nn.Linear, weights: str, group: int = DEFAULT_GROUP,
+             read: RowReader | None = None) -> PackedLinear:
         """`linear`'s weights packed in format `weights` (its original is left as it is), a block of whole panels
         of outputs at a time: each panel is packed on its own, so the blocks give the bits of one pass, and the
         temporaries (float32 copies, quantized values) are one block's, not the layer's. The packed weights get a
-        mapping of their own on huge pages where Linux gives them (runtime/heap.py: the one-row pass streams them)."""
+        mapping of their own on huge pages where Linux gives them (runtime/heap.py: the one-row pass streams them).
+        read(r0, r1): the weight's rows [r0, r1) in `linear.weight`'s dtype, where they are read block by block from
+        elsewhere (hub/streamed.py: from the checkpoint) instead of from `linear.weight`, of which only the shape
+        and dtype are used then."""
         from specdec.runtime.rowwise import load_kernel  # noqa: PLC0415 (builds the kernels on first use)
 
         load_kernel()
@@ -180,7 +187,8 @@ class PackedLinear(nn.Module):
         rows = max(1, QUANTIZE_BLOCK // max(k, 1) // panel) * panel  # whole panels
         packed = None
         for r0 in range(0, n, rows):
-            block = _pack_rows(weight[r0 : r0 + rows], weights, group)  # [panels of the block, ...]
+            r1 = min(n, r0 + rows)
+            block = _pack_rows(weight[r0:r1] if read is None else read(r0, r1), weights, group)  # [panels, ...]
             if packed is None:
                 packed = empty_on_huge_pages((-(-n // panel), *block.shape[1:]), block.dtype)
             packed[r0 // panel : r0 // panel + block.shape[0]] = block
@@ -279,12 +287,13 @@ class PackedLinear(nn.Module):
 
 
 def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP, *, head: bool = True,
-               free: bool = True, fill: Callable[[str, nn.Linear], None] | None = None) -> nn.Module:
+               free: bool = True, fill: Callable[[str, nn.Linear], RowReader | None] | None = None) -> nn.Module:
     """Replace every nn.Linear of `model` (a CPU model) by its PackedLinear in format `weights`, in place, one layer
     at a time; the LM head at LM_HEAD_BITS under int4 and w4a8 (`head_format`; head=False: left as it is). free=True
     drops each original weight once packed (a tied head's weight is the embedding's and stays). fill(name, linear):
-    called just before a layer (not a tied head) is packed, to give it its weights then (hub/streamed.py reads them
-    from the checkpoint). weights=None: nothing. Returns the model."""
+    called just before a layer (not a tied head) is packed, to give it its weights then, or to return a reader of
+    its rows that the packing calls block by block (`PackedLinear.pack`'s `read`; hub/streamed.py reads them from
+    the checkpoint). weights=None: nothing. Returns the model."""
     if check_format(weights) is None:
         return model
     if any(p.device.type != "cpu" for p in model.parameters()):
@@ -296,9 +305,8 @@ def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP
         if module is lm_head and not head:
             continue
         layer = head_format(weights) if module is lm_head else weights
-        if fill is not None and not (module is lm_head and tied):
-            fill(name, module)
-        replacement = PackedLinear.pack(module, layer, group)
+        read = fill(name, module) if fill is not None and not (module is lm_head and tied) else None
+        replacement = PackedLinear.pack(module, layer, group, read)
         parent_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attr, replacement)
         if free:
