@@ -346,6 +346,44 @@ def _saved(tmp_path, arch: str, dtype: torch.dtype, **save):
     return tmp_path
 
 
+@pytest.mark.parametrize("packed, dtype", [("float32", torch.float32), ("bfloat16", torch.bfloat16)])
+def test_rows_read_back_from_the_panels_are_those_of_the_whole_weight(packed, dtype):
+    """PackedLinear.dense_rows(r0, r1) reads back rows [r0, r1) from the panels that hold them alone: the same
+    values as dense_weight()'s rows, for spans inside one panel, across panels and up to a last, partial panel."""
+    from specdec.runtime.rowwise import load_kernel
+
+    load_kernel()
+    panel = torch.ops.specdec.panel_width()
+    n, k = 3 * panel + 5, 37
+    linear = nn.Linear(k, n, bias=False, dtype=dtype)
+    layer = PackedLinear.pack(linear, packed)
+    whole = layer.dense_weight()
+    assert torch.equal(whole, linear.weight.detach())
+    for r0, r1 in [(0, n), (0, panel), (1, 2), (panel - 1, panel + 1), (panel, 3 * panel), (2 * panel + 3, n)]:
+        assert torch.equal(layer.dense_rows(r0, r1), whole[r0:r1]), (r0, r1)
+
+
+@pytest.mark.parametrize("weights", ["int8", "w4a8"])
+def test_a_quantized_copy_read_back_a_block_at_a_time_is_the_same_copy(monkeypatch, weights):
+    """quantized_copy reads each float-packed layer back a block of rows at a time as it packs it (its `fill`
+    gives PackedLinear.pack a reader of dense_rows), never whole: blocks of one panel give the copy of one block a
+    layer, tied head included."""
+    from specdec.runtime import weights as weights_module
+
+    target = pack_model(tiny("qwen2", hidden=64, layers=2, seed=5, dtype=torch.bfloat16, tie_word_embeddings=True),
+                        "bfloat16")
+    want = quantized_copy(target, weights, group=16).state_dict()
+    calls = []
+    real = PackedLinear.dense_rows
+    monkeypatch.setattr(PackedLinear, "dense_rows", lambda self, r0, r1: calls.append(r1 - r0) or real(self, r0, r1))
+    monkeypatch.setattr(weights_module, "QUANTIZE_BLOCK", 1)  # blocks of one panel of rows
+    got = quantized_copy(target, weights, group=16).state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
+    panel = torch.ops.specdec.panel_width()
+    layers = [m for m in target.modules() if isinstance(m, PackedLinear)]
+    assert len(calls) == sum(-(-m.out_features // panel) for m in layers) and max(calls) <= panel
+
+
 @pytest.mark.parametrize("weights", ["bfloat16", "int8", "int4", "w4a8"])
 @pytest.mark.parametrize("chunk_panels", [0, 2], ids=["a-block-a-read", "two-blocks-a-read"])
 def test_a_large_weight_is_read_a_chunk_of_rows_at_a_time_into_the_same_packing(tmp_path, monkeypatch, weights,

@@ -175,14 +175,14 @@ class PackedLinear(nn.Module):
         temporaries (float32 copies, quantized values) are one block's, not the layer's. The packed weights get a
         mapping of their own on huge pages where Linux gives them (runtime/heap.py: the one-row pass streams them).
         read(r0, r1): the weight's rows [r0, r1) in `linear.weight`'s dtype, where they are read block by block from
-        elsewhere (hub/streamed.py: from the checkpoint) instead of from `linear.weight`, of which only the shape
-        and dtype are used then."""
+        elsewhere (hub/streamed.py: from the checkpoint; `quantized_copy`: from another packed layer) instead of
+        from `linear.weight`, which is not read then."""
         from specdec.runtime.rowwise import load_kernel  # noqa: PLC0415 (builds the kernels on first use)
 
         load_kernel()
         bias = None if linear.bias is None else linear.bias.detach().clone()
         weight = linear.weight.detach()
-        n, k = weight.shape
+        n, k = linear.out_features, linear.in_features
         panel = torch.ops.specdec.panel_width()
         rows = max(1, QUANTIZE_BLOCK // max(k, 1) // panel) * panel  # whole panels
         packed = None
@@ -203,15 +203,21 @@ class PackedLinear(nn.Module):
         """The weights [N, K] as packed (float32 or bfloat16, a copy), read back from the panels' layout
         (kernels/packed_core.h): float formats only, whose packing keeps every value. A quantized format's
         weights are not the model's any more: ConfigError."""
+        return self.dense_rows(0, self.out_features)
+
+    def dense_rows(self, r0: int, r1: int) -> torch.Tensor:
+        """Rows [r0, r1) of `dense_weight()` (a copy), read back from the panels that hold them alone."""
         if self.weights not in FLOATS:
             raise ConfigError(f"this layer's weights are {self.weights}: its float weights are not kept; load the "
                               "model with weights='float32' or 'bfloat16' (or without weights=) to read them")
-        p = self.packed
+        panel = self.packed.shape[2]
+        first = r0 // panel
+        p = self.packed[first : -(-r1 // panel)]
         if p.dim() == 4:  # bfloat16 pairs: [panels, pairs of k, PANEL, 2]
-            w = p.permute(0, 2, 1, 3).reshape(p.shape[0] * p.shape[2], p.shape[1] * 2)
+            w = p.permute(0, 2, 1, 3).reshape(p.shape[0] * panel, p.shape[1] * 2)
         else:  # [panels, K, PANEL]
-            w = p.permute(0, 2, 1).reshape(p.shape[0] * p.shape[2], p.shape[1])
-        return w[: self.out_features, : self.in_features].contiguous()
+            w = p.permute(0, 2, 1).reshape(p.shape[0] * panel, p.shape[1])
+        return w[r0 - first * panel : r1 - first * panel, : self.in_features].contiguous()
 
     def as_linear(self) -> nn.Linear:
         """An nn.Linear of the weights as packed (`dense_weight`'s, in their dtype) and the bias: float formats
@@ -341,16 +347,17 @@ def quantized_copy(model: nn.Module, weights: str, group: int = DEFAULT_GROUP, *
         if isinstance(module, PackedLinear) and (head or module is not twin_head):
             sources[name] = module
             linear = nn.Linear(module.in_features, module.out_features, bias=False, device="meta")
-            linear.weight = nn.Parameter(module.packed.new_empty(0), requires_grad=False)  # read back by `fill`
+            linear.weight = nn.Parameter(module.packed.new_empty(0), requires_grad=False)  # `fill` reads its rows back
             if module.bias is not None:
                 linear.bias = nn.Parameter(module.bias, requires_grad=False)
             parent_name, _, attr = name.rpartition(".")
             setattr(twin.get_submodule(parent_name) if parent_name else twin, attr, linear)
 
-    def fill(name: str, linear: nn.Linear) -> None:
-        if name in sources:
-            linear.weight = nn.Parameter(sources[name].dense_weight(), requires_grad=False)
+    def fill(name: str, linear: nn.Linear) -> RowReader | None:
+        # each block of rows read back from the float-packed layer as it is packed, never the whole weight (a tied
+        # LM head's read back whole was 0.47 GB at the Qwen2.5-1.5B shape)
+        return sources[name].dense_rows if name in sources else None
 
-    # free: each of the twin's layers lets go of its float weights once packed (a read-back copy is then freed; a
-    # weight it shares with `model` stays `model`'s)
+    # free: each of the twin's layers lets go of its placeholder weight once packed (a weight it shares with `model`
+    # stays `model`'s)
     return pack_model(twin, weights, group, head=head, free=True, fill=fill)
