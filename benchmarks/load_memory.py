@@ -11,7 +11,9 @@ process's peak resident memory (ru_maxrss: file pages mapped and read count too)
 nothing: `baseline` imports torch, transformers and specdec; `stack` also imports what every load of the
 checkpoint's architecture imports (transformers' modeling module of its model type, and with it modeling_utils,
 torch._dynamo and torch.distributed's tensor modules; specdec's kernels). A load's peak less the stack's is what
-the model itself and its loading cost.
+the model itself and its loading cost. Way `self-draft` loads the model streamed in bfloat16 and then makes
+`SelfDraft(model, weights=WEIGHTS)`, the target's own weights quantized as its draft: its bytes are the target's and
+the draft's, each tensor once.
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ def peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def model_bytes(model) -> int:
-    """Bytes of the model's tensors (parameters and buffers), each storage counted once."""
+def model_bytes(*models) -> int:
+    """Bytes of the models' tensors (parameters and buffers), each storage counted once."""
     seen, total = set(), 0
-    for t in (*model.parameters(), *model.buffers()):
+    for t in (t for model in models for t in (*model.parameters(), *model.buffers())):
         key = t.untyped_storage().data_ptr()
         if key not in seen:
             seen.add(key)
@@ -51,7 +53,7 @@ def one(way: str, path: str, weights: str) -> dict:
     before = peak_gb()
     start = time.perf_counter()
     if way == "baseline":
-        model = None
+        models = ()
     elif way == "stack":
         import importlib
 
@@ -62,14 +64,19 @@ def one(way: str, path: str, weights: str) -> dict:
         model_type = AutoConfig.from_pretrained(path).model_type
         importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
         load_kernel()
-        model = None
+        models = ()
     elif way == "streamed":
-        model = load_model(path, dtype=torch.bfloat16, weights=weights)
+        models = (load_model(path, dtype=torch.bfloat16, weights=weights),)
+    elif way == "self-draft":
+        from specdec import SelfDraft
+
+        target = load_model(path, dtype=torch.bfloat16, weights="bfloat16")
+        models = (target, SelfDraft(target, weights=weights).model)
     else:
-        model = pack_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval(), weights)
+        models = (pack_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval(), weights),)
     seconds = time.perf_counter() - start
     return {"way": way, "weights": weights, "load_s": seconds, "peak_rss_gb": peak_gb(), "rss_before_gb": before,
-            "model_gb": model_bytes(model) / 2**30 if model is not None else 0.0}
+            "model_gb": model_bytes(*models) / 2**30}
 
 
 def main() -> None:
@@ -78,7 +85,8 @@ def main() -> None:
     parser.add_argument("--weights", default="int4,int8,bfloat16")
     parser.add_argument("--dir", help="where the checkpoint is saved (reused when present)")
     parser.add_argument("--ways", default="streamed,whole",
-                        help="streamed (load(weights=...)), whole (from_pretrained + pack_model), or both")
+                        help="streamed (load(weights=...)), whole (from_pretrained + pack_model), self-draft (streamed "
+                             "in bfloat16, then SelfDraft(weights=...)); comma-separated")
     parser.add_argument("--json", default=None)
     parser.add_argument("--one", nargs=3, metavar=("WAY", "PATH", "WEIGHTS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -93,7 +101,7 @@ def main() -> None:
         from size_ladder import save_checkpoint
 
         save_checkpoint(args.model, str(path))
-    runs = []
+    runs, failed = [], []
     ways = [("baseline", "-"), ("stack", "-")]
     ways += [(way, w) for w in args.weights.split(",") for way in args.ways.split(",")]
     for way, weights in ways:
@@ -101,6 +109,7 @@ def main() -> None:
                               capture_output=True, text=True)
         if proc.returncode:
             print(f"{way} {weights}: failed\n{proc.stderr[-2000:]}", flush=True)
+            failed.append(f"{way} {weights}")
             continue
         run = json.loads(proc.stdout.strip().splitlines()[-1])
         runs.append(run)
@@ -112,6 +121,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "runs": runs}, f, indent=1)
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)} (above)")
 
 
 if __name__ == "__main__":
