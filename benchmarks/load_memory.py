@@ -13,7 +13,9 @@ checkpoint's architecture imports (transformers' modeling module of its model ty
 torch._dynamo and torch.distributed's tensor modules; specdec's kernels). A load's peak less the stack's is what
 the model itself and its loading cost. Way `self-draft` loads the model streamed in bfloat16 and then makes
 `SelfDraft(model, weights=WEIGHTS)`, the target's own weights quantized as its draft: its bytes are the target's and
-the draft's, each tensor once.
+the draft's, each tensor once. `--request N` then runs one greedy request of N new tokens after each load, on the
+fast path (compiled; with the self-draft drafting), and records the process's peak after it against the model's
+bytes and its key-value cache's (the request's tokens at the model's width and dtype): what a first request adds.
 """
 
 from __future__ import annotations
@@ -42,7 +44,16 @@ def model_bytes(*models) -> int:
     return total
 
 
-def one(way: str, path: str, weights: str) -> dict:
+def kv_bytes(model, tokens: int) -> int:
+    """Bytes of `model`'s key-value cache for `tokens` positions (keys and values, every layer, in its dtype)."""
+    config = model.config.get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    itemsize = next(model.parameters()).element_size()
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * tokens * itemsize
+
+
+def one(way: str, path: str, weights: str, request: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -52,6 +63,7 @@ def one(way: str, path: str, weights: str) -> dict:
     torch.set_num_threads(1)
     before = peak_gb()
     start = time.perf_counter()
+    drafter = None
     if way == "baseline":
         models = ()
     elif way == "stack":
@@ -71,12 +83,27 @@ def one(way: str, path: str, weights: str) -> dict:
         from specdec import SelfDraft
 
         target = load_model(path, dtype=torch.bfloat16, weights="bfloat16")
-        models = (target, SelfDraft(target, weights=weights).model)
+        drafter = SelfDraft(target, weights=weights)
+        models = (target, drafter.model)
     else:
         models = (pack_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval(), weights),)
     seconds = time.perf_counter() - start
-    return {"way": way, "weights": weights, "load_s": seconds, "peak_rss_gb": peak_gb(), "rss_before_gb": before,
-            "model_gb": model_bytes(*models) / 2**30}
+    run = {"way": way, "weights": weights, "load_s": seconds, "peak_rss_gb": peak_gb(), "rss_before_gb": before,
+           "model_gb": model_bytes(*models) / 2**30}
+    if request and models:
+        import specdec
+
+        vocab = models[0].config.get_text_config().vocab_size
+        prompt = [(7 * i + 3) % (vocab - 10) + 10 for i in range(PROMPT_TOKENS)]
+        start = time.perf_counter()
+        out = specdec.generate(models[0], prompt, drafter=drafter, max_new_tokens=request, compile=True)
+        run.update(request_tokens=len(out.tokens), request_s=time.perf_counter() - start,
+                   request_peak_rss_gb=peak_gb(), kv_gb=kv_bytes(models[0], PROMPT_TOKENS + request) / 2**30)
+    return run
+
+
+#: The prompt of `--request`'s request, in tokens.
+PROMPT_TOKENS = 128
 
 
 def main() -> None:
@@ -87,11 +114,14 @@ def main() -> None:
     parser.add_argument("--ways", default="streamed,whole",
                         help="streamed (load(weights=...)), whole (from_pretrained + pack_model), self-draft (streamed "
                              "in bfloat16, then SelfDraft(weights=...)); comma-separated")
+    parser.add_argument("--request", type=int, default=0, metavar="N",
+                        help="after each load, one greedy request of N new tokens on the fast path (default: none)")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--one", nargs=3, metavar=("WAY", "PATH", "WEIGHTS"), help=argparse.SUPPRESS)
+    parser.add_argument("--one", nargs=4, metavar=("WAY", "PATH", "WEIGHTS", "REQUEST"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(*args.one)))
+        way, path, weights, request = args.one
+        print(json.dumps(one(way, path, weights, int(request))))
         return
     if not args.dir:
         parser.error("--dir is required: where the checkpoint is saved (reused when present)")
@@ -105,7 +135,7 @@ def main() -> None:
     ways = [("baseline", "-"), ("stack", "-")]
     ways += [(way, w) for w in args.weights.split(",") for way in args.ways.split(",")]
     for way, weights in ways:
-        proc = subprocess.run([sys.executable, __file__, "--one", way, str(path), weights],
+        proc = subprocess.run([sys.executable, __file__, "--one", way, str(path), weights, str(args.request)],
                               capture_output=True, text=True)
         if proc.returncode:
             print(f"{way} {weights}: failed\n{proc.stderr[-2000:]}", flush=True)
@@ -118,6 +148,11 @@ def main() -> None:
         ratio, above = run["peak_rss_gb"] / model, (run["peak_rss_gb"] - stack) / model
         print(f"{way:>8} {weights:>8}: load {run['load_s']:6.1f} s, peak RSS {run['peak_rss_gb']:5.2f} GB, "
               f"model {run['model_gb']:5.2f} GB, peak / model {ratio:.2f}, less the stack's {above:.2f}", flush=True)
+        if "request_s" in run:
+            held = run["model_gb"] + run["kv_gb"]
+            print(f"{'':>8} {'':>8}  then a request of {run['request_tokens']} tokens in {run['request_s']:.1f} s: "
+                  f"peak RSS {run['request_peak_rss_gb']:5.2f} GB, model + KV {held:5.2f} GB, "
+                  f"peak / (model + KV) {run['request_peak_rss_gb'] / held:.2f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "runs": runs}, f, indent=1)

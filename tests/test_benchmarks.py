@@ -80,8 +80,8 @@ def _server_identity_run(tmp_path: Path) -> list[str]:
 
 
 def _load_memory_run(tmp_path: Path) -> list[str]:
-    return ["--model", "llama-tiny", "--weights", "int8", "--ways", "streamed,whole,self-draft", "--dir",
-            str(tmp_path / "checkpoint")]
+    return ["--model", "llama-tiny", "--weights", "int8", "--ways", "whole,self-draft", "--request", "2",
+            "--dir", str(tmp_path / "checkpoint")]
 
 
 def _class_row_run(tmp_path: Path) -> list[str]:
@@ -109,8 +109,9 @@ TINY_RUNS = {
     "self_draft_vocab": (lambda tmp_path: ["--formats", "w4a8", "--vocabs", "0,2048", "--prompts", "1",
                                            "--new-tokens", "8"], "SelfDraft w4a8 vocab 2048 edit T=1: α"),
     "server_identity": (_server_identity_run, "| bfloat16 | eager | 2 | 2/2 | 2/2 | 8 |"),
-    # a checkpoint saved, then loaded each way in a process of its own (a way that fails fails the script)
-    "load_memory": (_load_memory_run, "self-draft     int8: load"),
+    # a checkpoint saved, loaded two ways in processes of their own, a request after each (a way that fails fails
+    # the script)
+    "load_memory": (_load_memory_run, "then a request of 2 tokens in"),
     "multi_draft_summary": (_multi_draft_runs, "edit rrs:2:2        drafted/round  3.00 τ 2.250 chain τ at that many "
                                                "drafts (interp.) 2.150 ratio 1.047"),
     "tree_fastpath_table": (_tree_fastpath_run, "| tree-8 | 3.0 | 2.00 | 90.0 | 1.80x | 1.12x | 10.0 | 4.0 |"),
