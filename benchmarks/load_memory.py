@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import subprocess
 import sys
@@ -45,12 +46,12 @@ def model_bytes(*models) -> int:
 
 
 def kv_bytes(model, tokens: int) -> int:
-    """Bytes of `model`'s key-value cache for `tokens` positions (keys and values, every layer, in its dtype)."""
-    config = model.config.get_text_config()
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    itemsize = next(model.parameters()).element_size()
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * tokens * itemsize
+    """Bytes of `model`'s key-value cache for `tokens` positions: every layer's keys and values as specdec's slot
+    cache lays them out (`kv_layout`, read from the model itself)."""
+    from specdec.runtime.slot_cache import kv_layout
+
+    return sum(math.prod(layer.lead) * (layer.key_dim + layer.value_dim) * layer.dtype.itemsize * tokens
+               for layer in kv_layout(model))
 
 
 def one(way: str, path: str, weights: str, request: int) -> dict:
