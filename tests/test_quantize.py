@@ -386,12 +386,13 @@ def test_a_quantized_copy_read_back_a_block_at_a_time_is_the_same_copy(monkeypat
 
 @pytest.mark.parametrize("weights", ["bfloat16", "int8", "int4", "w4a8"])
 @pytest.mark.parametrize("chunk_panels", [0, 2], ids=["a-block-a-read", "two-blocks-a-read"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "f32-saved-bf16-loaded"])
 def test_a_large_weight_is_read_a_chunk_of_rows_at_a_time_into_the_same_packing(tmp_path, monkeypatch, weights,
-                                                                                 chunk_panels):
+                                                                                 chunk_panels, dtype):
     """A linear weight of more than READ_CHUNK bytes is read from the checkpoint a chunk of rows at a time while it
     is packed (hub/streamed.py's Rows), never whole: the model is the whole model packed, whether each read holds one
-    of the packing's blocks (a chunk smaller than a block) or several, and the reads cover each weight's rows once,
-    in order."""
+    of the packing's blocks (a chunk smaller than a block) or several, and whether its chunks are converted from the
+    checkpoint's dtype, and the reads cover each weight's rows once, in order."""
     from transformers import AutoModelForCausalLM
 
     from specdec.hub import streamed
@@ -402,7 +403,8 @@ def test_a_large_weight_is_read_a_chunk_of_rows_at_a_time_into_the_same_packing(
     tiny("llama", hidden=64, layers=1, vocab=1000, dtype=torch.float32).save_pretrained(tmp_path)
     panel = torch.ops.specdec.panel_width()
     monkeypatch.setattr(weights_module, "QUANTIZE_BLOCK", 1)  # blocks of one panel of rows
-    monkeypatch.setattr(streamed, "READ_CHUNK", max(1, chunk_panels * panel * 64 * 4))  # rows of 64 float32 inputs
+    row_bytes = 64 * dtype.itemsize  # a row of 64 inputs in the model's dtype
+    monkeypatch.setattr(streamed, "READ_CHUNK", max(1, chunk_panels * panel * row_bytes))
     calls, chunks = {}, {}
     real = streamed.Rows.__call__
 
@@ -414,14 +416,14 @@ def test_a_large_weight_is_read_a_chunk_of_rows_at_a_time_into_the_same_packing(
         return out
 
     monkeypatch.setattr(streamed.Rows, "__call__", spy)
-    streamed_model = streamed.load_streamed(tmp_path, torch.float32, weights)
-    whole = pack_model(AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval(), weights)
+    streamed_model = streamed.load_streamed(tmp_path, dtype, weights)
+    whole = pack_model(AutoModelForCausalLM.from_pretrained(tmp_path, dtype=dtype).eval(), weights)
     got, want = streamed_model.state_dict(), whole.state_dict()
     assert got.keys() == want.keys()
     for name in want:
         assert torch.equal(got[name], want[name]), name
     chunked = {f"{n}.weight" for n, m in whole.named_modules() if isinstance(m, PackedLinear)
-               and m.in_features * m.out_features * 4 > streamed.READ_CHUNK}
+               and m.in_features * m.out_features * dtype.itemsize > streamed.READ_CHUNK}
     assert "lm_head.weight" in chunked and calls.keys() == chunked
     for name, spans in calls.items():
         rows = whole.get_submodule(name.removesuffix(".weight")).out_features
