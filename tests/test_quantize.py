@@ -515,6 +515,9 @@ def test_quantize_weight_is_the_formula_and_leaves_its_input_as_it_was(bits, dty
         w = torch.randn(37, k).to(dtype)
         w[3, :64] = 0  # a zero group
         w[4, 7], w[4, 9] = -2.5, 2.5  # a tie in magnitude: the first decides int4's sign
+        w[5, 70], w[5, 71] = 3.0, -3.0  # the same, the positive first
+        w[6] = torch.arange(k) % 7 - 3  # integers: a tie in every group
+        w[7, :64] = -0.0  # a zero group of negative zeros: its scale's sign is the first zero's
         before = w.clone()
         got = weights.quantize_weight(w, bits, 64)
         assert torch.equal(w, before)
@@ -525,7 +528,7 @@ def test_quantize_weight_is_the_formula_and_leaves_its_input_as_it_was(bits, dty
         else:
             scales, lo, hi = padded.gather(-1, padded.abs().argmax(-1, keepdim=True)).squeeze(-1) / -8, -8, 7
         q = torch.round(padded / torch.where(scales == 0, 1.0, scales).unsqueeze(-1)).clamp(lo, hi)
-        assert torch.equal(got.scales, scales)
+        assert torch.equal(got.scales, scales) and torch.equal(got.scales.signbit(), scales.signbit())
         assert torch.equal(got.q, q.to(torch.int8).view(37, -1)[:, :k])
         assert got.scales[3, 0] == 0 and not got.q[3, :64].any()
 
