@@ -73,12 +73,13 @@ def checkpoint_tensors(path: Path) -> dict[str, tuple[Path, list[int]]] | None:
     return tensors
 
 
-def read(file: Path, name: str, dtype: torch.dtype) -> torch.Tensor:
-    """Tensor `name` of `file` in `dtype` (a floating tensor; others as stored), through a mapping closed after."""
+def read(file: Path, name: str, dtype: torch.dtype, rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """Tensor `name` of `file` in `dtype` (a floating tensor; others as stored), or its rows [r0, r1) alone, through
+    a mapping closed after."""
     from safetensors import safe_open
 
     with safe_open(str(file), "pt") as f:
-        tensor = f.get_tensor(name)
+        tensor = f.get_tensor(name) if rows is None else f.get_slice(name)[rows[0] : rows[1]]
     return tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
@@ -94,13 +95,9 @@ class Rows:
 
     def __call__(self, r0: int, r1: int) -> torch.Tensor:
         if self.chunk is None or r0 < self.start or r1 > self.start + self.chunk.shape[0]:
-            from safetensors import safe_open
-
             self.chunk = None  # (freed before the next chunk is read)
             end = min(self.n, max(r1, r0 + self.chunk_rows))
-            with safe_open(str(self.file), "pt") as f:
-                chunk = f.get_slice(self.name)[r0:end]
-            self.start, self.chunk = r0, chunk.to(self.dtype) if chunk.is_floating_point() else chunk
+            self.start, self.chunk = r0, read(self.file, self.name, self.dtype, (r0, end))
         return self.chunk[r0 - self.start : r1 - self.start]
 
 
