@@ -432,21 +432,48 @@ def test_a_large_weight_is_read_a_chunk_of_rows_at_a_time_into_the_same_packing(
     assert len(calls["lm_head.weight"]) == -(-1000 // panel) > chunks["lm_head.weight"] or chunk_panels == 0
 
 
+def _as_bin(path: Path, legacy: bool = False) -> Path:
+    """Checkpoint directory `path` with its safetensors rewritten as PyTorch's `.bin` files, shard for shard and with
+    their index, as older releases ship them (zip format; legacy: the format before it)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    def bin_name(name: str) -> str:
+        return "pytorch_" + name.replace(".safetensors", ".bin")
+
+    for file in path.glob("*.safetensors"):
+        torch.save(load_file(file), path / bin_name(file.name), _use_new_zipfile_serialization=not legacy)
+        file.unlink()
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {name: bin_name(file) for name, file in data["weight_map"].items()}
+        (path / "pytorch_model.bin.index.json").write_text(json.dumps(data))
+        index.unlink()
+    return path
+
+
 @pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8", "w8a8"])
+@pytest.mark.parametrize("files", ["safetensors", "bin"])
 @pytest.mark.parametrize("arch, dtype, save", [("llama", torch.float32, {}),
                                                 ("qwen2", torch.bfloat16, {"max_shard_size": "60KB"})],
                          ids=["llama-f32", "qwen2-tied-bias-bf16-shards"])
-def test_a_checkpoint_streamed_into_packed_weights_is_the_whole_model_packed(tmp_path, arch, dtype, save, weights):
-    """load(weights=...) reads a safetensors checkpoint layer by layer (hub/streamed.py): every tensor, the
-    generation config and the logits are those of from_pretrained + pack_model; a tied head stays tied; shards and
-    biases are read."""
+def test_a_checkpoint_streamed_into_packed_weights_is_the_whole_model_packed(tmp_path, arch, dtype, save, files,
+                                                                             weights):
+    """load(weights=...) reads a checkpoint layer by layer (hub/streamed.py), from safetensors or from zip-format
+    `.bin` files: every tensor, the generation config and the logits are those of from_pretrained + pack_model; a
+    tied head stays tied; shards and biases are read."""
     from transformers import AutoModelForCausalLM
 
     from specdec.hub.loading import load_model
     from specdec.hub.streamed import checkpoint_tensors, load_streamed
 
     path = _saved(tmp_path, arch, dtype, **save)
-    assert (path / "model.safetensors.index.json").is_file() == bool(save)
+    if files == "bin":
+        _as_bin(path)
+    index = "model.safetensors.index.json" if files == "safetensors" else "pytorch_model.bin.index.json"
+    assert (path / index).is_file() == bool(save) and any(path.glob(f"*.{files}"))
     streamed = load_streamed(path, dtype, weights)
     assert streamed is not None
     whole = pack_model(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval(), weights)
@@ -465,19 +492,79 @@ def test_a_checkpoint_streamed_into_packed_weights_is_the_whole_model_packed(tmp
     assert not loaded.training
 
 
+def test_a_bin_is_read_from_where_torch_load_finds_each_tensor(tmp_path):
+    """hub/streamed.py reads a zip-format `.bin` from the offsets `pickled_layout` finds, without torch.load: every
+    tensor (of any dtype, a scalar, an empty one, two sharing one storage, one starting inside its storage) and any
+    span of rows is what torch.load gives; a tensor not laid out contiguously makes the file one it does not read."""
+    from specdec.hub.streamed import pickled_layout, read
+
+    shared = torch.randn(6, 4, dtype=torch.float64)
+    tensors = {"bf16": torch.randn(5, 3).to(torch.bfloat16), "ints": torch.arange(7), "scalar": torch.tensor(2.5),
+               "empty": torch.empty(0, 4), "tied": shared, "tied_again": shared, "inside": shared[2:5],
+               "flags": torch.tensor([True, False, True])}
+    torch.save(tensors, tmp_path / "pytorch_model.bin")
+    layout = pickled_layout(tmp_path / "pytorch_model.bin")
+    assert layout is not None and layout.keys() == tensors.keys()
+    assert layout["tied"].offset == layout["tied_again"].offset == layout["inside"].offset - 2 * 4 * 8
+    want = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
+    for name, tensor in want.items():
+        got = read(layout[name], name, tensor.dtype)
+        assert got.dtype == tensor.dtype and got.shape == tensor.shape and torch.equal(got, tensor), name
+    assert torch.equal(read(layout["tied"], "tied", torch.float64, (1, 4)), shared[1:4])
+    assert torch.equal(read(layout["bf16"], "bf16", torch.float32, (2, 5)), tensors["bf16"][2:5].float())
+    torch.save({"transposed": torch.randn(4, 6).t()}, tmp_path / "strided.bin")
+    assert pickled_layout(tmp_path / "strided.bin") is None
+
+
+@pytest.mark.parametrize("files", ["safetensors", "bin"])
+def test_a_checkpoint_under_other_names_is_streamed_as_from_pretrained_renames_it(tmp_path, files):
+    """Keys from_pretrained renames on load are read under the model's names, and keys it leaves unread stay unread:
+    a checkpoint saved from the base model (no `model.` prefix; the head tied, so absent) with a stale per-layer
+    rotary buffer, as older releases have, streams into the model from_pretrained + pack_model give."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from specdec.hub.streamed import load_streamed
+
+    path = _saved(tmp_path, "qwen2", torch.bfloat16)
+    tensors = {name.removeprefix("model."): t for name, t in load_file(path / "model.safetensors").items()}
+    assert not any(name.startswith("model.") for name in tensors) and "lm_head.weight" not in tensors
+    tensors["layers.0.self_attn.rotary_emb.inv_freq"] = torch.arange(8, dtype=torch.float32)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    if files == "bin":
+        _as_bin(path)
+    streamed = load_streamed(path, torch.bfloat16, "int8")
+    assert streamed is not None
+    want = pack_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval(), "int8").state_dict()
+    got = streamed.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
+
+
 def test_a_checkpoint_streaming_cannot_read_exactly_is_loaded_whole(tmp_path):
-    """Weights in .bin, or tensors under names the model does not have: load_streamed declines (None), and
+    """Weights in the legacy (pre-zip) .bin format, a quantized checkpoint, tensors from_pretrained merges on load,
+    or tensors under names from_pretrained does not map to the model's: load_streamed declines (None), and
     load(weights=...) loads the float model whole and packs it, as before."""
+    import json
+
+    from models import tiny_mtp
     from safetensors.torch import load_file, save_file
 
     from specdec.hub.loading import load_model
     from specdec.hub.streamed import load_streamed
 
-    bin_dir = _saved(tmp_path / "bin", "llama", torch.float32)
-    torch.save(load_file(bin_dir / "model.safetensors"), bin_dir / "pytorch_model.bin")
-    (bin_dir / "model.safetensors").unlink()
-    assert load_streamed(bin_dir, torch.float32, "int8") is None
-    assert isinstance(load_model(bin_dir, weights="int8").model.layers[0].mlp.up_proj, PackedLinear)
+    legacy = _as_bin(_saved(tmp_path / "legacy", "llama", torch.float32), legacy=True)
+    assert (legacy / "pytorch_model.bin").is_file()
+    assert load_streamed(legacy, torch.float32, "int8") is None
+    assert isinstance(load_model(legacy, weights="int8").model.layers[0].mlp.up_proj, PackedLinear)
+    quantized = _saved(tmp_path / "quantized", "llama", torch.float32)
+    config = json.loads((quantized / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [16, 16]}
+    (quantized / "config.json").write_text(json.dumps(config))
+    assert load_streamed(quantized, torch.float32, "int8") is None
+    merged = tmp_path / "merged"  # its MoE experts one tensor per expert and projection, fused on load
+    tiny_mtp(merged, "deepseek_v3", dtype=torch.float32, mtp=False)
+    assert any(".experts.0." in name for name in load_file(merged / "model.safetensors"))
+    assert load_streamed(merged, torch.float32, "int8") is None
     renamed = _saved(tmp_path / "renamed", "llama", torch.float32)
     tensors = load_file(renamed / "model.safetensors")
     tensors["model.norm.gamma"] = tensors.pop("model.norm.weight")
@@ -550,9 +637,11 @@ def test_packing_in_blocks_of_panels_gives_the_bits_of_one_block(monkeypatch, we
         assert torch.equal(got.bias, whole.bias)
 
 
-def test_a_hub_id_in_the_hub_cache_is_streamed_from_its_snapshot(tmp_path, monkeypatch):
-    """load(weights=...) of a hub id (offline: the hub cache alone) finds its snapshot there and streams it: the model
-    comes from load_streamed on the snapshot directory, and is the whole model packed."""
+@pytest.mark.parametrize("files", ["safetensors", "bin"])
+def test_a_hub_id_in_the_hub_cache_is_streamed_from_its_snapshot(tmp_path, monkeypatch, files):
+    """load(weights=...) of a hub id (offline: the hub cache alone) finds its snapshot there and streams it, from
+    safetensors or `.bin`: the model comes from load_streamed on the snapshot directory, and is the whole model
+    packed."""
     from huggingface_hub import constants
     from transformers import AutoModelForCausalLM
 
@@ -562,6 +651,8 @@ def test_a_hub_id_in_the_hub_cache_is_streamed_from_its_snapshot(tmp_path, monke
     revision = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "hub" / "models--specdec-test--tiny"
     snapshot = _saved(repo / "snapshots" / revision, "llama", torch.float32)
+    if files == "bin":
+        _as_bin(snapshot)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(revision)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -571,7 +662,9 @@ def test_a_hub_id_in_the_hub_cache_is_streamed_from_its_snapshot(tmp_path, monke
     read_from = []
     real = streamed.load_streamed
     monkeypatch.setattr(streamed, "load_streamed", lambda path, *rest: read_from.append(path) or real(path, *rest))
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", None)  # (a whole load would fail)
     model = load_model("specdec-test/tiny", dtype=torch.float32, weights="int8")
+    monkeypatch.undo()
     assert read_from == [snapshot]
     whole = pack_model(AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32).eval(), "int8").state_dict()
     got = model.state_dict()

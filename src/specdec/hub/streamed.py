@@ -11,93 +11,196 @@
 
 Peak memory: the packed weights, the other tensors, and one layer's float weight or one chunk of it. Each tensor (and
 each chunk) is read through its own short-lived mapping of its file, so the pages read do not stay counted in the
-process's resident memory.
+process's resident memory: safetensors' reader maps each itself; in a `.bin`, where each tensor's bytes are is found
+once per file (`pickled_layout`) and each read maps them (`read`), so that its pickle is not parsed again per read.
 
 The model is the one `from_pretrained(dtype=...)` and `pack_model` give, tensor for tensor (tests/test_quantize.py).
-Only a checkpoint this reads exactly as `from_pretrained` does is streamed: a causal LM in safetensors (one file, or
-shards with their index; a local directory, or a hub id's snapshot in the hub cache) whose tensors have the model's
-own names and shapes (a tied LM head may be left out). For anything else `load_streamed` returns None and the
-caller loads the float model whole.
+Only a checkpoint this reads exactly as `from_pretrained` does is streamed: a causal LM (a local directory, or a hub
+id's snapshot in the hub cache) in the files `from_pretrained` would read, safetensors or else PyTorch's zip-format
+`.bin` (one file, or shards with their index), whose keys `from_pretrained`'s own renaming (transformers' conversion
+mapping: legacy names, the base model's prefix added or stripped) gives each of the model's tensors at its shape (a
+tied LM head may be left out; keys the model has no tensor for are left unread, as `from_pretrained` leaves them).
+A checkpoint whose tensors are converted on load (merged or split) or quantized (a `quantization_config`), or a
+`.bin` in the legacy format, is not: there `load_streamed` returns None and the caller loads the float model whole.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import math
+import mmap
+import struct
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
 import torch
 from torch import nn
 
-INDEX = "model.safetensors.index.json"
-SINGLE = "model.safetensors"
+#: The weight files from_pretrained reads from a directory, in its order of preference: one safetensors file, else
+#: the safetensors shards an index names, else the same of PyTorch's pickled `.bin` format.
+SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
+PICKLED, PICKLED_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
 #: A linear layer's weight of more than this many bytes (in the model's dtype) is read a chunk of at most this many
 #: bytes of rows at a time while it is packed. Read whole, the untied LM head of Llama-3.1-8B's shape (1 GB in
 #: bfloat16) was most of what a streamed load held above the model and the process (BENCHMARKS.md).
 READ_CHUNK = 64 << 20
 
 
-def weight_files(directory: Path) -> list[str]:
-    """The safetensors files a checkpoint directory's weights are in: those its index names, else model.safetensors
-    (present or not)."""
-    index = directory / INDEX
-    return sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [SINGLE]
+def weight_files(directory: Path) -> list[str] | None:
+    """The files a checkpoint directory's weights are in, as from_pretrained picks them (SINGLE, INDEX, PICKLED,
+    PICKLED_INDEX, the first present; an index: the files it names, present or not); None for none of them."""
+    for name in (SINGLE, INDEX, PICKLED, PICKLED_INDEX):
+        if (directory / name).is_file():
+            index = name.endswith(".index.json")
+            return sorted(set(json.loads((directory / name).read_text())["weight_map"].values())) if index else [name]
+    return None
 
 
 def local_checkpoint(path: str | Path, cache_only: bool) -> Path | None:
     """The local directory of checkpoint `path`: the path itself, or for a hub id its snapshot in the hub cache,
-    fetched first where the hub can be reached: its configurations, then the safetensors files its index names (or
-    model.safetensors), as from_pretrained fetches them (cache_only: the cache alone). None when the hub refuses."""
+    fetched first where the hub can be reached: its configurations (indexes among them), then the weight files
+    from_pretrained would fetch (those the index names; without one, model.safetensors, else pytorch_model.bin)
+    (cache_only: the cache alone). None when the hub refuses."""
     if Path(path).is_dir():
         return Path(path)
     from huggingface_hub import snapshot_download
 
+    def fetch(patterns: list[str]) -> Path:
+        return Path(snapshot_download(str(path), allow_patterns=patterns, local_files_only=cache_only))
+
     try:
-        local = Path(snapshot_download(str(path), allow_patterns=["*.json"], local_files_only=cache_only))
-        return Path(snapshot_download(str(path), allow_patterns=weight_files(local), local_files_only=cache_only))
+        local = fetch(["*.json"])
+        if not (local / INDEX).is_file():
+            local = fetch([SINGLE])  # (where the hub has it; from_pretrained fetches it before any .bin)
+        return fetch(weight_files(local) or [PICKLED])
     except Exception:  # noqa: BLE001 (any refusal, the hub client's network errors included: from_pretrained then
         return None  # loads or reports what is wrong, in its own words)
 
 
-def checkpoint_tensors(path: Path) -> dict[str, tuple[Path, list[int]]] | None:
-    """tensor name -> (its safetensors file, its shape) for a checkpoint directory; None when it has no safetensors."""
+@dataclass(frozen=True)
+class Stored:
+    """Where a checkpoint holds a tensor: its file and shape; in a `.bin`, also the offset of its bytes in the file
+    and its dtype, where it is read straight from the file (safetensors' own reader finds them itself)."""
+
+    file: Path
+    shape: tuple[int, ...]
+    offset: int | None = None
+    dtype: torch.dtype | None = None
+
+
+def checkpoint_tensors(path: Path) -> dict[str, Stored] | None:
+    """tensor name -> where it is stored, for a checkpoint directory; None when it has no weight files this reads
+    (none, a shard missing as in a hub snapshot cached in part, or a `.bin` this cannot lay out: `pickled_layout`)."""
     from safetensors import safe_open
 
-    files = [path / name for name in weight_files(path)]
-    if not all(file.is_file() for file in files):
-        return None  # none, or a shard missing (a hub snapshot cached in part): from_pretrained's business
+    files = [path / name for name in weight_files(path) or []]
+    if not files or not all(file.is_file() and (file.suffix == ".safetensors" or zipfile.is_zipfile(file))
+                            for file in files):
+        return None  # from_pretrained's business
     tensors = {}
     for file in files:
-        with safe_open(str(file), "pt") as f:
-            for name in f.keys():
-                tensors[name] = (file, f.get_slice(name).get_shape())
+        if file.suffix == ".safetensors":
+            with safe_open(str(file), "pt") as f:
+                tensors.update((name, Stored(file, tuple(f.get_slice(name).get_shape()))) for name in f.keys())
+        else:
+            layout = pickled_layout(file)
+            if layout is None:
+                return None
+            tensors.update(layout)
     return tensors
 
 
-def read(file: Path, name: str, dtype: torch.dtype, rows: tuple[int, int] | None = None) -> torch.Tensor:
-    """Tensor `name` of `file` in `dtype` (a floating tensor; others as stored), or its rows [r0, r1) alone, through
-    a mapping closed after."""
+def pickled_layout(file: Path) -> dict[str, Stored] | None:
+    """Where each tensor of a zip-format `.bin` (torch.save) is: None unless each is contiguous, little-endian and
+    stored uncompressed. The file's pickle is parsed once, here, by torch.load(mmap=True), which maps the whole file
+    as one storage and each of its records (one per storage) as a slice of that: a tensor's storage's address less
+    the mapping's is its record's offset, which the zip archive's directory gives; no tensor data is read."""
+    with zipfile.ZipFile(file) as archive, open(file, "rb") as f:
+        records = {}  # offset of a storage record's data in the file -> its compression
+        for info in archive.infolist():
+            if PurePosixPath(info.filename).parent.name == "data":
+                f.seek(info.header_offset + 26)  # the record's local header: its name's and extra field's lengths
+                name_length, extra_length = struct.unpack("<HH", f.read(4))
+                records[info.header_offset + 30 + name_length + extra_length] = info.compress_type
+        byteorder = [n for n in archive.namelist() if PurePosixPath(n).name == "byteorder"]
+        little = all(archive.read(n) == b"little" for n in byteorder)
+    tensors = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+    stored = {name: t for name, t in tensors.items() if t.numel()}
+    if not (little and records and stored and all(compress == zipfile.ZIP_STORED for compress in records.values())):
+        return None
+    base = min(t.untyped_storage().data_ptr() for t in stored.values()) - min(records)
+    layout = {name: Stored(file, tuple(t.shape), None, t.dtype) for name, t in tensors.items() if not t.numel()}
+    for name, t in stored.items():
+        if not t.is_contiguous() or t.untyped_storage().data_ptr() - base not in records:
+            return None
+        offset = t.untyped_storage().data_ptr() - base + t.storage_offset() * t.element_size()
+        layout[name] = Stored(file, tuple(t.shape), offset, t.dtype)
+    return layout
+
+
+def read(stored: Stored, name: str, dtype: torch.dtype, rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """Tensor `name` in `dtype` (a floating tensor; others as stored), or its rows [r0, r1) alone, on a mapping of its
+    own of the bytes it is read from (safetensors' reader maps them itself), freed with the tensor or its copy in
+    `dtype`."""
     from safetensors import safe_open
 
-    with safe_open(str(file), "pt") as f:
-        tensor = f.get_tensor(name) if rows is None else f.get_slice(name)[rows[0] : rows[1]]
+    if stored.dtype is None:
+        with safe_open(str(stored.file), "pt") as f:
+            tensor = f.get_tensor(name) if rows is None else f.get_slice(name)[rows[0] : rows[1]]
+        return tensor.to(dtype) if tensor.is_floating_point() else tensor
+    shape = (rows[1] - rows[0], *stored.shape[1:]) if rows else stored.shape
+    length = math.prod(shape) * stored.dtype.itemsize
+    if not length:
+        tensor = torch.empty(shape, dtype=stored.dtype)
+    else:
+        start = stored.offset + (rows[0] * math.prod(stored.shape[1:]) * stored.dtype.itemsize if rows else 0)
+        page = start - start % mmap.ALLOCATIONGRANULARITY  # (a mapping starts on a page)
+        with open(stored.file, "rb") as f:  # a private mapping, as torch.frombuffer wants one it may write to
+            mapping = mmap.mmap(f.fileno(), start + length - page, offset=page, access=mmap.ACCESS_COPY)
+        tensor = torch.frombuffer(mapping, dtype=torch.uint8, count=length, offset=start - page)
+        tensor = tensor.view(stored.dtype).view(shape)  # (it holds the mapping: unmapped when it goes)
     return tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
-class Rows:
-    """Rows of the tensor `name` of `file` in `dtype`, read a chunk of rows at a time (READ_CHUNK bytes at most,
-    or the rows asked for), each chunk through a mapping of its own: a `PackedLinear.pack` reader, whose calls ask
-    for consecutive blocks of rows."""
+def stored_names(model: nn.Module, state: dict[str, torch.Tensor], keys) -> dict[str, str] | None:
+    """model tensor name -> the checkpoint key holding it: each of `keys` renamed as from_pretrained renames it
+    (transformers' conversion mapping for the model, then the base model's prefix added or stripped); keys that name
+    no tensor of the model are left out, as from_pretrained leaves them. None when a key would be converted (merged
+    with others, or split) or two keys name one tensor: only from_pretrained reads those."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
-    def __init__(self, file: Path, name: str, shape: list[int], dtype: torch.dtype):
-        self.file, self.name, self.dtype, self.n = file, name, dtype, shape[0]
-        self.chunk_rows = max(1, READ_CHUNK // max(1, shape[1] * dtype.itemsize))
+    mapping = get_model_conversion_mapping(model)
+    renamings = [t for t in mapping if isinstance(t, WeightRenaming)]
+    converters = [t for t in mapping if isinstance(t, WeightConverter)]
+    names: dict[str, str] = {}
+    for key in keys:
+        name, converted = rename_source_key(key, renamings, converters, model.base_model_prefix, state)
+        if name not in state and key in state:  # renamed away from a name of the model: as from_pretrained, kept
+            name, converted = rename_source_key(key, [], [], model.base_model_prefix, state)
+        if converted is not None or name in names:
+            return None
+        if name in state:
+            names[name] = key
+    return names
+
+
+class Rows:
+    """Rows of the tensor `name` stored at `stored`, in `dtype`, read a chunk of rows at a time (READ_CHUNK bytes at
+    most, or the rows asked for), each chunk a read of its own: a `PackedLinear.pack` reader, whose calls ask for
+    consecutive blocks of rows."""
+
+    def __init__(self, stored: Stored, name: str, dtype: torch.dtype):
+        self.stored, self.name, self.dtype, self.n = stored, name, dtype, stored.shape[0]
+        self.chunk_rows = max(1, READ_CHUNK // max(1, stored.shape[1] * dtype.itemsize))
         self.start, self.chunk = 0, None  # the rows read last: [start, start + len(chunk))
 
     def __call__(self, r0: int, r1: int) -> torch.Tensor:
         if self.chunk is None or r0 < self.start or r1 > self.start + self.chunk.shape[0]:
             self.chunk = None  # (freed before the next chunk is read)
             end = min(self.n, max(r1, r0 + self.chunk_rows))
-            self.start, self.chunk = r0, read(self.file, self.name, self.dtype, (r0, end))
+            self.start, self.chunk = r0, read(self.stored, self.name, self.dtype, (r0, end))
         return self.chunk[r0 - self.start : r1 - self.start]
 
 
@@ -114,20 +217,21 @@ def load_streamed(path: str | Path, dtype: torch.dtype, weights: str) -> nn.Modu
         return None
     tensors = checkpoint_tensors(path)
     config = AutoConfig.from_pretrained(str(path)) if tensors is not None else None
-    if config is None or config.is_encoder_decoder:
+    if config is None or config.is_encoder_decoder or "quantization_config" in config.to_dict():
         return None
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.tie_weights()  # (skipped under no_init_weights; from_pretrained ties after loading)
     state = model.state_dict(keep_vars=True)  # name -> its empty tensor; tied tensors under each of their names
-    if set(tensors) - set(state):
-        return None  # tensors the model does not have: renamed or extra keys, from_pretrained's business
+    stored_as = stored_names(model, state, tensors)
+    if stored_as is None:
+        return None
     names: dict[int, list[str]] = {}  # one entry per tensor object, with every name it has
     for name, tensor in state.items():
         names.setdefault(id(tensor), []).append(name)
-    source: dict[int, str] = {}  # tensor object -> the name the checkpoint holds it under
+    source: dict[int, str] = {}  # tensor object -> the key the checkpoint holds it under
     for key, group in names.items():
-        stored = [n for n in group if n in tensors and list(state[n].shape) == tensors[n][1]]
+        stored = [stored_as[n] for n in group if n in stored_as and state[n].shape == tensors[stored_as[n]].shape]
         if not stored:
             return None  # missing from the checkpoint, or of another shape
         source[key] = stored[0]
@@ -137,14 +241,13 @@ def load_streamed(path: str | Path, dtype: torch.dtype, weights: str) -> nn.Modu
             if all(n in linear_weights for n in group):
                 continue  # a linear layer's own weight: read when it is packed
             target = state[group[0]]
-            target.copy_(read(tensors[source[key]][0], source[key], target.dtype))
+            target.copy_(read(tensors[source[key]], source[key], target.dtype))
 
     def fill(name: str, linear: nn.Linear) -> Rows | None:
-        stored = source[id(state[f"{name}.weight"])]
-        file, shape = tensors[stored]
+        key = source[id(state[f"{name}.weight"])]
         if linear.weight.numel() * linear.weight.element_size() > READ_CHUNK:
-            return Rows(file, stored, shape, linear.weight.dtype)  # read while it is packed, a chunk at a time
-        linear.weight = nn.Parameter(read(file, stored, linear.weight.dtype), requires_grad=False)
+            return Rows(tensors[key], key, linear.weight.dtype)  # read while it is packed, a chunk at a time
+        linear.weight = nn.Parameter(read(tensors[key], key, linear.weight.dtype), requires_grad=False)
         return None
 
     pack_model(model, weights, fill=fill)
