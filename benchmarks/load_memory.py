@@ -16,6 +16,8 @@ the model itself and its loading cost. Way `self-draft` loads the model streamed
 the draft's, each tensor once. `--request N` then runs one greedy request of N new tokens after each load, on the
 fast path (compiled; with the self-draft drafting), and records the process's peak after it against the model's
 bytes and its key-value cache's (the request's tokens at the model's width and dtype): what a first request adds.
+`--files bin` rewrites the checkpoint's shards as PyTorch's zip-format `.bin` files (with their index; the
+safetensors removed) before the loads, as older releases ship their weights.
 """
 
 from __future__ import annotations
@@ -107,6 +109,25 @@ def one(way: str, path: str, weights: str, request: int) -> dict:
 PROMPT_TOKENS = 128
 
 
+def to_bin(directory: str) -> None:
+    """The safetensors shards of checkpoint `directory` rewritten as zip-format `.bin` files, one shard in memory at
+    a time, and its index as pytorch_model.bin.index.json; the safetensors removed."""
+    import torch
+    from safetensors.torch import load_file
+
+    path = Path(directory)
+    shards = {file.name: "pytorch_" + file.name.replace(".safetensors", ".bin") for file in path.glob("*.safetensors")}
+    for name, bin_name in shards.items():
+        torch.save(load_file(path / name), path / bin_name)
+        (path / name).unlink()
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {key: shards[file] for key, file in data["weight_map"].items()}
+        (path / "pytorch_model.bin.index.json").write_text(json.dumps(data))
+        index.unlink()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-1.5b")
@@ -117,9 +138,15 @@ def main() -> None:
                              "in bfloat16, then SelfDraft(weights=...)); comma-separated")
     parser.add_argument("--request", type=int, default=0, metavar="N",
                         help="after each load, one greedy request of N new tokens on the fast path (default: none)")
+    parser.add_argument("--files", choices=["safetensors", "bin"], default="safetensors",
+                        help="the checkpoint's weight files: as saved, or rewritten as .bin (default: safetensors)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--one", nargs=4, metavar=("WAY", "PATH", "WEIGHTS", "REQUEST"), help=argparse.SUPPRESS)
+    parser.add_argument("--to-bin", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.to_bin:
+        to_bin(args.to_bin)
+        return
     if args.one:
         way, path, weights, request = args.one
         print(json.dumps(one(way, path, weights, int(request))))
@@ -132,6 +159,10 @@ def main() -> None:
         from size_ladder import save_checkpoint
 
         save_checkpoint(args.model, str(path))
+    if args.files == "bin" and any(path.glob("*.safetensors")):  # (a process of its own, as the save)
+        subprocess.run([sys.executable, __file__, "--to-bin", str(path)], check=True)
+    if args.files == "safetensors" and not any(path.glob("*.safetensors")):
+        parser.error(f"{path} holds .bin weights: use --files bin, or another --dir")
     runs, failed = [], []
     ways = [("baseline", "-"), ("stack", "-")]
     ways += [(way, w) for w in args.weights.split(",") for way in args.ways.split(",")]
@@ -156,7 +187,7 @@ def main() -> None:
                   f"peak / (model + KV) {run['request_peak_rss_gb'] / held:.2f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "runs": runs}, f, indent=1)
+            json.dump({"model": args.model, "files": args.files, "runs": runs}, f, indent=1)
     if failed:
         sys.exit(f"failed: {', '.join(failed)} (above)")
 

@@ -81,7 +81,7 @@ def _server_identity_run(tmp_path: Path) -> list[str]:
 
 def _load_memory_run(tmp_path: Path) -> list[str]:
     return ["--model", "llama-tiny", "--weights", "int8", "--ways", "whole,self-draft", "--request", "2",
-            "--dir", str(tmp_path / "checkpoint")]
+            "--files", "bin", "--dir", str(tmp_path / "checkpoint")]
 
 
 def _class_row_run(tmp_path: Path) -> list[str]:
