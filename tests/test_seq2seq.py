@@ -3,6 +3,7 @@ exactness suite, decoder-cache rollback after every round, and bad input (docs/s
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -59,6 +60,23 @@ def test_partially_agreeing_draft_matches_generate(pairs, arch, gamma):
 def test_smaller_draft_of_the_same_family(pairs, arch):
     target, _, small, enc = pairs[arch]
     out = run(target, specdec.DraftModel(small), enc, gamma=4)
+    assert out.tokens == reference(target, enc)
+    assert out.stats.drafted > 0
+
+
+@pytest.mark.parametrize("weights", ["bfloat16", "int8", "w4a8"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_target_on_packed_weights_decodes_as_its_own_greedy_decoding(pairs, arch, weights):
+    """Encoder-decoder targets run on packed weights too (specdec.load(weights=...)), T5's included, whose feed-forward
+    asks its output projection for a float weight (a packed layer keeps none: None, which T5 then leaves alone):
+    speculative decoding with a packed draft is token-identical to HF's greedy decoding of the packed target."""
+    from specdec.runtime.weights import PackedLinear, pack_model
+
+    target, draft, _, enc = pairs[arch]
+    target, draft = (pack_model(copy.deepcopy(m).float(), weights, group=16) for m in (target, draft))
+    enc = {name: x.float() if x.is_floating_point() else x for name, x in enc.items()}  # (Whisper's features)
+    assert sum(isinstance(m, PackedLinear) for m in target.modules()) > 8
+    out = run(target, specdec.DraftModel(draft), enc, gamma=3)
     assert out.tokens == reference(target, enc)
     assert out.stats.drafted > 0
 

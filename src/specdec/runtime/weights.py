@@ -177,6 +177,8 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.register_buffer("packed", packed)
         self.register_buffer("bias", bias)
+        # No float weight is kept: model code that asks for one, as T5's feed-forward does, gets None.
+        self.register_parameter("weight", None)
         self.in_features, self.out_features = in_features, out_features
         self.weights, self.group = weights, group
 
