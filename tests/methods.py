@@ -45,7 +45,7 @@ METHODS = {
         {"compile": "static"}),
     # EAGLE-3: fused low/mid/high features (the target's hidden-state indices), own norm, and a reduced draft
     # vocabulary (-inf outside it). Its fast-path round is checked against this eager one in test_heads.py.
-    "eagle3": lambda target, draft: specdec.Eagle(target, _reduced_eagle3(target), top_k=2, depth=4, max_nodes=8),
+    "eagle3": lambda target, draft: specdec.Eagle(target, reduced_eagle3(target), top_k=2, depth=4, max_nodes=8),
     "medusa": lambda target, draft: specdec.Medusa(target, specdec.MedusaHeads.init(target, num_heads=4, seed=0),
                                                    tree=specdec.drafters.medusa.DEFAULT_TREE),
     # The target's own weights quantized (int4: the farthest from the target); its fast path and int8:
@@ -89,13 +89,13 @@ def suffix_drafter(cls=None):
 
 def _two_in_three(draft):
     """A draft vocabulary of every token id but each third one."""
-    return [i for i in range(draft.get_output_embeddings().weight.shape[0]) if i % 3]
+    return [i for i in range(draft.get_output_embeddings().out_features) if i % 3]
 
 
-def _reduced_eagle3(target):
+def reduced_eagle3(target):
     """An untrained EAGLE-3 head drafting from the lower half of the target's vocabulary only."""
     head = specdec.EagleHead.init(target, seed=0, variant="eagle3")
-    return head.with_draft_vocab(target, range(target.get_output_embeddings().weight.shape[0] // 2))
+    return head.with_draft_vocab(target, range(target.get_output_embeddings().out_features // 2))
 
 
 #: Methods for encoder-decoder targets (T5, BART, Marian, Whisper): tests/test_seq2seq.py runs each one in the

@@ -201,6 +201,24 @@ def test_every_mtp_method_is_greedy_identical(targets, arch, method):
     assert out.stats.drafted > 0
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_target_on_packed_weights_drafts_with_its_layer(tmp_path, arch):
+    """load(weights="int8") packs the target's linear layers, its LM head among them; Mtp drafts beside it, its
+    layer's outputs scored by that packed head: token-identical to plain decoding of the packed target, alone and
+    batched."""
+    from specdec.hub.loading import load_model
+
+    tiny_mtp(tmp_path, arch, hidden=64, vocab=64, seed=SEEDS[arch], dtype=torch.float32)
+    target = load_model(tmp_path, dtype=torch.float32, weights="int8")
+    assert not isinstance(target.get_output_embeddings(), torch.nn.Linear)
+    prompts = [[1, 2, 3, 4, 5, 1, 2], [4, 5, 6, 7]]
+    plain = [specdec.generate(target, p, max_new_tokens=16).tokens for p in prompts]
+    out = specdec.generate(target, prompts[0], drafter=specdec.Mtp(target), gamma=3, max_new_tokens=16)
+    assert out.tokens == plain[0] and out.stats.drafted > 0
+    batched = generate_batch(target, prompts, drafter=specdec.Mtp(target), gamma=3, max_new_tokens=16)
+    assert [o.tokens for o in batched] == plain
+
+
 @pytest.mark.parametrize("gamma", [1, 2, 6])
 def test_greedy_identity_at_other_gammas_and_a_one_token_prompt(targets, gamma):
     target = targets["deepseek_v3"]

@@ -10,13 +10,14 @@ is exact at T > 0 through tests/methods.py (the statistical suite); here its con
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from faulty import FAULTY_VERIFIERS
-from methods import QUANTIZED_STATISTICAL
+from methods import METHODS, QUANTIZED_STATISTICAL, reduced_eagle3, build
 from models import perturbed, tiny
 from torch import nn
 
@@ -47,6 +48,49 @@ def test_speculative_decoding_of_a_quantized_target_is_its_plain_decoding(weight
             spec = specdec.generate(target, prompt, drafter=drafter, gamma=gamma, max_new_tokens=24, compile=mode)
             assert spec.tokens == plain.tokens, (weights, mode, prompt, type(drafter).__name__)
             assert spec.stats.target_forwards <= plain.stats.target_forwards
+
+
+#: Methods of tests/methods.py built beside a quantized target from the float models, as they are made in use: an
+#: EAGLE-3 head's reduced LM head copies float rows the packed target no longer has (the head is made with the float
+#: target, then used with the packed one), and ParallelDraft.adapt grows a float draft, packed after.
+FROM_FLOAT = {
+    "eagle3": lambda float_target, float_draft, weights, target: specdec.Eagle(target, reduced_eagle3(float_target),
+                                                                               top_k=2, depth=4, max_nodes=8),
+    "parallel": lambda float_target, float_draft, weights, target: specdec.ParallelDraft(
+        pack_model(specdec.ParallelDraft.adapt(float_draft), weights, group=16)),
+}
+
+
+@pytest.mark.parametrize("weights", ["bfloat16", "int8", "w4a8"])
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_decodes_a_quantized_target_as_its_plain_decoding(method, weights):
+    """Every registered method (tests/methods.py: draft models, trees, multi-draft, heads that read the target's
+    features and run its packed LM head, block drafters, suffix trees), with its target and draft on packed weights,
+    is token-identical to plain decoding of that packed target."""
+    if method.startswith("self-draft"):
+        pytest.skip("SelfDraft copies a float target (test_self_draft_* above; a packed one is refused)")
+    float_target = tiny("llama", hidden=64, layers=2, dtype=torch.float32)
+    float_draft = perturbed(float_target, 0.2, seed=4)
+    target, draft = (pack_model(copy.deepcopy(m), weights, group=16) for m in (float_target, float_draft))
+    prompt = [5, 17, 3, 40, 8, 5, 17, 3, 40, 8, 9, 11]  # repeats, so n-gram drafters find matches
+    plain = specdec.generate(target, prompt, max_new_tokens=20)
+    if method in FROM_FLOAT:
+        drafter, options = FROM_FLOAT[method](float_target, float_draft, weights, target), {}
+    else:
+        drafter, options = build(method, target, draft)
+    out = specdec.generate(target, prompt, drafter=drafter, **{"gamma": 3, "max_new_tokens": 20, **options})
+    assert out.tokens == plain.tokens, (method, weights)
+
+
+@pytest.mark.parametrize("head", ["eagle", "medusa", "dflash"])
+def test_heads_beside_a_quantized_target_batch_as_lone_requests(head):
+    """Heads that read a packed target's features and run its packed LM head, in a batch (drafters/batched_heads.py
+    for EAGLE and Medusa; a DFlash block per row): every row's tokens are its lone plain decoding."""
+    target = _quantized("int8", seed=2)
+    lone = [specdec.generate(target, p, max_new_tokens=16).tokens for p in PROMPTS]
+    drafter, options = build(head, target, None)
+    batched = specdec.generate_batch(target, PROMPTS, drafter=drafter, gamma=3, max_new_tokens=16, **options)
+    assert [out.tokens for out in batched] == lone
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4", "w4a8", "w8a8"])

@@ -57,7 +57,7 @@ class BatchedMedusa(BatchedHeads):
             return out
         medusa = self.drafter
         lm_head = medusa.lm_head
-        features = torch.stack([rows[i].drafter.feature for i in drafting]).to(lm_head.weight.dtype)  # [R, H]
+        features = torch.stack([rows[i].drafter.feature for i in drafting]).to(medusa.embed.weight.dtype)  # [R, H]
         logits = lm_head(medusa.heads(features))  # [K, R, V]
         for j, i in enumerate(drafting):
             fork = rows[i].drafter
@@ -108,7 +108,7 @@ class BatchedEagle(BatchedHeads):
         for i, fork in zip(drafting, forks):
             if fork.rows + fork.pending.shape[0] != rows[i].n - 1:
                 fork._catch_up(rows[i].context[: rows[i].n])  # raises Eagle's own ConfigError
-        device = eagle.lm_head.weight.device
+        device = eagle.embed.weight.device
         lengths = torch.tensor([f.rows for f in forks], device=device)  # [R] head-cache rows per row
         pending = torch.tensor([f.pending.shape[0] for f in forks], device=device)  # [R]
         past, width = int(lengths.max()), int(pending.max())

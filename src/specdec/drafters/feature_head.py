@@ -46,7 +46,7 @@ class FeatureHeadDrafter(Drafter):
         self.head = head.eval()
         self.embed = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
-        self.vocab_size = int(self.lm_head.weight.shape[0])
+        self.vocab_size = int(self.lm_head.out_features)
         self._forwards = 0
         self._model = model
         self.mode: bool | str = False  # the decoder's compile setting (use_fast_path)
@@ -91,7 +91,7 @@ class FeatureHeadDrafter(Drafter):
             if self.slot_cache is None or self.slot_cache.max_len < size:
                 self.slot_cache = SlotCache(size)
         self.rows = 0  # head cache rows computed from target features (positions 0..rows-1)
-        param = self.lm_head.weight
+        param = self.embed.weight  # (the features' dtype and device: the target's head may be packed)
         self.pending = (torch.empty(0, self.head.feature_size, dtype=param.dtype, device=param.device)
                         if hidden is None else hidden.to(param.dtype))  # [m, F]
         self._forwards = 0

@@ -58,7 +58,8 @@ class Medusa(Drafter):
         check_target(heads.signature, model, "the given MedusaHeads")
         self.heads = heads.eval()
         self.lm_head = model.get_output_embeddings()
-        self.vocab_size = int(self.lm_head.weight.shape[0])
+        self.embed = model.get_input_embeddings()  # (its weight: the features' dtype; the head may be packed)
+        self.vocab_size = int(self.lm_head.out_features)
         self.tree = None
         if tree is not None:
             self.tree, parents = tree_parents(tree, heads.num_heads)
@@ -101,7 +102,7 @@ class Medusa(Drafter):
         if self.feature is None:
             return Proposal(context.new_empty(0))
         self._forwards += 1
-        logits = self.lm_head(self.heads(self.feature.to(self.lm_head.weight.dtype)))  # [K, V]
+        logits = self.lm_head(self.heads(self.feature.to(self.embed.weight.dtype)))  # [K, V]
         return self.proposal(logits, gamma, context.device)
 
     def proposal(self, logits: torch.Tensor, gamma: int, device: torch.device) -> Proposal:

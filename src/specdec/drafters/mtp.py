@@ -77,7 +77,7 @@ class Mtp(Drafter):
         self.embed = mtp.embed_tokens
         self.rotary = mtp.rotary_emb  # the target's
         self.lm_head = model.get_output_embeddings()
-        self.vocab_size = int(self.lm_head.weight.shape[0])
+        self.vocab_size = int(self.lm_head.out_features)
         self.family = type(model).__name__
         config = mtp.config.to_dict()
         layer_type = (config.get("layer_types") or [None])[0]
@@ -108,8 +108,8 @@ class Mtp(Drafter):
         """hidden [n-1, H]: the target's final features of prompt_ids[:-1] (None for a one-token prompt)."""
         self.cache = DynamicCache()
         self.rows = 0  # layer cache rows computed from target features (row t at position t+1)
-        param = self.lm_head.weight
-        width = int(param.shape[1])
+        param = self.embed.weight  # (the features' dtype and device: the target's head may be packed)
+        width = int(self.lm_head.in_features)
         self.pending = torch.empty(0, width, dtype=param.dtype, device=param.device) if hidden is None else hidden
         self._forwards = 0
 
@@ -275,7 +275,7 @@ class BatchedMtp(BatchedHeads):
             if fork.rows + fork.pending.shape[0] != rows[i].n - 1:
                 fork.catch_up(rows[i].context[: rows[i].n])  # raises Mtp's own ConfigError
         mtp = self.drafter
-        device = mtp.lm_head.weight.device
+        device = mtp.embed.weight.device
         count = len(forks)
         lengths = torch.tensor([f.rows for f in forks], device=device)  # [R] cache rows per row
         pending = torch.tensor([f.pending.shape[0] for f in forks], device=device)  # [R]

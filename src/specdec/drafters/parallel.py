@@ -34,6 +34,7 @@ from specdec.drafters.base import DrafterCapabilities, Proposal
 from specdec.drafters.draft_model import DraftModel
 from specdec.drafters.per_row import PerRow
 from specdec.errors import ConfigError, IncompatibleModelsError
+from specdec.runtime.weights import packed_formats
 
 #: The chain length a request drafts when it names no γ.
 DEFAULT_PARALLEL_GAMMA = 6
@@ -59,7 +60,12 @@ class ParallelDraft(DraftModel):
     def adapt(draft: PreTrainedModel) -> PreTrainedModel:
         """A copy of `draft` with one more embedding row, the mask token (id = the draft's vocabulary size), set to
         the mean of the other rows; untrained: distil it with `specdec distill --parallel`. The LM head grows with
-        it (a tied one shares the row); that row's logit is never read."""
+        it (a tied one shares the row); that row's logit is never read. A draft on packed weights cannot grow
+        (ConfigError): adapt the float draft, then pack it."""
+        if packed_formats(draft):
+            raise ConfigError(f"ParallelDraft.adapt grows the draft's embedding and LM head, but its layers are packed "
+                              f"({', '.join(sorted(packed_formats(draft)))}); adapt the draft loaded without "
+                              "weights=, then pack it (pack_model, or save it and load it with weights=...)")
         model = copy.deepcopy(draft)
         rows = int(model.get_input_embeddings().weight.shape[0])
         model.resize_token_embeddings(rows + 1, mean_resizing=False)

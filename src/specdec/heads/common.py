@@ -32,7 +32,7 @@ def target_signature(target: PreTrainedModel) -> dict[str, Any]:
     return {
         "model_type": config.model_type,
         "hidden_size": int(config.hidden_size),
-        "vocab_size": int(head.weight.shape[0]),
+        "vocab_size": int(head.out_features),  # (an nn.Linear, or a PackedLinear: load(weights=...))
         "num_hidden_layers": int(config.num_hidden_layers),
     }
 

@@ -48,6 +48,7 @@ from specdec.heads.common import (
     target_signature,
     write_head,
 )
+from specdec.runtime.weights import PackedLinear
 from specdec.runtime.base import cache_kwarg
 
 #: Attribute names, per HF family, of the base model's token embedding, layer list, final norm, and a
@@ -276,7 +277,8 @@ class EagleHead(nn.Module):
 
     def with_draft_vocab(self, target: PreTrainedModel, token_ids: torch.Tensor) -> EagleHead:
         """A copy of this EAGLE-3 head whose LM head covers only `token_ids` (target ids, e.g. the most frequent
-        tokens of the training data), its rows copied from the target's LM head (the one it was trained with)."""
+        tokens of the training data), its rows copied from the target's LM head (the one it was trained with; on
+        packed weights, float32 or bfloat16 ones: ConfigError for a quantized head, whose float rows are gone)."""
         if self.variant != "eagle3" or self.lm_head is not None:
             raise ConfigError("with_draft_vocab needs an EAGLE-3 head that shares the target's LM head")
         ids = torch.as_tensor(token_ids, dtype=torch.long).unique().sort().values  # [Vd] ascending, as EAGLE-3
@@ -287,7 +289,9 @@ class EagleHead(nn.Module):
         param = self.fc.weight
         head.lm_head = nn.Linear(self.hidden_size, ids.numel(), bias=False).to(param.device, param.dtype)
         with torch.no_grad():
-            head.lm_head.weight.copy_(target.get_output_embeddings().weight[ids.to(param.device)])
+            own = target.get_output_embeddings()
+            rows = own.dense_weight() if isinstance(own, PackedLinear) else own.weight  # [V, H]
+            head.lm_head.weight.copy_(rows[ids.to(rows.device)])
         head.register_buffer("draft_to_target", ids.to(param.device))
         return head
 
