@@ -584,6 +584,38 @@ def test_a_checkpoint_under_other_names_is_streamed_as_from_pretrained_renames_i
     assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
 
 
+@pytest.mark.parametrize("arch", ["t5", "bart", "whisper", "marian"])
+def test_an_encoder_decoder_checkpoint_is_streamed_as_from_pretrained_loads_it(tmp_path, monkeypatch, arch):
+    """load(weights=...) streams encoder-decoder checkpoints too (T5's tied embeddings, BART's biases, Whisper's
+    convolutions and speech auto class): every tensor and buffer, and the greedy decoding, are those of
+    from_pretrained + pack_model. Marian's checkpoint leaves out its sinusoidal position tables, which the model
+    computes: not streamed, loaded whole, as before."""
+    from seq2seq_models import encoder_inputs, tiny_seq2seq
+    from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
+
+    from specdec.hub.loading import load_model
+    from specdec.hub.streamed import load_streamed
+
+    auto_class = AutoModelForSpeechSeq2Seq if arch == "whisper" else AutoModelForSeq2SeqLM
+    tiny_seq2seq(arch, hidden=64, dtype=torch.float32).save_pretrained(tmp_path)
+    whole = pack_model(auto_class.from_pretrained(tmp_path, dtype=torch.bfloat16).eval(), "int8")
+    streamed = load_streamed(tmp_path, torch.bfloat16, "int8", auto_class)
+    if arch != "marian":
+        monkeypatch.setattr(auto_class, "from_pretrained", None)  # (load_model streams: a whole load would fail)
+    loaded = load_model(tmp_path, dtype=torch.bfloat16, weights="int8")
+    monkeypatch.undo()
+    if arch == "marian":
+        assert streamed is None
+        streamed = loaded
+    want, got = dict(whole.named_buffers()) | whole.state_dict(), dict(streamed.named_buffers()) | streamed.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
+    assert all(torch.equal(t, want[n]) for n, t in loaded.state_dict().items())
+    enc = {n: x.to(torch.bfloat16) if x.is_floating_point() else x
+           for n, x in encoder_inputs(arch, list(range(3, 19))).items()}
+    tokens = [specdec.generate(m, None, encoder_inputs=enc, max_new_tokens=12).tokens for m in (streamed, whole)]
+    assert tokens[0] == tokens[1]
+
+
 def test_a_checkpoint_streaming_cannot_read_exactly_is_loaded_whole(tmp_path):
     """Weights in the legacy (pre-zip) .bin format, a quantized checkpoint, tensors from_pretrained merges on load,
     or tensors under names from_pretrained does not map to the model's: load_streamed declines (None), and

@@ -164,7 +164,8 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype |
 
         with _no_progress_bars():
             local = local_checkpoint(path, cache)
-            model = load_streamed(local, resolve_dtype(dtype, device), weights) if local is not None else None
+            model = None if local is None else load_streamed(local, resolve_dtype(dtype, device), weights,
+                                                             _model_class(local))
         if model is not None:
             return model
     try:

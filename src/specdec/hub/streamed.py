@@ -15,12 +15,13 @@ process's resident memory: safetensors' reader maps each itself; in a `.bin`, wh
 once per file (`pickled_layout`) and each read maps them (`read`), so that its pickle is not parsed again per read.
 
 The model is the one `from_pretrained(dtype=...)` and `pack_model` give, tensor for tensor (tests/test_quantize.py).
-Only a checkpoint this reads exactly as `from_pretrained` does is streamed: a causal LM (a local directory, or a hub
-id's snapshot in the hub cache) in the files `from_pretrained` would read, safetensors or else PyTorch's zip-format
-`.bin` (one file, or shards with their index), whose keys `from_pretrained`'s own renaming (transformers' conversion
-mapping: legacy names, the base model's prefix added or stripped) gives each of the model's tensors at its shape (a
-tied LM head may be left out; keys the model has no tensor for are left unread, as `from_pretrained` leaves them).
-A checkpoint whose tensors are converted on load (merged or split) or quantized (a `quantization_config`), or a
+Only a checkpoint this reads exactly as `from_pretrained` does is streamed: a causal LM or an encoder-decoder (a
+local directory, or a hub id's snapshot in the hub cache) in the files `from_pretrained` would read, safetensors or
+else PyTorch's zip-format `.bin` (one file, or shards with their index), whose keys `from_pretrained`'s own renaming
+(transformers' conversion mapping: legacy names, the base model's prefix added or stripped) gives each of the
+model's tensors at its shape (a tied LM head may be left out; keys the model has no tensor for are left unread, as
+`from_pretrained` leaves them). A checkpoint whose tensors are converted on load (merged or split) or quantized (a
+`quantization_config`), or that leaves out a tensor the model computes itself (Marian's sinusoidal positions), or a
 `.bin` in the legacy format, is not: there `load_streamed` returns None and the caller loads the float model whole.
 """
 
@@ -204,9 +205,10 @@ class Rows:
         return self.chunk[r0 - self.start : r1 - self.start]
 
 
-def load_streamed(path: str | Path, dtype: torch.dtype, weights: str) -> nn.Module | None:
-    """The causal LM at `path` with its linear layers packed in format `weights`, read layer by layer (see the
-    module docstring); None when the checkpoint is not one this reads exactly as from_pretrained does."""
+def load_streamed(path: str | Path, dtype: torch.dtype, weights: str, auto_class=None) -> nn.Module | None:
+    """The model at `path` (of `auto_class`, a transformers auto class: AutoModelForCausalLM unless given, e.g.
+    AutoModelForSeq2SeqLM) with its linear layers packed in format `weights`, read layer by layer (see the module
+    docstring); None when the checkpoint is not one this reads exactly as from_pretrained does."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
     from transformers.initialization import no_init_weights
 
@@ -217,10 +219,10 @@ def load_streamed(path: str | Path, dtype: torch.dtype, weights: str) -> nn.Modu
         return None
     tensors = checkpoint_tensors(path)
     config = AutoConfig.from_pretrained(str(path)) if tensors is not None else None
-    if config is None or config.is_encoder_decoder or "quantization_config" in config.to_dict():
+    if config is None or "quantization_config" in config.to_dict():
         return None
     with no_init_weights():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = (auto_class or AutoModelForCausalLM).from_config(config, dtype=dtype)
     model.tie_weights()  # (skipped under no_init_weights; from_pretrained ties after loading)
     state = model.state_dict(keep_vars=True)  # name -> its empty tensor; tied tensors under each of their names
     stored_as = stored_names(model, state, tensors)
