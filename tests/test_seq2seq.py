@@ -110,6 +110,20 @@ def test_trees_and_heads_on_a_decoder_that_takes_positions(pairs, method):
         assert decoder.stats.accepted > 0
 
 
+@pytest.mark.parametrize("method", sorted(SEQ2SEQ_TREE_METHODS))
+def test_trees_and_heads_beside_a_decoder_on_packed_weights(pairs, method):
+    """Whisper's target and draft on int8 weights: trees scored in one pass and Medusa's heads running the packed LM
+    head decode as HF's greedy decoding of the packed target."""
+    from specdec.runtime.weights import pack_model
+
+    target, draft, _, enc = pairs["whisper"]
+    target, draft = (pack_model(copy.deepcopy(m).float(), "int8", group=16) for m in (target, draft))
+    enc = {name: x.float() if x.is_floating_point() else x for name, x in enc.items()}
+    drafter, options = build_seq2seq(method, target, draft, SEQ2SEQ_TREE_METHODS)
+    decoder = SpeculativeDecoder(target, drafter, gamma=3, max_new_tokens=24, encoder_inputs=enc, **options)
+    assert list(decoder.stream(None)) == reference(target, enc)
+
+
 def test_tree_commit_keeps_the_accepted_branch_in_the_decoder_cache(pairs):
     """Score a two-branch tree, keep the second branch: the cache then equals a chain pass along it."""
     target, _, _, enc = pairs["whisper"]
