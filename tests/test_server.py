@@ -424,6 +424,32 @@ def test_cli_serve_builds_the_default_pair_app(capsys):
     assert not build_app(args).state.scheduler.speculative
 
 
+def test_cli_serve_serves_the_default_pair_on_packed_weights():
+    """`specdec serve --weights int8`: target and draft on int8 packed weights, as `specdec generate --weights`
+    loads them, each request's tokens that model's own greedy decoding."""
+    from specdec.cli import build_parser
+    from specdec.cli.serve import build_app
+    from specdec.hub.default_pair import assets_present
+    from specdec.runtime.weights import packed_formats
+
+    if not assets_present():
+        pytest.skip("default pair assets not present")
+    args = build_parser().parse_args(["serve", "--port", "0", "--weights", "int8", "--dtype", "float32"])
+    server = LiveServer(build_app(args))
+    try:
+        decoder = server.app.state.scheduler.decoder
+        target = decoder.target.model
+        assert packed_formats(target) == {"int8"} and packed_formats(decoder.drafter.model) == {"int8"}
+        tokenizer = specdec.load_default()[2]
+        ids = tokenizer("def parse(self, text):", return_tensors="pt").input_ids[0]
+        out = server.client.completions.create(model="specdec-default", prompt="def parse(self, text):",
+                                               max_tokens=24, temperature=0)
+        plain = specdec.generate(target, ids, max_new_tokens=24)
+        assert out.choices[0].text == tokenizer.decode(plain.tokens)
+    finally:
+        server.stop()
+
+
 def test_a_round_that_fails_as_a_whole_fails_its_rows_and_serving_goes_on(live):
     scheduler = live.app.state.scheduler
 

@@ -167,17 +167,22 @@ def register(subparsers) -> None:
     parser.add_argument("--dtype", default="auto",
                         help="model dtype: auto (bfloat16 where this machine computes it natively, measured once; "
                              "else float32), float32, bfloat16, float16, float64, checkpoint (the weights' own)")
-    parser.add_argument("--weights", default=None, choices=("float32", "bfloat16", "int8", "int4", "w4a8", "w8a8"),
-                        help="the target's (and draft model's) linear layers on packed weights of this format, on "
-                        "specdec's CPU kernels: int8 / int4 quantize them (weight-only), w4a8 / w8a8 are int4 / int8 "
-                        "on int8 activations (integer arithmetic, as llama.cpp's Q4_0 / Q8_0), bfloat16 halves the "
-                        "bytes of a float32 model (default: the models' own layers; docs/quantization.md)")
+    add_weights_arg(parser)
     add_threads_arg(parser)
     parser.add_argument("--compile", action="store_true",
                         help="the fast path: slot KV cache and compiled passes for target and draft model (the "
                         "first run of each shape compiles, then inductor's disk cache makes later starts "
                         "quick; same tokens; see docs/fastpath.md)")
     parser.set_defaults(func=run)
+
+
+def add_weights_arg(parser) -> None:
+    """--weights, for the commands that load models with `load(weights=...)` (generate, serve)."""
+    parser.add_argument("--weights", default=None, choices=("float32", "bfloat16", "int8", "int4", "w4a8", "w8a8"),
+                        help="the target's (and draft model's) linear layers on packed weights of this format, on "
+                        "specdec's CPU kernels: int8 / int4 quantize them (weight-only), w4a8 / w8a8 are int4 / int8 "
+                        "on int8 activations (integer arithmetic, as llama.cpp's Q4_0 / Q8_0), bfloat16 halves the "
+                        "bytes of a float32 model (default: the models' own layers; docs/quantization.md)")
 
 
 def load_models(args):

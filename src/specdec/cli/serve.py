@@ -7,7 +7,7 @@ import sys
 
 
 def register(subparsers) -> None:
-    from specdec.cli.generate import drafter_choices
+    from specdec.cli.generate import add_weights_arg, drafter_choices
     from specdec.runtime.threads import add_threads_arg
 
     parser = subparsers.add_parser(
@@ -68,6 +68,7 @@ def register(subparsers) -> None:
                         help="model dtype: auto (bfloat16 where this machine computes it natively and the batched "
                              "passes' linear kernel is 1.25x faster in it at 32 rows, measured once; else float32), "
                              "float32, bfloat16, float16, float64, checkpoint (the weights' own)")
+    add_weights_arg(parser)
     parser.set_defaults(func=run)
 
 
