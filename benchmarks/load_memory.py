@@ -58,9 +58,8 @@ def kv_bytes(model, tokens: int) -> int:
 
 def one(way: str, path: str, weights: str, request: int) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from specdec.hub.loading import load_model
+    from specdec.hub.loading import load_model, model_class
     from specdec.runtime.weights import pack_model
 
     torch.set_num_threads(1)
@@ -89,7 +88,7 @@ def one(way: str, path: str, weights: str, request: int) -> dict:
         drafter = SelfDraft(target, weights=weights)
         models = (target, drafter.model)
     else:
-        models = (pack_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval(), weights),)
+        models = (pack_model(model_class(path).from_pretrained(path, dtype=torch.bfloat16).eval(), weights),)
     seconds = time.perf_counter() - start
     run = {"way": way, "weights": weights, "load_s": seconds, "peak_rss_gb": peak_gb(), "rss_before_gb": before,
            "model_gb": model_bytes(*models) / 2**30}

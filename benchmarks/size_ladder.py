@@ -34,6 +34,9 @@ SHAPES = {
     "llama-3.1-8b": ("llama", 4096, 14336, 32, 32, 8, 128256, False),
     "llama-tiny": ("llama", 64, 128, 2, 4, 2, 512, False),  # the smoke tests' (tests/test_benchmarks.py)
     "default-target": ("llama", 384, 1024, 6, 6, 6, 8192, True),  # the shipped default target's, in cache (kernel A/Bs)
+    # An encoder-decoder (load_memory.py): encoder and decoder of `layers` each, 128 mel bins, tied output projection.
+    "whisper-large-v3": ("whisper", 1280, 5120, 32, 20, 20, 51866, True),
+    "whisper-tiny-random": ("whisper", 64, 128, 2, 4, 4, 512, True),  # the smoke tests' encoder-decoder
 }
 CONTEXT = 96
 WIDTHS = (1, 2, 4, 6, 8)
@@ -57,14 +60,29 @@ def build(name: str, dtype):
     from its own place in the block (OFFSET_STEP). Its speed and memory are a trained model's; its outputs mean
     nothing."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        WhisperConfig,
+        WhisperForConditionalGeneration,
+    )
     from transformers.initialization import no_init_weights
 
     family, hidden, inter, layers, heads, kv, vocab, tied = SHAPES[name]
-    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if family == "qwen2" else (LlamaConfig, LlamaForCausalLM)
-    config = config_cls(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                        num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
-                        tie_word_embeddings=tied, max_position_embeddings=4096)
+    if family == "whisper":
+        model_cls = WhisperForConditionalGeneration
+        config = WhisperConfig(d_model=hidden, encoder_ffn_dim=inter, decoder_ffn_dim=inter, encoder_layers=layers,
+                               decoder_layers=layers, encoder_attention_heads=heads, decoder_attention_heads=kv,
+                               vocab_size=vocab, num_mel_bins=128, tie_word_embeddings=tied, pad_token_id=vocab - 1,
+                               bos_token_id=vocab - 2, eos_token_id=vocab - 2, decoder_start_token_id=vocab - 3)
+    else:
+        config_cls, model_cls = ((Qwen2Config, Qwen2ForCausalLM) if family == "qwen2"
+                                 else (LlamaConfig, LlamaForCausalLM))
+        config = config_cls(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                            num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                            tie_word_embeddings=tied, max_position_embeddings=4096)
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:

@@ -157,7 +157,8 @@ def test_ladder_models_hold_no_two_parameters_alike():
         sys.path.remove(str(BENCHMARKS))
     import torch
 
-    params = list(build("llama-tiny", torch.float32).parameters())
-    same_shape = [(a, b) for i, a in enumerate(params) for b in params[i + 1 :] if a.shape == b.shape]
-    assert len(same_shape) >= 10  # the layers' weights, norms included
-    assert not any(torch.equal(a, b) for a, b in same_shape)
+    for shape in ("llama-tiny", "whisper-tiny-random"):  # (a decoder, and an encoder-decoder's two stacks)
+        params = list(build(shape, torch.float32).parameters())
+        same_shape = [(a, b) for i, a in enumerate(params) for b in params[i + 1 :] if a.shape == b.shape]
+        assert len(same_shape) >= 10  # the layers' weights, norms included
+        assert not any(torch.equal(a, b) for a, b in same_shape), shape

@@ -125,7 +125,7 @@ def cache_only(path: str | Path) -> bool:
     )
 
 
-def _model_class(path: str | Path, cache: bool = False):
+def model_class(path: str | Path, cache: bool = False):
     """AutoModelForCausalLM; for an encoder-decoder checkpoint AutoModelForSeq2SeqLM (text) or
     AutoModelForSpeechSeq2Seq (speech: Whisper), read from its config."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
@@ -143,7 +143,7 @@ def _model_class(path: str | Path, cache: bool = False):
 def is_speech_checkpoint(path: str | Path, cache: bool = False) -> bool:
     from transformers import AutoModelForSpeechSeq2Seq
 
-    return _model_class(path, cache) is AutoModelForSpeechSeq2Seq
+    return model_class(path, cache) is AutoModelForSpeechSeq2Seq
 
 
 def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype | None = None,
@@ -165,12 +165,12 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype |
         with _no_progress_bars():
             local = local_checkpoint(path, cache)
             model = None if local is None else load_streamed(local, resolve_dtype(dtype, device), weights,
-                                                             _model_class(local))
+                                                             model_class(local))
         if model is not None:
             return model
     try:
         with _no_progress_bars():
-            model = _model_class(path, cache).from_pretrained(str(path), dtype=resolve_dtype(dtype, device),
+            model = model_class(path, cache).from_pretrained(str(path), dtype=resolve_dtype(dtype, device),
                                                               local_files_only=cache)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
