@@ -180,6 +180,28 @@ def test_cli_greedy_json(saved_pair, capsys):
         ("draft", 2, 1.0, "bfloat16"), ("prompt-lookup", 2, 1.0, "bfloat16")]
 
 
+def test_cli_greedy_on_packed_weights(saved_pair, capsys, monkeypatch):
+    """`specdec verify --greedy --weights int8`: target and draft loaded on int8 packed weights, as `generate
+    --weights` loads them, and checked as that model."""
+    import specdec.exactness as exactness
+    from specdec.runtime.weights import packed_formats
+
+    seen, real = [], exactness.check_greedy
+
+    def spy(target, prompts, drafter, **kwargs):
+        seen.append((packed_formats(target), packed_formats(drafter.model)))
+        return real(target, prompts, drafter, **kwargs)
+
+    monkeypatch.setattr(exactness, "check_greedy", spy)
+    ids = [",".join(map(str, p)) for p in PROMPTS.values()]
+    rc = cli_main(["verify", "--greedy", "--target", str(saved_pair / "target"), "--draft", str(saved_pair / "draft"),
+                   "--drafter", "draft", "--prompt-ids", ids[0], "--prompt-ids", ids[1], "--dtype", "bfloat16",
+                   "--weights", "int8", "--max-new-tokens", "24", "--eos", "none", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["passed"] and out["weights"] == "int8"
+    assert seen == [({"int8"}, {"int8"})] and out["results"][0]["identical_fraction"] == 1.0
+
+
 def test_cli_greedy_reports_a_divergence_and_exits_1(saved_pair, capsys, monkeypatch):
     import specdec.exactness as exactness
 

@@ -177,7 +177,7 @@ def register(subparsers) -> None:
 
 
 def add_weights_arg(parser) -> None:
-    """--weights, for the commands that load models with `load(weights=...)` (generate, serve)."""
+    """--weights, for the commands that load models with `load(weights=...)` (generate, serve, verify)."""
     parser.add_argument("--weights", default=None, choices=("float32", "bfloat16", "int8", "int4", "w4a8", "w8a8"),
                         help="the target's (and draft model's) linear layers on packed weights of this format, on "
                         "specdec's CPU kernels: int8 / int4 quantize them (weight-only), w4a8 / w8a8 are int4 / int8 "

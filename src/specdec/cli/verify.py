@@ -7,7 +7,7 @@ import json
 
 
 def register(subparsers) -> None:
-    from specdec.cli.generate import add_decoding_args, drafter_choices
+    from specdec.cli.generate import add_decoding_args, add_weights_arg, drafter_choices
     from specdec.runtime.threads import add_threads_arg
 
     parser = subparsers.add_parser(
@@ -75,6 +75,7 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=int, default=None, metavar="ROWS",
                         help="--greedy: decode with generate_batch, ROWS prompts at a time, and compare each row "
                         "with its prompt decoded alone")
+    add_weights_arg(parser)
     add_threads_arg(parser)
     parser.set_defaults(func=run, temperature=None, max_new_tokens=None, seed=0)
     # The shared decoding options document generate's defaults; state verify's own.
@@ -106,19 +107,29 @@ def _load(args, need_tokenizer: bool):
     import specdec
     from specdec.hub.loading import check_device, load_model, load_tokenizer, resolve_dtype
     from specdec.runtime.threads import apply_threads
+    from specdec.runtime.weights import pack_model
 
     check_device(args.device)
     apply_threads(args)
     if args.target is None:
         target, draft, tokenizer = specdec.load_default(device=args.device,
                                                         dtype=resolve_dtype(args.dtype, args.device))
+        if args.weights:  # the shipped pair, loaded in float
+            target, draft = pack_model(target, args.weights), pack_model(draft, args.weights)
     else:
-        target = load_model(args.target, args.device, args.dtype)
+        target = load_model(args.target, args.device, args.dtype, args.weights)
         draft = None
         tokenizer = load_tokenizer(args.target) if need_tokenizer else None
     if args.draft is not None:  # its own tokenizer, if another, is translated (as `specdec generate` does)
-        draft = load_model(args.draft, args.device, args.dtype)
+        draft = load_model(args.draft, args.device, args.dtype, args.weights)
     return target, draft, tokenizer
+
+
+def _say_weights(console, args) -> None:
+    """--weights: what every result below holds for (the models' linear layers on packed weights of that format)."""
+    if args.weights:
+        console.print(f"target and draft model on packed {args.weights} weights (--weights): every result below is "
+                      "for that model")
 
 
 def _eos(args) -> list[int] | None:
@@ -177,6 +188,7 @@ def run(args) -> int:
     prompt_ids = encode_prompt(tokenizer, args.prompt[0]) if args.prompt else _ids(args.prompt_ids[0], "--prompt-ids")
     eos = _eos(args)
     console = Console(stderr=args.json, highlight=False)
+    _say_weights(console, args)
     results = []
     for kind, drafter in _drafters(args, target, draft, tokenizer):
         with console.status(f"verifying {kind}: {args.samples} draws ..."):
@@ -191,7 +203,8 @@ def run(args) -> int:
         results.append(result)
     passed = all(r.passed for r in results)
     if args.json:
-        print(json.dumps({"passed": passed, "results": [r.to_dict() for r in results]}, indent=2))
+        print(json.dumps({"passed": passed, "weights": args.weights, "results": [r.to_dict() for r in results]},
+                         indent=2))
         return 0 if passed else 1
 
     first = results[0]
@@ -266,6 +279,7 @@ def run_greedy(args) -> int:
     prompts = _greedy_prompts(args, tokenizer)
     eos = _eos(args)
     console = Console(stderr=args.json, highlight=False)
+    _say_weights(console, args)
     if args.compile:
         _say_when_compiling()
     named = {p.name: p.ids for p in prompts}
@@ -282,7 +296,7 @@ def run_greedy(args) -> int:
         results = [r.to_dict() for r in reports]
         for d in (d for r in results for d in r["divergences"]):
             d["plain_text"], d["method_text"] = _piece(tokenizer, d["plain_token"]), _piece(tokenizer, d["method_token"])
-        print(json.dumps({"passed": passed, "results": results}, indent=2))
+        print(json.dumps({"passed": passed, "weights": args.weights, "results": results}, indent=2))
     else:
         for r in reports:
             _print_greedy(console, r, tokenizer)
