@@ -431,12 +431,13 @@ def test_a_quantized_copy_read_back_a_block_at_a_time_is_the_same_copy(monkeypat
 @pytest.mark.parametrize("weights", ["bfloat16", "int8", "int4", "w4a8"])
 @pytest.mark.parametrize("chunk_panels", [0, 2], ids=["a-block-a-read", "two-blocks-a-read"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "f32-saved-bf16-loaded"])
+@pytest.mark.parametrize("files", ["safetensors", "bin"])
 def test_a_large_weight_is_read_a_chunk_of_rows_at_a_time_into_the_same_packing(tmp_path, monkeypatch, weights,
-                                                                                 chunk_panels, dtype):
-    """A linear weight of more than READ_CHUNK bytes is read from the checkpoint a chunk of rows at a time while it
-    is packed (hub/streamed.py's Rows), never whole: the model is the whole model packed, whether each read holds one
-    of the packing's blocks (a chunk smaller than a block) or several, and whether its chunks are converted from the
-    checkpoint's dtype, and the reads cover each weight's rows once, in order."""
+                                                                                 chunk_panels, dtype, files):
+    """A linear weight of more than READ_CHUNK bytes is read from the checkpoint (safetensors or `.bin`) a chunk of
+    rows at a time while it is packed (hub/streamed.py's Rows), never whole: the model is the whole model packed,
+    whether each read holds one of the packing's blocks (a chunk smaller than a block) or several, and whether its
+    chunks are converted from the checkpoint's dtype, and the reads cover each weight's rows once, in order."""
     from transformers import AutoModelForCausalLM
 
     from specdec.hub import streamed
@@ -445,6 +446,8 @@ def test_a_large_weight_is_read_a_chunk_of_rows_at_a_time_into_the_same_packing(
 
     load_kernel()
     tiny("llama", hidden=64, layers=1, vocab=1000, dtype=torch.float32).save_pretrained(tmp_path)
+    if files == "bin":
+        _as_bin(tmp_path)
     panel = torch.ops.specdec.panel_width()
     monkeypatch.setattr(weights_module, "QUANTIZE_BLOCK", 1)  # blocks of one panel of rows
     row_bytes = 64 * dtype.itemsize  # a row of 64 inputs in the model's dtype
