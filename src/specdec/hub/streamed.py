@@ -11,8 +11,8 @@
 
 Peak memory: the packed weights, the other tensors, and one layer's float weight or one chunk of it. Each tensor (and
 each chunk) is read through its own short-lived mapping of its file, so the pages read do not stay counted in the
-process's resident memory: safetensors' reader maps each itself; in a `.bin`, where each tensor's bytes are is found
-once per file (`pickled_layout`) and each read maps them (`read`), so that its pickle is not parsed again per read.
+process's resident memory: safetensors' reader maps each itself; in a `.bin`, the place of each tensor's bytes is
+found once per file (`pickled_layout`) and each read maps them (`read`), so the file's pickle is parsed once.
 
 The model is the one `from_pretrained(dtype=...)` and `pack_model` give, tensor for tensor (tests/test_quantize.py).
 Only a checkpoint this reads exactly as `from_pretrained` does is streamed: a causal LM or an encoder-decoder (a
