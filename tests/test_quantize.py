@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from faulty import FAULTY_VERIFIERS
-from methods import METHODS, QUANTIZED_STATISTICAL, reduced_eagle3, build
+from methods import METHODS, QUANTIZED_STATISTICAL, build, reduced_eagle3
 from models import perturbed, tiny
 from torch import nn
 
