@@ -144,7 +144,7 @@ def register(subparsers) -> None:
                         help="skip timing bare target passes of 1..γ+1 tokens and a draft pass (a few seconds; "
                         "they show what a verification pass costs next to a plain step)")
     timing.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, weights=None)  # (the models in their own layers: every method and peer alike)
 
 
 def run(args) -> int:

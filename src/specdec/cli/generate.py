@@ -197,7 +197,7 @@ def load_models(args):
 
     check_device(args.device)
     apply_threads(args)
-    weights = getattr(args, "weights", None)
+    weights = args.weights
     if weights and not str(args.device).startswith("cpu"):
         from specdec.errors import ConfigError
 
