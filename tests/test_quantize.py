@@ -602,7 +602,7 @@ def test_an_encoder_decoder_checkpoint_is_streamed_as_from_pretrained_loads_it(t
     auto_class = AutoModelForSpeechSeq2Seq if arch == "whisper" else AutoModelForSeq2SeqLM
     tiny_seq2seq(arch, hidden=64, dtype=torch.float32).save_pretrained(tmp_path)
     whole = pack_model(auto_class.from_pretrained(tmp_path, dtype=torch.bfloat16).eval(), "int8")
-    streamed = load_streamed(tmp_path, torch.bfloat16, "int8", auto_class)
+    streamed = load_streamed(tmp_path, torch.bfloat16, "int8")
     if arch != "marian":
         monkeypatch.setattr(auto_class, "from_pretrained", None)  # (load_model streams: a whole load would fail)
     loaded = load_model(tmp_path, dtype=torch.bfloat16, weights="int8")

@@ -125,19 +125,26 @@ def cache_only(path: str | Path) -> bool:
     )
 
 
+def auto_class_of(config):
+    """The transformers auto class a model of `config` loads through: AutoModelForCausalLM; for an encoder-decoder
+    AutoModelForSeq2SeqLM (text) or AutoModelForSpeechSeq2Seq (speech: Whisper)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
+
+    if not config.is_encoder_decoder:
+        return AutoModelForCausalLM
+    speech = type(config) in AutoModelForSpeechSeq2Seq._model_mapping
+    return AutoModelForSpeechSeq2Seq if speech else AutoModelForSeq2SeqLM
+
+
 def model_class(path: str | Path, cache: bool = False):
-    """AutoModelForCausalLM; for an encoder-decoder checkpoint AutoModelForSeq2SeqLM (text) or
-    AutoModelForSpeechSeq2Seq (speech: Whisper), read from its config."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
+    """`auto_class_of` the checkpoint's config (AutoModelForCausalLM when it has none: the load reports that)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
         config = AutoConfig.from_pretrained(str(path), local_files_only=cache)
     except (OSError, ValueError):
         return AutoModelForCausalLM  # the load below reports the problem
-    if not getattr(config, "is_encoder_decoder", False):
-        return AutoModelForCausalLM
-    speech = type(config) in AutoModelForSpeechSeq2Seq._model_mapping
-    return AutoModelForSpeechSeq2Seq if speech else AutoModelForSeq2SeqLM
+    return auto_class_of(config)
 
 
 def is_speech_checkpoint(path: str | Path, cache: bool = False) -> bool:
@@ -164,8 +171,7 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str | torch.dtype |
 
         with _no_progress_bars():
             local = local_checkpoint(path, cache)
-            model = None if local is None else load_streamed(local, resolve_dtype(dtype, device), weights,
-                                                             model_class(local))
+            model = None if local is None else load_streamed(local, resolve_dtype(dtype, device), weights)
         if model is not None:
             return model
     try:

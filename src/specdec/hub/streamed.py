@@ -205,13 +205,14 @@ class Rows:
         return self.chunk[r0 - self.start : r1 - self.start]
 
 
-def load_streamed(path: str | Path, dtype: torch.dtype, weights: str, auto_class=None) -> nn.Module | None:
-    """The model at `path` (of `auto_class`, a transformers auto class: AutoModelForCausalLM unless given, e.g.
-    AutoModelForSeq2SeqLM) with its linear layers packed in format `weights`, read layer by layer (see the module
-    docstring); None when the checkpoint is not one this reads exactly as from_pretrained does."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+def load_streamed(path: str | Path, dtype: torch.dtype, weights: str) -> nn.Module | None:
+    """The model at `path` (of the auto class its config loads through: `hub.loading.auto_class_of`) with its linear
+    layers packed in format `weights`, read layer by layer (see the module docstring); None when the checkpoint is
+    not one this reads exactly as from_pretrained does."""
+    from transformers import AutoConfig, GenerationConfig
     from transformers.initialization import no_init_weights
 
+    from specdec.hub.loading import auto_class_of
     from specdec.runtime.weights import pack_model
 
     path = Path(path)
@@ -222,7 +223,7 @@ def load_streamed(path: str | Path, dtype: torch.dtype, weights: str, auto_class
     if config is None or "quantization_config" in config.to_dict():
         return None
     with no_init_weights():
-        model = (auto_class or AutoModelForCausalLM).from_config(config, dtype=dtype)
+        model = auto_class_of(config).from_config(config, dtype=dtype)
     model.tie_weights()  # (skipped under no_init_weights; from_pretrained ties after loading)
     state = model.state_dict(keep_vars=True)  # name -> its empty tensor; tied tensors under each of their names
     stored_as = stored_names(model, state, tensors)
