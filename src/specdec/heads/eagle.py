@@ -48,8 +48,8 @@ from specdec.heads.common import (
     target_signature,
     write_head,
 )
-from specdec.runtime.weights import PackedLinear
 from specdec.runtime.base import cache_kwarg
+from specdec.runtime.weights import PackedLinear
 
 #: Attribute names, per HF family, of the base model's token embedding, layer list, final norm, and a
 #: layer's input norm. The head drops the embedding (it is fed `inputs_embeds`) and both norms.
