@@ -140,6 +140,32 @@ def test_a_row_at_model_shapes_does_not_depend_on_the_rest_of_the_pass(dtype, he
     assert all(torch.equal(a, full[:, :, i : i + 1]) for a, i in zip(alone, (0, 64, rows - 1)))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_a_row_over_a_long_cache_does_not_depend_on_the_rest_of_the_pass(dtype, head_dim):
+    """Over a long cache, rows whose visible slots start and end at different places (with a hole each), and whose
+    values are summed two or four rows at a time, have the bits they have alone, in passes of 3 rows, and without
+    the other query heads of their grouped-query kv head."""
+    torch.manual_seed(5)
+    heads, kv_heads, rows, slots = 6, 2, 8, 1300
+    k, v = (torch.randn(1, kv_heads, slots, head_dim).to(dtype) for _ in range(2))  # [B, Hkv, L, D]
+    q = torch.randn(1, heads, rows, head_dim).to(dtype)  # [B, H, M, D]
+    mask = torch.full((1, 1, rows, slots), float("-inf"))  # [B, 1, M, L]
+    for i in range(rows):
+        mask[0, 0, i, 37 * i + 3 : 1100 + 29 * i] = 0.0  # row i sees its own window
+        mask[0, 0, i, 500 + 11 * i : 540 + 11 * i] = float("-inf")  # and a hole in it
+    full = row_attention(q, k, v, mask.to(dtype))
+    tol = 2e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(full.float(), reference(q, k, v, mask), atol=tol, rtol=tol)
+    for i in range(rows):
+        alone = row_attention(q[:, :, i : i + 1], k, v, mask[:, :, i : i + 1].to(dtype))
+        assert torch.equal(alone, full[:, :, i : i + 1]), f"row {i} alone"
+    parts = [row_attention(q[:, :, s : s + 3], k, v, mask[:, :, s : s + 3].to(dtype)) for s in range(0, rows, 3)]
+    assert torch.equal(torch.cat(parts, dim=2), full), "in passes of 3 rows"
+    one_head = row_attention(q[:, 4:5], k[:, 1:2], v[:, 1:2], mask.to(dtype))  # head 4 reads kv head 1
+    assert torch.equal(one_head, full[:, 4:5]), "without the other query heads of its kv head"
+
+
 def test_the_mode_routes_sdpa_and_passes_through_what_it_cannot_serve():
     q, k, v = (torch.randn(1, 2, 3, 16) for _ in range(3))
     mask = torch.zeros(1, 1, 3, 3)
