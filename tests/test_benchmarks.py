@@ -115,6 +115,8 @@ TINY_RUNS = {
     "multi_draft_summary": (_multi_draft_runs, "edit rrs:2:2        drafted/round  3.00 τ 2.250 chain τ at that many "
                                                "drafts (interp.) 2.150 ratio 1.047"),
     "tree_fastpath_table": (_tree_fastpath_run, "| tree-8 | 3.0 | 2.00 | 90.0 | 1.80x | 1.12x | 10.0 | 4.0 |"),
+    "attention_rows": (lambda tmp_path: ["--models", "llama-tiny", "--slots", "40", "--rows", "1,3", "--repeats", "1"],
+                       "llama-tiny 4/2 x 16     40 slots   3 rows"),
     "linears_pass": (lambda tmp_path: ["--shape", "llama-tiny", "--formats", "bfloat16,int8", "--rows", "1,2",
                                        "--repeats", "1"], "llama-tiny int8"),
     "op_classes": (_op_classes_run, "| f32 | 5 | specdec, HF kernels | 4.000 | 1.000 | 0.500 | 0.200 | 0.300 | 6.000 "
