@@ -128,11 +128,16 @@ def cache_only(path: str | Path) -> bool:
 def auto_class_of(config):
     """The transformers auto class a model of `config` loads through: AutoModelForCausalLM; for an encoder-decoder
     AutoModelForSeq2SeqLM (text) or AutoModelForSpeechSeq2Seq (speech: Whisper)."""
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
+    from transformers import (
+        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING,
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSpeechSeq2Seq,
+    )
 
     if not config.is_encoder_decoder:
         return AutoModelForCausalLM
-    speech = type(config) in AutoModelForSpeechSeq2Seq._model_mapping
+    speech = type(config) in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING
     return AutoModelForSpeechSeq2Seq if speech else AutoModelForSeq2SeqLM
 
 
