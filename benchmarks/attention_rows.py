@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts below
 
 from size_ladder import SHAPES  # noqa: E402
+from specdec.bench.timing import median_ms  # noqa: E402
 from specdec.runtime.rowwise import load_kernel, row_attention  # noqa: E402
 
 
@@ -32,18 +31,6 @@ def causal_mask(rows: int, slots: int) -> torch.Tensor:
     """[1, 1, rows, slots]: row i sees slots 0 .. slots - rows + i, as a slot cache's verification pass does."""
     seen = torch.arange(slots)[None, :] <= (slots - rows + torch.arange(rows))[:, None]
     return torch.where(seen, 0.0, float("-inf"))[None, None]
-
-
-def time_call(q, k, v, mask, scale: float, repeats: int) -> float:
-    """Median seconds of one call, after two warm-up calls."""
-    for _ in range(2):
-        row_attention(q, k, v, mask, scale)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        row_attention(q, k, v, mask, scale)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -67,7 +54,8 @@ def main() -> None:
             k, v = (torch.randn(1, kv_heads, slots, dim).to(dtype) for _ in range(2))  # [B, Hkv, L, D]
             for rows in (int(r) for r in args.rows.split(",")):
                 q = torch.randn(1, heads, rows, dim).to(dtype)  # [B, H, M, D]
-                seconds = time_call(q, k, v, causal_mask(rows, slots).to(dtype), dim**-0.5, args.repeats)
+                mask = causal_mask(rows, slots).to(dtype)
+                seconds = median_ms(lambda: row_attention(q, k, v, mask, dim**-0.5), args.repeats, warmup=2) / 1e3
                 kv_bytes = 2 * k.numel() * k.element_size()
                 results.append({"model": name, "heads": heads, "kv_heads": kv_heads, "head_dim": dim, "slots": slots,
                                 "rows": rows, "dtype": args.dtype, "ms": seconds * 1e3,
