@@ -57,6 +57,34 @@ def tiny(arch: str = "llama", hidden: int = 32, layers: int = 2, vocab: int = VO
     return model.to(dtype).eval()
 
 
+#: Tiny mixture-of-experts configs by model_type (4 experts, 2 a token; DeepSeek-V3's first layer dense, a shared
+#: expert beside the routed ones as in Qwen2-MoE's).
+MOE_ARCHS = {
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                      shared_expert_intermediate_size=32),
+    "qwen3_moe": dict(moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2, head_dim=8),
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2),
+    "deepseek_v3": dict(moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                        n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16,
+                        qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, num_key_value_heads=4),
+}
+
+
+def tiny_moe(arch: str = "mixtral", hidden: int = 32, layers: int = 2, vocab: int = VOCAB, seed: int = 0,
+             dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A random tiny mixture-of-experts causal LM of model_type `arch` (MOE_ARCHS), in eval mode, with no EOS."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(arch, **dict(_common(hidden, layers, vocab), **MOE_ARCHS[arch]))
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.eos_token_id = None
+    model.generation_config.bos_token_id = None
+    model.generation_config.pad_token_id = None
+    return model.to(dtype).eval()
+
+
 #: Tiny configs of the families whose MTP layer specdec.Mtp loads (MoE layers of 4 experts, MLA where the family
 #: has it), by model_type; `tiny_mtp` adds the layer count, sizes and vocabulary.
 MTP_ARCHS = {

@@ -18,14 +18,22 @@ import pytest
 import torch
 from faulty import FAULTY_VERIFIERS
 from methods import METHODS, QUANTIZED_STATISTICAL, build, reduced_eagle3
-from models import perturbed, tiny
+from models import MOE_ARCHS, perturbed, tiny, tiny_moe
 from torch import nn
 
 import specdec
 from specdec.errors import ConfigError
 from specdec.exactness import check_exactness
 from specdec.runtime.heap import HUGE_PAGE
-from specdec.runtime.weights import FLOATS, PackedLinear, pack_model, quantized_copy
+from specdec.runtime.weights import (
+    FLOATS,
+    PackedExperts,
+    PackedLinear,
+    experts_layout,
+    pack_model,
+    quantized_copy,
+    stacked_experts,
+)
 
 PROMPTS = [[5, 17, 3, 40, 8], [1, 2, 3], [60, 61, 62, 63, 64, 65, 66]]
 #: The statistical checks' level (test_exactness.py counts them as QUANTIZED_CHECKS at QUANTIZED_ALPHA).
@@ -379,6 +387,149 @@ def test_pack_model_returns_the_packings_temporaries_after_every_layer_a_tied_he
     pack_model(model, "int4", group=16)
     assert len(released) == linears  # the tied head, packed last, too: its blocks' float32 copies
     assert model.get_input_embeddings().weight is not None  # the embedding the tied head read stays
+
+
+# ------------------------------------------------------------------------------------------ mixture of experts
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8"])
+@pytest.mark.parametrize("arch", sorted(MOE_ARCHS))
+def test_the_experts_of_a_moe_model_are_packed_in_the_format(arch, weights):
+    """weights= packs a mixture-of-experts layer's stacked experts too (most of such a model's weights): no float
+    experts are left, every expert's projections are in the format asked for, and the logits are the float model's up
+    to the format's rounding (float32: the kernel's order of additions only)."""
+    model = tiny_moe(arch)
+    x = torch.tensor([PROMPTS[2]])
+    with torch.no_grad():
+        want = model(x).logits
+    packed = pack_model(copy.deepcopy(model), weights, group=16)
+    experts = [m for m in packed.modules() if isinstance(m, PackedExperts)]
+    assert len(experts) == len(stacked_experts(model)) > 0 and not stacked_experts(packed)
+    assert {e.weights for e in experts} == {weights}
+    if weights in FLOATS:  # the logits: a quantized model's differ more where its rounding flips a token's experts
+        with torch.no_grad():
+            got = packed(x).logits
+        error = float((got - want).abs().max() / want.abs().max())
+        assert error < {"float32": 1e-5, "bfloat16": 0.02}[weights], error
+        return
+    for packed_experts, name in zip(experts, stacked_experts(model)):  # each expert's weights are its own, rounded
+        stacks = experts_layout(model.get_submodule(name))
+        for e in range(packed_experts.num_experts):
+            for layer, stack in zip(packed_experts.expert(e), stacks):
+                error = [float((layer.quantized_weight().dequantize() - w).norm() / w.norm()) for w in stack.detach()]
+                assert min(error) == error[e] < 0.2, (name, e, error)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "w4a8", "w8a8"])
+def test_each_token_through_packed_experts_gets_the_bits_it_gets_alone(weights, dtype):
+    """The experts of a pass of 9 tokens, each routed to 2 of 4 experts: every token's output is the same bits as in
+    a pass of its own, and transformers' own experts module computes the same values (float32 weights)."""
+    model = tiny_moe("qwen3_moe", dtype=dtype)
+    own = model.model.layers[0].mlp.experts
+    experts = PackedExperts.pack(own, weights, group=16)
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(9, 32, generator=generator).to(dtype)  # [T, H]
+    index = torch.stack([torch.randperm(4, generator=generator)[:2] for _ in range(9)])  # [T, 2]
+    routing = torch.rand(9, 2, generator=generator).to(dtype)  # [T, 2]
+    whole = experts(x, index, routing)  # [T, H]
+    for t in range(9):
+        assert torch.equal(experts(x[t : t + 1], index[t : t + 1], routing[t : t + 1]), whole[t : t + 1]), t
+    if weights == "float32" and dtype == torch.float32:
+        with torch.no_grad():
+            torch.testing.assert_close(whole, own(x, index, routing), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [False, "static"], ids=["eager", "static"])
+@pytest.mark.parametrize("weights", ["bfloat16", "int8", "int4", "w4a8"])
+def test_speculative_decoding_of_a_quantized_moe_target_is_its_plain_decoding(weights, mode):
+    """A MoE target on packed weights (its experts too), a draft and a self-draft: token-identical to its plain
+    decoding, eagerly and on the slot cache (compiled: test_a_compiled_quantized_moe_target_...)."""
+    float_target = tiny_moe("qwen2_moe", hidden=64)
+    target = pack_model(copy.deepcopy(float_target), weights, group=16)
+    draft = pack_model(perturbed(float_target, 0.2), weights, group=16)
+    self_draft = specdec.SelfDraft(float_target, weights="int4", group=16)
+    assert any(isinstance(m, PackedExperts) for m in self_draft.model.modules())
+    assert stacked_experts(float_target)  # the self-draft's target keeps its float experts
+    for prompt in PROMPTS:
+        plain = specdec.generate(target, prompt, drafter=None, max_new_tokens=24, compile=mode)
+        for drafter, gamma in ((specdec.DraftModel(draft), 4), (specdec.PromptLookup(), 3)):
+            spec = specdec.generate(target, prompt, drafter=drafter, gamma=gamma, max_new_tokens=24, compile=mode)
+            assert spec.tokens == plain.tokens, (weights, mode, prompt, type(drafter).__name__)
+        plain = specdec.generate(float_target, prompt, drafter=None, max_new_tokens=24, compile=mode)
+        spec = specdec.generate(float_target, prompt, drafter=self_draft, gamma=3, max_new_tokens=24, compile=mode)
+        assert spec.tokens == plain.tokens and 0 < spec.stats.accepted, (weights, mode, prompt)
+
+
+@pytest.mark.compile
+def test_a_compiled_quantized_moe_target_decodes_speculatively_as_plainly():
+    """compile=True: the experts' grouping by expert is one opaque operation in the graph (`expert_linear`); a bfloat16
+    MoE target on int8 weights decodes with a draft token-identically to its compiled plain decoding."""
+    float_target = tiny_moe("qwen2_moe", hidden=64, dtype=torch.bfloat16)
+    target = pack_model(copy.deepcopy(float_target), "int8", group=16)
+    draft = pack_model(perturbed(float_target, 0.2), "int8", group=16)
+    plain = specdec.generate(target, PROMPTS[0], drafter=None, max_new_tokens=20, compile=True)
+    spec = specdec.generate(target, PROMPTS[0], drafter=specdec.DraftModel(draft), gamma=4, max_new_tokens=20,
+                            compile=True)
+    assert spec.tokens == plain.tokens and 0 < spec.stats.accepted < spec.stats.drafted
+
+
+def test_a_self_draft_of_a_moe_target_on_packed_bfloat16_weights_quantizes_its_experts_from_them():
+    """SelfDraft of a MoE target loaded with weights="bfloat16": its experts are read back from the packed bfloat16
+    ones and quantized (the target's stay as they are), and it decodes as the target's plain decoding."""
+    target = pack_model(tiny_moe("qwen2_moe", hidden=64, dtype=torch.bfloat16), "bfloat16")
+    self_draft = specdec.SelfDraft(target, weights="int4", group=16)
+    assert {e.weights for e in self_draft.model.modules() if isinstance(e, PackedExperts)} == {"int4"}
+    assert {e.weights for e in target.modules() if isinstance(e, PackedExperts)} == {"bfloat16"}
+    for prompt in PROMPTS:
+        plain = specdec.generate(target, prompt, drafter=None, max_new_tokens=20, compile="static")
+        spec = specdec.generate(target, prompt, drafter=self_draft, gamma=3, max_new_tokens=20, compile="static")
+        assert spec.tokens == plain.tokens and 0 < spec.stats.accepted, prompt
+
+
+def _clamped(experts: nn.Module) -> nn.Module:
+    class Clamped(type(experts)):  # a gating that clamps (as gpt-oss's): equal to the standard one near zero
+        def forward(self, hidden_states, top_k_index, top_k_weights):
+            return super().forward(hidden_states, top_k_index, top_k_weights).clamp(-7.0, 7.0)
+
+    return Clamped
+
+
+def _weighted_first(experts: nn.Module) -> nn.Module:
+    class WeightedFirst(type(experts)):  # routing weights on the experts' input (as Llama 4): another function
+        def forward(self, hidden_states, top_k_index, top_k_weights):
+            return super().forward(hidden_states * top_k_weights.sum(-1, keepdim=True), top_k_index,
+                                   torch.ones_like(top_k_weights))
+
+    return WeightedFirst
+
+
+@pytest.mark.parametrize("variant", [_clamped, _weighted_first], ids=["clamped", "weighted-first"])
+def test_experts_that_compute_otherwise_are_refused_before_anything_is_packed(variant):
+    """An experts module of the standard layout whose forward computes something else: ConfigError naming the fix,
+    and the model is left as it was (no layer packed)."""
+    model = tiny_moe("mixtral")
+    experts = model.model.layers[1].mlp.experts
+    experts.__class__ = variant(experts)
+    with pytest.raises(ConfigError, match="cannot pack .*load this model without weights="):
+        pack_model(model, "int8", group=16)
+    assert not any(isinstance(m, (PackedLinear, PackedExperts)) for m in model.modules())
+    assert len(stacked_experts(model)) == 2
+
+
+def test_a_moe_checkpoint_loads_onto_packed_experts(tmp_path):
+    """load(weights=) of a saved MoE model (its experts stacked on load by transformers: loaded whole, then packed):
+    the same logits as the float model packed in memory."""
+    from specdec.hub.loading import load_model
+
+    model = tiny_moe("mixtral")
+    model.save_pretrained(tmp_path)
+    loaded = load_model(tmp_path, dtype=torch.float32, weights="int4")
+    want = pack_model(copy.deepcopy(model), "int4")
+    assert any(isinstance(m, PackedExperts) for m in loaded.modules()) and not stacked_experts(loaded)
+    x = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        assert torch.equal(loaded(x).logits, want(x).logits)
 
 
 def _saved(tmp_path, arch: str, dtype: torch.dtype, **save):

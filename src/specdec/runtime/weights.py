@@ -293,14 +293,7 @@ class PackedLinear(nn.Module):
         return PackedLinear(packed, bias, self.in_features, ids.numel(), self.weights, self.group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed.dtype == torch.bfloat16 and self.packed.dim() == 4 and x.dtype != torch.bfloat16:
-            raise ConfigError(f"this layer's weights are packed for bfloat16 passes (a bfloat16 model with "
-                              f"weights='bfloat16'), but got a {x.dtype} input; load the model with "
-                              f"dtype=torch.float32 to run float32 passes on bfloat16 weights")
-        if x.dtype not in (torch.float32, torch.bfloat16):  # float64 (tests) or float16: computed in float32
-            return self.forward(x.float()).to(x.dtype)
-        bias = self.bias if self.bias is None or self.bias.dtype == x.dtype else self.bias.to(x.dtype)
-        return torch.ops.specdec.packed_linear(x, self.packed, bias, self.out_features)
+        return packed_matmul(x, self.packed, self.bias, self.out_features)
 
     def extra_repr(self) -> str:
         group = f", group={self.group}" if self.group else ""
@@ -314,11 +307,20 @@ def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP
     drops each original weight once packed (a tied head's weight is the embedding's and stays). fill(name, linear):
     called just before a layer (not a tied head) is packed, to give it its weights then, or to return a reader of
     its rows that the packing calls block by block (`PackedLinear.pack`'s `read`; hub/streamed.py reads them from
-    the checkpoint). weights=None: nothing. Returns the model."""
+    the checkpoint). A mixture-of-experts layer's stacked experts become a `PackedExperts` (checked first, once per
+    class: a module it cannot pack is a ConfigError before anything is packed). weights=None: nothing. Returns the
+    model."""
     if check_format(weights) is None:
         return model
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ConfigError(f"weights={weights!r} runs on the CPU kernels only; load the model with device='cpu'")
+    experts = stacked_experts(model)
+    checked: set[type] = set()
+    for name in experts:
+        module = model.get_submodule(name)
+        if type(module) not in checked:
+            check_experts(module)
+            checked.add(type(module))
     lm_head = model.get_output_embeddings()
     embedding = model.get_input_embeddings()
     tied = isinstance(lm_head, nn.Linear) and any(lm_head.weight is p for p in embedding.parameters())
@@ -334,14 +336,179 @@ def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP
             if not (module is lm_head and tied):  # a tied head's weight is the embedding's: it stays
                 module.weight = None
             release_free_memory()  # the freed float weights and the packing's temporaries leave the process
+    for name in experts:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, PackedExperts.pack(model.get_submodule(name), weights, group))
+        release_free_memory()  # (the stacked float weights go with the module, unless another model shares them)
     return model
+
+
+def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x [..., K] times the packed weights `packed` (+ bias) -> [..., out_features] in x's dtype:
+    `specdec::packed_linear` for a float32 or bfloat16 x, float32 for any other (float64 in tests, float16)."""
+    if packed.dtype == torch.bfloat16 and packed.dim() == 4 and x.dtype != torch.bfloat16:
+        raise ConfigError(f"this layer's weights are packed for bfloat16 passes (a bfloat16 model with "
+                          f"weights='bfloat16'), but got a {x.dtype} input; load the model with "
+                          f"dtype=torch.float32 to run float32 passes on bfloat16 weights")
+    if x.dtype not in (torch.float32, torch.bfloat16):  # float64 (tests) or float16: computed in float32
+        return packed_matmul(x.float(), packed, bias, out_features).to(x.dtype)
+    bias = bias if bias is None or bias.dtype == x.dtype else bias.to(x.dtype)
+    return torch.ops.specdec.packed_linear(x, packed, bias, out_features)
+
+
+class PackedExperts(nn.Module):
+    """A mixture-of-experts layer's experts on packed weights. Transformers' standard experts module (Mixtral,
+    Qwen2/3-MoE, OLMoE, DeepSeek-V3, GLM-4-MoE and most others) holds every expert's projections stacked,
+    gate_up_proj [E, 2I, H] (the gate's half first) and down_proj [E, H, I], and computes act_fn(gate) * up; here
+    each expert's projections are packed as a PackedLinear's are, and stacked: gate_up [E, ...] and down [E, ...].
+
+    A token's output is its experts' outputs times its routing weights, added in increasing expert order (transformers'
+    eager loop), and every expert's projection of a row is computed on that row alone (`expert_linear`, the packed
+    kernel's contract): a row's output does not depend on the other rows of the pass, so speculative decoding of a
+    packed MoE model is token-identical to its plain decoding, eagerly and compiled alike."""
+
+    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor, act_fn: nn.Module, hidden: int, intermediate: int,
+                 weights: str, group: int | None):
+        super().__init__()
+        self.register_buffer("gate_up", gate_up)  # [E, ...] each expert's [2I, H] packed
+        self.register_buffer("down", down)  # [E, ...] each expert's [H, I] packed
+        self.act_fn = act_fn
+        self.hidden, self.intermediate, self.weights, self.group = hidden, intermediate, weights, group
+        self.num_experts = gate_up.shape[0]
+
+    @classmethod
+    def pack(cls, experts: nn.Module, weights: str, group: int = DEFAULT_GROUP,
+             ids: range | None = None) -> PackedExperts:
+        """`experts`' projections packed in format `weights`, one expert at a time (only the experts `ids`, for a
+        check); ConfigError for a module that is not the standard layout (`experts_layout`)."""
+        gate_up, down = experts_layout(experts)
+        ids = ids if ids is not None else range(gate_up.shape[0])
+        stacks = [_stacked(len(ids), lambda i, s=stack: s[ids[i]].detach(), weights, group)
+                  for stack in (gate_up, down)]
+        return cls(*stacks, dict(experts.named_children())["act_fn"], gate_up.shape[2], down.shape[2], weights,
+                   group if weights in QUANTIZED else None)
+
+    def repacked(self, weights: str, group: int = DEFAULT_GROUP) -> PackedExperts:
+        """These experts in format `weights`, packed from their float-packed weights (read back one expert at a time;
+        a quantized format's are not the model's any more: ConfigError from `PackedLinear.dense_weight`)."""
+        stacks = [_stacked(self.num_experts, lambda e, j=j: self.expert(e)[j].dense_weight(), weights, group)
+                  for j in (0, 1)]
+        return PackedExperts(*stacks, self.act_fn, self.hidden, self.intermediate, weights,
+                             group if weights in QUANTIZED else None)
+
+    def expert(self, e: int) -> tuple[PackedLinear, PackedLinear]:
+        """Expert e's two projections as PackedLinears (views of the stacks): gate_up [2I, H], down [H, I]."""
+        return (PackedLinear(self.gate_up[e], None, self.hidden, 2 * self.intermediate, self.weights, self.group),
+                PackedLinear(self.down[e], None, self.intermediate, self.hidden, self.weights, self.group))
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        """hidden_states [T, H], each token's experts top_k_index [T, k] and weights [T, k] -> [T, H]."""
+        t, k = top_k_index.shape
+        order = top_k_index.sort(dim=-1)  # each token's experts in increasing order, as transformers' loop adds them
+        experts = order.values.reshape(-1)  # [T·k]
+        rows = hidden_states[:, None, :].expand(t, k, self.hidden).reshape(t * k, self.hidden)  # [T·k, H]
+        gate, up = expert_linear(rows, experts, self.gate_up, 2 * self.intermediate).chunk(2, dim=-1)  # [T·k, I]
+        out = expert_linear(self.act_fn(gate) * up, experts, self.down, self.hidden).view(t, k, self.hidden)
+        weights = top_k_weights.gather(1, order.indices)  # [T, k]
+        out = (out * weights[..., None]).to(hidden_states.dtype)  # [T, k, H]
+        final = torch.zeros_like(hidden_states)  # [T, H]
+        for j in range(k):
+            final = final + out[:, j]
+        return final
+
+    def extra_repr(self) -> str:
+        group = f", group={self.group}" if self.group else ""
+        return f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, " \
+               f"weights={self.weights}{group}"
+
+
+def _stacked(count: int, matrix: Callable[[int], torch.Tensor], weights: str, group: int) -> torch.Tensor:
+    """[count, ...] the weights matrix(i) [N, K] for i in range(count) packed in format `weights`, one at a time (each
+    read just before it is packed)."""
+    out = None
+    for i in range(count):
+        w = matrix(i)
+        linear = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+        linear.weight = nn.Parameter(w, requires_grad=False)  # a view where w is one: no copy
+        one = PackedLinear.pack(linear, weights, group).packed
+        if out is None:
+            out = empty_on_huge_pages((count, *one.shape), one.dtype)
+        out[i] = one
+    return out
+
+
+@torch.library.custom_op("specdec::expert_linear", mutates_args=())
+def expert_linear(x: torch.Tensor, experts: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """Row r of x [R, K] through expert experts[r]'s packed weights packed[experts[r]] -> [R, out_features]; the rows of
+    one expert in one call of the packed kernel (each row computed on its own: the kernel's contract). An expert id
+    past the last (transformers' id of a slot routed to no expert) gives zeros. One opaque operation to torch.compile,
+    which cannot trace the data-dependent grouping."""
+    out = x.new_zeros(x.shape[0], out_features)
+    for e in torch.unique(experts).tolist():
+        if e < packed.shape[0]:
+            rows = (experts == e).nonzero().view(-1)  # [n]
+            out[rows] = packed_matmul(x[rows], packed[e], None, out_features)
+    return out
+
+
+@expert_linear.register_fake
+def _(x: torch.Tensor, experts: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
+
+
+def experts_layout(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_up_proj [E, 2I, H], down_proj [E, H, I]) of an experts module of the standard layout (`PackedExperts`):
+    exactly those two parameters and an `act_fn` child. ConfigError otherwise."""
+    params, children = dict(module.named_parameters(recurse=False)), dict(module.named_children())
+    gate_up, down = params.get("gate_up_proj"), params.get("down_proj")
+    if not (set(params) == {"gate_up_proj", "down_proj"} and set(children) == {"act_fn"}
+            and gate_up.dim() == down.dim() == 3 and gate_up.shape[0] == down.shape[0]
+            and gate_up.shape[1] == 2 * down.shape[2] and gate_up.shape[2] == down.shape[1]):
+        raise ConfigError(f"weights= cannot pack {type(module).__name__}: its experts are not transformers' standard "
+                          "layout (gate_up_proj [E, 2I, H] and down_proj [E, H, I], no bias); load this model "
+                          "without weights=")
+    return gate_up, down
+
+
+def stacked_experts(model: nn.Module) -> list[str]:
+    """Names of `model`'s modules that hold stacked weights of several experts (a float parameter of three or more
+    dimensions; convolutions' kernels aside)."""
+    convolutions = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+    return [name for name, m in model.named_modules() if not isinstance(m, convolutions)
+            and any(p.dim() >= 3 and p.is_floating_point() for p in m.parameters(recurse=False))]
+
+
+def check_experts(experts: nn.Module) -> None:
+    """ConfigError unless the experts module `experts` computes what `PackedExperts` computes: four tokens through
+    two of its experts (packed in float32, which keeps the weights' values) against the module's own forward, once
+    with inputs of unit scale and once with the projections' outputs near ±100, where a gating that clamps them
+    (gpt-oss, DeepSeek-V4 and others clamp at 7-10) differs from act(gate) * up."""
+    gate_up, _ = experts_layout(experts)
+    ids = range(min(2, gate_up.shape[0]))
+    packed = PackedExperts.pack(experts, "float32", ids=ids)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, gate_up.shape[2], generator=generator)  # [T, H]
+    index = torch.tensor([[ids[0]], [ids[-1]], [ids[0]], [ids[-1]]])  # [T, 1]
+    routing = torch.rand(4, 1, generator=generator) + 0.5  # [T, 1]
+    with torch.no_grad():
+        reach = float((x @ gate_up[ids[0]].float().T).abs().max()) or 1.0
+        for scale in (1.0, 100.0 / reach):
+            own = experts((x * scale).to(gate_up.dtype), index, routing.to(gate_up.dtype)).float()
+            ours = packed(x * scale, index, routing)
+            if not torch.allclose(ours, own, rtol=0.05, atol=0.05 * float(own.abs().max())):
+                raise ConfigError(f"weights= cannot pack {type(experts).__name__}: its forward is not transformers' "
+                                  "standard experts loop (act(gate) * up, routing weights after the down projection); "
+                                  "load this model without weights=")
 
 
 def packed_formats(model: nn.Module, *, head: bool = True) -> set[str]:
     """The formats of `model`'s packed linear layers (`load(weights=...)`; empty: its own layers). head=False leaves
     its LM head out."""
     lm_head = model.get_output_embeddings()
-    return {m.weights for m in model.modules() if isinstance(m, PackedLinear) and (head or m is not lm_head)}
+    return {m.weights for m in model.modules()
+            if isinstance(m, PackedExperts) or isinstance(m, PackedLinear) and (head or m is not lm_head)}
 
 
 def quantized_copy(model: nn.Module, weights: str, group: int = DEFAULT_GROUP, *, head: bool = True) -> nn.Module:
@@ -367,6 +534,9 @@ def quantized_copy(model: nn.Module, weights: str, group: int = DEFAULT_GROUP, *
                 linear.bias = nn.Parameter(module.bias, requires_grad=False)
             parent_name, _, attr = name.rpartition(".")
             setattr(twin.get_submodule(parent_name) if parent_name else twin, attr, linear)
+        elif isinstance(module, PackedExperts):  # float-packed experts: read back and packed, one expert at a time
+            parent_name, _, attr = name.rpartition(".")
+            setattr(twin.get_submodule(parent_name) if parent_name else twin, attr, module.repacked(weights, group))
 
     def fill(name: str, linear: nn.Linear) -> RowReader | None:
         # each block of rows read back from the float-packed layer as it is packed, never the whole weight (a tied
