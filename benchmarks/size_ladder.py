@@ -37,7 +37,12 @@ SHAPES = {
     # An encoder-decoder (load_memory.py): encoder and decoder of `layers` each, 128 mel bins, tied output projection.
     "whisper-large-v3": ("whisper", 1280, 5120, 32, 20, 20, 51866, True),
     "whisper-tiny-random": ("whisper", 64, 128, 2, 4, 4, 512, True),  # the smoke tests' encoder-decoder
+    # Mixture of experts (load_memory.py): intermediate is each expert's; MOE gives the experts and those per token.
+    "olmoe-1b-7b": ("olmoe", 2048, 1024, 16, 16, 16, 50304, False),
+    "olmoe-tiny-random": ("olmoe", 64, 32, 2, 4, 4, 512, False),  # the smoke tests' MoE
 }
+#: (experts, experts per token) of the MoE shapes.
+MOE = {"olmoe-1b-7b": (64, 8), "olmoe-tiny-random": (8, 2)}
 CONTEXT = 96
 WIDTHS = (1, 2, 4, 6, 8)
 
@@ -77,6 +82,15 @@ def build(name: str, dtype):
                                decoder_layers=layers, encoder_attention_heads=heads, decoder_attention_heads=kv,
                                vocab_size=vocab, num_mel_bins=128, tie_word_embeddings=tied, pad_token_id=vocab - 1,
                                bos_token_id=vocab - 2, eos_token_id=vocab - 2, decoder_start_token_id=vocab - 3)
+    elif family == "olmoe":
+        from transformers import OlmoeConfig, OlmoeForCausalLM
+
+        model_cls = OlmoeForCausalLM
+        experts, per_token = MOE[name]
+        config = OlmoeConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                             num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                             tie_word_embeddings=tied, num_experts=experts, num_experts_per_tok=per_token,
+                             max_position_embeddings=4096)
     else:
         config_cls, model_cls = ((Qwen2Config, Qwen2ForCausalLM) if family == "qwen2"
                                  else (LlamaConfig, LlamaForCausalLM))

@@ -72,12 +72,12 @@ MOE_ARCHS = {
 
 
 def tiny_moe(arch: str = "mixtral", hidden: int = 32, layers: int = 2, vocab: int = VOCAB, seed: int = 0,
-             dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+             dtype: torch.dtype = torch.float32, **overrides) -> PreTrainedModel:
     """A random tiny mixture-of-experts causal LM of model_type `arch` (MOE_ARCHS), in eval mode, with no EOS."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    config = AutoConfig.for_model(arch, **dict(_common(hidden, layers, vocab), **MOE_ARCHS[arch]))
+    config = AutoConfig.for_model(arch, **{**_common(hidden, layers, vocab), **MOE_ARCHS[arch], **overrides})
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.eos_token_id = None
     model.generation_config.bos_token_id = None

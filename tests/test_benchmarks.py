@@ -80,7 +80,7 @@ def _server_identity_run(tmp_path: Path) -> list[str]:
 
 
 def _load_memory_run(tmp_path: Path) -> list[str]:
-    return ["--model", "llama-tiny", "--weights", "int8", "--ways", "whole,self-draft", "--request", "2",
+    return ["--model", "olmoe-tiny-random", "--weights", "int8", "--ways", "whole,self-draft", "--request", "2",
             "--files", "bin", "--dir", str(tmp_path / "checkpoint")]
 
 

@@ -517,19 +517,49 @@ def test_experts_that_compute_otherwise_are_refused_before_anything_is_packed(va
     assert len(stacked_experts(model)) == 2
 
 
-def test_a_moe_checkpoint_loads_onto_packed_experts(tmp_path):
-    """load(weights=) of a saved MoE model (its experts stacked on load by transformers: loaded whole, then packed):
-    the same logits as the float model packed in memory."""
-    from specdec.hub.loading import load_model
+#: 12 experts, so that an order of the experts' keys by name (10 and 11 before 2) would show
+EXPERTS_12 = {"mixtral": dict(num_local_experts=12), "qwen3_moe": dict(num_experts=12),
+              "deepseek_v3": dict(n_routed_experts=12)}
 
-    model = tiny_moe("mixtral")
-    model.save_pretrained(tmp_path)
+
+@pytest.mark.parametrize("files", ["safetensors", "safetensors-shards", "bin"])
+@pytest.mark.parametrize("arch", sorted(EXPERTS_12))
+def test_a_moe_checkpoint_is_streamed_one_expert_at_a_time_into_the_whole_model_packed(tmp_path, arch, files):
+    """A MoE checkpoint keeps one key per expert and projection, which from_pretrained stacks (gate_proj and up_proj
+    into gate_up_proj): load(weights=) streams them, each expert's matrix read just before it is packed, and gets
+    tensor for tensor what from_pretrained + pack_model give (12 experts, in shards, in `.bin` files too)."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.hub.loading import load_model
+    from specdec.hub.streamed import checkpoint_tensors, load_streamed
+
+    tiny_moe(arch, **EXPERTS_12[arch]).save_pretrained(tmp_path, **(
+        {"max_shard_size": "20KB"} if files == "safetensors-shards" else {}))
+    if files == "bin":
+        _as_bin(tmp_path)
+    assert any(".experts.11." in key for key in checkpoint_tensors(tmp_path))
+    streamed = load_streamed(tmp_path, torch.float32, "int4")
+    assert streamed is not None and not stacked_experts(streamed)
+    whole = pack_model(AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval(), "int4")
+    got, want = streamed.state_dict(), whole.state_dict()
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
     loaded = load_model(tmp_path, dtype=torch.float32, weights="int4")
-    want = pack_model(copy.deepcopy(model), "int4")
-    assert any(isinstance(m, PackedExperts) for m in loaded.modules()) and not stacked_experts(loaded)
-    x = torch.tensor([PROMPTS[0]])
-    with torch.no_grad():
-        assert torch.equal(loaded(x).logits, want(x).logits)
+    assert all(torch.equal(t, want[n]) for n, t in loaded.state_dict().items())
+
+
+def test_a_moe_checkpoint_missing_an_expert_is_left_to_from_pretrained(tmp_path):
+    """One expert's key missing: not streamed (from_pretrained then says what is wrong, in its own words)."""
+    from safetensors.torch import load_file, save_file
+
+    from specdec.hub.streamed import load_streamed
+
+    tiny_moe("qwen3_moe").save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    del state["model.layers.1.mlp.experts.3.up_proj.weight"]
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    assert load_streamed(tmp_path, torch.float32, "int8") is None
 
 
 def _saved(tmp_path, arch: str, dtype: torch.dtype, **save):
@@ -771,12 +801,11 @@ def test_an_encoder_decoder_checkpoint_is_streamed_as_from_pretrained_loads_it(t
 
 
 def test_a_checkpoint_streaming_cannot_read_exactly_is_loaded_whole(tmp_path):
-    """Weights in the legacy (pre-zip) .bin format, a quantized checkpoint, tensors from_pretrained merges on load,
-    or tensors under names from_pretrained does not map to the model's: load_streamed declines (None), and
-    load(weights=...) loads the float model whole and packs it, as before."""
+    """Weights in the legacy (pre-zip) .bin format, a quantized checkpoint, or tensors under names from_pretrained
+    does not map to the model's: load_streamed declines (None), and load(weights=...) loads the float model whole
+    and packs it, as before (a MoE checkpoint missing an expert: test_a_moe_checkpoint_missing_an_expert_...)."""
     import json
 
-    from models import tiny_mtp
     from safetensors.torch import load_file, save_file
 
     from specdec.hub.loading import load_model
@@ -791,10 +820,6 @@ def test_a_checkpoint_streaming_cannot_read_exactly_is_loaded_whole(tmp_path):
     config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [16, 16]}
     (quantized / "config.json").write_text(json.dumps(config))
     assert load_streamed(quantized, torch.float32, "int8") is None
-    merged = tmp_path / "merged"  # its MoE experts one tensor per expert and projection, fused on load
-    tiny_mtp(merged, "deepseek_v3", dtype=torch.float32, mtp=False)
-    assert any(".experts.0." in name for name in load_file(merged / "model.safetensors"))
-    assert load_streamed(merged, torch.float32, "int8") is None
     renamed = _saved(tmp_path / "renamed", "llama", torch.float32)
     tensors = load_file(renamed / "model.safetensors")
     tensors["model.norm.gamma"] = tensors.pop("model.norm.weight")

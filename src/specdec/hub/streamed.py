@@ -7,7 +7,11 @@
 2. every tensor but the linear layers' weights (embeddings, norms, biases) is read into its place;
 3. `pack_model` packs the linear layers in order, each reading its weight from the checkpoint just before (its
    `fill`) and dropping it just after; a weight of more than READ_CHUNK bytes is read a chunk of rows at a time
-   while it is packed (`Rows`), so it is never whole in memory.
+   while it is packed (`Rows`), so it is never whole in memory;
+4. a mixture-of-experts layer's experts, which the checkpoint keeps one key per expert and projection and
+   from_pretrained stacks (gate_proj and up_proj of every expert into one gate_up_proj), are packed one expert at a
+   time, each expert's matrix read just before (`fill_experts`): only the first two are read into the stacked
+   parameter, for `pack_model`'s check of the experts' forward.
 
 Peak memory: the packed weights, the other tensors, and one layer's float weight or one chunk of it. Each tensor (and
 each chunk) is read through its own short-lived mapping of its file, so the pages read do not stay counted in the
@@ -20,9 +24,10 @@ local directory, or a hub id's snapshot in the hub cache) in the files `from_pre
 else PyTorch's zip-format `.bin` (one file, or shards with their index), whose keys `from_pretrained`'s own renaming
 (transformers' conversion mapping: legacy names, the base model's prefix added or stripped) gives each of the
 model's tensors at its shape (a tied LM head may be left out; keys the model has no tensor for are left unread, as
-`from_pretrained` leaves them). A checkpoint whose tensors are converted on load (merged or split) or quantized (a
-`quantization_config`), or that leaves out a tensor the model computes itself (Marian's sinusoidal positions), or a
-`.bin` in the legacy format, is not: there `load_streamed` returns None and the caller loads the float model whole.
+`from_pretrained` leaves them). A checkpoint whose tensors are converted on load otherwise than by stacking experts
+(split, or merged another way) or quantized (a `quantization_config`), or that leaves out a tensor the model computes
+itself (Marian's sinusoidal positions), or a `.bin` in the legacy format, is not: there `load_streamed` returns None
+and the caller loads the float model whole.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import math
 import mmap
 import struct
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -164,27 +170,65 @@ def read(stored: Stored, name: str, dtype: torch.dtype, rows: tuple[int, int] | 
     return tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
-def stored_names(model: nn.Module, state: dict[str, torch.Tensor], keys) -> dict[str, str] | None:
-    """model tensor name -> the checkpoint key holding it: each of `keys` renamed as from_pretrained renames it
-    (transformers' conversion mapping for the model, then the base model's prefix added or stripped); keys that name
-    no tensor of the model are left out, as from_pretrained leaves them. None when a key would be converted (merged
-    with others, or split) or two keys name one tensor: only from_pretrained reads those."""
+def stored_names(model: nn.Module, state: dict[str, torch.Tensor],
+                 keys) -> tuple[dict[str, str], dict[str, list[list[str]]]] | None:
+    """(model tensor name -> the checkpoint key holding it, stacked experts): each of `keys` renamed as from_pretrained
+    renames it (transformers' conversion mapping for the model, then the base model's prefix added or stripped); keys
+    that name no tensor of the model are left out, as from_pretrained leaves them. Stacked experts: a tensor that
+    from_pretrained merges from one key per expert (`MergeModulelist`, along the experts), and per expert from
+    several keys one after the other (`Concatenate`, along its rows: gate_proj then up_proj into gate_up_proj) ->
+    for each of those sources, its keys by expert. None when a key would be converted otherwise (split, or merged in
+    another way) or two keys name one tensor: only from_pretrained reads those."""
+    import re
+
     from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+    from transformers.core_model_loading import (
+        Concatenate,
+        MergeModulelist,
+        WeightConverter,
+        WeightRenaming,
+        rename_source_key,
+    )
 
     mapping = get_model_conversion_mapping(model)
     renamings = [t for t in mapping if isinstance(t, WeightRenaming)]
     converters = [t for t in mapping if isinstance(t, WeightConverter)]
     names: dict[str, str] = {}
+    experts: dict[str, dict[tuple[int, int], str]] = {}  # tensor name -> (source, expert) -> key
     for key in keys:
         name, converted = rename_source_key(key, renamings, converters, model.base_model_prefix, state)
         if name not in state and key in state:  # renamed away from a name of the model: as from_pretrained, kept
             name, converted = rename_source_key(key, [], [], model.base_model_prefix, state)
-        if converted is not None or name in names:
+        if converted is not None:
+            converter = next(c for c in converters if converted in c.source_patterns)
+            ops = [(type(op), op.dim) for op in converter.operations]
+            expert = re.search(re.escape(converted).replace(r"\*", r"(\d+)"), key)
+            if ops not in ([(MergeModulelist, 0)], [(MergeModulelist, 0), (Concatenate, 1)]) or expert is None:
+                return None
+            source = (converter.source_patterns.index(converted), int(expert.group(1)))
+            if name not in state or source in experts.setdefault(name, {}):
+                return None
+            experts[name][source] = key
+            continue
+        if name in names:
             return None
         if name in state:
             names[name] = key
-    return names
+    stacked = {}
+    for name, sources in experts.items():  # every source of every expert, or nothing
+        count = len({source for source, _ in sources})
+        stacked[name] = [[sources.get((j, e)) for e in range(state[name].shape[0])] for j in range(count)]
+        if len(sources) != count * state[name].shape[0] or name in names:
+            return None
+    return names, stacked
+
+
+def _stacked_shapes(tensor: torch.Tensor, sources: list[list[str]], tensors: dict[str, Stored]) -> bool:
+    """Do the keys `sources` (per source, by expert) hold the stacked experts `tensor` [E, N, K]: per expert, rows of
+    K that the sources' add up to N?"""
+    shapes = [{tensors[key].shape for key in keys} for keys in sources]
+    return (all(len(s) == 1 and len(next(iter(s))) == 2 and next(iter(s))[1] == tensor.shape[2] for s in shapes)
+            and sum(next(iter(s))[0] for s in shapes) == tensor.shape[1])
 
 
 class Rows:
@@ -226,24 +270,36 @@ def load_streamed(path: str | Path, dtype: torch.dtype, weights: str) -> nn.Modu
         model = auto_class_of(config).from_config(config, dtype=dtype)
     model.tie_weights()  # (skipped under no_init_weights; from_pretrained ties after loading)
     state = model.state_dict(keep_vars=True)  # name -> its empty tensor; tied tensors under each of their names
-    stored_as = stored_names(model, state, tensors)
-    if stored_as is None:
+    found = stored_names(model, state, tensors)
+    if found is None:
         return None
+    stored_as, stacked = found
+    if not all(_stacked_shapes(state[name], sources, tensors) for name, sources in stacked.items()):
+        return None
+
+    def expert_rows(name: str, e: int) -> torch.Tensor:
+        """Expert e's matrix of the stacked experts `name` [N, K]: its sources' rows one after the other."""
+        return torch.cat([read(tensors[keys[e]], keys[e], state[name].dtype) for keys in stacked[name]])
+
     names: dict[int, list[str]] = {}  # one entry per tensor object, with every name it has
     for name, tensor in state.items():
         names.setdefault(id(tensor), []).append(name)
     source: dict[int, str] = {}  # tensor object -> the key the checkpoint holds it under
     for key, group in names.items():
         stored = [stored_as[n] for n in group if n in stored_as and state[n].shape == tensors[stored_as[n]].shape]
-        if not stored:
+        if not stored and not any(n in stacked for n in group):
             return None  # missing from the checkpoint, or of another shape
-        source[key] = stored[0]
+        source[key] = stored[0] if stored else None
     linear_weights = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     with torch.no_grad():
         for key, group in names.items():
             if all(n in linear_weights for n in group):
                 continue  # a linear layer's own weight: read when it is packed
             target = state[group[0]]
+            if source[key] is None:  # stacked experts: read when packed; the first two now, which pack_model's
+                for e in range(min(2, target.shape[0])):  # check of the experts' forward computes with
+                    target[e].copy_(expert_rows(group[0], e))
+                continue
             target.copy_(read(tensors[source[key]], source[key], target.dtype))
 
     def fill(name: str, linear: nn.Linear) -> Rows | None:
@@ -253,7 +309,11 @@ def load_streamed(path: str | Path, dtype: torch.dtype, weights: str) -> nn.Modu
         linear.weight = nn.Parameter(read(tensors[key], key, linear.weight.dtype), requires_grad=False)
         return None
 
-    pack_model(model, weights, fill=fill)
+    def fill_experts(name: str) -> Callable[[int, int], torch.Tensor]:
+        stacks = (f"{name}.gate_up_proj", f"{name}.down_proj")
+        return lambda j, e: expert_rows(stacks[j], e)
+
+    pack_model(model, weights, fill=fill, fill_experts=fill_experts)
     if (path / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(str(path))
     return model.eval()

@@ -30,7 +30,8 @@ stay in the model's dtype; the weights are in `weights`:
 
 Each output is the same fused multiply-adds over its inputs in order whatever the pass, so a packed model is
 row-invariant on every path (eager, slot cache, compiled, batched) and speculative decoding of it is token-identical
-to its plain decoding. Embeddings stay in the model's dtype: a token reads one row of them.
+to its plain decoding. Embeddings stay in the model's dtype: a token reads one row of them. A mixture-of-experts
+layer's stacked experts (transformers' standard experts module) are packed too, expert by expert (`PackedExperts`).
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ QUANTIZE_BLOCK = 1 << 18
 
 #: read(r0, r1): a weight's rows [r0, r1), read from where the weight is kept (`PackedLinear.pack`).
 RowReader = Callable[[int, int], torch.Tensor]
+#: read(j, e): expert e's matrix of a stacked experts module's gate_up (j = 0) or down (j = 1) (`PackedExperts.pack`).
+ExpertReader = Callable[[int, int], torch.Tensor]
 
 
 def _pack_rows(weight: torch.Tensor, weights: str, group: int) -> torch.Tensor:
@@ -301,15 +304,17 @@ class PackedLinear(nn.Module):
 
 
 def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP, *, head: bool = True,
-               free: bool = True, fill: Callable[[str, nn.Linear], RowReader | None] | None = None) -> nn.Module:
+               free: bool = True, fill: Callable[[str, nn.Linear], RowReader | None] | None = None,
+               fill_experts: Callable[[str], ExpertReader] | None = None) -> nn.Module:
     """Replace every nn.Linear of `model` (a CPU model) by its PackedLinear in format `weights`, in place, one layer
     at a time; the LM head at LM_HEAD_BITS under int4 and w4a8 (`head_format`; head=False: left as it is). free=True
     drops each original weight once packed (a tied head's weight is the embedding's and stays). fill(name, linear):
     called just before a layer (not a tied head) is packed, to give it its weights then, or to return a reader of
     its rows that the packing calls block by block (`PackedLinear.pack`'s `read`; hub/streamed.py reads them from
     the checkpoint). A mixture-of-experts layer's stacked experts become a `PackedExperts` (checked first, once per
-    class: a module it cannot pack is a ConfigError before anything is packed). weights=None: nothing. Returns the
-    model."""
+    class: a module it cannot pack is a ConfigError before anything is packed); fill_experts(name): a reader of its
+    experts' matrices to pack them from instead of its parameters (`PackedExperts.pack`'s `read`). weights=None:
+    nothing. Returns the model."""
     if check_format(weights) is None:
         return model
     if any(p.device.type != "cpu" for p in model.parameters()):
@@ -339,7 +344,8 @@ def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP
     for name in experts:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, PackedExperts.pack(model.get_submodule(name), weights, group))
+        read = fill_experts(name) if fill_experts is not None else None
+        setattr(parent, attr, PackedExperts.pack(model.get_submodule(name), weights, group, read=read))
         release_free_memory()  # (the stacked float weights go with the module, unless another model shares them)
     return model
 
@@ -378,14 +384,16 @@ class PackedExperts(nn.Module):
         self.num_experts = gate_up.shape[0]
 
     @classmethod
-    def pack(cls, experts: nn.Module, weights: str, group: int = DEFAULT_GROUP,
-             ids: range | None = None) -> PackedExperts:
+    def pack(cls, experts: nn.Module, weights: str, group: int = DEFAULT_GROUP, ids: range | None = None,
+             read: ExpertReader | None = None) -> PackedExperts:
         """`experts`' projections packed in format `weights`, one expert at a time (only the experts `ids`, for a
-        check); ConfigError for a module that is not the standard layout (`experts_layout`)."""
+        check); ConfigError for a module that is not the standard layout (`experts_layout`). read(j, e): expert e's
+        matrix of gate_up (j = 0) or down (j = 1), read from elsewhere (hub/streamed.py: the checkpoint) instead of
+        from `experts`' parameters, which are not read then."""
         gate_up, down = experts_layout(experts)
         ids = ids if ids is not None else range(gate_up.shape[0])
-        stacks = [_stacked(len(ids), lambda i, s=stack: s[ids[i]].detach(), weights, group)
-                  for stack in (gate_up, down)]
+        stacks = [_stacked(len(ids), lambda i, j=j, s=stack: s[ids[i]].detach() if read is None else read(j, ids[i]),
+                           weights, group) for j, stack in enumerate((gate_up, down))]
         return cls(*stacks, dict(experts.named_children())["act_fn"], gate_up.shape[2], down.shape[2], weights,
                    group if weights in QUANTIZED else None)
 
