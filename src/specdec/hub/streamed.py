@@ -10,8 +10,8 @@
    while it is packed (`Rows`), so it is never whole in memory;
 4. a mixture-of-experts layer's experts, which the checkpoint keeps one key per expert and projection and
    from_pretrained stacks (gate_proj and up_proj of every expert into one gate_up_proj), are packed one expert at a
-   time, each expert's matrix read just before (`fill_experts`): only the first two are read into the stacked
-   parameter, for `pack_model`'s check of the experts' forward.
+   time, each expert's matrix read just before (`fill_experts`); the first two of one layer per experts class are
+   also written into its stacked parameter, for `pack_model`'s check of the experts' forward.
 
 Peak memory: the packed weights, the other tensors, and one layer's float weight or one chunk of it. Each tensor (and
 each chunk) is read through its own short-lived mapping of its file, so the pages read do not stay counted in the
@@ -296,9 +296,7 @@ def load_streamed(path: str | Path, dtype: torch.dtype, weights: str) -> nn.Modu
             if all(n in linear_weights for n in group):
                 continue  # a linear layer's own weight: read when it is packed
             target = state[group[0]]
-            if source[key] is None:  # stacked experts: read when packed; the first two now, which pack_model's
-                for e in range(min(2, target.shape[0])):  # check of the experts' forward computes with
-                    target[e].copy_(expert_rows(group[0], e))
+            if source[key] is None:  # stacked experts: read when packed (`fill_experts`)
                 continue
             target.copy_(read(tensors[source[key]], source[key], target.dtype))
 

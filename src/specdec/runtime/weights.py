@@ -324,7 +324,7 @@ def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP
     for name in experts:
         module = model.get_submodule(name)
         if type(module) not in checked:
-            check_experts(module)
+            check_experts(module, fill_experts(name) if fill_experts is not None else None)
             checked.add(type(module))
     lm_head = model.get_output_embeddings()
     embedding = model.get_input_embeddings()
@@ -488,13 +488,19 @@ def stacked_experts(model: nn.Module) -> list[str]:
             and any(p.dim() >= 3 and p.is_floating_point() for p in m.parameters(recurse=False))]
 
 
-def check_experts(experts: nn.Module) -> None:
+def check_experts(experts: nn.Module, read: ExpertReader | None = None) -> None:
     """ConfigError unless the experts module `experts` computes what `PackedExperts` computes: four tokens through
     two of its experts (packed in float32, which keeps the weights' values) against the module's own forward, once
     with inputs of unit scale and once with the projections' outputs near ±100, where a gating that clamps them
-    (gpt-oss, DeepSeek-V4 and others clamp at 7-10) differs from act(gate) * up."""
-    gate_up, _ = experts_layout(experts)
+    (gpt-oss, DeepSeek-V4 and others clamp at 7-10) differs from act(gate) * up. read(j, e): those two experts'
+    matrices, written into the module's parameters first (a streamed load's are empty)."""
+    gate_up, down = experts_layout(experts)
     ids = range(min(2, gate_up.shape[0]))
+    if read is not None:
+        with torch.no_grad():
+            for e in ids:
+                gate_up[e].copy_(read(0, e))
+                down[e].copy_(read(1, e))
     packed = PackedExperts.pack(experts, "float32", ids=ids)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(4, gate_up.shape[2], generator=generator)  # [T, H]
