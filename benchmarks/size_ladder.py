@@ -123,11 +123,12 @@ def save_checkpoint(name: str, directory: str) -> None:
     subprocess.run([sys.executable, __file__, "--save", name, directory], check=True)
 
 
-def weight_bytes(model) -> int:
-    """Bytes a pass reads of the linear layers' weights (packed or not)."""
+def weight_bytes(model, experts_per_token: int = 0) -> int:
+    """Bytes a one-row pass reads of the linear layers' weights (packed or not); of a MoE's experts, those of
+    `experts_per_token` experts a layer (a row reads only its own)."""
     from torch import nn
 
-    from specdec.runtime.weights import PackedLinear
+    from specdec.runtime.weights import PackedExperts, PackedLinear, stacked_experts
 
     total = 0
     for m in model.modules():
@@ -135,15 +136,27 @@ def weight_bytes(model) -> int:
             total += m.packed.numel() * m.packed.element_size()
         elif isinstance(m, nn.Linear):
             total += m.weight.numel() * m.weight.element_size()
+        elif isinstance(m, PackedExperts):
+            stacks = m.gate_up.numel() * m.gate_up.element_size() + m.down.numel() * m.down.element_size()
+            total += stacks * experts_per_token // m.num_experts
+    for name in stacked_experts(model):  # transformers' own (float) experts
+        params = list(model.get_submodule(name).parameters(recurse=False))
+        total += sum(p.numel() * p.element_size() * experts_per_token // p.shape[0] for p in params)
     return total
 
 
-def linear_params(model) -> int:
+def linear_params(model, experts_per_token: int = 0) -> int:
+    """Weights a row multiplies by: the linear layers', and of a MoE's experts those of `experts_per_token` a layer."""
     from torch import nn
 
-    from specdec.runtime.weights import PackedLinear
+    from specdec.runtime.weights import PackedExperts, PackedLinear, stacked_experts
 
-    return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear)))
+    dense = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear)))
+    packed = sum(3 * m.hidden * m.intermediate * experts_per_token for m in model.modules()
+                 if isinstance(m, PackedExperts))
+    own = sum(p[0].numel() * experts_per_token for name in stacked_experts(model)
+              for p in model.get_submodule(name).parameters(recurse=False))
+    return dense + packed + own
 
 
 def one(name: str, dtype_name: str, weights: str | None, threads: int, repeats: int, compiled: bool = True,
@@ -172,12 +185,12 @@ def one(name: str, dtype_name: str, weights: str | None, threads: int, repeats: 
         model = build(name, dtype)
     out["build_s"] = time.perf_counter() - start
     out["params"] = sum(p.numel() for p in model.parameters())
-    flops_per_row = 2 * linear_params(model)
+    flops_per_row = 2 * linear_params(model, MOE.get(name, (0, 0))[1])
     start = time.perf_counter()
     if not checkpoint:
         pack_model(model, weights)
     out["pack_s"] = time.perf_counter() - start
-    out["weight_bytes"] = weight_bytes(model)
+    out["weight_bytes"] = weight_bytes(model, MOE.get(name, (0, 0))[1])
     out["rss_after_load_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     lm = StaticCausalLM(model, compile=compiled)
     lm.buckets = WIDTHS
