@@ -549,15 +549,22 @@ def test_a_moe_checkpoint_is_streamed_one_expert_at_a_time_into_the_whole_model_
     assert all(torch.equal(t, want[n]) for n, t in loaded.state_dict().items())
 
 
-def test_a_moe_checkpoint_missing_an_expert_is_left_to_from_pretrained(tmp_path):
-    """One expert's key missing: not streamed (from_pretrained then says what is wrong, in its own words)."""
+@pytest.mark.parametrize("missing", ["experts.3.up_proj", "experts.*.gate_proj"])
+def test_a_moe_checkpoint_missing_an_expert_is_left_to_from_pretrained(tmp_path, missing):
+    """One expert's key missing, or one projection of every expert of a layer: not streamed (from_pretrained then
+    says what is wrong, in its own words)."""
+    import fnmatch
+
     from safetensors.torch import load_file, save_file
 
     from specdec.hub.streamed import load_streamed
 
     tiny_moe("qwen3_moe").save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")
-    del state["model.layers.1.mlp.experts.3.up_proj.weight"]
+    gone = fnmatch.filter(state, f"model.layers.1.mlp.{missing}.weight")
+    assert gone
+    for key in gone:
+        del state[key]
     save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
     assert load_streamed(tmp_path, torch.float32, "int8") is None
 

@@ -216,7 +216,7 @@ def stored_names(model: nn.Module, state: dict[str, torch.Tensor],
             names[name] = key
     stacked = {}
     for name, sources in experts.items():  # every source of every expert, or nothing
-        count = len({source for source, _ in sources})
+        count = 1 + max(j for j, _ in sources)  # (a source missing altogether leaves the count short below)
         stacked[name] = [[sources.get((j, e)) for e in range(state[name].shape[0])] for j in range(count)]
         if len(sources) != count * state[name].shape[0] or name in names:
             return None
