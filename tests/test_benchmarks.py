@@ -80,7 +80,7 @@ def _server_identity_run(tmp_path: Path) -> list[str]:
 
 
 def _load_memory_run(tmp_path: Path) -> list[str]:
-    return ["--model", "olmoe-tiny-random", "--weights", "int8", "--ways", "whole,self-draft", "--request", "2",
+    return ["--model", "llama-tiny", "--weights", "int8", "--ways", "whole,self-draft", "--request", "2",
             "--files", "bin", "--dir", str(tmp_path / "checkpoint")]
 
 
@@ -159,8 +159,32 @@ def test_ladder_models_hold_no_two_parameters_alike():
         sys.path.remove(str(BENCHMARKS))
     import torch
 
-    for shape in ("llama-tiny", "whisper-tiny-random"):  # (a decoder, and an encoder-decoder's two stacks)
-        params = list(build(shape, torch.float32).parameters())
+    for shape in ("llama-tiny", "whisper-tiny-random", "olmoe-tiny-random"):  # (an encoder-decoder's two stacks, a
+        params = list(build(shape, torch.float32).parameters())  # MoE's stacked experts)
         same_shape = [(a, b) for i, a in enumerate(params) for b in params[i + 1 :] if a.shape == b.shape]
         assert len(same_shape) >= 10  # the layers' weights, norms included
         assert not any(torch.equal(a, b) for a, b in same_shape), shape
+
+
+def test_a_moe_shape_counts_the_bytes_and_weights_of_a_row_s_own_experts():
+    """size_ladder's MoE shape: a row reads the attention, the LM head and its experts_per_token experts of each layer,
+    whether the experts are transformers' own or packed (then in the packed bytes)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from size_ladder import MOE, build, linear_params, weight_bytes
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    import torch
+
+    from specdec.runtime.weights import pack_model
+
+    model = build("olmoe-tiny-random", torch.float32)
+    experts, per_token = MOE["olmoe-tiny-random"]
+    config = model.config
+    dense = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    expert = 3 * config.hidden_size * config.intermediate_size  # gate, up and down of one expert
+    assert linear_params(model, per_token) == dense + config.num_hidden_layers * per_token * expert
+    assert weight_bytes(model, per_token) == 4 * (dense + config.num_hidden_layers * per_token * expert)
+    packed = pack_model(model, "float32")
+    assert linear_params(packed, per_token) == dense + config.num_hidden_layers * per_token * expert
+    assert dense * 4 < weight_bytes(packed, per_token) < 4 * (dense + config.num_hidden_layers * experts * expert)
