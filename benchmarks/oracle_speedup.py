@@ -89,7 +89,7 @@ class Oracle(specdec.Drafter):
 
 
 def main() -> None:
-    from size_ladder import SHAPES, build, weight_bytes
+    from size_ladder import MOE, SHAPES, build, weight_bytes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-1.5b", choices=sorted(SHAPES))
@@ -104,22 +104,33 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=96)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--checkpoint", default=None, metavar="DIR",
+                        help="load the target saved there (size_ladder.py's checkpoint of --model) as a user loads it, "
+                             "streamed onto --target-weights, and make the self-drafts from that (a model too large "
+                             "to build in float32 in memory: OLMoE-1B-7B's shape)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     gammas = [int(g) for g in args.gammas.split(",")]
 
     start = time.perf_counter()
-    target = build(args.model, torch.float32)
+    if args.checkpoint:  # packed as it is read; the self-drafts quantized from its packed (float) weights
+        from specdec.hub.loading import load_model
+
+        target = load_model(args.checkpoint, dtype=torch.float32, weights=args.target_weights)
+    else:
+        target = build(args.model, torch.float32)
     drafts = {}  # copied before packing
     for fmt in args.drafts.split(","):
         for n in (int(v) for v in args.draft_vocab.split(",")):
             drafts[fmt if n == 0 else f"{fmt}/vocab{n}"] = specdec.SelfDraft(
                 target, fmt, draft_vocab=None if n == 0 else torch.arange(n))
-    pack_model(target, args.target_weights)
+    if not args.checkpoint:
+        pack_model(target, args.target_weights)
     vocab = target.config.vocab_size
     report = {"model": args.model, "target_weights": args.target_weights, "threads": args.threads,
-              "target_weight_bytes": weight_bytes(target), "build_s": time.perf_counter() - start,
+              "target_weight_bytes": weight_bytes(target, MOE.get(args.model, (0, 0))[1]),
+              "build_s": time.perf_counter() - start,
               "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "runs": []}
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, vocab, (args.prompt_len,), generator=gen).tolist() for _ in range(args.prompts)]
