@@ -334,18 +334,14 @@ def pack_model(model: nn.Module, weights: str | None, group: int = DEFAULT_GROUP
             continue
         layer = head_format(weights) if module is lm_head else weights
         read = fill(name, module) if fill is not None and not (module is lm_head and tied) else None
-        replacement = PackedLinear.pack(module, layer, group, read)
-        parent_name, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, attr, replacement)
+        model.set_submodule(name, PackedLinear.pack(module, layer, group, read))
         if free:
             if not (module is lm_head and tied):  # a tied head's weight is the embedding's: it stays
                 module.weight = None
             release_free_memory()  # the freed float weights and the packing's temporaries leave the process
     for name in experts:
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
         read = fill_experts(name) if fill_experts is not None else None
-        setattr(parent, attr, PackedExperts.pack(model.get_submodule(name), weights, group, read=read))
+        model.set_submodule(name, PackedExperts.pack(model.get_submodule(name), weights, group, read=read))
         release_free_memory()  # (the stacked float weights go with the module, unless another model shares them)
     return model
 
@@ -392,8 +388,9 @@ class PackedExperts(nn.Module):
         from `experts`' parameters, which are not read then."""
         gate_up, down = experts_layout(experts)
         ids = ids if ids is not None else range(gate_up.shape[0])
-        stacks = [_stacked(len(ids), lambda i, j=j, s=stack: s[ids[i]].detach() if read is None else read(j, ids[i]),
-                           weights, group) for j, stack in enumerate((gate_up, down))]
+        if read is None:  # the module's own parameters
+            read = lambda j, e: (gate_up, down)[j][e].detach()  # noqa: E731 (a view: no copy)
+        stacks = [_stacked(len(ids), lambda i, j=j: read(j, ids[i]), weights, group) for j in (0, 1)]
         return cls(*stacks, dict(experts.named_children())["act_fn"], gate_up.shape[2], down.shape[2], weights,
                    group if weights in QUANTIZED else None)
 
@@ -522,7 +519,7 @@ def packed_formats(model: nn.Module, *, head: bool = True) -> set[str]:
     its LM head out."""
     lm_head = model.get_output_embeddings()
     return {m.weights for m in model.modules()
-            if isinstance(m, PackedExperts) or isinstance(m, PackedLinear) and (head or m is not lm_head)}
+            if isinstance(m, PackedExperts) or (isinstance(m, PackedLinear) and (head or m is not lm_head))}
 
 
 def quantized_copy(model: nn.Module, weights: str, group: int = DEFAULT_GROUP, *, head: bool = True) -> nn.Module:
@@ -546,11 +543,9 @@ def quantized_copy(model: nn.Module, weights: str, group: int = DEFAULT_GROUP, *
             linear.weight = nn.Parameter(module.packed.new_empty(0), requires_grad=False)  # `fill` reads its rows back
             if module.bias is not None:
                 linear.bias = nn.Parameter(module.bias, requires_grad=False)
-            parent_name, _, attr = name.rpartition(".")
-            setattr(twin.get_submodule(parent_name) if parent_name else twin, attr, linear)
+            twin.set_submodule(name, linear)
         elif isinstance(module, PackedExperts):  # float-packed experts: read back and packed, one expert at a time
-            parent_name, _, attr = name.rpartition(".")
-            setattr(twin.get_submodule(parent_name) if parent_name else twin, attr, module.repacked(weights, group))
+            twin.set_submodule(name, module.repacked(weights, group))
 
     def fill(name: str, linear: nn.Linear) -> RowReader | None:
         # each block of rows read back from the float-packed layer as it is packed, never the whole weight (a tied
