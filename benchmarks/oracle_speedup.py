@@ -89,7 +89,7 @@ class Oracle(specdec.Drafter):
 
 
 def main() -> None:
-    from size_ladder import MOE, SHAPES, build, weight_bytes
+    from size_ladder import SHAPES, build, experts_per_token, weight_bytes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-1.5b", choices=sorted(SHAPES))
@@ -129,7 +129,7 @@ def main() -> None:
         pack_model(target, args.target_weights)
     vocab = target.config.vocab_size
     report = {"model": args.model, "target_weights": args.target_weights, "threads": args.threads,
-              "target_weight_bytes": weight_bytes(target, MOE.get(args.model, (0, 0))[1]),
+              "target_weight_bytes": weight_bytes(target, experts_per_token(args.model)),
               "build_s": time.perf_counter() - start,
               "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "runs": []}
     gen = torch.Generator().manual_seed(1)

@@ -43,6 +43,11 @@ SHAPES = {
 }
 #: (experts, experts per token) of the MoE shapes.
 MOE = {"olmoe-1b-7b": (64, 8), "olmoe-tiny-random": (8, 2)}
+
+
+def experts_per_token(name: str) -> int:
+    """The experts a token of shape `name` reads a layer (0 for a dense shape)."""
+    return MOE.get(name, (0, 0))[1]
 CONTEXT = 96
 WIDTHS = (1, 2, 4, 6, 8)
 
@@ -185,12 +190,12 @@ def one(name: str, dtype_name: str, weights: str | None, threads: int, repeats: 
         model = build(name, dtype)
     out["build_s"] = time.perf_counter() - start
     out["params"] = sum(p.numel() for p in model.parameters())
-    flops_per_row = 2 * linear_params(model, MOE.get(name, (0, 0))[1])
+    flops_per_row = 2 * linear_params(model, experts_per_token(name))
     start = time.perf_counter()
     if not checkpoint:
         pack_model(model, weights)
     out["pack_s"] = time.perf_counter() - start
-    out["weight_bytes"] = weight_bytes(model, MOE.get(name, (0, 0))[1])
+    out["weight_bytes"] = weight_bytes(model, experts_per_token(name))
     out["rss_after_load_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     lm = StaticCausalLM(model, compile=compiled)
     lm.buckets = WIDTHS
